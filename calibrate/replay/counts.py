@@ -1,0 +1,76 @@
+"""What an engine hands to the store: per request, per draft length, per segment, a histogram of accepted drafts.
+
+Every engine (greedy replay-once, sampled loop, server backends) produces these records, and the store
+keeps them as they are; statistics are derived later (calibrate.tables.stats), never here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SEGMENTS: tuple[str, ...] = ("thinking", "answer", "tool_call")
+
+
+@dataclass
+class SegmentCounts:
+    """Outcome of the steps that started in one segment of one response."""
+
+    hist: np.ndarray  # int64, shape (k+1,): hist[a] = steps that accepted exactly a drafts
+    tokens: int = 0  # target tokens emitted in this segment (censored steps included)
+    censored_steps: int = 0  # steps cut by max_new_tokens before their outcome was known
+    expected_accepted: float | None = None  # sum over steps of the analytic E[accepted] (sampled loop only)
+
+
+@dataclass
+class StepCounts:
+    """Acceptance outcome of one request at one draft length k, per segment."""
+
+    draft_len: int
+    segments: dict[str, SegmentCounts] = field(default_factory=dict)
+
+    def _segment(self, segment: str) -> SegmentCounts:
+        if segment not in SEGMENTS:
+            raise ValueError(f"unknown segment {segment!r} (expected one of {', '.join(SEGMENTS)})")
+        if segment not in self.segments:
+            self.segments[segment] = SegmentCounts(hist=np.zeros(self.draft_len + 1, dtype=np.int64))
+        return self.segments[segment]
+
+    def add_step(self, segment: str, accepted: int | None, tokens: int, expected: float | None = None) -> None:
+        """Record one step that started in `segment`; `accepted=None` marks a censored step."""
+        seg = self._segment(segment)
+        seg.tokens += tokens
+        if accepted is None:
+            seg.censored_steps += 1
+            return
+        if not 0 <= accepted <= self.draft_len:
+            raise ValueError(f"accepted={accepted} outside 0..{self.draft_len}")
+        seg.hist[accepted] += 1
+        if expected is not None:
+            seg.expected_accepted = (seg.expected_accepted or 0.0) + float(expected)
+
+    @property
+    def hist(self) -> np.ndarray:
+        """Histogram over all segments."""
+        total = np.zeros(self.draft_len + 1, dtype=np.int64)
+        for seg in self.segments.values():
+            total += seg.hist
+        return total
+
+    @property
+    def tokens(self) -> int:
+        return sum(seg.tokens for seg in self.segments.values())
+
+
+@dataclass(frozen=True)
+class RequestOutcome:
+    """What happened to one request, independent of speculator and k (shared by all runs of a generation)."""
+
+    request_id: str
+    conversation_id: str
+    turn: int
+    prompt_tokens: int  # after truncation
+    truncated_tokens: int  # dropped from the left to fit the context budget
+    generated_tokens: int
+    finish_reason: str  # "eos" | "length"

@@ -1,0 +1,257 @@
+"""DuckDB storage of raw acceptance counts with full provenance.
+
+Layout (one row each):
+- `runs`: one per (target, speculator, k, thinking, sampling, dataset selection, engine, ...): the run's
+  identity, hashed into `run_id`, plus provenance that is recorded but not part of the identity
+  (package versions, git commit, times, status). Re-running the same configuration gives the same run_id,
+  which is how a run resumes.
+- `requests`: one per (run, request): conversation id (for clustered CIs), prompt and truncation sizes.
+- `segment_counts`: one per (run, request, segment): tokens, steps, censored steps, expected acceptance.
+- `accept_counts`: one per (run, request, segment, accepted) with steps > 0: the histogram itself.
+- `problems`: rows of the dataset that were skipped, and why.
+
+A request is written for every run of its generation in one transaction, so a run interrupted at any
+point holds only whole requests, and resuming skips exactly those.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from calibrate.data.conversation import Problem
+from calibrate.replay.counts import RequestOutcome, StepCounts
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR PRIMARY KEY,
+    target VARCHAR NOT NULL,
+    target_id VARCHAR NOT NULL,
+    target_hash VARCHAR,
+    speculator VARCHAR NOT NULL,
+    speculator_kind VARCHAR NOT NULL,
+    speculator_params VARCHAR,
+    draft_id VARCHAR,
+    draft_hash VARCHAR,
+    draft_len INTEGER NOT NULL,
+    thinking VARCHAR NOT NULL,
+    temperature DOUBLE NOT NULL,
+    top_p DOUBLE,
+    top_k INTEGER,
+    dataset VARCHAR NOT NULL,
+    dataset_format VARCHAR,
+    dataset_fingerprint VARCHAR,
+    selection VARCHAR,
+    context_tokens INTEGER,
+    max_new_tokens INTEGER,
+    engine VARCHAR NOT NULL,
+    dtype VARCHAR,
+    device VARCHAR,
+    seed BIGINT,
+    versions VARCHAR,
+    git_commit VARCHAR,
+    started_at TIMESTAMP,
+    finished_at TIMESTAMP,
+    status VARCHAR
+);
+CREATE TABLE IF NOT EXISTS requests (
+    run_id VARCHAR NOT NULL,
+    request_id VARCHAR NOT NULL,
+    conversation_id VARCHAR NOT NULL,
+    turn INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    truncated_tokens INTEGER NOT NULL,
+    generated_tokens INTEGER NOT NULL,
+    finish_reason VARCHAR NOT NULL,
+    PRIMARY KEY (run_id, request_id)
+);
+CREATE TABLE IF NOT EXISTS segment_counts (
+    run_id VARCHAR NOT NULL,
+    request_id VARCHAR NOT NULL,
+    segment VARCHAR NOT NULL,
+    tokens BIGINT NOT NULL,
+    steps BIGINT NOT NULL,
+    censored_steps BIGINT NOT NULL,
+    expected_accepted DOUBLE,
+    PRIMARY KEY (run_id, request_id, segment)
+);
+CREATE TABLE IF NOT EXISTS accept_counts (
+    run_id VARCHAR NOT NULL,
+    request_id VARCHAR NOT NULL,
+    segment VARCHAR NOT NULL,
+    accepted INTEGER NOT NULL,
+    steps BIGINT NOT NULL,
+    PRIMARY KEY (run_id, request_id, segment, accepted)
+);
+CREATE TABLE IF NOT EXISTS problems (
+    run_id VARCHAR NOT NULL,
+    source VARCHAR NOT NULL,
+    "row" INTEGER,
+    field VARCHAR,
+    reason VARCHAR NOT NULL
+);
+"""
+
+# Fields of RunSpec that are provenance only: they never change what a run measures.
+_NOT_IDENTITY = ("versions", "git_commit")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that defines what a run measures (hashed into run_id) plus recorded provenance."""
+
+    target: str
+    target_id: str
+    target_hash: str | None
+    speculator: str
+    speculator_kind: str
+    speculator_params: dict[str, Any]
+    draft_id: str | None
+    draft_hash: str | None
+    draft_len: int
+    thinking: str
+    temperature: float
+    top_p: float | None
+    top_k: int | None
+    dataset: str
+    dataset_format: str
+    dataset_fingerprint: str
+    selection: dict[str, Any]
+    context_tokens: int
+    max_new_tokens: int
+    engine: str
+    dtype: str
+    device: str
+    seed: int
+    versions: dict[str, str] = field(default_factory=dict)
+    git_commit: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        ident = {k: v for k, v in asdict(self).items() if k not in _NOT_IDENTITY}
+        blob = json.dumps(ident, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open (and if writable, initialise) a store; a clear error when another process holds the write lock."""
+    path = Path(path)
+    if read_only and not path.exists():
+        raise FileNotFoundError(f"no acceptance database at {path}")
+    if not read_only:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        con = duckdb.connect(str(path), read_only=read_only)
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            raise RuntimeError(
+                f"{path} is locked by another process (a `calibrate run` writing it?). DuckDB allows one "
+                "writer and no concurrent readers of a file being written: wait for the run to finish, or "
+                "read an exported table (`calibrate export --to json`) instead."
+            ) from exc
+        raise
+    if not read_only:
+        con.execute(SCHEMA)
+    return con
+
+
+class Store:
+    """Writes runs and their counts; each `write_request` is one transaction across all runs of a generation."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.con = connect(self.path)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def begin_run(self, spec: RunSpec) -> str:
+        """Insert the run row, or mark an existing one as running again (resume). Returns run_id."""
+        run_id = spec.run_id
+        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        exists = self.con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        if exists:
+            self.con.execute(
+                "UPDATE runs SET status = 'running', versions = ?, git_commit = ? WHERE run_id = ?",
+                [json.dumps(spec.versions, sort_keys=True), spec.git_commit, run_id],
+            )
+            return run_id
+        row = asdict(spec)
+        for key in ("speculator_params", "selection", "versions"):
+            row[key] = json.dumps(row[key], sort_keys=True, default=str)
+        row.update(run_id=run_id, started_at=now, finished_at=None, status="running")
+        cols = list(row)
+        self.con.execute(
+            f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+            [row[c] for c in cols],
+        )
+        return run_id
+
+    def finish_run(self, run_id: str, status: str = "finished") -> None:
+        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        self.con.execute("UPDATE runs SET status = ?, finished_at = ? WHERE run_id = ?", [status, now, run_id])
+
+    def done_requests(self, run_id: str) -> set[str]:
+        rows = self.con.execute("SELECT request_id FROM requests WHERE run_id = ?", [run_id]).fetchall()
+        return {r[0] for r in rows}
+
+    def write_problems(self, run_ids: Sequence[str], problems: Iterable[Problem]) -> None:
+        """Record skipped rows once per run (replacing what an earlier attempt recorded)."""
+        problems = list(problems)
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            for run_id in run_ids:
+                self.con.execute("DELETE FROM problems WHERE run_id = ?", [run_id])
+                if problems:
+                    self.con.executemany(
+                        'INSERT INTO problems (run_id, source, "row", field, reason) VALUES (?, ?, ?, ?, ?)',
+                        [[run_id, p.source, p.row, p.field, p.reason] for p in problems],
+                    )
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+
+    def write_requests(self, batch: Sequence[tuple[RequestOutcome, dict[str, StepCounts]]]) -> None:
+        """Write finished requests, each with its counts for every run (run_id -> StepCounts), atomically."""
+        req_rows, seg_rows, acc_rows = [], [], []
+        for outcome, per_run in batch:
+            for run_id, counts in per_run.items():
+                req_rows.append([
+                    run_id, outcome.request_id, outcome.conversation_id, outcome.turn, outcome.prompt_tokens,
+                    outcome.truncated_tokens, outcome.generated_tokens, outcome.finish_reason,
+                ])
+                for segment, seg in counts.segments.items():
+                    seg_rows.append([
+                        run_id, outcome.request_id, segment, seg.tokens, int(seg.hist.sum()),
+                        seg.censored_steps, seg.expected_accepted,
+                    ])
+                    acc_rows.extend(
+                        [run_id, outcome.request_id, segment, int(a), int(n)]
+                        for a, n in enumerate(seg.hist) if n > 0
+                    )
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            if req_rows:
+                self.con.executemany("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?, ?)", req_rows)
+            if seg_rows:
+                self.con.executemany("INSERT INTO segment_counts VALUES (?, ?, ?, ?, ?, ?, ?)", seg_rows)
+            if acc_rows:
+                self.con.executemany("INSERT INTO accept_counts VALUES (?, ?, ?, ?, ?)", acc_rows)
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
