@@ -53,7 +53,7 @@ def walk_steps(
         remaining = n - t
         run = run_at(t, min(k, remaining))
         accepted = step_accepted(run, k, remaining, ended)
-        emitted = remaining if accepted is None else accepted + 1
+        emitted = remaining if accepted is None else min(accepted + 1, remaining)
         segment = segments[t] if segments is not None else "answer"
         counts.add_step(segment, accepted, tokens=emitted)
         t += emitted

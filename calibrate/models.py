@@ -1,0 +1,158 @@
+"""Load a target or draft model from a HF id, a local folder or a GGUF file, with an identity for provenance.
+
+A calibration is only reusable if we know exactly which weights produced it, so every loaded model carries
+`model_id` (what was asked for, resolved) and `fingerprint` (a revision when the hub gives one, else a hash
+of the config and of samples of the weight files: cheap on multi-GB checkpoints, and it changes when the
+weights do).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+_SAMPLE = 1 << 20  # bytes hashed from the start, middle and end of each weight file
+
+
+def test_models_dir() -> Path:
+    """Where fetch-test-models.py builds the small real models (also the quickstart's models)."""
+    return Path(os.environ.get("CALIBRATE_TEST_MODELS", Path.home() / ".cache" / "calibrate-test-models"))
+
+
+def resolve(name: str) -> str:
+    """A name as configured -> what to load: an existing path, a built test model of that name, else a HF id."""
+    if Path(name).expanduser().exists():
+        return str(Path(name).expanduser().resolve())
+    local = test_models_dir() / name
+    if local.is_dir():
+        return str(local)
+    return name
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})") from None
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
+    return device
+
+
+def _file_fingerprint(h: Any, path: Path) -> None:
+    size = path.stat().st_size
+    h.update(f"{path.name}:{size}".encode())
+    with open(path, "rb") as f:
+        for offset in (0, max(0, size // 2 - _SAMPLE // 2), max(0, size - _SAMPLE)):
+            f.seek(offset)
+            h.update(f.read(_SAMPLE))
+
+
+def fingerprint(source: str) -> str:
+    """Content fingerprint of a local folder or file; for a hub id, the id itself (revision added at load)."""
+    path = Path(source)
+    h = hashlib.sha256()
+    if path.is_file():
+        _file_fingerprint(h, path)
+    elif path.is_dir():
+        for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            if (path / name).exists():
+                h.update((path / name).read_bytes())
+        for weights in sorted([*path.glob("*.safetensors"), *path.glob("*.bin"), *path.glob("*.gguf")]):
+            _file_fingerprint(h, weights)
+    else:
+        return source
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for inference, its tokenizer, and where it came from."""
+
+    name: str  # as configured
+    model_id: str  # resolved path or hub id
+    fingerprint: str
+    model: Any  # transformers PreTrainedModel (eval mode)
+    tokenizer: Any
+    dtype: str
+    device: str
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """Every token that ends a response: the generation config's EOS list and the tokenizer's EOS."""
+        ids: set[int] = set()
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        for value in (gen_eos, self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif value:
+                ids.update(int(v) for v in value)
+        return ids
+
+
+def _split_gguf(model_id: str) -> tuple[str, dict[str, str]]:
+    """transformers loads a GGUF file as (its folder, gguf_file=name)."""
+    path = Path(model_id)
+    if path.suffix == ".gguf":
+        return str(path.parent), {"gguf_file": path.name}
+    return model_id, {}
+
+
+def load_tokenizer(name: str) -> Any:
+    """The tokenizer (and chat template) alone: cheap, so configs can be checked before weights load."""
+    from transformers import AutoTokenizer
+
+    where, extra = _split_gguf(resolve(name))
+    try:
+        return AutoTokenizer.from_pretrained(where, **extra)
+    except OSError as exc:
+        raise ValueError(f"model {name!r}: cannot load its tokenizer from {where!r}: {exc}") from exc
+
+
+def load_model(name: str, dtype: str = "bfloat16", device: str = "auto") -> LoadedModel:
+    """Load weights and tokenizer; errors name the model."""
+    from transformers import AutoModelForCausalLM
+
+    model_id = resolve(name)
+    torch_dtype = resolve_dtype(dtype)
+    device = resolve_device(device)
+    where, extra = _split_gguf(model_id)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra)
+    except OSError as exc:
+        raise ValueError(
+            f"model {name!r}: cannot load weights from {where!r} (not a folder, a .gguf file, or a reachable "
+            f"hub id): {exc}"
+        ) from exc
+    model = model.to(device).eval()
+    fp = fingerprint(model_id)
+    revision = getattr(model.config, "_commit_hash", None)
+    if fp == model_id and revision:
+        fp = revision
+    return LoadedModel(name=name, model_id=model_id, fingerprint=fp, model=model,
+                       tokenizer=load_tokenizer(name), dtype=dtype, device=device)
+
+
+def check_same_tokenizer(target_name: str, target_tok: Any, draft_name: str, draft_tok: Any) -> None:
+    """A draft must speak the target's tokens: token ids are compared directly during verification."""
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        t, d = target_tok.get_vocab(), draft_tok.get_vocab()
+        only_t = len(set(t.items()) - set(d.items()))
+        only_d = len(set(d.items()) - set(t.items()))
+        raise ValueError(
+            f"draft {draft_name!r} has a different tokenizer from target {target_name!r} "
+            f"({len(d)} vs {len(t)} tokens; {only_t} target and {only_d} draft entries differ): a draft model "
+            "must share the target's vocabulary"
+        )

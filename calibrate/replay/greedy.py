@@ -1,0 +1,75 @@
+"""Greedy replay-once: generate the target's greedy response once, then score every speculator and every k.
+
+At temperature 0 a draft token is accepted iff it equals the target's token at that position, and the
+target's tokens do not depend on the speculator or on k. So one target generation per request serves the
+whole sweep, and each (speculator, k) is scored by walking that fixed response with the shared step rule
+(calibrate.replay.steps). This is exact, not an approximation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+
+from calibrate.replay.counts import StepCounts
+from calibrate.replay.steps import walk_steps
+from calibrate.speculators.base import Speculator
+
+
+@dataclass(frozen=True)
+class GreedyResponse:
+    """The target's greedy continuation of one prompt. `ended` means its last token is an EOS."""
+
+    tokens: list[int]
+    ended: bool
+
+
+@torch.inference_mode()
+def generate_greedy(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_token_ids: set[int],
+    device: str = "cpu",
+) -> list[GreedyResponse]:
+    """Batched greedy generation with left padding; each response is cut after its first EOS."""
+    width = max(len(p) for p in prompts)
+    pad = min(eos_token_ids) if eos_token_ids else 0
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(list(p))
+        mask[i, width - len(p):] = 1
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=max_new_tokens,
+        eos_token_id=sorted(eos_token_ids) or None, pad_token_id=pad,
+    )
+    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
+    responses = []
+    for row in out[:, width:].tolist():
+        cut = next((j for j, tok in enumerate(row) if tok in eos_token_ids), None)
+        responses.append(GreedyResponse(tokens=row if cut is None else row[:cut + 1], ended=cut is not None))
+    return responses
+
+
+def score_replay(
+    speculator: Speculator,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[GreedyResponse],
+    draft_lens: Sequence[int],
+    segments: Sequence[Sequence[str]] | None = None,
+) -> list[dict[int, StepCounts]]:
+    """Step counts per request and per k, for one speculator, from fixed greedy responses."""
+    scorers = speculator.replay_scorers(prompts, [r.tokens for r in responses], max(draft_lens))
+    results = []
+    for i, (response, run_at) in enumerate(zip(responses, scorers)):
+        labels = segments[i] if segments is not None else None
+        results.append({
+            k: walk_steps(len(response.tokens), k, response.ended, run_at, labels) for k in draft_lens
+        })
+    return results
+

@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny random models built from a config (unit tests) and the real test models (integration)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+DATASETS = SHARED / "datasets"
+MINI_SWE = DATASETS / "mini-swe-agent-gemini3pro-swebv"
+FIXTURES = DATASETS / "format-fixtures" / "original"
+
+
+def test_models_dir() -> Path:
+    return Path(os.environ.get("CALIBRATE_TEST_MODELS", Path.home() / ".cache" / "calibrate-test-models"))
+
+
+def real_model(name: str) -> Path:
+    """Path of a real test model; skip (locally) when it was not built. CI builds them all first."""
+    path = test_models_dir() / name
+    if not (path / ".complete").exists() and not (path / "config.json").exists():
+        pytest.skip(f"test model {name} not built (run ../shared/models/fetch-test-models.py)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen_target() -> Path:
+    return real_model("qwen2.5-coder-1.5b-instruct")
+
+
+@pytest.fixture(scope="session")
+def qwen_draft() -> Path:
+    return real_model("qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="session")
+def smollm() -> Path:
+    return real_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def mini_swe_dir() -> Path:
+    if not MINI_SWE.exists():
+        pytest.skip("../shared/datasets is not beside the checkout")
+    return MINI_SWE
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    if not FIXTURES.exists():
+        pytest.skip("../shared/datasets is not beside the checkout")
+    return FIXTURES
+
+
+def tiny_llama(vocab_size: int = 97, seed: int = 0, hidden: int = 32, layers: int = 2):
+    """A random Llama-shaped causal LM small enough to run hundreds of forward passes in a unit test."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=vocab_size - 1,
+        bos_token_id=0, pad_token_id=0, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).eval()
+    return model
+
+
+@pytest.fixture
+def tiny_model():
+    return tiny_llama()

@@ -1,0 +1,114 @@
+"""Greedy replay-once on tiny random models: the step rule, self-speculation, and the teacher-forced shortcut."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from calibrate.models import LoadedModel
+from calibrate.replay.greedy import generate_greedy, score_replay
+from calibrate.replay.steps import step_accepted, walk_steps
+from calibrate.speculators.base import Speculator
+from calibrate.speculators.draft_model import DraftModelSpeculator
+from calibrate.tables import stats
+from tests.conftest import tiny_llama
+
+
+def loaded(model: torch.nn.Module, name: str) -> LoadedModel:
+    return LoadedModel(name=name, model_id=name, fingerprint=name, model=model, tokenizer=None,
+                       dtype="float32", device="cpu")
+
+
+def test_step_rule_cases():
+    # mismatch seen inside the response
+    assert step_accepted(2, k=4, remaining=10, ended=False) == 2
+    # all k accepted, bonus exists
+    assert step_accepted(4, k=4, remaining=10, ended=False) == 4
+    # all k accepted, bonus beyond the budget: the outcome is still known
+    assert step_accepted(4, k=4, remaining=4, ended=False) == 4
+    # run reaches the budget before k drafts were checked: censored
+    assert step_accepted(3, k=4, remaining=3, ended=False) is None
+    # ended by EOS: the EOS is the bonus token
+    assert step_accepted(3, k=4, remaining=3, ended=True) == 2
+    assert step_accepted(1, k=4, remaining=1, ended=True) == 0
+    with pytest.raises(ValueError):
+        step_accepted(5, k=4, remaining=10, ended=False)
+
+
+def test_walk_steps_emits_every_token_once():
+    runs = [3, 0, 5, 2, 1, 0, 0, 4, 1, 0, 2, 1]
+    n = len(runs)
+    for ended in (False, True):
+        for k in range(1, 6):
+            counts = walk_steps(n, k, ended, lambda t, limit: min(runs[t], limit))
+            assert counts.tokens == n
+            hist = counts.hist
+            censored = counts.segments["answer"].censored_steps
+            if ended:
+                assert censored == 0
+                assert stats.emitted_tokens(hist) == n
+
+
+def test_walk_steps_labels_steps_by_first_token():
+    labels = ["thinking"] * 3 + ["answer"] * 3
+    counts = walk_steps(6, 2, True, lambda t, limit: limit, labels)
+    # steps start at 0 (emits 3), 3 (emits 3, last is EOS bonus... k=2 -> a=min(2,2,2)=2)
+    assert counts.segments["thinking"].hist.tolist() == [0, 0, 1]
+    assert counts.segments["answer"].hist.tolist() == [0, 0, 1]
+
+
+def prompts_for(vocab: int, n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, vocab - 1, size=int(rng.integers(5, 20))).tolist() for _ in range(n)]
+
+
+def test_self_speculation_accepts_everything():
+    model = tiny_llama()
+    prompts = prompts_for(97, 3)
+    responses = generate_greedy(model, prompts, max_new_tokens=24, eos_token_ids=set())
+    spec = DraftModelSpeculator(loaded(model, "self"), batch_size=2)
+    for per_k in score_replay(spec, prompts, responses, draft_lens=[1, 2, 3, 5, 8]):
+        for k, counts in per_k.items():
+            hist = counts.hist
+            assert hist[:k].sum() == 0, (k, hist)
+            assert stats.acceptance_length(hist) == k + 1
+
+
+def test_teacher_forced_equals_stepwise_drafting():
+    """The replay shortcut (one teacher-forced pass) equals proposing k tokens with a KV cache at each step."""
+    target = tiny_llama(seed=0)
+    draft = copy.deepcopy(target)
+    with torch.no_grad():  # a draft close to the target: accepts often, not always
+        for p in draft.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    prompts = prompts_for(97, 4, seed=1)
+    responses = generate_greedy(target, prompts, max_new_tokens=20, eos_token_ids={96})
+    fast = DraftModelSpeculator(loaded(draft, "draft"), batch_size=3)
+    slow = DraftModelSpeculator(loaded(draft, "draft"))
+    ks = [1, 2, 3, 4, 6]
+    got = score_replay(fast, prompts, responses, ks)
+    # Speculator.replay_scorers is the plain loop: propose k tokens at every step, count leading matches.
+    want = [
+        {k: walk_steps(len(r.tokens), k, r.ended, run_at) for k in ks}
+        for r, run_at in zip(responses, Speculator.replay_scorers(slow, prompts, [r.tokens for r in responses], 6))
+    ]
+    accepted_any = 0
+    for g, w in zip(got, want):
+        for k in ks:
+            np.testing.assert_array_equal(g[k].hist, w[k].hist)
+            accepted_any += int(g[k].hist[1:].sum())
+    assert accepted_any > 0  # the comparison is not vacuous
+
+
+def test_greedy_generation_cuts_at_eos():
+    model = tiny_llama()
+    prompts = prompts_for(97, 2)
+    free = generate_greedy(model, prompts, max_new_tokens=12, eos_token_ids=set())
+    eos = free[0].tokens[5]
+    cut = generate_greedy(model, prompts, max_new_tokens=12, eos_token_ids={eos})
+    first = free[0].tokens.index(eos)
+    assert cut[0].tokens == free[0].tokens[:first + 1] and cut[0].ended
+    assert not free[0].ended and len(free[0].tokens) == 12
