@@ -1,0 +1,57 @@
+"""The `calibrate` command line. Each command is a thin shell over a module that does the work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    help="Measure speculative-decoding acceptance length on real agentic coding traffic.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+DEFAULT_DB = Path("tables/acceptance.duckdb")
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="Sweep config (TOML): [dataset], [run], [[pairs]], [sweep]."),
+    db: Path = typer.Option(DEFAULT_DB, "--db", help="DuckDB file to write (created if missing)."),
+    max_requests: Optional[int] = typer.Option(None, "--max-requests", help="Override [dataset] max_requests."),
+    show: bool = typer.Option(True, "--show/--no-show", help="Print the acceptance table when done."),
+) -> None:
+    """Replay the dataset through every target + speculator pair and store acceptance counts (resumable)."""
+    from calibrate.config import ConfigError, load_config
+    from calibrate.runner import execute
+
+    console = Console(stderr=True)
+    try:
+        cfg = load_config(config, {"dataset": {"max_requests": max_requests}})
+        summary = execute(cfg, db, console=console)
+    except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    console.print(
+        f"measured {summary.measured} request(s) ({summary.resumed} already in {db}), "
+        f"{summary.tokens} target tokens in {summary.seconds:.1f} s; {len(summary.run_ids)} run(s)"
+    )
+    for problem in summary.problems[:10]:
+        console.print(f"[yellow]skipped[/yellow] {problem}")
+    if len(summary.problems) > 10:
+        console.print(f"[yellow]... and {len(summary.problems) - 10} more skipped rows[/yellow]")
+    if show:
+        from calibrate.tables.commands import print_table
+
+        print_table(db, run_ids=summary.run_ids)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

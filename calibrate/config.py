@@ -1,0 +1,157 @@
+"""The sweep a `calibrate run` measures: a TOML file plus CLI overrides, validated before any model loads.
+
+    [dataset]   where the conversations come from and how requests are picked and sized
+    [run]       numerics and engine choice (dtype, device, batch size, engine)
+    [[pairs]]   a target and the speculators to measure against it
+    [sweep]     draft lengths, thinking modes, sampling
+
+An unknown key or a bad value is an error naming the file, the table and the key: a typo in a sweep that
+runs for hours must fail in the first second.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetConfig(_Strict):
+    source: str
+    format: str | None = None
+    split: str | None = None
+    revision: str | None = None
+    subset: str | None = None
+    max_requests: int | None = Field(default=None, gt=0)
+    seed: int = 0
+    selection: Literal["stratified", "uniform", "all"] = "stratified"
+    turns_per_conversation: int | None = Field(default=None, gt=0)
+    context_tokens: int = Field(default=8192, gt=0)
+    max_new_tokens: int = Field(default=256, gt=0)
+
+
+class RunConfig(_Strict):
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    device: str = "auto"
+    batch_size: int = Field(default=4, gt=0)
+    engine: Literal["auto", "replay", "loop"] = "auto"
+    verify_backend: Literal["auto", "triton", "reference"] = "auto"
+
+
+class DraftSpeculatorConfig(_Strict):
+    kind: Literal["draft"]
+    model: str
+
+
+class NgramSpeculatorConfig(_Strict):
+    kind: Literal["ngram"]
+    max_n: int = Field(default=4, gt=0)
+    min_n: int = Field(default=1, gt=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> NgramSpeculatorConfig:
+        if self.min_n > self.max_n:
+            raise ValueError(f"min_n ({self.min_n}) must not exceed max_n ({self.max_n})")
+        return self
+
+
+SpeculatorConfig = Annotated[Union[DraftSpeculatorConfig, NgramSpeculatorConfig], Field(discriminator="kind")]
+
+
+class PairConfig(_Strict):
+    target: str
+    speculators: list[SpeculatorConfig] = Field(min_length=1)
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class SweepConfig(_Strict):
+    draft_lengths: list[int] = Field(min_length=1)
+    thinking: list[Literal["on", "off"]] = Field(default_factory=lambda: ["off"], min_length=1)
+    temperature: list[float] = Field(default_factory=lambda: [0.0], min_length=1)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, gt=0)
+
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, (int, float)) else value
+
+    @field_validator("draft_lengths")
+    @classmethod
+    def _positive_unique(cls, value: list[int]) -> list[int]:
+        if any(k < 1 for k in value):
+            raise ValueError("draft lengths must be >= 1")
+        return sorted(set(value))
+
+    @field_validator("temperature")
+    @classmethod
+    def _non_negative(cls, value: list[float]) -> list[float]:
+        if any(t < 0 for t in value):
+            raise ValueError("temperature must be >= 0")
+        return value
+
+
+class Config(_Strict):
+    dataset: DatasetConfig
+    run: RunConfig = Field(default_factory=RunConfig)
+    pairs: list[PairConfig] = Field(min_length=1)
+    sweep: SweepConfig
+
+
+class ConfigError(ValueError):
+    """A config that cannot run, with every problem named (file, table, key)."""
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("draft", "ngram") and out.endswith("]"):
+            continue  # pydantic's discriminator tag adds nothing for a reader
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def format_errors(path: str, exc: ValidationError) -> str:
+    lines = [f"{path}: invalid config"]
+    for err in exc.errors():
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "union_tag_invalid":
+            msg = f"unknown speculator kind {err['input'].get('kind')!r} (known: draft, ngram)" \
+                if isinstance(err.get("input"), dict) else msg
+        shown = "" if err["type"] in ("missing", "union_tag_invalid") else f" (got {err.get('input')!r})"
+        lines.append(f"  {_where(err['loc'])}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
+    """Read and validate a config; `overrides` (e.g. {"dataset": {"max_requests": 4}}) win over the file.
+
+    A relative dataset source that exists beside the config file is taken relative to it.
+    """
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    for table, values in (overrides or {}).items():
+        raw.setdefault(table, {}).update({k: v for k, v in values.items() if v is not None})
+    source = raw.get("dataset", {}).get("source")
+    if isinstance(source, str) and not Path(source).is_absolute() and (path.parent / source).exists():
+        raw["dataset"]["source"] = str((path.parent / source).resolve())
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_errors(str(path), exc)) from None

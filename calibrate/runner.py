@@ -1,0 +1,253 @@
+"""Execute a validated config: data -> requests -> rendered prompts -> engine -> DuckDB, resumably.
+
+Order matters for the user: everything that can be checked cheaply (config, dataset, tokenizers, chat
+templates, thinking switches, draft/target vocabularies) is checked before any weights load, and every
+finished batch of requests is committed at once for all the runs it feeds, so an interrupted sweep loses
+at most one batch and a re-run picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from calibrate.config import Config, PairConfig
+from calibrate.data import (
+    RenderedPrompt, cut_turns, dataset_fingerprint, label_segments, load_conversations, render_prompt,
+    select_requests,
+)
+from calibrate.data.conversation import Problem, ReplayRequest
+from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
+from calibrate.replay.counts import RequestOutcome, StepCounts
+from calibrate.replay.greedy import generate_greedy, score_replay
+from calibrate.speculators.base import Speculator
+from calibrate.speculators.draft_model import DraftModelSpeculator
+from calibrate.speculators.ngram import NgramSpeculator
+from calibrate.tables.store import RunSpec, Store
+
+
+@dataclass
+class Prepared:
+    """The requests of a config, selected and checked, before any model is loaded."""
+
+    requests: list[ReplayRequest]
+    selection: dict[str, Any]
+    fingerprint: str
+    dataset_format: str
+    problems: list[Problem] = field(default_factory=list)
+
+
+@dataclass
+class RunSummary:
+    run_ids: list[str] = field(default_factory=list)
+    measured: int = 0  # requests measured in this invocation
+    resumed: int = 0  # requests found already measured
+    tokens: int = 0
+    seconds: float = 0.0
+    problems: list[Problem] = field(default_factory=list)
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("spec-calibrate", "torch", "transformers", "datasets", "duckdb", "triton"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def prepare(config: Config) -> Prepared:
+    """Load the dataset, cut and select requests, and check every target's template can render them."""
+    ds = config.dataset
+    loaded = load_conversations(ds.source, ds.format, split=ds.split, revision=ds.revision, subset=ds.subset)
+    if not loaded.conversations:
+        shown = "; ".join(str(p) for p in loaded.problems[:5]) or "no rows"
+        raise ValueError(f"dataset {ds.source!r}: no usable conversation ({shown})")
+    requests, selection = select_requests(
+        cut_turns(loaded.conversations), None if ds.selection == "all" else ds.max_requests, ds.seed,
+        turns_per_conversation=ds.turns_per_conversation, strategy=ds.selection,
+    )
+    if not requests:
+        raise ValueError(f"dataset {ds.source!r}: no assistant turn to replay")
+    for pair in config.pairs:
+        tokenizer = load_tokenizer(pair.target)
+        for draft in (s for s in pair.speculators if s.kind == "draft"):
+            check_same_tokenizer(pair.target, tokenizer, draft.model, load_tokenizer(draft.model))
+        for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
+            render_prompt(requests[0], tokenizer, thinking=thinking, context_tokens=ds.context_tokens,
+                          model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
+    return Prepared(requests=requests, selection=selection, fingerprint=dataset_fingerprint(loaded),
+                    dataset_format=loaded.format, problems=loaded.problems)
+
+
+def build_speculators(pair: PairConfig, config: Config, drafts: dict[str, LoadedModel]) -> list[Speculator]:
+    out: list[Speculator] = []
+    for spec in pair.speculators:
+        if spec.kind == "draft":
+            if spec.model not in drafts:
+                drafts[spec.model] = load_model(spec.model, config.run.dtype, config.run.device)
+            out.append(DraftModelSpeculator(drafts[spec.model], batch_size=config.run.batch_size))
+        else:
+            out.append(NgramSpeculator(max_n=spec.max_n, min_n=spec.min_n))
+    return out
+
+
+def run_specs(config: Config, prepared: Prepared, target: LoadedModel, speculators: Sequence[Speculator],
+              thinking: str, temperature: float, engine: str) -> dict[tuple[str, int], RunSpec]:
+    ds, versions, commit = config.dataset, package_versions(), git_commit()
+    out = {}
+    for spec in speculators:
+        draft_id, draft_hash = spec.identity
+        for k in config.sweep.draft_lengths:
+            out[(spec.name, k)] = RunSpec(
+                target=target.name, target_id=target.model_id, target_hash=target.fingerprint,
+                speculator=spec.name, speculator_kind=spec.kind, speculator_params=spec.params,
+                draft_id=draft_id, draft_hash=draft_hash, draft_len=k, thinking=thinking,
+                temperature=temperature, top_p=config.sweep.top_p if temperature > 0 else None,
+                top_k=config.sweep.top_k if temperature > 0 else None,
+                dataset=ds.source, dataset_format=prepared.dataset_format,
+                dataset_fingerprint=prepared.fingerprint, selection=prepared.selection,
+                context_tokens=ds.context_tokens, max_new_tokens=ds.max_new_tokens, engine=engine,
+                dtype=config.run.dtype, device=target.device, seed=ds.seed, versions=versions, git_commit=commit,
+            )
+    return out
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+        TextColumn("{task.fields[rate]:>7.1f} tok/s"), TimeElapsedColumn(), TextColumn("ETA"),
+        TimeRemainingColumn(), console=console, transient=False,
+    )
+
+
+def execute(config: Config, db: str | Path, console: Console | None = None) -> RunSummary:
+    """Run every (pair, thinking, temperature) of the sweep into the store at `db`."""
+    console = console or Console(stderr=True)
+    prepared = prepare(config)
+    summary = RunSummary(problems=prepared.problems)
+    started = time.perf_counter()
+    drafts: dict[str, LoadedModel] = {}
+    with Store(db) as store:
+        for pair in config.pairs:
+            target = load_model(pair.target, config.run.dtype, config.run.device)
+            speculators = build_speculators(pair, config, drafts)
+            for thinking in config.sweep.thinking:
+                prompts = [
+                    render_prompt(r, target.tokenizer, thinking=thinking, context_tokens=config.dataset.context_tokens,
+                                  model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
+                    for r in prepared.requests
+                ]
+                for temperature in config.sweep.temperature:
+                    _run_group(config, store, prepared, target, speculators, thinking, temperature, prompts,
+                               summary, console)
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _engine_for(config: Config, temperature: float) -> str:
+    if config.run.engine == "replay" and temperature > 0:
+        raise ValueError("engine 'replay' is exact only at temperature 0; use engine 'loop' or 'auto'")
+    if config.run.engine == "loop" or temperature > 0:
+        return "loop"
+    return "replay"
+
+
+def _run_group(config: Config, store: Store, prepared: Prepared, target: LoadedModel,
+               speculators: Sequence[Speculator], thinking: str, temperature: float,
+               prompts: Sequence[RenderedPrompt], summary: RunSummary, console: Console) -> None:
+    """One target generation setting: every speculator and k, over the selected requests."""
+    engine = _engine_for(config, temperature)
+    specs = run_specs(config, prepared, target, speculators, thinking, temperature, engine)
+    run_ids = {key: store.begin_run(spec) for key, spec in specs.items()}
+    summary.run_ids.extend(run_ids.values())
+    store.write_problems(list(run_ids.values()), prepared.problems)
+    done = {run_id: store.done_requests(run_id) for run_id in run_ids.values()}
+    pending = [i for i, r in enumerate(prepared.requests)
+               if not all(r.request_id in done[run_id] for run_id in run_ids.values())]
+    summary.resumed += len(prepared.requests) - len(pending)
+    label = f"{target.name} thinking={thinking} T={temperature:g}"
+    batch = config.run.batch_size
+    with _progress(console) as progress:
+        task = progress.add_task(label, total=len(prepared.requests), completed=len(prepared.requests) - len(pending),
+                                 rate=0.0)
+        t0, tokens = time.perf_counter(), 0
+        for start in range(0, len(pending), batch):
+            idx = pending[start:start + batch]
+            if engine == "replay":
+                results = _replay_batch(config, target, speculators, thinking, [prompts[i] for i in idx])
+            else:
+                results = _loop_batch(config, target, speculators, thinking, temperature, [prompts[i] for i in idx])
+            rows = []
+            for i, per_key in zip(idx, results):
+                request, prompt = prepared.requests[i], prompts[i]
+                rows.append((request, prompt, {run_ids[key]: m for key, m in per_key.items()
+                                               if request.request_id not in done[run_ids[key]]}))
+            batch_rows = [
+                (RequestOutcome(
+                    request_id=request.request_id, conversation_id=request.conversation_id, turn=request.turn,
+                    prompt_tokens=prompt.prompt_tokens, truncated_tokens=prompt.truncated_tokens,
+                    generated_tokens=m.generated_tokens, finish_reason=m.finish_reason,
+                ), {run_id: m.counts})
+                for request, prompt, per_run in rows for run_id, m in per_run.items()
+            ]
+            store.write_requests(batch_rows)
+            generated = sum(max((m.generated_tokens for m in per_run.values()), default=0) for *_, per_run in rows)
+            tokens += generated
+            summary.tokens += generated
+            summary.measured += len(idx)
+            progress.update(task, advance=len(idx), rate=tokens / max(time.perf_counter() - t0, 1e-9))
+    for run_id in run_ids.values():
+        store.finish_run(run_id)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One request's outcome for one (speculator, k): its counts and the response they came from."""
+
+    counts: StepCounts
+    generated_tokens: int
+    finish_reason: str  # "eos" | "length"
+
+
+BatchResult = list[dict[tuple[str, int], Measured]]
+
+
+def _replay_batch(config: Config, target: LoadedModel, speculators: Sequence[Speculator], thinking: str,
+                  prompts: Sequence[RenderedPrompt]) -> BatchResult:
+    ids = [p.ids for p in prompts]
+    responses = generate_greedy(target.model, ids, max_new_tokens=config.dataset.max_new_tokens,
+                                eos_token_ids=target.eos_token_ids, device=target.device)
+    segments = [label_segments(r.tokens, target.tokenizer, thinking=thinking) for r in responses]
+    per_request: BatchResult = [{} for _ in prompts]
+    for spec in speculators:
+        scored = score_replay(spec, ids, responses, config.sweep.draft_lengths, segments)
+        for i, per_k in enumerate(scored):
+            finish = "eos" if responses[i].ended else "length"
+            per_request[i].update({(spec.name, k): Measured(counts, len(responses[i].tokens), finish)
+                                   for k, counts in per_k.items()})
+    return per_request
+
+
+def _loop_batch(config: Config, target: LoadedModel, speculators: Sequence[Speculator], thinking: str,
+                temperature: float, prompts: Sequence[RenderedPrompt]) -> BatchResult:
+    raise ValueError("the sampled loop engine is not wired into `calibrate run` yet")
