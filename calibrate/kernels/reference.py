@@ -1,0 +1,304 @@
+"""Verification of speculative drafts in plain torch: the specification the Triton kernels must match.
+
+Layout (ragged, as in vLLM): a batch of B requests, request r proposing `num_draft[r]` = k_r drafts.
+- `draft_tokens`: (sum k_r,) int64, the drafts of every request, flattened in request order.
+- `logits`: (sum (k_r + 1), V), the target's logits at the k_r + 1 verified positions of each request, in
+  request order: row i of request r predicts the token after its i-th draft (row 0 predicts draft 0, row
+  k_r is the bonus position).
+- `draft_probs`: (sum k_r, V) float or None. The draft distribution q each draft was sampled from; None
+  means deterministic drafters (n-gram), treated as q = one-hot at the draft.
+
+Outputs (`VerifyOutput`): emitted tokens (B, max k_r + 1) padded with -1, accepted drafts per request
+(emitted = accepted + 1) and the analytic expected number of accepted drafts given the proposed drafts,
+sum_i prod_{j<=i} min(1, p_j(d_j) / q_j(d_j)): same mean as the realised count, lower variance.
+
+Rejection sampling, per request, walking its drafts in order:
+    p = softmax(logits / T) restricted to the top-k / top-p set (renormalised), or one-hot(argmax) at T = 0;
+    accept draft i  iff  p_i(d_i) > 0 and u_i * q_i(d_i) <= p_i(d_i), u_i ~ U(0, 1)   (i.e. u <= p/q);
+    on the first rejection emit a sample of the residual max(p_i - q_i, 0) (normalised) and stop;
+    if all k_r are accepted, emit a bonus sample of p at row k_r.
+This emits exactly target-distributed tokens whatever q is (Leviathan et al. 2023, Chen et al. 2023).
+A residual that is zero everywhere (p = q up to rounding, which then rejects with probability ~0) falls
+back to a sample of p, so no zero-probability token is ever emitted.
+
+Randomness comes from calibrate.kernels.rng, keyed by (seed, request id, absolute position, purpose):
+u_i = lane_uniform(key(ACCEPT), 0), and samples are exponential races over key(SAMPLE) lanes. The Triton
+kernels draw the very same numbers, so both backends make identical decisions on identical inputs, and a
+request's outcome does not depend on the batch around it.
+
+Top-k / top-p: the kept set is {j : logit_j / T >= tau} for a per-row threshold tau (ties at the boundary
+are kept, as in vLLM): top-k keeps logits >= the k-th largest; top-p then keeps the smallest
+highest-probability prefix (of the top-k-renormalised distribution) whose mass reaches top_p. The threshold
+needs a sort, so it is computed here in torch (`sampling_floor`) for the rows that ask for it, and the
+Triton pass consumes it; rows without top-k / top-p skip it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from calibrate.kernels import rng
+
+
+@dataclass
+class VerifyOutput:
+    """Result of verifying one ragged batch."""
+
+    tokens: torch.Tensor  # (B, max_k + 1) int64: emitted tokens, accepted drafts then one sampled token; -1 pad
+    num_accepted: torch.Tensor  # (B,) int64: drafts accepted; the request emitted num_accepted + 1 tokens
+    expected_accepted: torch.Tensor  # (B,) float32: sum_i prod_{j<=i} min(1, p_j/q_j) over the drafts
+
+
+@dataclass
+class RowResult:
+    """Per-row intermediate of the verification pass (what the fused kernel writes before the combine step)."""
+
+    p_draft: torch.Tensor  # (N,) float32: target probability of the row's draft (0 on bonus rows)
+    q_draft: torch.Tensor  # (N,) float32: draft probability of the row's draft (0 on bonus rows)
+    sample: torch.Tensor  # (N,) int64: residual sample (draft rows) or bonus sample (bonus rows)
+
+
+@dataclass
+class Layout:
+    """Index bookkeeping of a ragged batch; all tensors on the logits' device."""
+
+    num_draft: torch.Tensor  # (B,) int64
+    row_start: torch.Tensor  # (B,) int64: first logits row of each request
+    draft_start: torch.Tensor  # (B,) int64: first draft of each request in draft_tokens
+    row_request: torch.Tensor  # (N,) int64: request of each logits row
+    row_offset: torch.Tensor  # (N,) int64: index of the row inside its request, 0..k_r
+    row_is_draft: torch.Tensor  # (N,) bool: row verifies a draft (offset < k_r); else it is the bonus row
+    row_draft_index: torch.Tensor  # (N,) int64: index into draft_tokens (clamped to 0 on bonus rows)
+
+    @property
+    def batch(self) -> int:
+        return self.num_draft.shape[0]
+
+    @property
+    def max_k(self) -> int:
+        return int(self.num_draft.max()) if self.batch else 0
+
+
+def make_layout(num_draft: torch.Tensor, device: torch.device | str) -> Layout:
+    num_draft = torch.as_tensor(num_draft, dtype=torch.int64).to(device)
+    rows = num_draft + 1
+    row_start = torch.cumsum(rows, 0) - rows
+    draft_start = torch.cumsum(num_draft, 0) - num_draft
+    row_request = torch.repeat_interleave(torch.arange(num_draft.shape[0], device=device), rows)
+    row_offset = torch.arange(row_request.shape[0], device=device) - row_start[row_request]
+    row_is_draft = row_offset < num_draft[row_request]
+    row_draft_index = torch.where(row_is_draft, draft_start[row_request] + row_offset, 0)
+    return Layout(num_draft, row_start, draft_start, row_request, row_offset, row_is_draft, row_draft_index)
+
+
+def _per_request(value, batch: int, dtype: torch.dtype, device, default) -> torch.Tensor:
+    """A per-request parameter given as None, a scalar or a (B,) sequence -> (B,) tensor."""
+    if value is None:
+        value = default
+    t = torch.as_tensor(value, dtype=dtype)
+    if t.ndim == 0:
+        t = t.expand(batch)
+    if t.shape != (batch,):
+        raise ValueError(f"per-request parameter has shape {tuple(t.shape)}, expected ({batch},)")
+    return t.to(device).contiguous()
+
+
+def sampling_floor(
+    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Per-row threshold tau on temperature-scaled logits implementing top-k then top-p; -inf = keep all.
+
+    scaled: (N, V) float32 = logits / T; top_k: (N,) int64 (0 = off); top_p: (N,) float32 (1 = off).
+    The kept set is {j : scaled_j >= tau}; ties with the boundary value are kept.
+    """
+    n, vocab = scaled.shape
+    tau = torch.full((n,), float("-inf"), dtype=torch.float32, device=scaled.device)
+    need = (top_k > 0) & (top_k < vocab) | (top_p < 1.0)
+    if not bool(need.any()):
+        return tau
+    rows = torch.nonzero(need).squeeze(1)
+    s, _ = torch.sort(scaled[rows], dim=-1, descending=True)  # (R, V)
+    k = top_k[rows]
+    k = torch.where((k > 0) & (k < vocab), k, vocab)
+    tau_k = s.gather(1, (k - 1).unsqueeze(1)).squeeze(1)  # (R,) the k-th largest
+    kept = s >= tau_k.unsqueeze(1)  # (R, V): the top-k set (with ties), a prefix of the sorted row
+    e = torch.where(kept, torch.exp(s - s[:, :1]), 0.0)
+    cum = torch.cumsum(e / e.sum(-1, keepdim=True), dim=-1)  # (R, V)
+    n_kept = kept.sum(-1)
+    boundary = (cum < top_p[rows].unsqueeze(1)).sum(-1)  # first index whose cumulative mass reaches top_p
+    boundary = torch.minimum(boundary, n_kept - 1)
+    tau_p = s.gather(1, boundary.unsqueeze(1)).squeeze(1)
+    tau[rows] = torch.maximum(tau_k, tau_p)
+    return tau
+
+
+def row_floors(logits: torch.Tensor, layout: Layout, temperature: torch.Tensor, top_k: torch.Tensor,
+               top_p: torch.Tensor) -> torch.Tensor:
+    """(N,) threshold per logits row (-inf where the row's request asks for neither top-k nor top-p)."""
+    req = layout.row_request
+    t = temperature[req]
+    tau = torch.full((logits.shape[0],), float("-inf"), dtype=torch.float32, device=logits.device)
+    need = (t > 0) & (((top_k[req] > 0) & (top_k[req] < logits.shape[1])) | (top_p[req] < 1.0))
+    if bool(need.any()):
+        rows = torch.nonzero(need).squeeze(1)
+        scaled = logits[rows].float() / t[rows].unsqueeze(1)
+        tau[rows] = sampling_floor(scaled, top_k[req][rows], top_p[req][rows])
+    return tau
+
+
+def target_probs(logits: torch.Tensor, temperature: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """(N, V) float32 target distribution per row: masked softmax(logits/T), or one-hot argmax where T = 0.
+
+    temperature and floor are per row. Written out (max, exp, sum, divide) rather than torch.softmax so the
+    arithmetic is the one the kernel does.
+    """
+    x = logits.float()
+    greedy = temperature <= 0
+    s = x / torch.where(greedy, 1.0, temperature).unsqueeze(1)
+    s = torch.where(s >= floor.unsqueeze(1), s, float("-inf"))
+    m = s.max(dim=-1, keepdim=True).values
+    e = torch.exp(s - m)
+    p = e / e.sum(dim=-1, keepdim=True)
+    one_hot = torch.zeros_like(p).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where(greedy.unsqueeze(1), one_hot, p)
+
+
+def _combine(layout: Layout, draft_tokens: torch.Tensor, rows: RowResult, accept_u: torch.Tensor) -> VerifyOutput:
+    """Walk each request's rows: accepted prefix, then the residual/bonus sample of the first non-accepted row."""
+    b, max_k = layout.batch, layout.max_k
+    dev = draft_tokens.device
+    p, q = rows.p_draft, rows.q_draft
+    accept = layout.row_is_draft & (p > 0) & (accept_u * q <= p)  # (N,)
+    alpha = torch.where(q > 0, torch.clamp(p / torch.where(q > 0, q, 1.0), max=1.0), (p > 0).float())
+    alpha = torch.where(layout.row_is_draft, alpha, 0.0)
+
+    # Scatter rows into a (B, max_k + 1) grid; padding rows count as "not accepted", alpha 0.
+    grid_acc = torch.zeros((b, max_k + 1), dtype=torch.bool, device=dev)
+    grid_alpha = torch.zeros((b, max_k + 1), dtype=torch.float32, device=dev)
+    grid_sample = torch.zeros((b, max_k + 1), dtype=torch.int64, device=dev)
+    grid_draft = torch.full((b, max_k + 1), -1, dtype=torch.int64, device=dev)
+    r, o = layout.row_request, layout.row_offset
+    grid_acc[r, o] = accept
+    grid_alpha[r, o] = alpha
+    grid_sample[r, o] = rows.sample
+    grid_draft[r, o] = torch.where(layout.row_is_draft, draft_tokens[layout.row_draft_index], -1)
+
+    num_accepted = torch.cumprod(grid_acc.long(), dim=1).sum(dim=1)  # (B,) leading accepts
+    expected = torch.cumprod(grid_alpha, dim=1).sum(dim=1)  # (B,)
+    col = torch.arange(max_k + 1, device=dev).unsqueeze(0)
+    last = torch.gather(grid_sample, 1, num_accepted.unsqueeze(1))  # (B, 1) token at the stopping row
+    tokens = torch.where(col < num_accepted.unsqueeze(1), grid_draft, -1)
+    tokens = torch.where(col == num_accepted.unsqueeze(1), last, tokens)
+    return VerifyOutput(tokens=tokens, num_accepted=num_accepted, expected_accepted=expected)
+
+
+def accept_uniforms(layout: Layout, seed: int, request_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(N,) float32 accept-test uniforms, keyed by (seed, request id, position + row offset, ACCEPT)."""
+    keys = rng.stream_key(seed, request_ids[layout.row_request], positions[layout.row_request] + layout.row_offset,
+                          rng.ACCEPT)
+    return rng.lane_uniform(keys, torch.zeros_like(keys))
+
+
+def sample_keys(layout: Layout, seed: int, request_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(N,) int64 keys of the per-vocabulary sampling noise of each row."""
+    return rng.stream_key(seed, request_ids[layout.row_request], positions[layout.row_request] + layout.row_offset,
+                          rng.SAMPLE)
+
+
+@dataclass
+class Batch:
+    """Validated, device-placed inputs of a rejection verification (shared by both backends)."""
+
+    logits: torch.Tensor  # (N, V)
+    draft_tokens: torch.Tensor  # (sum k,) int64
+    draft_probs: torch.Tensor | None  # (sum k, V) or None
+    layout: Layout
+    temperature: torch.Tensor  # (B,) float32, 0 = greedy
+    top_k: torch.Tensor  # (B,) int64, 0 = off
+    top_p: torch.Tensor  # (B,) float32, 1 = off
+    request_ids: torch.Tensor  # (B,) int64
+    positions: torch.Tensor  # (B,) int64: absolute position (in the response) of each request's first draft
+    seed: int
+
+
+def prepare(logits, draft_tokens, num_draft, *, draft_probs=None, temperature=1.0, top_k=None, top_p=None,
+            seed: int = 0, request_ids=None, positions=None) -> Batch:
+    """Check shapes and turn scalars / sequences into per-request device tensors."""
+    dev = logits.device
+    layout = make_layout(num_draft, dev)
+    b = layout.batch
+    n_rows = int(layout.num_draft.sum()) + b
+    if logits.ndim != 2 or logits.shape[0] != n_rows:
+        raise ValueError(f"logits must be (sum(k)+B={n_rows}, V), got {tuple(logits.shape)}")
+    draft_tokens = torch.as_tensor(draft_tokens, dtype=torch.int64).to(dev)
+    if draft_tokens.shape != (n_rows - b,):
+        raise ValueError(f"draft_tokens must be (sum(k)={n_rows - b},), got {tuple(draft_tokens.shape)}")
+    if draft_probs is not None and draft_probs.shape != (n_rows - b, logits.shape[1]):
+        raise ValueError(f"draft_probs must be ({n_rows - b}, {logits.shape[1]}), got {tuple(draft_probs.shape)}")
+    return Batch(
+        logits=logits, draft_tokens=draft_tokens, draft_probs=draft_probs, layout=layout,
+        temperature=_per_request(temperature, b, torch.float32, dev, 1.0),
+        top_k=_per_request(top_k, b, torch.int64, dev, 0),
+        top_p=_per_request(top_p, b, torch.float32, dev, 1.0),
+        request_ids=_per_request(request_ids, b, torch.int64, dev, list(range(b))),
+        positions=_per_request(positions, b, torch.int64, dev, 0),
+        seed=int(seed),
+    )
+
+
+def reference_rows(batch: Batch) -> RowResult:
+    """The per-row pass of the specification: p(d), q(d), and the residual / bonus sample of every row."""
+    lay = batch.layout
+    t_row = batch.temperature[lay.row_request]
+    floor = row_floors(batch.logits, lay, batch.temperature, batch.top_k, batch.top_p)
+    p = target_probs(batch.logits, t_row, floor)  # (N, V)
+    d = torch.where(lay.row_is_draft, batch.draft_tokens[lay.row_draft_index], 0)  # (N,)
+    if batch.draft_probs is None:
+        q = torch.zeros_like(p).scatter_(1, d.unsqueeze(1), 1.0)
+    else:
+        q = batch.draft_probs.float()[lay.row_draft_index]
+    q = torch.where(lay.row_is_draft.unsqueeze(1), q, 0.0)  # bonus rows: residual = p
+    p_d = torch.where(lay.row_is_draft, p.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
+    q_d = torch.where(lay.row_is_draft, q.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
+
+    keys = sample_keys(lay, batch.seed, batch.request_ids, batch.positions)
+    lanes = torch.arange(p.shape[1], dtype=torch.int64, device=p.device)
+    e = -torch.log(rng.lane_uniform(keys.unsqueeze(1), lanes))  # (N, V) Exp(1) noise
+    score_r = torch.clamp(p - q, min=0.0) / e
+    score_p = p / e
+    best_r, arg_r = score_r.max(dim=-1)
+    arg_p = score_p.argmax(dim=-1)
+    sample = torch.where(best_r > 0, arg_r, arg_p)
+    return RowResult(p_draft=p_d, q_draft=q_d, sample=sample)
+
+
+def rejection_verify(logits: torch.Tensor, draft_tokens, num_draft, *, draft_probs: torch.Tensor | None = None,
+                     temperature=1.0, top_k=None, top_p=None, seed: int = 0, request_ids=None,
+                     positions=None) -> VerifyOutput:
+    """Rejection-sampling verification (reference). Per-request parameters: scalar or (B,).
+
+    temperature 0 makes a request greedy (accept iff draft == argmax; the emitted token is the argmax).
+    request_ids (default 0..B-1) and positions (default 0) key the random numbers; pass the request's
+    stable id and the position of its first draft in the response so every decision uses fresh numbers.
+    """
+    batch = prepare(logits, draft_tokens, num_draft, draft_probs=draft_probs, temperature=temperature,
+                    top_k=top_k, top_p=top_p, seed=seed, request_ids=request_ids, positions=positions)
+    rows = reference_rows(batch)
+    u = accept_uniforms(batch.layout, batch.seed, batch.request_ids, batch.positions)
+    return _combine(batch.layout, batch.draft_tokens, rows, u)
+
+
+def greedy_verify(logits: torch.Tensor, draft_tokens, num_draft) -> VerifyOutput:
+    """Greedy verification (reference): accept the prefix of drafts equal to the target's argmax, then emit
+    the argmax at the first mismatch (or the bonus argmax). Ties go to the lowest token id."""
+    lay = make_layout(num_draft, logits.device)
+    draft_tokens = torch.as_tensor(draft_tokens, dtype=torch.int64).to(logits.device)
+    argmax = logits.float().argmax(dim=-1)  # (N,)
+    d = torch.where(lay.row_is_draft, draft_tokens[lay.row_draft_index], -1)
+    hit = lay.row_is_draft & (d == argmax)
+    rows = RowResult(p_draft=hit.float(), q_draft=lay.row_is_draft.float(), sample=argmax)
+    out = _combine(lay, draft_tokens, rows, torch.full_like(rows.p_draft, 0.5))
+    out.expected_accepted = out.num_accepted.float()
+    return out

@@ -1,0 +1,89 @@
+"""Counter-based random numbers shared, bit for bit, by the torch reference and the Triton kernels.
+
+Why counter-based: a verification step must draw the same random numbers whichever backend runs it and
+whatever the batch looks like, so that (a) the kernel can be tested for *identical* accept decisions and
+samples against the reference, and (b) a request's outcome does not depend on which other requests shared
+its batch. So every random number is a pure function of (seed, request, position, purpose, lane):
+
+- `stream_key(seed, request, position, purpose)` hashes the first four into one 32-bit key per (request,
+  position, purpose); it is computed on the host side (tiny tensors) by both backends;
+- `lane_uniform(key, lane)` turns a key and a vocabulary index (lane 0 for scalar draws) into a uniform in
+  (0, 1); the Triton twin `_lane_uniform_tl` in triton_verify.py computes the same bits with uint32 ops.
+
+The mixer is Chris Wellons' `lowbias32` (xor-shift / multiply), the lane step the golden-ratio increment
+of splitmix. Torch has no wrapping uint32 multiply, so 32-bit products are formed in int64 from 16-bit
+halves (never overflowing), which gives exactly the low 32 bits that uint32 arithmetic gives in Triton.
+
+Uniforms are ((h >> 8) + 0.5) * 2**-24: 24 bits, exactly representable in float32, strictly inside (0, 1),
+so u <= p/q always accepts when p >= q, never accepts when p = 0, and -log(u) is never 0 or infinite.
+"""
+
+from __future__ import annotations
+
+import torch
+
+M32 = 0xFFFFFFFF
+MIX_C1 = 0x7FEB352D
+MIX_C2 = 0x846CA68B
+GOLDEN = 0x9E3779B9
+SEED_SALT = 0x5BD1E995
+
+# Purposes: one independent stream each.
+ACCEPT = 1  # the uniform u of the accept test u <= p/q, one per (request, position)
+SAMPLE = 2  # per-vocabulary noise of the residual / bonus sample at a position
+DRAFT = 3  # per-vocabulary noise a model drafter samples its token with (sampled loop)
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for int64 x in [0, 2**32) and a 32-bit constant c, without int64 overflow."""
+    lo = x * (c & 0xFFFF)  # < 2**48
+    hi = ((x * (c >> 16)) & 0xFFFF) << 16  # only the low 16 bits of the high product survive mod 2**32
+    return (lo + hi) & M32
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32: a bijective 32-bit avalanche mixer. x: int64 tensor with values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, MIX_C1)
+    x = x ^ (x >> 15)
+    x = _mul32(x, MIX_C2)
+    x = x ^ (x >> 16)
+    return x
+
+
+def stream_key(seed: int, request: torch.Tensor, position: torch.Tensor, purpose: int) -> torch.Tensor:
+    """32-bit key of the stream (seed, request, position, purpose); request/position: int64 tensors (any shape)."""
+    request = torch.as_tensor(request, dtype=torch.int64)
+    position = torch.as_tensor(position, dtype=torch.int64)
+    h = mix32(torch.tensor((seed & M32) ^ SEED_SALT, dtype=torch.int64))
+    h = mix32(h ^ ((seed >> 32) & M32))
+    h = mix32(h ^ (request.to(h.device) & M32))
+    h = mix32(h ^ (position.to(h.device) & M32))
+    return mix32(h ^ purpose)
+
+
+def lane_hash(key: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
+    """32-bit hash of (key, lane); broadcasts. key, lane: int64 tensors with values in [0, 2**32)."""
+    return mix32((key + _mul32(lane & M32, GOLDEN)) & M32)
+
+
+def hash_to_uniform(h: torch.Tensor) -> torch.Tensor:
+    """float32 uniform strictly inside (0, 1) from a 32-bit hash."""
+    return ((h >> 8).to(torch.float32) + 0.5) * (2.0**-24)
+
+
+def lane_uniform(key: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
+    """Uniform in (0, 1) for (key, lane); broadcasts."""
+    return hash_to_uniform(lane_hash(key, lane))
+
+
+def exponential_race(weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Sample one index per row with probability proportional to `weights` (>= 0, unnormalised).
+
+    The exponential race: argmax_j w_j / E_j with E_j = -log(u_j) ~ Exp(1) i.i.d. (equivalent to Gumbel-max
+    on log w). It needs no normalisation and no cumulative sum, which is why a one-pass tiled kernel can do
+    it. weights: (..., V) float32; keys: (...) int64. Returns (...) int64. Ties go to the lowest index.
+    """
+    lanes = torch.arange(weights.shape[-1], dtype=torch.int64, device=weights.device)
+    e = -torch.log(lane_uniform(keys.unsqueeze(-1).to(weights.device), lanes))  # (..., V), > 0
+    return torch.argmax(weights / e, dim=-1)

@@ -1,0 +1,309 @@
+"""Fused Triton verification kernels: the functions of reference.py in one pass over the logits.
+
+Two launches per verification, and no host-side tensor work between them (so small batches are not
+dominated by launch overhead):
+
+1. `_rows_kernel`, grid (B, max_k + 1), one program per verified position (row). It derives its row index
+   from `num_draft` in-kernel (a prefix sum over at most B values), then streams the row's logits in
+   vocabulary tiles of BLOCK_V:
+     pass 1: online max / sum-exp (per lane, reduced at the end) of s = logits / T, and the argmax;
+     pass 2 (T > 0 only): p_j = exp(s_j - M) / Z, q_j (draft probabilities, or one-hot at the draft),
+             and two exponential races, argmax max(p - q, 0) / E and argmax p / E, E = -log(u_j),
+             u_j the counter-based uniform of lane j.
+   It writes p(d), q(d) and the residual/bonus sample of the row. Full probability tensors never exist;
+   the second pass re-reads one row (<= 600 KB at V=152k fp32), which a GPU serves from L2. At T = 0 the
+   row is read once (argmax only).
+2. `_combine_kernel`, grid (B,), walks each request's <= k + 1 rows: accept iff p(d) > 0 and
+   u * q(d) <= p(d), with u drawn in-kernel from the (seed, request, position, ACCEPT) stream; writes the
+   emitted tokens, the accepted count and the expected acceptance sum_i prod_{j<=i} min(1, p_j/q_j).
+
+Randomness: `_stream_key` / `_lane_uniform` below compute, with wrapping uint32 arithmetic, exactly the
+bits of calibrate.kernels.rng (which forms the same 32-bit products in int64 torch). Hence the kernel and
+the reference consume the same random numbers and make the same decisions; only float rounding of p
+(tiled vs whole-row sums, exp implementations) differs, by ulps.
+
+Top-k / top-p: the per-row threshold comes from reference.row_floors (a sort, in torch) when asked for;
+rows of requests without them read a -inf floor. The fused kernel applies it as a mask.
+
+On CPU these run under TRITON_INTERPRET=1 (tests only); `calibrate.kernels.verify_*` dispatches.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from calibrate.kernels import reference, rng
+from calibrate.kernels.reference import VerifyOutput
+
+
+@triton.jit
+def _mix32(x):
+    """lowbias32 on uint32 (wrapping multiplies) == rng.mix32."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    x = x ^ (x >> 16)
+    return x
+
+
+@triton.jit
+def _stream_key(seed_hash, request, position, purpose: tl.constexpr):
+    """== rng.stream_key for a seed whose first two mixing rounds (`seed_hash`) were done on the host."""
+    h = seed_hash.to(tl.uint32)
+    h = _mix32(h ^ request.to(tl.uint32))
+    h = _mix32(h ^ position.to(tl.uint32))
+    return _mix32(h ^ purpose)
+
+
+@triton.jit
+def _lane_uniform(key, lanes):
+    """== rng.lane_uniform: uniform in (0, 1) per lane; key uint32 scalar, lanes int32 vector."""
+    h = _mix32(key + lanes.to(tl.uint32) * 0x9E3779B9)
+    return ((h >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
+
+
+@triton.jit
+def _request_start(num_draft_ptr, r, BLOCK_B: tl.constexpr):
+    """(first draft index, first row index) of request r: prefix sum of num_draft[0:r]."""
+    offs = tl.arange(0, BLOCK_B)
+    nd = tl.load(num_draft_ptr + offs, mask=offs < r, other=0)
+    draft_start = tl.sum(nd.to(tl.int64), axis=0)
+    return draft_start, draft_start + r
+
+
+@triton.jit
+def _rows_kernel(
+    logits_ptr, logits_stride,  # (N, V) fp32/bf16/fp16
+    draft_probs_ptr, probs_stride,  # (sum k, V) float, or any tensor when not HAS_Q
+    draft_tokens_ptr,  # (sum k,) int64
+    num_draft_ptr,  # (B,) int64
+    temperature_ptr,  # (B,) float32, <= 0 means greedy
+    floor_ptr,  # (N,) float32 threshold on logits / T (only read when HAS_FLOOR)
+    request_ids_ptr, positions_ptr,  # (B,) int64: random-stream keys
+    seed_hash,  # host-mixed seed, < 2**32
+    p_out, q_out, sample_out,  # (N,) float32, float32, int64
+    V,
+    HAS_Q: tl.constexpr, HAS_FLOOR: tl.constexpr, GREEDY: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    r = tl.program_id(0)
+    i = tl.program_id(1)
+    k = tl.load(num_draft_ptr + r)
+    if i <= k:
+        draft_start, row_start = _request_start(num_draft_ptr, r, BLOCK_B)
+        row = row_start + i
+        is_draft = i < k
+        didx = draft_start + tl.minimum(i, tl.maximum(k - 1, 0))
+        d = tl.load(draft_tokens_ptr + didx, mask=is_draft, other=-1)
+        if GREEDY:
+            t = 0.0
+        else:
+            t = tl.load(temperature_ptr + r)
+        greedy = t <= 0.0
+        t_div = tl.where(greedy, 1.0, t)
+        floor = float("-inf")
+        if HAS_FLOOR:
+            floor = tl.load(floor_ptr + row)
+        base = logits_ptr + row.to(tl.int64) * logits_stride
+        lanes = tl.arange(0, BLOCK_V)
+
+        # Pass 1: per-lane running max / sum-exp of s = logits / T (masked by the floor) and argmax.
+        m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
+        z_vec = tl.zeros([BLOCK_V], tl.float32)
+        best_v = tl.full([BLOCK_V], float("-inf"), tl.float32)
+        best_i = tl.zeros([BLOCK_V], tl.int32)
+        for start in range(0, V, BLOCK_V):
+            offs = start + lanes
+            valid = offs < V
+            s = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32) / t_div
+            s = tl.where(s >= floor, s, float("-inf"))
+            upd = s > best_v
+            best_v = tl.where(upd, s, best_v)
+            best_i = tl.where(upd, offs, best_i)
+            if not GREEDY:
+                m_new = tl.maximum(m_vec, s)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                z_vec = z_vec * tl.exp(m_vec - m_safe) + tl.exp(s - m_safe)
+                m_vec = m_new
+        top = tl.max(best_v, axis=0)
+        amax = tl.min(tl.where(best_v == top, best_i, V), axis=0)
+
+        q_d = 0.0
+        if is_draft:
+            if HAS_Q:
+                q_d = tl.load(draft_probs_ptr + didx.to(tl.int64) * probs_stride + d).to(tl.float32)
+            else:
+                q_d = 1.0
+        if greedy:
+            p_d = tl.where(is_draft & (d == amax), 1.0, 0.0)
+            sample = amax
+        else:
+            m = tl.max(m_vec, axis=0)
+            z = tl.sum(tl.where(m_vec == float("-inf"), 0.0, z_vec * tl.exp(m_vec - m)), axis=0)
+            s_d = tl.load(base + tl.maximum(d, 0)).to(tl.float32) / t_div
+            p_d = tl.where(is_draft & (s_d >= floor), tl.exp(s_d - m) / z, 0.0)
+
+            # Pass 2: exponential races over the residual max(p - q, 0) and over p.
+            key = _stream_key(seed_hash, tl.load(request_ids_ptr + r), tl.load(positions_ptr + r) + i, 2)
+            best_r = tl.full([BLOCK_V], -1.0, tl.float32)
+            arg_r = tl.zeros([BLOCK_V], tl.int32)
+            best_p = tl.full([BLOCK_V], -1.0, tl.float32)
+            arg_p = tl.zeros([BLOCK_V], tl.int32)
+            for start in range(0, V, BLOCK_V):
+                offs = start + lanes
+                valid = offs < V
+                s = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32) / t_div
+                s = tl.where(s >= floor, s, float("-inf"))
+                p = tl.exp(s - m) / z
+                if HAS_Q:
+                    q = tl.load(draft_probs_ptr + didx.to(tl.int64) * probs_stride + offs,
+                                mask=valid & is_draft, other=0.0).to(tl.float32)
+                else:
+                    q = tl.where(is_draft & (offs == d), 1.0, 0.0)
+                e = -tl.log(_lane_uniform(key, offs))
+                sr = tl.where(valid, tl.maximum(p - q, 0.0) / e, -1.0)
+                sp = tl.where(valid, p / e, -1.0)
+                upd = sr > best_r
+                best_r = tl.where(upd, sr, best_r)
+                arg_r = tl.where(upd, offs, arg_r)
+                upd = sp > best_p
+                best_p = tl.where(upd, sp, best_p)
+                arg_p = tl.where(upd, offs, arg_p)
+            top_r = tl.max(best_r, axis=0)
+            top_p = tl.max(best_p, axis=0)
+            sample_r = tl.min(tl.where(best_r == top_r, arg_r, V), axis=0)
+            sample_p = tl.min(tl.where(best_p == top_p, arg_p, V), axis=0)
+            sample = tl.where(top_r > 0.0, sample_r, sample_p)
+        tl.store(p_out + row, p_d)
+        tl.store(q_out + row, q_d)
+        tl.store(sample_out + row, sample.to(tl.int64))
+
+
+@triton.jit
+def _combine_kernel(
+    p_ptr, q_ptr, sample_ptr,  # (N,) from _rows_kernel
+    draft_tokens_ptr, num_draft_ptr,  # (sum k,), (B,)
+    request_ids_ptr, positions_ptr, seed_hash,
+    tokens_ptr, tokens_stride,  # (B, MAX_K + 1) int64 out
+    accepted_ptr, expected_ptr,  # (B,) int64, float32 out
+    GREEDY: tl.constexpr, MAX_K: tl.constexpr, BLOCK_B: tl.constexpr,
+):
+    r = tl.program_id(0)
+    k = tl.load(num_draft_ptr + r)
+    draft_start, row_start = _request_start(num_draft_ptr, r, BLOCK_B)
+    req = tl.load(request_ids_ptr + r)
+    pos = tl.load(positions_ptr + r)
+    out = tokens_ptr + r.to(tl.int64) * tokens_stride
+    going = k >= 0  # scalar "all accepted so far"
+    n_acc = k * 0
+    prod = 1.0
+    expected = 0.0
+    for i in range(MAX_K):
+        valid = i < k
+        p = tl.load(p_ptr + row_start + i, mask=valid, other=0.0)
+        q = tl.load(q_ptr + row_start + i, mask=valid, other=0.0)
+        d = tl.load(draft_tokens_ptr + draft_start + i, mask=valid, other=-1)
+        if GREEDY:
+            u = 0.5
+        else:
+            u = tl.sum(_lane_uniform(_stream_key(seed_hash, req, pos + i, 1), tl.zeros([1], tl.int32)), axis=0)
+        alpha = tl.where(q > 0.0, tl.minimum(p / tl.where(q > 0.0, q, 1.0), 1.0), tl.where(p > 0.0, 1.0, 0.0))
+        prod = tl.where(valid, prod * alpha, 0.0)
+        expected += prod
+        acc = going & valid & (p > 0.0) & (u * q <= p)
+        going = acc
+        n_acc += acc.to(n_acc.dtype)
+        tl.store(out + i, tl.where(acc, d, -1))
+    tl.store(out + MAX_K, -1)
+    last = tl.load(sample_ptr + row_start + n_acc)
+    tl.store(out + n_acc, last)
+    tl.store(accepted_ptr + r, n_acc.to(tl.int64))
+    tl.store(expected_ptr + r, expected)
+
+
+def _request_tensor(value, batch: int, dtype: torch.dtype, device, default) -> torch.Tensor:
+    """Per-request parameter as a contiguous (B,) device tensor; passes matching tensors through untouched."""
+    if isinstance(value, torch.Tensor) and value.dtype == dtype and value.device == device and value.shape == (batch,):
+        return value.contiguous()
+    return reference._per_request(value, batch, dtype, device, default)
+
+
+def _seed_hash(seed: int) -> int:
+    h = rng.mix32(torch.tensor((seed & rng.M32) ^ rng.SEED_SALT, dtype=torch.int64))
+    return int(rng.mix32(h ^ ((seed >> 32) & rng.M32)))
+
+
+def _launch(logits, draft_tokens, num_draft, draft_probs, temperature, floor, request_ids, positions, seed,
+            max_k: int | None, greedy: bool, block_v: int) -> VerifyOutput:
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    dev = logits.device
+    num_draft = _request_tensor(num_draft, len(num_draft), torch.int64, dev, 0)
+    b = num_draft.shape[0]
+    n_rows, vocab = logits.shape
+    draft_tokens = _request_tensor(draft_tokens, n_rows - b, torch.int64, dev, 0) if n_rows > b else \
+        torch.zeros(1, dtype=torch.int64, device=dev)
+    if max_k is None:
+        max_k = int(num_draft.max())  # one device sync; callers that know it pass max_k
+    temperature = _request_tensor(temperature, b, torch.float32, dev, 1.0)
+    request_ids = _request_tensor(request_ids, b, torch.int64, dev, list(range(b)))
+    positions = _request_tensor(positions, b, torch.int64, dev, 0)
+    has_q = draft_probs is not None
+    if has_q and draft_probs.stride(1) != 1:
+        draft_probs = draft_probs.contiguous()
+    p = torch.empty(n_rows, dtype=torch.float32, device=dev)
+    q = torch.empty(n_rows, dtype=torch.float32, device=dev)
+    sample = torch.empty(n_rows, dtype=torch.int64, device=dev)
+    tokens = torch.empty((b, max_k + 1), dtype=torch.int64, device=dev)
+    accepted = torch.empty(b, dtype=torch.int64, device=dev)
+    expected = torch.empty(b, dtype=torch.float32, device=dev)
+    seed_hash = _seed_hash(seed)
+    block_b = max(triton.next_power_of_2(b), 16)
+    _rows_kernel[(b, max_k + 1)](
+        logits, logits.stride(0),
+        draft_probs if has_q else logits, draft_probs.stride(0) if has_q else 0,
+        draft_tokens, num_draft, temperature,
+        floor if floor is not None else p,
+        request_ids, positions, seed_hash,
+        p, q, sample, vocab,
+        HAS_Q=has_q, HAS_FLOOR=floor is not None, GREEDY=greedy, BLOCK_B=block_b, BLOCK_V=block_v,
+    )
+    _combine_kernel[(b,)](
+        p, q, sample, draft_tokens, num_draft, request_ids, positions, seed_hash,
+        tokens, tokens.stride(0), accepted, expected,
+        GREEDY=greedy, MAX_K=max_k, BLOCK_B=block_b,
+    )
+    return VerifyOutput(tokens=tokens, num_accepted=accepted, expected_accepted=expected)
+
+
+def _block_v(vocab: int, block_v: int | None) -> int:
+    if block_v is not None:
+        return block_v
+    return min(4096, triton.next_power_of_2(vocab))
+
+
+def greedy_verify(logits: torch.Tensor, draft_tokens, num_draft, *, max_k: int | None = None,
+                  block_v: int | None = None) -> VerifyOutput:
+    """Fused greedy verification; same contract as reference.greedy_verify."""
+    return _launch(logits, draft_tokens, num_draft, None, 0.0, None, None, None, 0, max_k, True,
+                   _block_v(logits.shape[1], block_v))
+
+
+def rejection_verify(logits: torch.Tensor, draft_tokens, num_draft, *, draft_probs: torch.Tensor | None = None,
+                     temperature=1.0, top_k=None, top_p=None, seed: int = 0, request_ids=None, positions=None,
+                     max_k: int | None = None, block_v: int | None = None) -> VerifyOutput:
+    """Fused rejection-sampling verification; same contract as reference.rejection_verify.
+
+    Pass per-request parameters as (B,) device tensors (and max_k) to keep the call free of host syncs.
+    """
+    floor = None
+    if top_k is not None or top_p is not None:
+        batch = reference.prepare(logits, draft_tokens, num_draft, draft_probs=draft_probs,
+                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                  request_ids=request_ids, positions=positions)
+        floor = reference.row_floors(logits, batch.layout, batch.temperature, batch.top_k, batch.top_p)
+    return _launch(logits, draft_tokens, num_draft, draft_probs, temperature, floor, request_ids, positions, seed,
+                   max_k, False, _block_v(logits.shape[1], block_v))
