@@ -8,6 +8,8 @@ the last axis, so the same code serves one request, a stack of requests, or boot
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -63,3 +65,177 @@ def conditional_rates(h: ArrayLike) -> np.ndarray:
     tail = np.flip(np.cumsum(np.flip(arr, axis=-1), axis=-1), axis=-1)  # steps accepting >= i
     with np.errstate(invalid="ignore", divide="ignore"):
         return tail[..., 1:] / tail[..., :-1]
+
+
+def expected_acceptance_length(expected_accepted: ArrayLike, n_steps: ArrayLike) -> np.ndarray | float:
+    """AL from the sampled loop's analytic expectation: 1 + sum over steps of E[accepted] / steps.
+
+    Same mean as the realised AL, lower variance; reported beside it, never instead of it.
+    """
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = 1.0 + np.asarray(expected_accepted, dtype=np.float64) / np.asarray(n_steps, dtype=np.float64)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def acceptance_length_from_rates(rates: ArrayLike) -> np.ndarray | float:
+    """AL = 1 + sum of the unconditional per-position rates (the identity vLLM's synthetic sampler relies on)."""
+    out = 1.0 + np.asarray(rates, dtype=np.float64).sum(axis=-1)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def histogram_from_rates(rates: ArrayLike) -> np.ndarray:
+    """The probability histogram (k+1 bins) whose unconditional rates are `rates`.
+
+    P(exactly a accepted) = r[a-1] - r[a] with r[-1] = 1 and r[k] = 0. Lets a curve that was not counted
+    (an extrapolation) go through the same functions as a measured histogram.
+    """
+    r = np.asarray(rates, dtype=np.float64)
+    ones = np.ones(r.shape[:-1] + (1,))
+    zeros = np.zeros(r.shape[:-1] + (1,))
+    upper = np.concatenate([ones, r], axis=-1)
+    lower = np.concatenate([r, zeros], axis=-1)
+    if np.any(upper - lower < -1e-12):
+        raise ValueError("unconditional rates must be non-increasing and within [0, 1]")
+    return np.clip(upper - lower, 0.0, None)
+
+
+def iid_rate(h: ArrayLike) -> np.ndarray | float:
+    """Maximum-likelihood per-draft acceptance rate under the iid model of Leviathan et al. (2023).
+
+    Each step tries positions 0, 1, ... until a rejection or position k; under iid acceptance with rate
+    alpha that is a Bernoulli sequence stopped at the first failure and censored at k, whose MLE is
+    accepted drafts / attempted drafts. Attempted drafts = sum over i < k of the steps reaching position i.
+    """
+    arr = _hist(h)
+    tail = np.flip(np.cumsum(np.flip(arr, axis=-1), axis=-1), axis=-1)  # steps accepting >= i
+    accepted = tail[..., 1:].sum(axis=-1)
+    attempted = tail[..., :-1].sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = accepted / attempted
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def iid_acceptance_length(alpha: ArrayLike, k: int) -> np.ndarray | float:
+    """Leviathan et al.'s expected tokens per step, (1 - alpha^(k+1)) / (1 - alpha), as a sum of rates."""
+    a = np.asarray(alpha, dtype=np.float64)[..., None]
+    return acceptance_length_from_rates(a ** np.arange(1, k + 1))
+
+
+def extend_rates(rates: ArrayLike, k: int, alpha: float) -> np.ndarray:
+    """Unconditional rates for draft length k from a measured curve of length K.
+
+    Positions the curve covers are taken as measured; a position past its end continues the curve with the
+    iid rate: r[i] = r[K-1] * alpha^(i-K+1). For k <= K this is the curve's first k positions.
+    """
+    r = np.asarray(rates, dtype=np.float64)
+    if r.ndim != 1 or r.size < 1:
+        raise ValueError("extend_rates needs a measured curve with at least one position")
+    if k <= r.size:
+        return r[:k].copy()
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"iid rate {alpha} outside [0, 1]")
+    tail = r[-1] * float(alpha) ** np.arange(1, k - r.size + 1)
+    return np.concatenate([r, tail])
+
+
+def cluster_sums(values: ArrayLike, clusters: ArrayLike, n_clusters: int | None = None) -> np.ndarray:
+    """Sum rows of `values` (shape (n, ...)) by integer cluster id (0..C-1): shape (C, ...)."""
+    v = np.asarray(values, dtype=np.float64)
+    c = np.asarray(clusters, dtype=np.int64)
+    n = int(c.max()) + 1 if n_clusters is None else n_clusters
+    out = np.zeros((n,) + v.shape[1:])
+    np.add.at(out, c, v)
+    return out
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Every statistic of one set of per-request histograms (one key, one segment), with clustered CIs.
+
+    CIs are percentile intervals of a bootstrap that resamples whole conversations: requests of one
+    conversation share a prompt history and a response style, so they are not independent draws.
+    """
+
+    histogram: tuple[int, ...]
+    steps: int
+    requests: int  # requests with at least one step
+    conversations: int
+    acceptance_length: float
+    ci_low: float
+    ci_high: float
+    macro_acceptance_length: float
+    macro_ci_low: float
+    macro_ci_high: float
+    unconditional_rates: tuple[float, ...]
+    rates_ci_low: tuple[float, ...]
+    rates_ci_high: tuple[float, ...]
+    conditional_rates: tuple[float | None, ...]
+
+
+def _percentiles(samples: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+    tail = (1.0 - level) / 2.0
+    low, high = np.nanquantile(samples, [tail, 1.0 - tail], axis=0)
+    return low, high
+
+
+def summarize(
+    per_request: ArrayLike,
+    clusters: ArrayLike,
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+    chunk: int = 256,
+) -> Summary:
+    """Pooled and macro AL, rates and their CIs from per-request histograms (R, k+1) and conversation ids (R,).
+
+    The bootstrap is vectorised: a replicate draws C conversations with replacement, which is a vector of
+    multinomial counts w (C,); the replicate's pooled histogram is w @ H (H: per-conversation histograms)
+    and its macro AL is (w @ sum of request ALs) / (w @ request counts). Replicates are made `chunk` at a
+    time so memory stays O(chunk * C) however many conversations there are. Seeded: same data, same CI.
+    """
+    h = np.atleast_2d(_hist(per_request))
+    conv = np.asarray(clusters)
+    if conv.shape != (h.shape[0],):
+        raise ValueError(f"need one cluster id per request: {conv.shape} vs {h.shape[0]} requests")
+    keep = h.sum(axis=-1) > 0  # a request without steps says nothing about acceptance
+    h, conv = h[keep], conv[keep]
+    if h.shape[0] == 0:
+        raise ValueError("no steps: nothing to summarise")
+    _, cid = np.unique(conv, return_inverse=True)
+    n_clusters = int(cid.max()) + 1
+    pooled = h.sum(axis=0)
+    req_al = np.asarray(acceptance_length(h), dtype=np.float64)
+    cluster_hist = cluster_sums(h, cid, n_clusters)
+    cluster_al_sum = cluster_sums(req_al, cid, n_clusters)
+    cluster_n = cluster_sums(np.ones_like(req_al), cid, n_clusters)
+
+    rng = np.random.default_rng(seed)
+    boot_al, boot_macro, boot_rates = [], [], []
+    uniform = np.full(n_clusters, 1.0 / n_clusters)
+    for start in range(0, n_boot, chunk):
+        w = rng.multinomial(n_clusters, uniform, size=min(chunk, n_boot - start)).astype(np.float64)
+        bh = w @ cluster_hist
+        boot_al.append(acceptance_length(bh))
+        boot_rates.append(unconditional_rates(bh))
+        boot_macro.append((w @ cluster_al_sum) / (w @ cluster_n))
+    al_low, al_high = _percentiles(np.concatenate(boot_al), level)
+    mac_low, mac_high = _percentiles(np.concatenate(boot_macro), level)
+    rate_low, rate_high = _percentiles(np.concatenate(boot_rates), level)
+    cond = conditional_rates(pooled)
+    return Summary(
+        histogram=tuple(int(x) for x in pooled),
+        steps=int(pooled.sum()),
+        requests=int(h.shape[0]),
+        conversations=n_clusters,
+        acceptance_length=float(acceptance_length(pooled)),
+        ci_low=float(al_low),
+        ci_high=float(al_high),
+        macro_acceptance_length=macro_acceptance_length(h),
+        macro_ci_low=float(mac_low),
+        macro_ci_high=float(mac_high),
+        unconditional_rates=tuple(float(x) for x in unconditional_rates(pooled)),
+        rates_ci_low=tuple(float(x) for x in np.atleast_1d(rate_low)),
+        rates_ci_high=tuple(float(x) for x in np.atleast_1d(rate_high)),
+        conditional_rates=tuple(None if np.isnan(x) else float(x) for x in cond),
+    )

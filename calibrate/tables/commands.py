@@ -1,0 +1,342 @@
+"""CLI commands over the acceptance tables: show, export, lookup, report (`register` adds them to the app).
+
+Errors are one line on stderr naming what exists, with a non-zero exit: 2 when the table has no (or no
+unique) answer, 1 for anything else (no database, a locked one, a bad option).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from enum import Enum
+from functools import wraps
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from calibrate.tables import exports, query
+from calibrate.tables.lookup import DEFAULT_TABLE, AmbiguousMatch, NotMeasured, lookup as lookup_record, match_target, normalize_thinking
+from calibrate.tables.records import AcceptanceRecord
+from calibrate.tables.store import connect
+
+SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
+             "acceptance_length", "ci_low", "ci_high", "macro_acceptance_length")
+
+# InferenceX's FRAMEWORK values (and the plain engine names) -> the lookup format that engine reads.
+FRAMEWORK_FORMATS = {
+    "vllm": "vllm-config", "dynamo-vllm": "vllm-config",
+    "sglang": "sglang-env", "dynamo-sglang": "sglang-env",
+    "trt": "trtllm-env", "trtllm": "trtllm-env", "dynamo-trt": "trtllm-env",
+    "atom": "atom-args",
+    "llamacpp": "llamacpp-args", "llama.cpp": "llamacpp-args",
+}
+FROM_ENV_VARIABLES = ("MODEL_PREFIX", "NUM_SPEC_TOKENS", "THINKING_MODE", "FRAMEWORK")
+
+
+class ShowFormat(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+class ExportFormat(str, Enum):
+    inferencex = "inferencex"
+    vllm = "vllm"
+    sglang = "sglang"
+    trtllm = "trtllm"
+    atom = "atom"
+    llamacpp = "llamacpp"
+    csv = "csv"
+    parquet = "parquet"
+    json = "json"
+
+
+class Mode(str, Enum):
+    length = "length"
+    rates = "rates"
+
+
+class LookupFormat(str, Enum):
+    value = "value"
+    json = "json"
+    sglang_env = "sglang-env"
+    vllm_config = "vllm-config"
+    trtllm_env = "trtllm-env"
+    atom_args = "atom-args"
+    llamacpp_args = "llamacpp-args"
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _errors_exit(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn the library's exceptions into one stderr line and an exit status (no traceback for users)."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except LookupError as exc:
+            raise _fail(str(exc.args[0] if exc.args else exc), 2) from exc
+        except (ValueError, FileNotFoundError, RuntimeError) as exc:
+            raise _fail(str(exc), 1) from exc
+
+    return wrapper
+
+
+def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_len: list[int] | None,
+             thinking: str | None, dataset: list[str] | None, temperature: list[float] | None) -> query.Filters:
+    """CLI filter options -> Filters; a model name is resolved like lookup resolves it."""
+    targets = None
+    if model is not None:
+        targets = (match_target(model, query.catalog(con)),)
+    return query.Filters(
+        targets=targets,
+        speculators=tuple(speculator) if speculator else None,
+        draft_lens=tuple(draft_len) if draft_len else None,
+        thinking=(normalize_thinking(thinking),) if thinking else None,
+        temperatures=tuple(temperature) if temperature else None,
+        datasets=tuple(dataset) if dataset else None,
+    )
+
+
+def _load(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int) -> list[AcceptanceRecord]:
+    con = connect(db, read_only=True)
+    try:
+        return query.load_records(con, _filters(con, *filters_args), segments=segments, n_boot=n_boot, seed=seed)
+    finally:
+        con.close()
+
+
+def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[str, Any]]:
+    """The rows `show` prints: SHOW_KEYS (plus segment with --segments, expected AL when the loop recorded it)."""
+    rows = []
+    for r in records:
+        row = {key: getattr(r, key) for key in SHOW_KEYS}
+        if segments:
+            row = {**{k: row[k] for k in SHOW_KEYS[:6]}, "segment": r.segment, **{k: row[k] for k in SHOW_KEYS[6:]}}
+        if r.expected_acceptance_length is not None:
+            row["expected_acceptance_length"] = r.expected_acceptance_length
+        rows.append(row)
+    return rows
+
+
+def _render_table(records: Sequence[AcceptanceRecord], segments: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="acceptance length (pooled AL, 95% CI clustered by conversation; macro = mean over requests)")
+    columns = ["target", "speculator", "k", "thinking", "temp", "dataset"] + (["segment"] if segments else [])
+    columns += ["requests", "steps", "AL", "95% CI", "macro AL"]
+    expected = any(r.expected_acceptance_length is not None for r in records)
+    if expected:
+        columns.append("expected AL")
+    for col in columns:
+        if col in ("target", "speculator", "dataset", "segment"):
+            table.add_column(col, overflow="fold")
+        else:
+            table.add_column(col, justify="right", no_wrap=True)
+    for r in records:
+        cells = [r.target, r.speculator, str(r.draft_len), r.thinking, f"{r.temperature:g}", r.dataset]
+        cells += [r.segment] if segments else []
+        cells += [str(r.requests), str(r.steps), f"{r.acceptance_length:.3f}",
+                  f"[{r.ci_low:.3f}, {r.ci_high:.3f}]", f"{r.macro_acceptance_length:.3f}"]
+        if expected:
+            cells.append("-" if r.expected_acceptance_length is None else f"{r.expected_acceptance_length:.3f}")
+        table.add_row(*cells)
+    Console().print(table, soft_wrap=False)
+
+
+def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool = False,
+                n_boot: int = query.DEFAULT_BOOT, seed: int = query.DEFAULT_SEED) -> None:
+    """Print the acceptance table of `db` (only the keys of `run_ids` when given: what a run just measured)."""
+    con = connect(db, read_only=True)
+    try:
+        filters = query.Filters(keys_of_runs=tuple(run_ids) if run_ids is not None else None)
+        records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
+    finally:
+        con.close()
+    if records:
+        _render_table(records, segments)
+    else:
+        typer.echo(f"no measurements in {db}")
+
+
+def _csv_text(rows: list[dict[str, Any]]) -> str:
+    import csv
+    import io
+
+    out = io.StringIO()
+    if rows:
+        fields = list(dict.fromkeys(k for row in rows for k in row))
+        writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return out.getvalue()
+
+
+def register(app: typer.Typer) -> None:
+    """Add show, export, lookup and report to the calibrate Typer app."""
+
+    db_opt = typer.Option(DEFAULT_TABLE, "--db", help="DuckDB store written by `calibrate run`.")
+    model_opt = typer.Option(None, "--model", help="Target as users write it (HF id or its last part).")
+    spec_opt = typer.Option(None, "--speculator", help="Speculator label (repeatable).")
+    k_opt = typer.Option(None, "--draft-len", "-k", help="Draft length k (repeatable).")
+    thinking_opt = typer.Option(None, "--thinking", help="on / off.")
+    dataset_opt = typer.Option(None, "--dataset", help="Dataset name (repeatable).")
+    temp_opt = typer.Option(None, "--temperature", help="Sampling temperature (repeatable).")
+    boot_opt = typer.Option(query.DEFAULT_BOOT, "--bootstrap", help="Bootstrap replicates for the CIs.")
+    seed_opt = typer.Option(query.DEFAULT_SEED, "--seed", help="Bootstrap seed (same data, same CI).")
+
+    @app.command()
+    @_errors_exit
+    def show(
+        db: Path = db_opt,
+        format: ShowFormat = typer.Option(ShowFormat.table, "--format", help="table (rich), json or csv."),
+        segments: bool = typer.Option(False, "--segments", help="Also one row per segment (thinking/answer/tool_call)."),
+        model: Optional[str] = model_opt,
+        speculator: Optional[list[str]] = spec_opt,
+        draft_len: Optional[list[int]] = k_opt,
+        thinking: Optional[str] = thinking_opt,
+        dataset: Optional[list[str]] = dataset_opt,
+        temperature: Optional[list[float]] = temp_opt,
+        bootstrap: int = boot_opt,
+        seed: int = seed_opt,
+    ) -> None:
+        """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
+        records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature), segments, bootstrap, seed)
+        if format is ShowFormat.table:
+            if not records:
+                typer.echo(f"no measurements in {db}")
+                return
+            _render_table(records, segments)
+        elif format is ShowFormat.json:
+            typer.echo(json.dumps(show_rows(records, segments), indent=2))
+        else:
+            sys.stdout.write(_csv_text(show_rows(records, segments)))
+
+    @app.command()
+    @_errors_exit
+    def export(
+        to: ExportFormat = typer.Option(..., "--to", help="Consumer format."),
+        db: Path = db_opt,
+        out: Optional[Path] = typer.Option(None, "--out", help="File (inferencex: file or folder); default stdout."),
+        mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode",
+                                  help="length or per-position rates (vllm, llamacpp; atom: rates = rate form)."),
+        token_mode: bool = typer.Option(False, "--token-mode",
+                                        help="sglang: add SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token."),
+        model: Optional[str] = model_opt,
+        speculator: Optional[list[str]] = spec_opt,
+        draft_len: Optional[list[int]] = k_opt,
+        thinking: Optional[str] = thinking_opt,
+        dataset: Optional[list[str]] = dataset_opt,
+        temperature: Optional[list[float]] = temp_opt,
+        bootstrap: int = boot_opt,
+        seed: int = seed_opt,
+    ) -> None:
+        """Export the acceptance table for an engine, InferenceX, or as a full CSV / Parquet / JSON table."""
+        full = to.value in exports.TABLE_FORMATS
+        records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature), full, bootstrap, seed)
+        text = exports.export(records, to.value, out, mode=mode.value, token_mode=token_mode)
+        if text is not None:
+            sys.stdout.write(text)
+
+    @app.command()
+    @_errors_exit
+    def lookup(
+        model: Optional[str] = typer.Option(None, "--model", help="Target as users write it (HF id or its last part)."),
+        speculator: Optional[str] = typer.Option(None, "--speculator", help="Speculator label; omit if only one."),
+        draft_len: Optional[int] = typer.Option(None, "--draft-len", "-k", help="Draft length k."),
+        thinking: Optional[str] = typer.Option(None, "--thinking", help="on / off."),
+        table: Optional[Path] = typer.Option(None, "--table", help="A .duckdb store or an exported .json/.parquet."),
+        format: Optional[LookupFormat] = typer.Option(None, "--format", help="Output form (default value)."),
+        dataset: Optional[str] = typer.Option(None, "--dataset"),
+        temperature: Optional[float] = typer.Option(None, "--temperature"),
+        segment: str = typer.Option("all", "--segment", help="all, thinking, answer or tool_call."),
+        extrapolate: bool = typer.Option(False, "--extrapolate",
+                                         help="Model an unmeasured k from the measured curve (flagged)."),
+        mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode", help="vllm-config / llamacpp-args / atom-args form."),
+        shell: bool = typer.Option(False, "--shell", help="Env formats: prefix lines with `export` for eval."),
+        from_env: bool = typer.Option(False, "--from-env",
+                                      help="Read MODEL_PREFIX, NUM_SPEC_TOKENS, THINKING_MODE, FRAMEWORK."),
+    ) -> None:
+        """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
+        match_prefix = False
+        if from_env:
+            missing = [v for v in FROM_ENV_VARIABLES if not os.environ.get(v)]
+            if missing:
+                raise ValueError(f"--from-env needs {', '.join(missing)} set (reads {', '.join(FROM_ENV_VARIABLES)})")
+            env = {v: os.environ[v] for v in FROM_ENV_VARIABLES}
+            model = model or env["MODEL_PREFIX"]
+            match_prefix = model == env["MODEL_PREFIX"]
+            if draft_len is None:
+                try:
+                    draft_len = int(env["NUM_SPEC_TOKENS"])
+                except ValueError:
+                    raise ValueError(f"NUM_SPEC_TOKENS={env['NUM_SPEC_TOKENS']!r} is not an integer") from None
+            thinking = thinking or env["THINKING_MODE"]
+            if format is None:
+                framework = env["FRAMEWORK"].strip().lower()
+                if framework not in FRAMEWORK_FORMATS:
+                    raise ValueError(f"FRAMEWORK={env['FRAMEWORK']!r} has no synthetic-acceptance form; "
+                                     f"known: {', '.join(FRAMEWORK_FORMATS)}")
+                format = LookupFormat(FRAMEWORK_FORMATS[framework])
+        missing_opts = [name for name, v in (("--model", model), ("--draft-len", draft_len), ("--thinking", thinking))
+                        if v is None]
+        if missing_opts:
+            raise ValueError(f"missing {', '.join(missing_opts)} (or use --from-env)")
+        record = lookup_record(
+            model, speculator, draft_len, thinking, table=table, dataset=dataset, temperature=temperature,
+            extrapolate=extrapolate, segment=segment, match_prefix=match_prefix,
+        )
+        sys.stdout.write(render_lookup(record, format or LookupFormat.value, mode.value, shell))
+        if record.extrapolated:
+            typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
+
+    @app.command()
+    @_errors_exit
+    def report(
+        db: Path = db_opt,
+        out: Path = typer.Option(Path("tables") / "report", "--out", help="Folder for the PNG plots."),
+        model: Optional[str] = model_opt,
+        speculator: Optional[list[str]] = spec_opt,
+        thinking: Optional[str] = thinking_opt,
+        dataset: Optional[list[str]] = dataset_opt,
+        temperature: Optional[list[float]] = temp_opt,
+        bootstrap: int = boot_opt,
+        seed: int = seed_opt,
+    ) -> None:
+        """Plot AL vs k per speculator and thinking mode, and the unconditional rate per position (PNG)."""
+        from calibrate.tables.report import plot
+
+        records = _load(db, (model, speculator, None, thinking, dataset, temperature), False, bootstrap, seed)
+        for path in plot(records, out):
+            typer.echo(str(path))
+
+
+def render_lookup(record: AcceptanceRecord, fmt: LookupFormat, mode: str = "length", shell: bool = False) -> str:
+    """A lookup answer as text for stdout; env forms carry a comment line saying what they are."""
+    comment = (f"# {record.target} | {record.speculator} | k={record.draft_len} | thinking={record.thinking}"
+               + (f" | EXTRAPOLATED: {record.extrapolation_method}" if record.extrapolated else "") + "\n")
+    prefix = "export " if shell else ""
+    if fmt is LookupFormat.value:
+        return record.value() + "\n"
+    if fmt is LookupFormat.json:
+        return json.dumps(record.to_dict(), indent=2) + "\n"
+    if fmt is LookupFormat.sglang_env:
+        return comment + "".join(prefix + line + "\n" for line in record.sglang_env().splitlines())
+    if fmt is LookupFormat.trtllm_env:
+        return comment + prefix + record.trtllm_env()
+    if fmt is LookupFormat.vllm_config:
+        return json.dumps(record.vllm_speculative_config(mode)) + "\n"
+    if fmt is LookupFormat.atom_args:
+        return " ".join(record.atom_args("rate" if mode == "rates" else "length")) + "\n"
+    return " ".join(record.llamacpp_args(mode)) + "\n"
+
+
+__all__ = ["register", "print_table", "render_lookup", "show_rows", "AmbiguousMatch", "NotMeasured"]

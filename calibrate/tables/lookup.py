@@ -1,0 +1,275 @@
+"""Answer (model, speculator, k, thinking) with a measured `AcceptanceRecord`, from DuckDB or an export.
+
+A benchmark runner needs one number and where it came from, and it may have no database: an exported JSON
+or Parquet table answers exactly like the DuckDB file it came from. Nothing is invented: a name, k or
+thinking mode that was not measured is an error naming what was, and an unmeasured k is modelled from the
+measured per-position curve only when the caller asks for it (`extrapolate=True`), flagged in the answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from calibrate.tables import query
+from calibrate.tables.query import CatalogEntry, Filters
+from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
+from calibrate.tables.store import connect
+
+DEFAULT_TABLE = Path("tables") / "acceptance.duckdb"
+EXPORT_SCHEMA = "spec-calibrate/acceptance-table"
+
+_THINKING = {
+    "on": "on", "thinking_on": "on", "true": "on", "1": "on", "yes": "on", "enabled": "on",
+    "off": "off", "thinking_off": "off", "false": "off", "0": "off", "no": "off", "disabled": "off",
+}
+
+
+class NotMeasured(LookupError):
+    """The table has no measurement for what was asked; the message names what it has."""
+
+
+class AmbiguousMatch(LookupError):
+    """More than one measured thing fits what was asked; the message lists them."""
+
+
+def normalize_thinking(value: str) -> str:
+    """'on' / 'off' from the spellings runners use (InferenceX's THINKING_MODE is thinking_on / thinking_off)."""
+    try:
+        return _THINKING[str(value).strip().lower()]
+    except KeyError:
+        raise ValueError(f"thinking mode {value!r} is not one of on / off (or thinking_on / thinking_off)") from None
+
+
+class Table(Protocol):
+    """Where records come from: the DuckDB store, or an exported table."""
+
+    source: str
+
+    def catalog(self) -> list[CatalogEntry]: ...
+
+    def record(self, entry: CatalogEntry, segment: str) -> AcceptanceRecord | None: ...
+
+
+class DuckDBTable:
+    """The store, opened read-only; statistics are computed for the asked key only."""
+
+    def __init__(self, path: str | Path, *, n_boot: int = query.DEFAULT_BOOT, seed: int = query.DEFAULT_SEED):
+        self.source = str(path)
+        self.path = Path(path)
+        self.n_boot = n_boot
+        self.seed = seed
+
+    def catalog(self) -> list[CatalogEntry]:
+        con = connect(self.path, read_only=True)
+        try:
+            return query.catalog(con)
+        finally:
+            con.close()
+
+    def record(self, entry: CatalogEntry, segment: str) -> AcceptanceRecord | None:
+        filters = Filters(
+            targets=(entry.target,), speculators=(entry.speculator,), draft_lens=(entry.draft_len,),
+            thinking=(entry.thinking,), temperatures=(entry.temperature,), datasets=(entry.dataset,),
+        )
+        con = connect(self.path, read_only=True)
+        try:
+            records = query.load_records(con, filters, segments=segment != SEGMENT_ALL,
+                                         n_boot=self.n_boot, seed=self.seed)
+        finally:
+            con.close()
+        return next((r for r in records if r.key == entry.key and r.segment == segment), None)
+
+
+class ExportedTable:
+    """A table written by `calibrate export --to json|parquet`: no database, no lock, no recomputation."""
+
+    def __init__(self, path: str | Path):
+        self.source = str(path)
+        self.records = read_exported(path)
+
+    def catalog(self) -> list[CatalogEntry]:
+        return [
+            CatalogEntry(*r.key, target_ids=r.target_ids)
+            for r in self.records if r.segment == SEGMENT_ALL and not r.extrapolated
+        ]
+
+    def record(self, entry: CatalogEntry, segment: str) -> AcceptanceRecord | None:
+        return next((r for r in self.records if r.key == entry.key and r.segment == segment), None)
+
+
+def read_exported(path: str | Path) -> list[AcceptanceRecord]:
+    """Records of an exported JSON (the export's envelope, or a bare list) or Parquet table."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no acceptance table at {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    elif path.suffix == ".json":
+        data = json.loads(path.read_text())
+        if isinstance(data, dict):
+            if data.get("schema") != EXPORT_SCHEMA:
+                raise ValueError(f"{path} is not a calibrate acceptance table (schema {data.get('schema')!r})")
+            data = data["records"]
+        rows = data
+    else:
+        raise ValueError(f"cannot read {path}: a table is a .duckdb store or an exported .json / .parquet")
+    return [AcceptanceRecord.from_dict(row) for row in rows]
+
+
+def open_table(table: str | Path | None = None) -> Table:
+    """A .json / .parquet path is an export; anything else is a DuckDB store (default tables/acceptance.duckdb)."""
+    path = Path(table) if table is not None else DEFAULT_TABLE
+    if path.suffix in (".json", ".parquet"):
+        return ExportedTable(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no acceptance database at {path} (pass --table / table= a .duckdb or an export)")
+    return DuckDBTable(path)
+
+
+def _last_part(name: str) -> str:
+    return name.rstrip("/").rsplit("/", 1)[-1].lower()
+
+
+def _describe_targets(entries: Iterable[CatalogEntry]) -> str:
+    names: dict[str, set[str]] = {}
+    for e in entries:
+        names.setdefault(e.target, set()).update(t for t in e.target_ids if t != e.target)
+    return "; ".join(f"{t} ({', '.join(sorted(ids))})" if ids else t for t, ids in sorted(names.items()))
+
+
+def match_target(model: str, entries: Sequence[CatalogEntry], *, prefix: bool = False) -> str:
+    """The stored target a user's model name means.
+
+    Names match as users write them: the configured name or resolved id, whole (case-insensitive), else by
+    last path part ('Qwen/Qwen2.5-Coder-1.5B-Instruct' and 'qwen2.5-coder-1.5b-instruct' are one model).
+    `prefix` (for MODEL_PREFIX-style short names) then also accepts a last path part starting with the name.
+    The first rule that matches anything decides; several targets there is an error listing them.
+    """
+    wanted = model.strip().lower()
+    rules = [
+        lambda name: name.lower() == wanted,
+        lambda name: _last_part(name) == _last_part(wanted),
+    ]
+    if prefix:
+        rules.append(lambda name: _last_part(name).startswith(_last_part(wanted)))
+    for rule in rules:
+        hits = sorted({e.target for e in entries if any(rule(n) for n in (e.target, *e.target_ids))})
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            raise AmbiguousMatch(
+                f"model {model!r} is ambiguous: it matches "
+                + _describe_targets(e for e in entries if e.target in hits)
+                + ". Give the full name."
+            )
+    available = _describe_targets(entries) or "none (the table is empty)"
+    raise NotMeasured(f"no model matching {model!r} in the table; models: {available}")
+
+
+def _choices(entries: Iterable[CatalogEntry], attr: str) -> str:
+    return ", ".join(str(v) for v in sorted({getattr(e, attr) for e in entries}))
+
+
+def resolve(
+    entries: Sequence[CatalogEntry],
+    model: str,
+    speculator: str | None,
+    draft_len: int,
+    thinking: str,
+    *,
+    dataset: str | None = None,
+    temperature: float | None = None,
+    extrapolate: bool = False,
+    match_prefix: bool = False,
+) -> tuple[CatalogEntry, int | None]:
+    """The catalog entry that answers the question, and the k to extrapolate to (None when measured).
+
+    Each narrowing step fails with what exists one level up, so the message says what to ask instead.
+    """
+    if draft_len < 1:
+        raise ValueError(f"draft length must be a positive integer, got {draft_len}")
+    mode = normalize_thinking(thinking)
+    target = match_target(model, entries, prefix=match_prefix)
+    rows = [e for e in entries if e.target == target]
+    if speculator is None:
+        specs = sorted({e.speculator for e in rows})
+        if len(specs) > 1:
+            raise AmbiguousMatch(f"{target} was measured with several speculators: {', '.join(specs)}; name one")
+        speculator = specs[0]
+    found = [e for e in rows if e.speculator.lower() == speculator.strip().lower()]
+    if not found:
+        raise NotMeasured(f"speculator {speculator!r} not measured for {target}; measured: {_choices(rows, 'speculator')}")
+    rows = found
+    what = f"{target} with {rows[0].speculator}"
+    found = [e for e in rows if e.thinking == mode]
+    if not found:
+        raise NotMeasured(f"thinking={mode} not measured for {what}; measured thinking modes: {_choices(rows, 'thinking')}")
+    rows = found
+    what += f", thinking={mode}"
+    if dataset is not None:
+        found = [e for e in rows if e.dataset == dataset]
+        if not found:
+            raise NotMeasured(f"dataset {dataset!r} not measured for {what}; datasets: {_choices(rows, 'dataset')}")
+        rows = found
+    if temperature is not None:
+        found = [e for e in rows if abs(e.temperature - temperature) < 1e-9]
+        if not found:
+            raise NotMeasured(
+                f"temperature {temperature:g} not measured for {what}; temperatures: {_choices(rows, 'temperature')}"
+            )
+        rows = found
+    populations = sorted({(e.dataset, e.temperature, e.top_p, e.top_k) for e in rows}, key=str)
+    if len(populations) > 1:
+        listed = "; ".join(f"dataset={d} temperature={t:g} top_p={p} top_k={k}" for d, t, p, k in populations)
+        raise AmbiguousMatch(f"{what} was measured on several datasets / samplings: {listed}. "
+                             "Choose with dataset= / temperature= (--dataset / --temperature)")
+    measured = sorted(e.draft_len for e in rows)
+    exact = [e for e in rows if e.draft_len == draft_len]
+    if exact:
+        return exact[0], None
+    if not extrapolate:
+        raise NotMeasured(
+            f"k={draft_len} not measured for {what}; measured k: {', '.join(map(str, measured))} "
+            "(--extrapolate models it from the measured per-position curve, flagged as extrapolated)"
+        )
+    longer = [k for k in measured if k > draft_len]
+    base_k = min(longer) if longer else max(measured)
+    return next(e for e in rows if e.draft_len == base_k), draft_len
+
+
+def lookup(
+    model: str,
+    speculator: str | None,
+    draft_len: int,
+    thinking: str,
+    *,
+    table: str | Path | Table | None = None,
+    dataset: str | None = None,
+    temperature: float | None = None,
+    extrapolate: bool = False,
+    segment: str = SEGMENT_ALL,
+    match_prefix: bool = False,
+) -> AcceptanceRecord:
+    """The measured acceptance of (model, speculator, k, thinking), as a frozen record.
+
+    `table`: a DuckDB store (opened read-only), an exported .json / .parquet table, or an opened Table;
+    default tables/acceptance.duckdb. `speculator=None` means the model's only speculator. Raises
+    NotMeasured / AmbiguousMatch (both LookupError) with what the table does have.
+    """
+    source = table if hasattr(table, "catalog") else open_table(table)  # type: ignore[arg-type]
+    entry, target_k = resolve(
+        source.catalog(), model, speculator, draft_len, thinking, dataset=dataset, temperature=temperature,
+        extrapolate=extrapolate, match_prefix=match_prefix,
+    )
+    record = source.record(entry, segment)
+    if record is None:
+        raise NotMeasured(
+            f"no counts for segment {segment!r} of {entry.target} with {entry.speculator}, k={entry.draft_len}, "
+            f"thinking={entry.thinking} in {source.source} (a run that has not written any request yet?)"
+        )
+    return record if target_k is None else extrapolate_record(record, target_k)

@@ -1,0 +1,248 @@
+"""From the DuckDB counts to `AcceptanceRecord`s: SQL groups and sums, `stats` computes.
+
+Runs with the same key (target, speculator, k, thinking, sampling, dataset) are one population: their
+requests are pooled, and requests of the same conversation (in any of those runs) form one bootstrap
+cluster. SQL does every grouping (keys, per-segment and overall sums via GROUPING SETS, per-request
+histograms); Python only scatters the per-request rows into arrays for `stats.summarize`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from calibrate.replay.counts import SEGMENTS
+from calibrate.tables import stats
+from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
+
+SEGMENT_ORDER = (SEGMENT_ALL, *SEGMENTS)
+
+DEFAULT_BOOT = 2000
+DEFAULT_SEED = 0
+DEFAULT_LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which keys to compute; None means any. `targets` are exact stored names (resolve user names first)."""
+
+    targets: tuple[str, ...] | None = None
+    speculators: tuple[str, ...] | None = None
+    draft_lens: tuple[int, ...] | None = None
+    thinking: tuple[str, ...] | None = None
+    temperatures: tuple[float, ...] | None = None
+    datasets: tuple[str, ...] | None = None
+    # Keys that any of these runs belongs to (every run of such a key is pooled, not only these).
+    keys_of_runs: tuple[str, ...] | None = None
+
+    def where(self) -> tuple[str, list[Any]]:
+        """A WHERE clause over `runs` and its parameters (values are bound, never pasted into SQL)."""
+        clauses, params = [], []
+        for column, values in (
+            ("target", self.targets), ("speculator", self.speculators), ("draft_len", self.draft_lens),
+            ("thinking", self.thinking), ("temperature", self.temperatures), ("dataset", self.datasets),
+        ):
+            if values is None:
+                continue
+            if not values:
+                clauses.append("FALSE")
+                continue
+            clauses.append(f"{column} IN ({', '.join('?' for _ in values)})")
+            params.extend(values)
+        if self.keys_of_runs is not None:
+            same_key = " AND ".join(f"mine.{c} IS NOT DISTINCT FROM runs.{c}" for c in KEY_FIELDS)
+            marks = ", ".join("?" for _ in self.keys_of_runs) or "NULL"
+            clauses.append(f"EXISTS (SELECT 1 FROM runs AS mine WHERE mine.run_id IN ({marks}) AND {same_key})")
+            params.extend(self.keys_of_runs)
+        return (" AND ".join(clauses) or "TRUE"), params
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A key that has runs, with every name its target goes by (for matching names as users write them)."""
+
+    target: str
+    speculator: str
+    draft_len: int
+    thinking: str
+    temperature: float
+    top_p: float | None
+    top_k: int | None
+    dataset: str
+    target_ids: tuple[str, ...]
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f) for f in KEY_FIELDS)
+
+
+_KEY_COLS = ", ".join(KEY_FIELDS)
+
+
+def catalog(con: duckdb.DuckDBPyConnection, filters: Filters = Filters()) -> list[CatalogEntry]:
+    """Distinct keys in the store (cheap: reads `runs` only)."""
+    where, params = filters.where()
+    rows = con.execute(
+        f"SELECT {_KEY_COLS}, list_sort(list_distinct(list(target_id))) FROM runs WHERE {where} "
+        f"GROUP BY {_KEY_COLS} ORDER BY {_KEY_COLS}",
+        params,
+    ).fetchall()
+    return [CatalogEntry(*row[:-1], target_ids=tuple(row[-1])) for row in rows]
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def load_records(
+    con: duckdb.DuckDBPyConnection,
+    filters: Filters = Filters(),
+    *,
+    segments: bool = False,
+    n_boot: int = DEFAULT_BOOT,
+    seed: int = DEFAULT_SEED,
+    level: float = DEFAULT_LEVEL,
+) -> list[AcceptanceRecord]:
+    """One record per key (segment 'all'), and per key and segment when `segments`; sorted by key."""
+    where, params = filters.where()
+    keyed = (
+        f"WITH keyed AS (SELECT run_id, dense_rank() OVER (ORDER BY {_KEY_COLS}) - 1 AS key_ix "
+        f"FROM runs WHERE {where})"
+    )
+    keys = con.execute(
+        f"""{keyed}
+        SELECT key_ix, {_KEY_COLS},
+               list_sort(list_distinct(list(target_id))), list_sort(list_distinct(list(speculator_kind))),
+               list_sort(list_distinct(list(draft_id))), list_sort(list(run_id)),
+               list_sort(list_distinct(list(engine))), list_sort(list_distinct(list(dataset_fingerprint))),
+               list_sort(list_distinct(list(status))), list_sort(list_distinct(list(git_commit))),
+               list_sort(list_distinct(list(versions))), min(started_at), max(finished_at)
+        FROM runs JOIN keyed USING (run_id)
+        GROUP BY key_ix, {_KEY_COLS} ORDER BY key_ix""",
+        params,
+    ).fetchall()
+    if not keys:
+        return []
+    seg_sets = "(key_ix, segment), (key_ix)" if segments else "(key_ix)"
+    # Overall = sum over segments: the grouping set without `segment` is the 'all' row.
+    seg_expr = f"CASE WHEN GROUPING(segment) = 1 THEN '{SEGMENT_ALL}' ELSE segment END" if segments else f"'{SEGMENT_ALL}'"
+    totals = con.execute(
+        f"""{keyed}
+        SELECT key_ix, {seg_expr},
+               sum(tokens), sum(censored_steps), sum(expected_accepted),
+               sum(steps) FILTER (WHERE expected_accepted IS NOT NULL)
+        FROM segment_counts JOIN keyed USING (run_id)
+        GROUP BY GROUPING SETS ({seg_sets})""",
+        params,
+    ).fetchall()
+    total_of = {(row[0], row[1]): row[2:] for row in totals}
+    req_sets = (
+        "(key_ix, segment, run_id, request_id, conversation_id, accepted), "
+        "(key_ix, run_id, request_id, conversation_id, accepted)"
+        if segments else "(key_ix, run_id, request_id, conversation_id, accepted)"
+    )
+    counts = con.execute(
+        f"""{keyed},
+        per_request AS (
+            SELECT key_ix, {seg_expr} AS seg,
+                   run_id, request_id, conversation_id, accepted, sum(a.steps) AS n
+            FROM accept_counts a JOIN requests r USING (run_id, request_id) JOIN keyed USING (run_id)
+            GROUP BY GROUPING SETS ({req_sets})
+        )
+        SELECT key_ix, seg,
+               dense_rank() OVER (PARTITION BY key_ix, seg ORDER BY run_id, request_id) - 1 AS req,
+               dense_rank() OVER (PARTITION BY key_ix, seg ORDER BY conversation_id) - 1 AS conv,
+               accepted, n
+        FROM per_request ORDER BY key_ix, seg""",
+        params,
+    ).fetchnumpy()
+
+    key_ix = np.asarray(counts["key_ix"], dtype=np.int64)
+    seg = np.asarray(counts["seg"], dtype=object)
+    if key_ix.size == 0:
+        return []
+    # Rows are ordered by (key, segment): each group is a contiguous slice.
+    change = np.flatnonzero((key_ix[1:] != key_ix[:-1]) | (seg[1:] != seg[:-1])) + 1
+    bounds = zip(np.concatenate([[0], change]), np.concatenate([change, [key_ix.size]]))
+    req_all = np.asarray(counts["req"], dtype=np.int64)
+    conv_all = np.asarray(counts["conv"], dtype=np.int64)
+    acc_all = np.asarray(counts["accepted"], dtype=np.int64)
+    n_all = np.asarray(counts["n"], dtype=np.int64)
+
+    records = []
+    for lo, hi in bounds:
+        key_row = keys[int(key_ix[lo])]
+        segment = str(seg[lo])
+        draft_len = int(key_row[3])
+        req = req_all[lo:hi]
+        n_req = int(req.max()) + 1
+        hist = np.zeros((n_req, draft_len + 1), dtype=np.int64)
+        np.add.at(hist, (req, acc_all[lo:hi]), n_all[lo:hi])
+        clusters = np.zeros(n_req, dtype=np.int64)
+        clusters[req] = conv_all[lo:hi]
+        if hist.sum() == 0:
+            continue
+        summary = stats.summarize(hist, clusters, n_boot=n_boot, seed=seed, level=level)
+        records.append(_record(key_row, segment, summary, total_of[(int(key_ix[lo]), segment)],
+                               n_boot=n_boot, seed=seed, level=level))
+    records.sort(key=lambda r: (_sort_key(r.key), SEGMENT_ORDER.index(r.segment)))
+    return records
+
+
+def _sort_key(key: Sequence[Any]) -> tuple[Any, ...]:
+    """Keys sort with None first (top_p / top_k may be unset)."""
+    return tuple((v is not None, v if v is not None else 0) for v in key)
+
+
+def _record(
+    key_row: Sequence[Any], segment: str, summary: stats.Summary, totals: Sequence[Any],
+    *, n_boot: int, seed: int, level: float,
+) -> AcceptanceRecord:
+    tokens, censored, expected_sum, expected_steps = totals
+    key = dict(zip(KEY_FIELDS, key_row[1:1 + len(KEY_FIELDS)]))
+    (target_ids, kinds, draft_ids, run_ids, engines, fingerprints, statuses, commits, versions,
+     started, finished) = key_row[1 + len(KEY_FIELDS):]
+    expected = (
+        float(stats.expected_acceptance_length(expected_sum, expected_steps))
+        if expected_sum is not None and expected_steps else None
+    )
+    return AcceptanceRecord(
+        **key,
+        segment=segment,
+        requests=summary.requests,
+        conversations=summary.conversations,
+        steps=summary.steps,
+        censored_steps=int(censored or 0),
+        tokens=int(tokens or 0),
+        histogram=summary.histogram,
+        acceptance_length=summary.acceptance_length,
+        ci_low=summary.ci_low,
+        ci_high=summary.ci_high,
+        macro_acceptance_length=summary.macro_acceptance_length,
+        macro_ci_low=summary.macro_ci_low,
+        macro_ci_high=summary.macro_ci_high,
+        expected_acceptance_length=expected,
+        unconditional_rates=summary.unconditional_rates,
+        rates_ci_low=summary.rates_ci_low,
+        rates_ci_high=summary.rates_ci_high,
+        conditional_rates=summary.conditional_rates,
+        ci_level=level,
+        bootstrap_replicates=n_boot,
+        bootstrap_seed=seed,
+        target_ids=tuple(target_ids),
+        speculator_kinds=tuple(kinds),
+        draft_ids=tuple(draft_ids),
+        run_ids=tuple(run_ids),
+        engines=tuple(engines),
+        dataset_fingerprints=tuple(fingerprints),
+        statuses=tuple(statuses),
+        git_commits=tuple(commits),
+        versions=tuple(versions),
+        started_at=_iso(started),
+        finished_at=_iso(finished),
+    )

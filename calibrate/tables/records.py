@@ -1,0 +1,243 @@
+"""The one record type every table row, export and lookup answer is made of, and its engine renderings.
+
+An `AcceptanceRecord` is the statistics of one key (target, speculator, k, thinking, sampling, dataset)
+and one segment, with provenance. Exports and lookups never compute numbers of their own: they render a
+record, so a value exported for SGLang, vLLM, TensorRT-LLM, ATOM, llama.cpp and InferenceX is the same
+number. Derived values (AL - 1 for TensorRT-LLM, (AL - 1) / k for ATOM's rate, the per-position rates for
+vLLM) come from `calibrate.tables.stats`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from calibrate.tables import stats
+
+# Values handed to engines are rounded like the InferenceX golden YAML (2 decimals for a length), so the
+# number a benchmark pins is the number the golden file shows. Rates keep 4 decimals: they are summed.
+LENGTH_DIGITS = 2
+RATE_DIGITS = 4
+
+SEGMENT_ALL = "all"
+
+# Fields of the key a record answers for, in display order.
+KEY_FIELDS = ("target", "speculator", "draft_len", "thinking", "temperature", "top_p", "top_k", "dataset")
+
+
+def _fmt(value: float, digits: int) -> str:
+    """Fixed decimals without a negative zero (round(-0.0001, 2) prints '-0.00')."""
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
+@dataclass(frozen=True)
+class AcceptanceRecord:
+    """Statistics and provenance of one key and segment; immutable so a lookup answer cannot drift.
+
+    Measured records carry the pooled histogram and bootstrap CIs. An extrapolated record (only ever made
+    on request) carries `extrapolated=True`, the method in words, and no histogram or CI: it is a model of
+    the measured curve, not a measurement.
+    """
+
+    # key
+    target: str
+    speculator: str
+    draft_len: int
+    thinking: str
+    temperature: float
+    top_p: float | None
+    top_k: int | None
+    dataset: str
+    segment: str
+    # sample
+    requests: int
+    conversations: int
+    steps: int
+    censored_steps: int
+    tokens: int
+    histogram: tuple[int, ...]
+    # statistics
+    acceptance_length: float
+    ci_low: float | None
+    ci_high: float | None
+    macro_acceptance_length: float | None
+    macro_ci_low: float | None
+    macro_ci_high: float | None
+    expected_acceptance_length: float | None
+    unconditional_rates: tuple[float, ...]
+    rates_ci_low: tuple[float, ...]
+    rates_ci_high: tuple[float, ...]
+    conditional_rates: tuple[float | None, ...]
+    ci_level: float
+    bootstrap_replicates: int
+    bootstrap_seed: int
+    # provenance
+    target_ids: tuple[str, ...]
+    speculator_kinds: tuple[str, ...]
+    draft_ids: tuple[str, ...]
+    run_ids: tuple[str, ...]
+    engines: tuple[str, ...]
+    dataset_fingerprints: tuple[str, ...]
+    statuses: tuple[str, ...]
+    git_commits: tuple[str, ...]
+    versions: tuple[str, ...]  # distinct package-version sets (JSON) of the runs
+    started_at: str | None
+    finished_at: str | None
+    extrapolated: bool = False
+    extrapolation_method: str | None = None
+
+    # ---- values -------------------------------------------------------------------------------------
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f) for f in KEY_FIELDS)
+
+    @property
+    def al(self) -> float:
+        """AL rounded as every engine rendering uses it."""
+        return round(self.acceptance_length, LENGTH_DIGITS)
+
+    @property
+    def accepted_drafts(self) -> float:
+        """Mean accepted drafts per step, AL - 1: TensorRT-LLM's unit."""
+        return round(self.al - 1.0, LENGTH_DIGITS)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Mean acceptance rate per draft, (AL - 1) / k: ATOM's rate unit."""
+        return (self.al - 1.0) / self.draft_len
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        """The k unconditional rates rounded for vLLM/llama.cpp; rounding keeps them non-increasing."""
+        return tuple(round(r, RATE_DIGITS) for r in self.unconditional_rates)
+
+    def value(self) -> str:
+        return _fmt(self.al, LENGTH_DIGITS)
+
+    # ---- engine renderings --------------------------------------------------------------------------
+    def sglang_env(self, token_mode: bool = False) -> str:
+        """Lines for `eval` or an env file. token_mode adds SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token."""
+        lines = [f"SGLANG_SIMULATE_ACC_LEN={self.value()}", "SGLANG_SIMULATE_ACC_METHOD=match-expected"]
+        if token_mode:
+            lines.append("SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token")
+        return "\n".join(lines) + "\n"
+
+    def vllm_speculative_config(self, mode: str = "length") -> dict[str, Any]:
+        """The synthetic-acceptance part of vLLM's --speculative-config: a length or k rates, never both."""
+        config: dict[str, Any] = {"num_speculative_tokens": self.draft_len, "rejection_sample_method": "synthetic"}
+        if mode == "length":
+            config["synthetic_acceptance_length"] = float(self.value())
+        elif mode == "rates":
+            config["synthetic_acceptance_rates"] = list(self.rates)
+        else:
+            raise ValueError(f"unknown vLLM mode {mode!r} (expected length or rates)")
+        return config
+
+    def trtllm_env(self) -> str:
+        """TensorRT-LLM counts accepted drafts only, so it takes AL - 1."""
+        return f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS={_fmt(self.accepted_drafts, LENGTH_DIGITS)}\n"
+
+    def atom_args(self, form: str = "length") -> list[str]:
+        """ATOM server flags: the length, or the mean per-draft rate (AL - 1) / k."""
+        if form == "length":
+            return ["--spec-decode-acceptance-length", self.value()]
+        if form == "rate":
+            return ["--spec-decode-acceptance-rate", _fmt(self.acceptance_rate, RATE_DIGITS)]
+        raise ValueError(f"unknown ATOM form {form!r} (expected length or rate)")
+
+    def llamacpp_args(self, form: str = "length") -> list[str]:
+        """llama-server flags: --spec-synth-len (target token included) or k unconditional rates."""
+        if form == "length":
+            return ["--spec-synth-len", self.value()]
+        if form == "rates":
+            return ["--spec-synth-rates", ",".join(_fmt(r, RATE_DIGITS) for r in self.rates)]
+        raise ValueError(f"unknown llama.cpp form {form!r} (expected length or rates)")
+
+    # ---- serialisation ------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (tuples become lists); `from_dict` inverts it exactly."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> AcceptanceRecord:
+        """Rebuild from an exported row (JSON or Parquet), restoring tuples, ints and None for missing."""
+        names = {f.name: f for f in fields(cls)}
+        required = [n for n, f in names.items() if n not in row and f.default is MISSING]
+        if required:
+            raise ValueError(f"table row lacks {', '.join(required)}: is this a calibrate export?")
+        out: dict[str, Any] = {}
+        for name in names:
+            if name not in row:
+                continue
+            value = _plain(row[name])
+            if isinstance(value, list):
+                value = tuple(value)
+            out[name] = value
+        for name in ("draft_len", "requests", "conversations", "steps", "censored_steps", "tokens",
+                     "bootstrap_replicates", "bootstrap_seed"):
+            out[name] = int(out[name])
+        if out.get("top_k") is not None:
+            out["top_k"] = int(out["top_k"])
+        out["histogram"] = tuple(int(x) for x in out["histogram"])
+        return cls(**out)
+
+    def with_key(self, **changes: Any) -> AcceptanceRecord:
+        data = asdict(self)
+        data.update(changes)
+        return AcceptanceRecord(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def _plain(value: Any) -> Any:
+    """numpy / pyarrow scalars and arrays -> Python; NaN -> None (a missing value, not a number)."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def extrapolate(base: AcceptanceRecord, draft_len: int) -> AcceptanceRecord:
+    """A record for an unmeasured k from the measured per-position curve of `base` (explicit opt-in only).
+
+    Positions the curve covers come from it; past its end the curve continues with the iid rate fitted to
+    base's histogram (Leviathan et al. 2023). No CI: this is a model of the curve, not a measurement.
+    """
+    if not base.histogram:
+        raise ValueError("can only extrapolate from a measured record")
+    measured = np.asarray(base.unconditional_rates)
+    alpha = float(stats.iid_rate(base.histogram))
+    rates = stats.extend_rates(measured, draft_len, alpha)
+    if draft_len <= base.draft_len:
+        method = f"first {draft_len} positions of the measured per-position curve at k={base.draft_len}"
+    else:
+        method = (
+            f"measured per-position curve at k={base.draft_len}, continued past position {base.draft_len} "
+            f"with the fitted iid rate {alpha:.4f} (Leviathan et al. 2023)"
+        )
+    cond = stats.conditional_rates(stats.histogram_from_rates(rates))
+    return base.with_key(
+        draft_len=draft_len,
+        histogram=(),
+        acceptance_length=float(stats.acceptance_length_from_rates(rates)),
+        ci_low=None, ci_high=None,
+        macro_acceptance_length=None, macro_ci_low=None, macro_ci_high=None,
+        expected_acceptance_length=None,
+        unconditional_rates=tuple(float(r) for r in rates),
+        rates_ci_low=(), rates_ci_high=(),
+        conditional_rates=tuple(None if math.isnan(c) else float(c) for c in cond),
+        extrapolated=True,
+        extrapolation_method=method,
+    )
+
+
+def record_json(record: AcceptanceRecord) -> str:
+    return json.dumps(record.to_dict(), sort_keys=False, indent=2)

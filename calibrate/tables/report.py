@@ -1,0 +1,71 @@
+"""PNG plots of measured records: AL vs k (with CIs) and the unconditional rate per position.
+
+The first shows where a longer draft stops paying; the second shows the per-position curve an
+extrapolation would continue. Both read records only, so they plot exactly what exports say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
+
+
+def _series_label(r: AcceptanceRecord, with_target: bool) -> str:
+    label = f"{r.speculator}, thinking {r.thinking}"
+    return f"{r.target.rsplit('/', 1)[-1]}: {label}" if with_target else label
+
+
+def plot(records: Sequence[AcceptanceRecord], out: Path) -> list[Path]:
+    """Write al_vs_k.png and rates.png under `out`; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in records if r.segment == SEGMENT_ALL and not r.extrapolated]
+    if not rows:
+        raise ValueError("nothing to plot: no measured keys match the filters")
+    out.mkdir(parents=True, exist_ok=True)
+    with_target = len({r.target for r in rows}) > 1
+    series: dict[tuple, list[AcceptanceRecord]] = {}
+    for r in rows:
+        series.setdefault((r.target, r.speculator, r.thinking, r.dataset, r.temperature), []).append(r)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for rs in series.values():
+        rs = sorted(rs, key=lambda r: r.draft_len)
+        ks = [r.draft_len for r in rs]
+        al = [r.acceptance_length for r in rs]
+        err = [[r.acceptance_length - r.ci_low for r in rs], [r.ci_high - r.acceptance_length for r in rs]]
+        ax.errorbar(ks, al, yerr=err, marker="o", capsize=3, label=_series_label(rs[0], with_target))
+    ks_all = sorted({r.draft_len for r in rows})
+    ax.plot(ks_all, [k + 1 for k in ks_all], ls=":", color="grey", label="k + 1 (all accepted)")
+    ax.set_xlabel("draft length k")
+    ax.set_ylabel("acceptance length (tokens / step)")
+    ax.set_xticks(ks_all)
+    ax.set_title("Pooled AL with 95% CI (bootstrap over conversations)")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    al_path = out / "al_vs_k.png"
+    fig.savefig(al_path, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for rs in series.values():
+        r = max(rs, key=lambda r: r.draft_len)  # the longest measured curve covers every position
+        positions = list(range(r.draft_len))
+        ax.plot(positions, r.unconditional_rates, marker="o",
+                label=f"{_series_label(r, with_target)}, k={r.draft_len}")
+        ax.fill_between(positions, r.rates_ci_low, r.rates_ci_high, alpha=0.2)
+    ax.set_xlabel("draft position i (0-based)")
+    ax.set_ylabel("P(at least i+1 drafts accepted)")
+    ax.set_ylim(0, 1)
+    ax.set_title("Unconditional acceptance rate per position")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    rates_path = out / "rates.png"
+    fig.savefig(rates_path, dpi=120)
+    plt.close(fig)
+    return [al_path, rates_path]

@@ -1,0 +1,95 @@
+"""Builders of synthetic stores for the tables tests: real RunSpecs and counts through Store, no models."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from calibrate.replay.counts import RequestOutcome, SegmentCounts, StepCounts
+from calibrate.tables.store import RunSpec, Store
+
+
+def make_spec(
+    target: str = "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+    speculator: str = "ngram",
+    draft_len: int = 3,
+    thinking: str = "off",
+    temperature: float = 0.0,
+    dataset: str = "mini-swe-agent",
+    seed: int = 0,
+    target_id: str | None = None,
+) -> RunSpec:
+    """A complete RunSpec; only the key fields vary between tests."""
+    return RunSpec(
+        target=target, target_id=target_id or target, target_hash="t" * 8, speculator=speculator,
+        speculator_kind=speculator.split(":")[0], speculator_params={"n": 3}, draft_id=None, draft_hash=None,
+        draft_len=draft_len, thinking=thinking, temperature=temperature, top_p=None, top_k=None,
+        dataset=dataset, dataset_format="mini-swe-agent", dataset_fingerprint="fp-" + dataset,
+        selection={"limit": 10}, context_tokens=4096, max_new_tokens=256, engine="greedy", dtype="float32",
+        device="cpu", seed=seed, versions={"spec-calibrate": "0.1.0"}, git_commit="abc123",
+    )
+
+
+@dataclass
+class Req:
+    """One request's counts: segment -> histogram (k+1 bins), plus optional censoring / expectation."""
+
+    request_id: str
+    conversation_id: str
+    segments: Mapping[str, Sequence[int]]
+    censored: Mapping[str, int] = field(default_factory=dict)
+    expected: Mapping[str, float] = field(default_factory=dict)
+
+
+def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool = True) -> str:
+    run_id = store.begin_run(spec)
+    batch = []
+    for i, req in enumerate(requests):
+        counts = StepCounts(draft_len=spec.draft_len)
+        for seg, hist in req.segments.items():
+            h = np.asarray(hist, dtype=np.int64)
+            assert h.shape == (spec.draft_len + 1,)
+            emitted = int((h * (np.arange(h.size) + 1)).sum())
+            counts.segments[seg] = SegmentCounts(
+                hist=h, tokens=emitted + req.censored.get(seg, 0), censored_steps=req.censored.get(seg, 0),
+                expected_accepted=req.expected.get(seg),
+            )
+        outcome = RequestOutcome(
+            request_id=req.request_id, conversation_id=req.conversation_id, turn=i, prompt_tokens=100,
+            truncated_tokens=0, generated_tokens=counts.tokens, finish_reason="eos",
+        )
+        batch.append((outcome, {run_id: counts}))
+    store.write_requests(batch)
+    if finish:
+        store.finish_run(run_id)
+    return run_id
+
+
+def iid_hist(rng: np.random.Generator, alpha: float, k: int, n_steps: int) -> np.ndarray:
+    """Histogram of n_steps steps with iid per-draft acceptance alpha, capped at k drafts."""
+    accepted = np.minimum(rng.geometric(1.0 - alpha, size=n_steps) - 1, k) if alpha < 1 else np.full(n_steps, k)
+    return np.bincount(accepted, minlength=k + 1)
+
+
+def basic_store(path: Path) -> Path:
+    """Two targets, two speculators, k in {1, 3} (ngram) and {2} (draft), thinking on/off; hand counts."""
+    with Store(path) as store:
+        for k, thinking in ((1, "off"), (3, "off"), (3, "on")):
+            spec = make_spec(draft_len=k, thinking=thinking)
+            write_run(store, spec, [
+                Req("r0", "c0", {"answer": [2] + [1] * k, "tool_call": [1] * (k + 1)}),
+                Req("r1", "c0", {"answer": [3] + [0] * (k - 1) + [1]}),
+                Req("r2", "c1", {"thinking": [1] * (k + 1)} if thinking == "on" else {"answer": [0] * k + [2]}),
+            ])
+        write_run(store, make_spec(speculator="draft:qwen2.5-coder-0.5b-instruct", draft_len=2), [
+            Req("r0", "c0", {"answer": [1, 1, 2]}),
+            Req("r1", "c1", {"answer": [2, 0, 2]}),
+        ])
+        write_run(store, make_spec(target="smollm2-135m-instruct", draft_len=2,
+                                   target_id="/models/smollm2-135m-instruct"), [
+            Req("r0", "c0", {"answer": [4, 2, 0]}),
+        ])
+    return path
