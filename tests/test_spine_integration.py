@@ -1,0 +1,177 @@
+"""The spine end to end on real models: exactness of replay-once, self-speculation, resume, the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from calibrate.cli import app
+from calibrate.config import load_config
+from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
+from calibrate.models import load_model
+from calibrate.replay.greedy import generate_greedy, score_replay
+from calibrate.replay.steps import walk_steps
+from calibrate.runner import execute, prepare
+from calibrate.speculators.base import Speculator
+from calibrate.speculators.draft_model import DraftModelSpeculator
+from calibrate.tables import stats
+from calibrate.tables.store import Store
+
+QUICKSTART = Path(__file__).parents[1] / "data" / "quickstart" / "conversations.jsonl"
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def quickstart_prompts(tokenizer, name: str, n: int, context_tokens: int = 512) -> list[list[int]]:
+    loaded = load_conversations(str(QUICKSTART), "openai")
+    requests, _ = select_requests(cut_turns(loaded.conversations), n, seed=0)
+    return [render_prompt(r, tokenizer, thinking="off", context_tokens=context_tokens, model_name=name).ids
+            for r in requests]
+
+
+def test_self_speculation_smollm_accepts_everything(smollm):
+    model = load_model(str(smollm), "float32", "cpu")
+    prompts = quickstart_prompts(model.tokenizer, "smollm2", 3)
+    # No EOS: every step is a full one (an EOS-ended last step may accept fewer by construction).
+    responses = generate_greedy(model.model, prompts, max_new_tokens=24, eos_token_ids=set())
+    ks = [1, 2, 4, 8]
+    for per_k in score_replay(DraftModelSpeculator(model, batch_size=3), prompts, responses, ks):
+        for k in ks:
+            hist = per_k[k].hist
+            assert hist.sum() > 0 and hist[:k].sum() == 0, (k, hist)
+            assert stats.acceptance_length(hist) == k + 1
+
+
+def test_replay_once_equals_stepwise_loop_on_qwen_pair(qwen_target, qwen_draft, mini_swe_dir):
+    """Teacher-forced scoring == a draft proposing k tokens with its KV cache at each step, fp32, k = 1..8."""
+    target = load_model(str(qwen_target), "float32", "cpu")
+    draft = load_model(str(qwen_draft), "float32", "cpu")
+    loaded = load_conversations(str(mini_swe_dir / "original"), "mini-swe-agent", limit=4)
+    requests, _ = select_requests(cut_turns(loaded.conversations), 2, seed=0)
+    prompts = [render_prompt(r, target.tokenizer, thinking="off", context_tokens=384, model_name="qwen").ids
+               for r in requests]
+    responses = generate_greedy(target.model, prompts, max_new_tokens=24, eos_token_ids=target.eos_token_ids)
+    ks = list(range(1, 9))
+    fast = score_replay(DraftModelSpeculator(draft, batch_size=2), prompts, responses, ks)
+    slow_spec = DraftModelSpeculator(draft)
+    for i, (prompt, response) in enumerate(zip(prompts, responses)):
+        (run_at,) = Speculator.replay_scorers(slow_spec, [prompt], [response.tokens], 8)
+        for k in ks:
+            slow = walk_steps(len(response.tokens), k, response.ended, run_at)
+            np.testing.assert_array_equal(fast[i][k].hist, slow.hist, err_msg=f"request {i} k={k}")
+    assert sum(per_k[8].hist[1:].sum() for per_k in fast) > 0  # drafts were accepted: not a vacuous match
+
+
+def sweep_config(tmp_path: Path, model: Path, max_requests: int = 4) -> Path:
+    path = tmp_path / "sweep.toml"
+    path.write_text(f"""
+[dataset]
+source = "{QUICKSTART}"
+format = "openai"
+max_requests = {max_requests}
+seed = 3
+context_tokens = 512
+max_new_tokens = 8
+
+[run]
+dtype = "float32"
+device = "cpu"
+batch_size = 2
+
+[[pairs]]
+target = "{model}"
+speculators = [{{ kind = "ngram", max_n = 3 }}, {{ kind = "draft", model = "{model}" }}]
+
+[sweep]
+draft_lengths = [1, 3]
+""")
+    return path
+
+
+def totals(db: Path) -> dict[tuple[str, str, int], list[int]]:
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("""
+        SELECT r.speculator, a.request_id, r.draft_len, a.accepted, sum(a.steps)
+        FROM accept_counts a JOIN runs r USING (run_id)
+        GROUP BY ALL ORDER BY ALL""").fetchall()
+    con.close()
+    out: dict[tuple[str, str, int], list[int]] = {}
+    for spec, req, k, accepted, n in rows:
+        out.setdefault((spec, req, k), [0] * (k + 1))[accepted] = n
+    return out
+
+
+def test_resume_after_interruption_counts_nothing_twice(tmp_path, smollm, monkeypatch):
+    config = load_config(sweep_config(tmp_path, smollm))
+    whole = tmp_path / "whole.duckdb"
+    execute(config, whole)
+
+    resumed = tmp_path / "resumed.duckdb"
+    real_write = Store.write_requests
+    calls = {"n": 0}
+
+    def write_then_die(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # the user pressed Ctrl-C after the first batch was committed
+        real_write(self, batch)
+
+    monkeypatch.setattr(Store, "write_requests", write_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        execute(config, resumed)
+    monkeypatch.setattr(Store, "write_requests", real_write)
+    con = duckdb.connect(str(resumed), read_only=True)
+    assert con.execute("SELECT count(DISTINCT request_id) FROM requests").fetchone()[0] == 2
+    con.close()
+
+    summary = execute(config, resumed)
+    assert summary.resumed == 2 and summary.measured == 2
+    assert totals(resumed) == totals(whole)
+    con = duckdb.connect(str(resumed), read_only=True)
+    assert con.execute("SELECT count(*), count(DISTINCT (run_id, request_id)) FROM requests").fetchone() == (16, 16)
+    assert {s for (s,) in con.execute("SELECT DISTINCT status FROM runs").fetchall()} == {"finished"}
+    con.close()
+    # A third run measures nothing new.
+    assert execute(config, resumed).measured == 0
+
+
+def test_cli_run_prints_table_and_json(tmp_path, smollm):
+    db = tmp_path / "cli.duckdb"
+    result = CliRunner().invoke(app, ["run", str(sweep_config(tmp_path, smollm, 2)), "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    shown = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json"])
+    assert shown.exit_code == 0, shown.output
+    rows = json.loads(shown.stdout)
+    assert {r["speculator"] for r in rows} == {"ngram", f"draft:{smollm}"}
+    for row in rows:
+        assert 1.0 <= row["acceptance_length"] <= row["draft_len"] + 1
+        # self-speculation: the draft is the target
+        if row["speculator"].startswith("draft:"):
+            assert row["acceptance_length"] > 1.0
+
+
+def test_malformed_trajectory_is_skipped_and_recorded(tmp_path, mini_swe_dir):
+    folder = tmp_path / "trajs"
+    folder.mkdir()
+    good = next((mini_swe_dir / "original").rglob("*.traj.json"))
+    shutil.copy(good, folder / good.name)
+    (folder / "broken.traj.json").write_text('{"messages": [')
+    config_path = tmp_path / "c.toml"
+    config_path.write_text(f"""
+[dataset]
+source = "{folder}"
+max_requests = 2
+[[pairs]]
+target = "qwen2.5-coder-1.5b-instruct"
+speculators = [{{ kind = "ngram" }}]
+[sweep]
+draft_lengths = [2]
+""")
+    prepared = prepare(load_config(config_path))
+    assert len(prepared.requests) == 2
+    assert any("broken.traj.json" in p.source for p in prepared.problems)
