@@ -49,6 +49,11 @@ def run(
         print_table(db, run_ids=summary.run_ids)
 
 
+from calibrate.tables.commands import register as register_tables  # noqa: E402  (show, export, lookup, report)
+
+register_tables(app)
+
+
 def main() -> None:
     app()
 
