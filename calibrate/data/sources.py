@@ -1,0 +1,123 @@
+"""Where raw rows come from: a local file, a folder of files, or a Hugging Face dataset.
+
+Every source is turned into the same stream of `RawRow`s (the row as a dict plus where it came from), so
+format adapters never care whether a row was a line of a JSONL, an element of a JSON list, a whole
+`*.traj.json`, a Parquet record or a streamed hub row. Rows that cannot even be read (bad JSON, a
+non-object) become `Problem`s here, with file and row, and the stream goes on.
+
+Row numbers are 0-based everywhere (row i of a JSONL is line i + 1).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibrate.data.conversation import Problem
+
+FILE_SUFFIXES: tuple[str, ...] = (".json", ".jsonl", ".parquet")
+HUB_PREFIX = "hf:"
+
+
+@dataclass(frozen=True)
+class RawRow:
+    """One raw record: `data` is the row object, or None when it could not be read (see `problem`)."""
+
+    source: str  # file path or dataset id (with split) the row came from
+    row: int
+    data: dict[str, Any] | None
+    problem: Problem | None = None
+
+
+def is_data_file(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() in FILE_SUFFIXES
+
+
+def folder_files(folder: Path) -> list[Path]:
+    """The data files of a folder, recursively and in sorted order (so loading is deterministic).
+
+    A folder holding `*.traj.json` files is a mini-swe-agent run folder: only the trajectories are read,
+    because the harness reports, summaries and manifests that sit beside them are not conversations.
+    """
+    trajectories = sorted(p for p in folder.rglob("*.traj.json") if p.is_file())
+    if trajectories:
+        return trajectories
+    return sorted(p for p in folder.rglob("*") if is_data_file(p) and not p.name.startswith("."))
+
+
+def iter_file_rows(path: Path) -> Iterator[RawRow]:
+    """Rows of one local file. A `.json` holds one row (an object) or a list of rows."""
+    src = str(path)
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        with path.open("r", encoding="utf-8", errors="replace") as fh:
+            for i, line in enumerate(fh):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    yield RawRow(src, i, None, Problem(src, f"invalid JSON: {exc.msg} at column {exc.colno}", row=i))
+                    continue
+                yield _as_row(src, i, value)
+    elif suffix == ".json":
+        try:
+            value = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        except json.JSONDecodeError as exc:
+            yield RawRow(src, 0, None, Problem(src, f"invalid JSON: {exc.msg} at line {exc.lineno}"))
+            return
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                yield _as_row(src, i, item)
+        elif isinstance(value, dict) and isinstance(value.get("data"), list) and len(value) == 1:
+            for i, item in enumerate(value["data"]):
+                yield _as_row(src, i, item)
+        else:
+            yield _as_row(src, 0, value)
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.ParquetFile(path)
+        except Exception as exc:  # pyarrow raises several types for a corrupt file
+            yield RawRow(src, 0, None, Problem(src, f"unreadable Parquet: {exc}"))
+            return
+        i = 0
+        for batch in table.iter_batches(batch_size=256):
+            for item in batch.to_pylist():
+                yield _as_row(src, i, item)
+                i += 1
+    else:
+        raise ValueError(f"{src}: unsupported file type {suffix!r} (expected one of {', '.join(FILE_SUFFIXES)})")
+
+
+def _as_row(src: str, i: int, value: Any) -> RawRow:
+    if isinstance(value, dict):
+        return RawRow(src, i, value)
+    return RawRow(src, i, None, Problem(src, f"row is a {type(value).__name__}, not an object", row=i))
+
+
+def iter_hub_rows(
+    dataset_id: str, *, split: str | None, revision: str | None, subset: str | None
+) -> Iterator[RawRow]:
+    """Rows of a Hugging Face dataset, streamed so that only the rows we consume are downloaded.
+
+    `dataset_id` may also be a local folder in the hub's layout (data files, optional README configs):
+    `datasets` treats both alike, which is how this path is tested without a hub.
+    """
+    import datasets
+
+    split = split or "train"
+    try:
+        stream = datasets.load_dataset(dataset_id, name=subset, split=split, revision=revision, streaming=True)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"dataset {dataset_id!r} not found: {exc}") from exc
+    except Exception as exc:  # datasets raises many types (DatasetNotFoundError, ConnectionError, ValueError)
+        raise ValueError(f"cannot open dataset {dataset_id!r} (subset={subset}, split={split}, "
+                         f"revision={revision}): {type(exc).__name__}: {exc}") from exc
+    src = f"{dataset_id}[{split}]"
+    for i, item in enumerate(stream):
+        yield _as_row(src, i, dict(item))
