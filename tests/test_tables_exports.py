@@ -1,0 +1,192 @@
+"""Exports: golden files per format, parsed back, and consistent with each other.
+
+Regenerate the golden files after an intended change with UPDATE_GOLDEN=1 (and review the diff).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from test_tables_support import Req, basic_store, make_spec, write_run
+
+from calibrate.tables import exports, stats
+from calibrate.tables.exports import Stamp
+from calibrate.tables.lookup import read_exported
+from calibrate.tables.query import Filters, load_records
+from calibrate.tables.records import AcceptanceRecord
+from calibrate.tables.store import Store, connect
+
+GOLDEN = Path(__file__).parent / "golden" / "tables"
+STAMP = Stamp(tool_version="0.1.0", day="2026-01-01")
+
+CASES = {
+    "inferencex.yaml": ("inferencex", {}),
+    "vllm_length.json": ("vllm", {"mode": "length"}),
+    "vllm_rates.json": ("vllm", {"mode": "rates"}),
+    "sglang.env": ("sglang", {}),
+    "sglang_token_mode.env": ("sglang", {"token_mode": True}),
+    "trtllm.env": ("trtllm", {}),
+    "atom_length.txt": ("atom", {"mode": "length"}),
+    "atom_rate.txt": ("atom", {"mode": "rates"}),
+    "llamacpp_length.txt": ("llamacpp", {"mode": "length"}),
+    "llamacpp_rates.txt": ("llamacpp", {"mode": "rates"}),
+    "table.csv": ("csv", {}),
+    "table.json": ("json", {}),
+}
+
+
+def _load(path: Path, segments: bool, filters: Filters = Filters()) -> list[AcceptanceRecord]:
+    con = connect(path, read_only=True)
+    try:
+        return load_records(con, filters, segments=segments, n_boot=200)
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return basic_store(tmp_path_factory.mktemp("exports") / "acceptance.duckdb")
+
+
+@pytest.fixture(scope="module")
+def overall(db: Path) -> list[AcceptanceRecord]:
+    return _load(db, segments=False)
+
+
+@pytest.fixture(scope="module")
+def full(db: Path) -> list[AcceptanceRecord]:
+    return _load(db, segments=True)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_golden(name: str, overall: list[AcceptanceRecord], full: list[AcceptanceRecord]) -> None:
+    fmt, kw = CASES[name]
+    records = full if fmt in exports.TABLE_FORMATS else overall
+    # Run times are the only provenance that changes between test runs (run ids are hashes of the spec).
+    records = [replace(r, started_at="2026-01-01T00:00:00", finished_at="2026-01-01T00:01:00") for r in records]
+    text = exports.export(records, fmt, None, stamp=STAMP, **kw)
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; UPDATE_GOLDEN=1 regenerates it (review the diff)"
+
+
+def test_inferencex_parses_as_golden_al_distribution(overall: list[AcceptanceRecord]) -> None:
+    docs = exports.inferencex_documents(overall, STAMP)
+    assert set(docs) == {
+        "qwen2.5-coder-1.5b-instruct_draft-qwen2.5-coder-0.5b-instruct.yaml",
+        "qwen2.5-coder-1.5b-instruct_ngram.yaml",
+        "smollm2-135m-instruct_ngram.yaml",
+    }
+    text = docs["qwen2.5-coder-1.5b-instruct_ngram.yaml"]
+    for needle in ("dataset: mini-swe-agent", "sampling: temperature=0", "spec-calibrate 0.1.0", "2026-01-01"):
+        assert needle in text.split('"Qwen')[0]  # in the header comment
+    data = yaml.safe_load(text)
+    assert data == {"Qwen/Qwen2.5-Coder-1.5B-Instruct": {"thinking_on": {3: 2.24}, "thinking_off": {1: 1.45, 3: 2.4}}}
+    assert re.search(r"^    3: 2\.40$", text, re.M)  # two decimals, always
+    for doc in yaml.safe_load_all(exports.export(overall, "inferencex", None, stamp=STAMP)):
+        (modes,) = doc.values()  # InferenceX reads one model per file
+        for cells in modes.values():
+            assert all(1 <= al <= k + 1 for k, al in cells.items())
+
+
+def test_inferencex_to_folder_or_single_file(tmp_path: Path, overall: list[AcceptanceRecord]) -> None:
+    exports.export(overall, "inferencex", tmp_path / "golden", stamp=STAMP)
+    assert len(list((tmp_path / "golden").glob("*.yaml"))) == 3
+    with pytest.raises(ValueError, match="one model per file"):
+        exports.export(overall, "inferencex", tmp_path / "one.yaml", stamp=STAMP)
+    one = [r for r in overall if r.target.startswith("smollm")]
+    exports.export(one, "inferencex", tmp_path / "one.yaml", stamp=STAMP)
+    assert yaml.safe_load((tmp_path / "one.yaml").read_text()) == {"smollm2-135m-instruct": {"thinking_off": {2: 1.33}}}
+
+
+def test_inferencex_refuses_to_mix_datasets(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(dataset="a"), [Req("r0", "c0", {"answer": [1, 1, 1, 1]})])
+        write_run(store, make_spec(dataset="b"), [Req("r0", "c0", {"answer": [1, 1, 1, 1]})])
+    records = _load(path, segments=False)
+    with pytest.raises(ValueError, match="dataset=a temperature=0; dataset=b"):
+        exports.export(records, "inferencex", None, stamp=STAMP)
+    assert "dataset: b" in exports.export([r for r in records if r.dataset == "b"], "inferencex", None, stamp=STAMP)
+
+
+def test_formats_agree_with_each_other(overall: list[AcceptanceRecord]) -> None:
+    vllm_len = json.loads(exports.export(overall, "vllm", None, mode="length"))
+    vllm_rates = json.loads(exports.export(overall, "vllm", None, mode="rates"))
+    sglang = exports.export(overall, "sglang", None)
+    trt = exports.export(overall, "trtllm", None)
+    atom_len = exports.export(overall, "atom", None)
+    atom_rate = exports.export(overall, "atom", None, mode="rates")
+    llama_len = exports.export(overall, "llamacpp", None)
+    llama_rates = exports.export(overall, "llamacpp", None, mode="rates")
+    golden = {name: yaml.safe_load(text) for name, text in exports.inferencex_documents(overall, STAMP).items()}
+
+    def values(text: str, pattern: str) -> list[str]:
+        return re.findall(pattern, text)
+
+    al = [float(v) for v in values(sglang, r"SGLANG_SIMULATE_ACC_LEN=(\S+)")]
+    assert len(al) == len(overall) == len(vllm_len)
+    assert [float(v) for v in values(trt, r"ACCEPTED_TOKENS=(\S+)")] == pytest.approx([a - 1 for a in al], abs=1e-9)
+    assert [float(v) for v in values(atom_len, r"length (\S+)")] == al
+    assert [float(v) for v in values(llama_len, r"--spec-synth-len (\S+)")] == al
+    for i, r in enumerate(overall):
+        length_cfg = vllm_len[i]["speculative_config"]
+        rates_cfg = vllm_rates[i]["speculative_config"]
+        assert length_cfg["rejection_sample_method"] == rates_cfg["rejection_sample_method"] == "synthetic"
+        assert "synthetic_acceptance_rates" not in length_cfg and "synthetic_acceptance_length" not in rates_cfg
+        assert length_cfg["synthetic_acceptance_length"] == al[i]
+        assert 1 <= al[i] <= r.draft_len + 1
+        rates = rates_cfg["synthetic_acceptance_rates"]
+        assert len(rates) == r.draft_len == rates_cfg["num_speculative_tokens"]
+        assert all(a >= b for a, b in zip(rates, rates[1:]))
+        # rates sum to AL - 1, up to the 2-decimal rounding of AL and 4-decimal rounding of each rate
+        assert sum(rates) == pytest.approx(al[i] - 1, abs=0.005 + r.draft_len * 5e-5)
+        assert sum(rates) == pytest.approx(r.acceptance_length - 1, abs=r.draft_len * 5e-5)
+        assert stats.acceptance_length_from_rates(r.unconditional_rates) == pytest.approx(r.acceptance_length)
+        llama = [float(x) for x in values(llama_rates, r"--spec-synth-rates (\S+)")[i].split(",")]
+        assert llama == rates
+        assert float(values(atom_rate, r"rate (\S+)")[i]) * r.draft_len == pytest.approx(al[i] - 1, abs=r.draft_len * 5e-5)
+        curve = golden[f"{exports.slug(r.target)}_{exports.slug(r.speculator)}.yaml"]
+        assert curve[r.target][f"thinking_{r.thinking}"][r.draft_len] == al[i]
+
+
+def test_json_and_parquet_parse_back_to_the_same_records(tmp_path: Path, full: list[AcceptanceRecord]) -> None:
+    exports.export(full, "json", tmp_path / "t.json", stamp=STAMP)
+    exports.export(full, "parquet", tmp_path / "t.parquet", stamp=STAMP)
+    assert read_exported(tmp_path / "t.json") == full
+    assert read_exported(tmp_path / "t.parquet") == full
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc["schema"] == "spec-calibrate/acceptance-table" and doc["tool_version"] == "0.1.0"
+    row = doc["records"][0]
+    for column in ("ci_low", "ci_high", "unconditional_rates", "conditional_rates", "histogram", "segment",
+                   "run_ids", "dataset_fingerprints", "macro_acceptance_length"):
+        assert column in row
+
+
+def test_csv_has_every_column_with_lists_as_json(full: list[AcceptanceRecord]) -> None:
+    import csv
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(exports.export(full, "csv", None))))
+    assert len(rows) == len(full)
+    assert {r["segment"] for r in rows} == {"all", "thinking", "answer", "tool_call"}
+    first = rows[0]
+    assert json.loads(first["histogram"]) == list(full[0].histogram)
+    assert float(first["ci_low"]) == full[0].ci_low
+
+
+def test_export_errors_name_the_problem(overall: list[AcceptanceRecord]) -> None:
+    with pytest.raises(ValueError, match="nothing to export"):
+        exports.export([], "sglang", None)
+    with pytest.raises(ValueError, match="parquet is binary"):
+        exports.export(overall, "parquet", None)
+    with pytest.raises(ValueError, match="formats: inferencex"):
+        exports.export(overall, "yaml", None)

@@ -1,0 +1,114 @@
+"""Records from the DuckDB counts: SQL grouping by key, segments, combined runs, censoring, expectation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_tables_support import Req, basic_store, make_spec, write_run
+
+from calibrate.tables import stats
+from calibrate.tables.query import Filters, catalog, load_records
+from calibrate.tables.store import Store, connect
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return basic_store(tmp_path / "acceptance.duckdb")
+
+
+def _records(path: Path, filters: Filters = Filters(), **kw):
+    con = connect(path, read_only=True)
+    try:
+        return load_records(con, filters, n_boot=200, **kw)
+    finally:
+        con.close()
+
+
+def test_one_record_per_key_with_hand_computed_histograms(db: Path) -> None:
+    recs = {(r.target, r.speculator, r.draft_len, r.thinking): r for r in _records(db)}
+    assert len(recs) == 5 and {r.segment for r in recs.values()} == {"all"}
+    q = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    k1 = recs[(q, "ngram", 1, "off")]
+    # r0: answer [2,1] + tool_call [1,1]; r1: answer [3,1]; r2: answer [0,2]
+    assert k1.histogram == (6, 5) and k1.steps == 11 and k1.requests == 3 and k1.conversations == 2
+    assert k1.acceptance_length == pytest.approx(16 / 11)
+    # per-request AL: r0 7/5, r1 5/4, r2 2
+    assert k1.macro_acceptance_length == pytest.approx((7 / 5 + 5 / 4 + 2) / 3)
+    assert k1.unconditional_rates == pytest.approx((5 / 11,))
+    assert k1.tokens == 16 and k1.censored_steps == 0
+    k3_on = recs[(q, "ngram", 3, "on")]
+    # r0: answer [2,1,1,1] + tool [1,1,1,1]; r1: answer [3,0,0,1]; r2: thinking [1,1,1,1]
+    assert k3_on.histogram == (7, 3, 3, 4)
+    assert k3_on.run_ids and k3_on.engines == ("greedy",) and k3_on.statuses == ("finished",)
+    assert k3_on.dataset_fingerprints == ("fp-mini-swe-agent",)
+    assert recs[("smollm2-135m-instruct", "ngram", 2, "off")].target_ids == ("/models/smollm2-135m-instruct",)
+
+
+def test_segments_sum_to_overall(db: Path) -> None:
+    recs = _records(db, segments=True)
+    by_key: dict = {}
+    for r in recs:
+        by_key.setdefault(r.key, {})[r.segment] = r
+    for segs in by_key.values():
+        total = np.sum([r.histogram for s, r in segs.items() if s != "all"], axis=0)
+        assert tuple(total) == segs["all"].histogram
+        assert sum(r.tokens for s, r in segs.items() if s != "all") == segs["all"].tokens
+    on = by_key[("Qwen/Qwen2.5-Coder-1.5B-Instruct", "ngram", 3, "on", 0.0, None, None, "mini-swe-agent")]
+    assert list(on) == ["all", "thinking", "answer", "tool_call"]  # display order
+    assert on["thinking"].histogram == (1, 1, 1, 1) and on["answer"].histogram == (5, 1, 1, 2)
+
+
+def test_runs_of_the_same_key_combine_and_conversations_cluster_across_runs(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    with Store(path) as store:
+        # Two runs of one key (they differ only in seed, which is not part of the key).
+        a = write_run(store, make_spec(seed=1), [Req("r0", "c0", {"answer": [1, 0, 0, 1]})])
+        b = write_run(store, make_spec(seed=2), [Req("r0", "c0", {"answer": [0, 0, 0, 2]}),
+                                                 Req("r1", "c1", {"answer": [3, 0, 0, 0]})])
+        write_run(store, make_spec(temperature=0.7), [Req("r0", "c0", {"answer": [5, 0, 0, 0]})])
+    recs = _records(path)
+    assert len(recs) == 2
+    greedy = next(r for r in recs if r.temperature == 0.0)
+    assert greedy.histogram == (4, 0, 0, 3)
+    assert greedy.requests == 3 and greedy.conversations == 2  # c0 of both runs is one cluster
+    assert set(greedy.run_ids) == {a, b}
+
+
+def test_censored_steps_are_reported_not_counted_and_expected_al_is_beside_realised(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(temperature=1.0, draft_len=2), [
+            Req("r0", "c0", {"answer": [2, 1, 1]}, censored={"answer": 2}, expected={"answer": 1.5}),
+            Req("r1", "c1", {"tool_call": [0, 2, 2]}, expected={"tool_call": 5.0}),
+        ])
+    rec = _records(path)[0]
+    assert rec.histogram == (2, 3, 3) and rec.steps == 8 and rec.censored_steps == 2
+    assert rec.acceptance_length == pytest.approx(stats.acceptance_length([2, 3, 3]))
+    assert rec.expected_acceptance_length == pytest.approx(1 + 6.5 / 8)
+    greedy = _records(basic_store(tmp_path / "b.duckdb"))[0]
+    assert greedy.expected_acceptance_length is None
+
+
+def test_filters_are_sql_and_keys_of_runs_pool_the_whole_key(db: Path) -> None:
+    recs = _records(db, Filters(speculators=("ngram",), draft_lens=(3,), thinking=("on",)))
+    assert [(r.draft_len, r.thinking) for r in recs] == [(3, "on")]
+    assert _records(db, Filters(datasets=("other",))) == []
+    con = connect(db, read_only=True)
+    run_id = con.execute("SELECT run_id FROM runs WHERE draft_len = 1").fetchone()[0]
+    entries = catalog(con, Filters(targets=("smollm2-135m-instruct",)))
+    con.close()
+    assert [e.draft_len for e in entries] == [2]
+    only = _records(db, Filters(keys_of_runs=(run_id,)))
+    assert [r.draft_len for r in only] == [1] and only[0].run_ids == (run_id,)
+
+
+def test_a_run_without_counts_yields_no_record(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    with Store(path) as store:
+        store.begin_run(make_spec())
+    con = connect(path, read_only=True)
+    assert len(catalog(con)) == 1
+    assert load_records(con) == []
+    con.close()
