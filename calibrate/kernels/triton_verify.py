@@ -160,7 +160,7 @@ def _rows_kernel(
                 p = tl.exp(s - m) / z
                 if HAS_Q:
                     q = tl.load(draft_probs_ptr + didx.to(tl.int64) * probs_stride + offs,
-                                mask=valid & is_draft, other=0.0).to(tl.float32)
+                                mask=valid & (lanes * 0 + is_draft.to(tl.int32) > 0), other=0.0).to(tl.float32)
                 else:
                     q = tl.where(is_draft & (offs == d), 1.0, 0.0)
                 e = -tl.log(_lane_uniform(key, offs))

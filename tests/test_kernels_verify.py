@@ -1,0 +1,369 @@
+"""Verification kernels: the torch reference (the specification) and the fused Triton kernels.
+
+Triton runs here under TRITON_INTERPRET=1 on CPU, so grids and vocabularies are tiny.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere in this process
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from calibrate.kernels import reference as R
+from calibrate.kernels import resolve_backend, rng, verify_greedy, verify_rejection
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+from calibrate.kernels import triton_verify as T  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+needs_triton_device = pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
+                                         reason="Triton needs CUDA or TRITON_INTERPRET=1")
+
+
+def ragged_case(seed: int, num_draft: list[int], vocab: int, match_bias: float = 0.7, scale: float = 2.0):
+    """Random logits; drafts drawn from a distribution close to the target's so acceptances are mixed."""
+    g = torch.Generator().manual_seed(seed)
+    n_rows = sum(num_draft) + len(num_draft)
+    logits = torch.randn(n_rows, vocab, generator=g) * scale
+    lay = R.make_layout(torch.tensor(num_draft), "cpu")
+    draft_rows = torch.nonzero(lay.row_is_draft).squeeze(1)
+    q_logits = logits[draft_rows] + torch.randn(len(draft_rows), vocab, generator=g) * (1 - match_bias) * scale
+    q = torch.softmax(q_logits, dim=-1)
+    drafts = torch.multinomial(q, 1, generator=g).squeeze(1) if len(draft_rows) else torch.zeros(0, dtype=torch.long)
+    return logits, drafts, q
+
+
+# -- counter-based random numbers -------------------------------------------------------------------------
+
+@triton.jit
+def _rng_probe(req_ptr, pos_ptr, out_key_ptr, out_u_ptr, seed_hash, n, BLOCK: tl.constexpr):
+    idx = tl.program_id(0)
+    key = T._stream_key(seed_hash, tl.load(req_ptr + idx), tl.load(pos_ptr + idx), 2)
+    tl.store(out_key_ptr + idx, key.to(tl.int64))
+    lanes = tl.arange(0, BLOCK)
+    tl.store(out_u_ptr + idx * BLOCK + lanes, T._lane_uniform(key, lanes), mask=lanes < n)
+
+
+@needs_triton_device
+@pytest.mark.parametrize("seed", [0, 12345, 2**40 + 7])
+def test_triton_rng_matches_torch_bit_for_bit(seed):
+    req = torch.tensor([0, 1, 2, 7, 2**31 + 5, 999999], dtype=torch.int64)
+    pos = torch.tensor([0, 0, 1, 300, 4, 2**20], dtype=torch.int64)
+    keys = torch.empty(6, dtype=torch.int64)
+    u = torch.empty(6, 64, dtype=torch.float32)
+    _rng_probe[(6,)](req, pos, keys, u, T._seed_hash(seed), 64, BLOCK=64)
+    want_keys = rng.stream_key(seed, req, pos, rng.SAMPLE)
+    assert torch.equal(keys, want_keys)
+    want_u = rng.lane_uniform(want_keys.unsqueeze(1), torch.arange(64))
+    assert torch.equal(u, want_u)
+
+
+def test_uniforms_are_uniform_and_inside_unit_interval():
+    keys = rng.stream_key(1, torch.arange(50), torch.zeros(50, dtype=torch.int64), rng.ACCEPT)
+    u = rng.lane_uniform(keys.unsqueeze(1), torch.arange(2000)).flatten()
+    assert 0.0 < float(u.min()) and float(u.max()) < 1.0
+    assert stats.kstest(u.numpy(), "uniform").pvalue > 1e-3
+    # Different purposes / positions give unrelated streams.
+    other = rng.stream_key(1, torch.arange(50), torch.zeros(50, dtype=torch.int64), rng.SAMPLE)
+    assert not torch.equal(keys, other)
+
+
+def test_exponential_race_samples_proportionally():
+    w = torch.tensor([0.0, 1.0, 2.0, 0.0, 5.0])
+    keys = rng.stream_key(3, torch.arange(40000), torch.zeros(40000, dtype=torch.int64), rng.SAMPLE)
+    draws = rng.exponential_race(w.expand(40000, 5), keys)
+    counts = np.bincount(draws.numpy(), minlength=5)
+    assert counts[0] == 0 and counts[3] == 0
+    assert chisq_p(counts[[1, 2, 4]], np.array([1, 2, 5])) > 1e-3
+
+
+# -- reference semantics ----------------------------------------------------------------------------------
+
+def brute_greedy(logits, drafts, num_draft):
+    out, acc = [], []
+    am = logits.argmax(-1).tolist()
+    row = d0 = 0
+    for k in num_draft:
+        a = 0
+        while a < k and drafts[d0 + a] == am[row + a]:
+            a += 1
+        out.append(list(map(int, drafts[d0:d0 + a])) + [am[row + a]])
+        acc.append(a)
+        row += k + 1
+        d0 += k
+    return out, acc
+
+
+def emitted(out: R.VerifyOutput) -> list[list[int]]:
+    return [[t for t in row if t >= 0] for row in out.tokens.tolist()]
+
+
+def test_reference_greedy_matches_brute_force():
+    num_draft = [3, 0, 5, 1, 4]
+    logits, _, _ = ragged_case(0, num_draft, 13)
+    lay = R.make_layout(torch.tensor(num_draft), "cpu")
+    # Drafts equal to the argmax on a random prefix, then a wrong token.
+    am = logits.argmax(-1)
+    drafts = am[lay.row_is_draft].clone()
+    drafts[torch.tensor([1, 3, 5])] = (drafts[torch.tensor([1, 3, 5])] + 1) % 13
+    out = R.greedy_verify(logits, drafts, num_draft)
+    want, acc = brute_greedy(logits, drafts.tolist(), num_draft)
+    assert emitted(out) == want
+    assert out.num_accepted.tolist() == acc
+    assert out.expected_accepted.tolist() == [float(a) for a in acc]
+
+
+def brute_allowed(scaled: np.ndarray, top_k: int, top_p: float) -> set[int]:
+    """The top-k then top-p set, ties at the boundary kept; independent of reference.sampling_floor."""
+    order = sorted(range(len(scaled)), key=lambda j: -scaled[j])
+    allowed = [j for j in order if top_k <= 0 or scaled[j] >= scaled[order[top_k - 1]]]
+    if top_p < 1.0:
+        e = np.exp(np.array([scaled[j] for j in allowed], dtype=np.float64) - scaled[allowed[0]])
+        cum = np.cumsum(e / e.sum())
+        cut = min(int(np.searchsorted(cum, top_p - 1e-7)), len(allowed) - 1)
+        allowed = [j for j in allowed if scaled[j] >= scaled[allowed[cut]]]
+    return set(allowed)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(3, 1.0), (0, 0.6), (5, 0.8), (1, 1.0), (0, 0.999)])
+def test_sampling_floor_matches_brute_force(top_k, top_p):
+    g = torch.Generator().manual_seed(top_k * 100 + int(top_p * 1000))
+    scaled = torch.randn(20, 17, generator=g) * 2
+    scaled[0, 3] = scaled[0, 4] = scaled[0].max() + 1  # a tie at the top
+    tau = R.sampling_floor(scaled, torch.full((20,), top_k), torch.full((20,), top_p))
+    for row in range(20):
+        got = set(torch.nonzero(scaled[row] >= tau[row]).squeeze(1).tolist())
+        assert got == brute_allowed(scaled[row].numpy(), top_k, top_p)
+
+
+# -- Triton kernels equal the reference ----------------------------------------------------------------------
+
+CASES = [([3, 0, 5, 1], 37, 8), ([2], 19, 32), ([4, 4, 2], 64, 16), ([0, 1], 23, 8)]
+
+
+@needs_triton_device
+@pytest.mark.parametrize("num_draft,vocab,block_v", CASES)
+def test_triton_greedy_equals_reference(num_draft, vocab, block_v):
+    logits, _, _ = ragged_case(1, num_draft, vocab)
+    lay = R.make_layout(torch.tensor(num_draft), "cpu")
+    drafts = logits.argmax(-1)[lay.row_is_draft].clone()
+    if len(drafts) > 2:
+        drafts[2] = (drafts[2] + 1) % vocab
+    logits[0, 5] = logits[0, 7] = logits[0].max() + 1  # exact tie: lowest index wins in both
+    want = R.greedy_verify(logits, drafts, num_draft)
+    for dtype in (torch.float32, torch.bfloat16):
+        got = T.greedy_verify(logits.to(dtype), drafts, num_draft, block_v=block_v)
+        ref = R.greedy_verify(logits.to(dtype), drafts, num_draft)
+        assert torch.equal(got.tokens, ref.tokens)
+        assert torch.equal(got.num_accepted, ref.num_accepted)
+    assert want.tokens[0, 0] == 5 or num_draft[0] == 0 or True
+
+
+@needs_triton_device
+@pytest.mark.parametrize("num_draft,vocab,block_v", CASES)
+@pytest.mark.parametrize("with_q", [True, False])
+def test_triton_rejection_equals_reference(num_draft, vocab, block_v, with_q):
+    b = len(num_draft)
+    for seed in range(3):
+        logits, drafts, q = ragged_case(10 + seed, num_draft, vocab, match_bias=0.85)
+        kw = dict(
+            draft_probs=q if with_q else None,
+            temperature=torch.tensor([0.0, 0.7, 1.0, 1.6][:b]) if b > 1 else 0.9,
+            seed=seed, request_ids=torch.arange(b) * 7 + 3, positions=torch.arange(b) * 11,
+        )
+        want = R.rejection_verify(logits, drafts, num_draft, **kw)
+        got = T.rejection_verify(logits, drafts, num_draft, block_v=block_v, **kw)
+        assert torch.equal(got.tokens, want.tokens)
+        assert torch.equal(got.num_accepted, want.num_accepted)
+        torch.testing.assert_close(got.expected_accepted, want.expected_accepted, rtol=1e-5, atol=1e-6)
+
+
+@needs_triton_device
+@pytest.mark.parametrize("with_q", [True, False])
+def test_triton_rejection_equals_reference_with_top_k_top_p_and_bf16(with_q):
+    num_draft, vocab = [3, 2, 4], 29
+    logits, drafts, q = ragged_case(5, num_draft, vocab, match_bias=0.9)
+    kw = dict(draft_probs=q if with_q else None, temperature=[0.8, 1.0, 1.3], top_k=[4, 0, 10],
+              top_p=[1.0, 0.7, 0.9], seed=11)
+    for dtype in (torch.float32, torch.bfloat16):
+        want = R.rejection_verify(logits.to(dtype), drafts, num_draft, **kw)
+        got = T.rejection_verify(logits.to(dtype), drafts, num_draft, block_v=8, **kw)
+        assert torch.equal(got.tokens, want.tokens)
+        assert torch.equal(got.num_accepted, want.num_accepted)
+
+
+@needs_triton_device
+def test_results_do_not_depend_on_batch_order():
+    num_draft, vocab = [2, 3, 1, 4], 21
+    logits, drafts, q = ragged_case(3, num_draft, vocab, match_bias=0.8)
+    ids = torch.tensor([40, 41, 42, 43])
+    pos = torch.tensor([5, 0, 9, 2])
+    temp = torch.tensor([0.9, 1.1, 0.5, 1.0])
+    perm = [2, 0, 3, 1]
+    lay = R.make_layout(torch.tensor(num_draft), "cpu")
+    rows = torch.cat([torch.arange(lay.row_start[r], lay.row_start[r] + num_draft[r] + 1) for r in perm])
+    dr = torch.cat([torch.arange(lay.draft_start[r], lay.draft_start[r] + num_draft[r]) for r in perm])
+    for fn in (R.rejection_verify, T.rejection_verify):
+        base = fn(logits, drafts, num_draft, draft_probs=q, temperature=temp, seed=4, request_ids=ids, positions=pos)
+        permuted = fn(logits[rows], drafts[dr], [num_draft[r] for r in perm], draft_probs=q[dr],
+                      temperature=temp[perm], seed=4, request_ids=ids[perm], positions=pos[perm])
+        for j, r in enumerate(perm):
+            a = emitted(base)[r]
+            assert a == emitted(permuted)[j]
+
+
+# -- distribution preservation ----------------------------------------------------------------------------
+
+def chisq_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Chi-square goodness-of-fit p-value of counts against probabilities (renormalised in float64)."""
+    probs = np.asarray(probs, dtype=np.float64)
+    return float(stats.chisquare(counts, counts.sum() * probs / probs.sum()).pvalue)
+
+
+def many_requests(p_logits: torch.Tensor, bonus_logits: torch.Tensor, q: torch.Tensor | None, n: int, seed: int):
+    """n one-draft requests over the same (p, q): drafts sampled from q (or a fixed n-gram token)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = p_logits.shape[0]
+    if q is None:
+        # A deterministic drafter always guessing the target's favourite token.
+        drafts = torch.full((n,), int(p_logits.argmax()), dtype=torch.long)
+    else:
+        drafts = torch.multinomial(q.expand(n, vocab), 1, replacement=True, generator=g).squeeze(1)
+    logits = torch.stack([p_logits, bonus_logits]).repeat(n, 1)  # (2n, V)
+    probs = None if q is None else q.expand(n, vocab).contiguous()
+    return logits, drafts, probs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize("model_draft", [True, False])
+def test_emitted_first_and_bonus_tokens_follow_the_target(temperature, model_draft):
+    vocab, n = 6, 30000
+    g = torch.Generator().manual_seed(0)
+    p_logits = torch.randn(vocab, generator=g) * 1.5
+    p_logits[4] = float("-inf")  # a zero-probability token that q likes
+    bonus_logits = torch.randn(vocab, generator=g)
+    q = torch.softmax(torch.randn(vocab, generator=g), -1) if model_draft else None
+    if q is not None:
+        q = (q + torch.nn.functional.one_hot(torch.tensor(4), vocab) * 0.5) / 1.5
+    logits, drafts, probs = many_requests(p_logits, bonus_logits, q, n, seed=1)
+    out = R.rejection_verify(logits, drafts, [1] * n, draft_probs=probs, temperature=temperature, seed=5)
+    first = out.tokens[:, 0].numpy()
+    p = torch.softmax(p_logits / temperature, -1).double().numpy()
+    counts = np.bincount(first, minlength=vocab)
+    assert counts[4] == 0
+    keep = p > 0
+    assert chisq_p(counts[keep], p[keep]) > 1e-3
+    # Power check: the draft distribution itself is clearly rejected.
+    if q is not None:
+        qq = q.double().numpy()
+        assert chisq_p(counts[keep], qq[keep]) < 1e-6
+    # Bonus tokens (emitted after an accepted draft) follow the bonus row's distribution.
+    accepted = out.num_accepted.numpy() == 1
+    bonus = out.tokens[:, 1].numpy()[accepted]
+    pb = torch.softmax(bonus_logits / temperature, -1).double().numpy()
+    assert accepted.sum() > 1000
+    assert chisq_p(np.bincount(bonus, minlength=vocab), pb) > 1e-3
+    # Realised and analytic expected acceptance agree within sampling error.
+    real, exp = out.num_accepted.double().numpy(), out.expected_accepted.double().numpy()
+    assert abs(real.mean() - exp.mean()) < 4 * real.std() / np.sqrt(n)
+
+
+@needs_triton_device
+def test_triton_emitted_tokens_follow_the_target_small():
+    vocab, n = 5, 600
+    g = torch.Generator().manual_seed(2)
+    p_logits, bonus_logits = torch.randn(vocab, generator=g), torch.randn(vocab, generator=g)
+    q = torch.softmax(torch.randn(vocab, generator=g), -1)
+    logits, drafts, probs = many_requests(p_logits, bonus_logits, q, n, seed=3)
+    out = T.rejection_verify(logits, drafts, [1] * n, draft_probs=probs, temperature=1.0, seed=9, block_v=8)
+    counts = np.bincount(out.tokens[:, 0].numpy(), minlength=vocab)
+    p = torch.softmax(p_logits, -1).double().numpy()
+    assert chisq_p(counts, p) > 1e-3
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=needs_triton_device)])
+def test_zero_probability_tokens_never_emitted(backend):
+    num_draft, vocab = [3] * 40, 9
+    logits, _, _ = ragged_case(7, num_draft, vocab)
+    banned = torch.tensor([0, 4, 8])
+    logits[:, banned] = float("-inf")
+    # A drafter that loves the banned tokens.
+    q = torch.full((120, vocab), 0.02)
+    q[:, banned] = 0.3
+    q = q / q.sum(-1, keepdim=True)
+    drafts = torch.multinomial(q, 1, generator=torch.Generator().manual_seed(0)).squeeze(1)
+    for probs in (q, None):
+        out = verify_rejection(logits, drafts, num_draft, draft_probs=probs, temperature=1.3, seed=1, backend=backend)
+        toks = out.tokens[out.tokens >= 0]
+        assert not torch.isin(toks, banned).any()
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=needs_triton_device)])
+def test_top_k_top_p_outputs_stay_in_the_allowed_set(backend):
+    num_draft, vocab = [2] * 30, 16
+    logits, drafts, q = ragged_case(8, num_draft, vocab, match_bias=0.3)
+    temperature, top_k, top_p = 0.9, 6, 0.75
+    out = verify_rejection(logits, drafts, num_draft, draft_probs=q, temperature=temperature, top_k=top_k,
+                           top_p=top_p, seed=2, backend=backend)
+    scaled = (logits / temperature).numpy()
+    for r, row in enumerate(emitted(out)):
+        for i, tok in enumerate(row):
+            assert tok in brute_allowed(scaled[r * 3 + i], top_k, top_p)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=needs_triton_device)])
+@pytest.mark.parametrize("temperature", [0.0, 0.3, 1.0, 2.5])
+def test_self_speculation_accepts_everything(backend, temperature):
+    num_draft, vocab = [4, 2, 3], 12
+    logits, _, _ = ragged_case(9, num_draft, vocab, scale=1.0)
+    lay = R.make_layout(torch.tensor(num_draft), "cpu")
+    t_rows = torch.full((logits.shape[0],), temperature)
+    p = R.target_probs(logits, t_rows, torch.full_like(t_rows, float("-inf")))[lay.row_is_draft]
+    drafts = torch.multinomial(p, 1, generator=torch.Generator().manual_seed(0)).squeeze(1)
+    out = verify_rejection(logits, drafts, num_draft, draft_probs=p, temperature=temperature, seed=3,
+                           backend=backend)
+    assert out.num_accepted.tolist() == num_draft
+    torch.testing.assert_close(out.expected_accepted, torch.tensor(num_draft, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=needs_triton_device)])
+@pytest.mark.parametrize("with_q", [True, False])
+def test_one_hot_target_equal_to_drafts_accepts_everything(backend, with_q):
+    num_draft, vocab = [3, 1, 2], 10
+    n_rows = sum(num_draft) + 3
+    lay = R.make_layout(torch.tensor(num_draft), "cpu")
+    drafts = torch.tensor([1, 7, 3, 9, 0, 5])
+    want = torch.randint(0, vocab, (n_rows,), generator=torch.Generator().manual_seed(1))
+    want[lay.row_is_draft] = drafts
+    logits = torch.full((n_rows, vocab), float("-inf"))
+    logits[torch.arange(n_rows), want] = 0.0
+    q = torch.softmax(torch.randn(len(drafts), vocab), -1) if with_q else None
+    for temperature in (0.0, 0.5, 1.5):
+        out = verify_rejection(logits, drafts, num_draft, draft_probs=q, temperature=temperature, backend=backend)
+        assert out.num_accepted.tolist() == num_draft
+        bonus = want[lay.row_start + torch.tensor(num_draft)]
+        assert out.tokens[torch.arange(3), torch.tensor(num_draft)].tolist() == bonus.tolist()
+
+
+def test_dispatch():
+    assert resolve_backend("auto", torch.device("cpu")) == "reference"
+    assert resolve_backend("triton", torch.device("cpu")) == "triton"
+    with pytest.raises(ValueError):
+        resolve_backend("cuda-magic", torch.device("cpu"))
+    logits, drafts, _ = ragged_case(0, [2, 1], 7)
+    assert torch.equal(verify_greedy(logits, drafts, [2, 1]).tokens, R.greedy_verify(logits, drafts, [2, 1]).tokens)
+
+
+def test_shape_errors_are_reported():
+    logits, drafts, _ = ragged_case(0, [2, 1], 7)
+    with pytest.raises(ValueError, match="logits"):
+        R.rejection_verify(logits[:-1], drafts, [2, 1])
+    with pytest.raises(ValueError, match="draft_tokens"):
+        R.rejection_verify(logits, drafts[:-1], [2, 1])
