@@ -151,6 +151,16 @@ def thinking_kwargs(tokenizer: Any, thinking: str, *, model_name: str,
     return kwargs
 
 
+def template_drops_tools(template: str, request: ReplayRequest) -> list[str]:
+    """What of `request` a template never reads: "tool calls" and/or "tools schema" (empty: nothing)."""
+    dropped = []
+    if any(m.tool_calls for m in request.messages) and "tool_calls" not in template:
+        dropped.append("tool calls")
+    if request.tools and "tools" not in template_variables(template):
+        dropped.append("tools schema")
+    return dropped
+
+
 def render_prompt(
     request: ReplayRequest,
     tokenizer: Any,
@@ -159,29 +169,27 @@ def render_prompt(
     context_tokens: int,
     model_name: str,
     chat_template_kwargs: Mapping[str, Any] | None = None,
-    allow_dropped_tools: bool = False,
+    strict_tools: bool = False,
 ) -> RenderedPrompt:
     """Render `request` with the target's template, tokenize, and keep the last `context_tokens` tokens.
 
     Left truncation keeps the turn being answered and drops the oldest context (usually the system
-    prompt first); how many tokens went is recorded. A template that would silently drop the request's
-    tool calls or tool schemas (it never reads `tool_calls` / `tools`) is an error naming the model unless
-    `allow_dropped_tools` -- otherwise the prompt would not be the conversation that was recorded.
+    prompt first); how many tokens went is recorded. The template is followed even where it drops
+    something (earlier reasoning, or tool calls and schemas in a template without tool support, e.g.
+    SmolLM2): a serving engine applies the same template, so that is the traffic the target really sees.
+    `strict_tools` turns a dropped tool call or schema into an error naming the model instead;
+    `template_drops_tools` tells the caller beforehand (`datasets inspect` reports it).
     """
     if context_tokens < 1:
         raise ValueError(f"context_tokens must be >= 1, got {context_tokens}")
     kwargs = thinking_kwargs(tokenizer, thinking, model_name=model_name, chat_template_kwargs=chat_template_kwargs)
     tools = [dict(t) for t in request.tools] or None
     template = chat_template_source(tokenizer, tools=bool(tools))
-    if not allow_dropped_tools:
-        variables = template_variables(template)
-        has_calls = any(m.tool_calls for m in request.messages)
-        if has_calls and "tool_calls" not in template:
-            raise ValueError(f"{model_name}: chat template does not render tool calls, and request "
-                             f"{request.request_id} has some (pass allow_dropped_tools to accept that)")
-        if tools and "tools" not in variables:
-            raise ValueError(f"{model_name}: chat template ignores the tools schema that request "
-                             f"{request.request_id} carries (pass allow_dropped_tools to accept that)")
+    if strict_tools:
+        dropped = template_drops_tools(template, request)
+        if dropped:
+            raise ValueError(f"{model_name}: chat template drops the {' and '.join(dropped)} of request "
+                             f"{request.request_id}")
     messages = [m.to_template() for m in request.messages]
     try:
         text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
