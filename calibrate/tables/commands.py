@@ -127,29 +127,43 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
 
 
 def _render_table(records: Sequence[AcceptanceRecord], segments: bool) -> None:
+    """A rich table for humans. Columns whose value is the same on every row move to the caption, and a
+    target shows its last path part (json / csv keep everything), so it fits a normal terminal."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="acceptance length (pooled AL, 95% CI clustered by conversation; macro = mean over requests)")
-    columns = ["target", "speculator", "k", "thinking", "temp", "dataset"] + (["segment"] if segments else [])
-    columns += ["requests", "steps", "AL", "95% CI", "macro AL"]
-    expected = any(r.expected_acceptance_length is not None for r in records)
-    if expected:
-        columns.append("expected AL")
-    for col in columns:
+    cells: dict[str, list[str]] = {
+        "target": [r.target.rstrip("/").rsplit("/", 1)[-1] for r in records],
+        "speculator": [r.speculator for r in records],
+        "k": [str(r.draft_len) for r in records],
+        "think": [r.thinking for r in records],
+        "temperature": [f"{r.temperature:g}" for r in records],
+        "dataset": [r.dataset for r in records],
+    }
+    if segments:
+        cells["segment"] = [r.segment for r in records]
+    cells["reqs"] = [str(r.requests) for r in records]
+    cells["steps"] = [str(r.steps) for r in records]
+    cells["AL"] = [f"{r.acceptance_length:.3f}" for r in records]
+    cells["95% CI"] = [f"{r.ci_low:.3f}-{r.ci_high:.3f}" for r in records]
+    cells["macro"] = [f"{r.macro_acceptance_length:.3f}" for r in records]
+    if any(r.expected_acceptance_length is not None for r in records):
+        cells["expected"] = ["-" if r.expected_acceptance_length is None else f"{r.expected_acceptance_length:.3f}"
+                                for r in records]
+    constant = [c for c in ("target", "temperature", "dataset") if len(records) > 1 and len(set(cells[c])) == 1]
+    caption = ", ".join(f"{c} {cells[c][0]}" for c in constant)
+    table = Table(title="Acceptance length: pooled AL, 95% CI (bootstrap over conversations), macro AL",
+                  caption=caption or None, box=box.SIMPLE_HEAD, pad_edge=False)
+    shown = [c for c in cells if c not in constant]
+    for col in shown:
         if col in ("target", "speculator", "dataset", "segment"):
             table.add_column(col, overflow="fold")
         else:
             table.add_column(col, justify="right", no_wrap=True)
-    for r in records:
-        cells = [r.target, r.speculator, str(r.draft_len), r.thinking, f"{r.temperature:g}", r.dataset]
-        cells += [r.segment] if segments else []
-        cells += [str(r.requests), str(r.steps), f"{r.acceptance_length:.3f}",
-                  f"[{r.ci_low:.3f}, {r.ci_high:.3f}]", f"{r.macro_acceptance_length:.3f}"]
-        if expected:
-            cells.append("-" if r.expected_acceptance_length is None else f"{r.expected_acceptance_length:.3f}")
-        table.add_row(*cells)
-    Console().print(table, soft_wrap=False)
+    for i in range(len(records)):
+        table.add_row(*(cells[c][i] for c in shown))
+    Console().print(table)
 
 
 def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool = False,

@@ -1,0 +1,150 @@
+"""The show / export / lookup / report commands, through Typer's test runner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from test_tables_support import basic_store
+from typer.testing import CliRunner
+
+from calibrate.tables.commands import SHOW_KEYS, register
+
+Q = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return basic_store(tmp_path_factory.mktemp("cli") / "acceptance.duckdb")
+
+
+def invoke(app: typer.Typer, *args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+def test_the_calibrate_app_has_the_commands() -> None:
+    from calibrate.cli import app as calibrate_app
+
+    out = invoke(calibrate_app, "--help").output
+    for command in ("show", "export", "lookup", "report"):
+        assert command in out
+
+
+def test_show_json_rows_use_the_documented_keys(app: typer.Typer, db: Path) -> None:
+    res = invoke(app, "show", "--db", str(db), "--format", "json", "--bootstrap", "200")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert len(rows) == 5
+    assert all(tuple(row) == SHOW_KEYS for row in rows)
+    assert SHOW_KEYS == ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests",
+                         "steps", "acceptance_length", "ci_low", "ci_high", "macro_acceptance_length")
+    k1 = next(r for r in rows if r["draft_len"] == 1)
+    assert (k1["requests"], k1["steps"]) == (3, 11) and k1["acceptance_length"] == pytest.approx(16 / 11)
+
+
+def test_show_segments_csv_and_table(app: typer.Typer, db: Path) -> None:
+    res = invoke(app, "show", "--db", str(db), "--format", "csv", "--segments", "--model", "smollm2-135m-instruct")
+    lines = res.output.splitlines()
+    assert lines[0].split(",")[:7] == ["target", "speculator", "draft_len", "thinking", "temperature", "dataset", "segment"]
+    assert [line.split(",")[6] for line in lines[1:]] == ["all", "answer"]
+    table = invoke(app, "show", "--db", str(db), "--segments", env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "tool_call" in table.output and "95% CI" in table.output
+    assert "2.400" in table.output and "dataset mini-swe-agent" in table.output  # a shared value moves to the caption
+
+
+def test_show_uses_the_default_database(app: typer.Typer, db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    res = invoke(app, "show")
+    assert res.exit_code == 1 and "tables/acceptance.duckdb" in res.output
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "acceptance.duckdb").write_bytes(db.read_bytes())
+    assert invoke(app, "show", "--format", "json").exit_code == 0
+
+
+def test_export_commands(app: typer.Typer, db: Path, tmp_path: Path) -> None:
+    res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "golden"))
+    assert res.exit_code == 0, res.output
+    curve = yaml.safe_load((tmp_path / "golden" / "qwen2.5-coder-1.5b-instruct_ngram.yaml").read_text())
+    assert curve[Q]["thinking_off"] == {1: 1.45, 3: 2.4}
+    res = invoke(app, "export", "--to", "vllm", "--db", str(db), "--vllm-mode", "rates", "--model", "qwen2.5-coder-1.5b-instruct",
+                 "--speculator", "ngram", "--draft-len", "3", "--thinking", "off")
+    (row,) = json.loads(res.output)
+    assert row["speculative_config"]["synthetic_acceptance_rates"] == [0.6, 0.4667, 0.3333]
+    res = invoke(app, "export", "--to", "parquet", "--db", str(db), "--out", str(tmp_path / "t.parquet"))
+    assert res.exit_code == 0 and (tmp_path / "t.parquet").stat().st_size > 0
+    res = invoke(app, "export", "--to", "sglang", "--db", str(db), "--model", "nobody")
+    assert res.exit_code == 2 and "no model matching 'nobody'" in res.output
+
+
+def test_lookup_formats(app: typer.Typer, db: Path) -> None:
+    base = ["lookup", "--model", "qwen2.5-coder-1.5b-instruct", "--speculator", "ngram", "-k", "3",
+            "--thinking", "off", "--table", str(db)]
+    assert invoke(app, *base).output == "2.40\n"
+    assert json.loads(invoke(app, *base, "--format", "json").output)["histogram"] == [6, 2, 2, 5]
+    assert json.loads(invoke(app, *base, "--format", "vllm-config").output)["synthetic_acceptance_length"] == 2.4
+    assert invoke(app, *base, "--format", "trtllm-env").output.endswith("TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.40\n")
+    assert invoke(app, *base, "--format", "atom-args").output == "--spec-decode-acceptance-length 2.40\n"
+    assert invoke(app, *base, "--format", "llamacpp-args", "--mode", "rates").output == "--spec-synth-rates 0.6000,0.4667,0.3333\n"
+
+
+def test_lookup_sglang_env_can_be_evaled_or_used_as_env_file(app: typer.Typer, db: Path, tmp_path: Path) -> None:
+    base = ["lookup", "--model", Q, "--speculator", "ngram", "-k", "3", "--thinking", "on", "--table", str(db),
+            "--format", "sglang-env"]
+    env_file = invoke(app, *base).output
+    lines = [line for line in env_file.splitlines() if not line.startswith("#")]
+    assert lines == ["SGLANG_SIMULATE_ACC_LEN=2.24", "SGLANG_SIMULATE_ACC_METHOD=match-expected"]
+    script = invoke(app, *base, "--shell").output
+    out = subprocess.run(["bash", "-c", 'eval "$1"; bash -c \'echo "$SGLANG_SIMULATE_ACC_LEN $SGLANG_SIMULATE_ACC_METHOD"\'',
+                          "_", script], capture_output=True, text=True, check=True).stdout
+    assert out == "2.24 match-expected\n"  # exported, so the server process sees them
+
+
+def test_lookup_failures_exit_nonzero_with_what_exists(app: typer.Typer, db: Path, tmp_path: Path) -> None:
+    res = invoke(app, "lookup", "--model", Q, "--speculator", "ngram", "-k", "4", "--thinking", "off", "--table", str(db))
+    assert res.exit_code == 2 and "measured k: 1, 3" in res.output
+    res = invoke(app, "lookup", "--model", Q, "--speculator", "ngram", "-k", "4", "--thinking", "off", "--table", str(db),
+                 "--extrapolate", "--format", "sglang-env")
+    assert res.exit_code == 0 and "EXTRAPOLATED" in res.output and "note: k=4 is extrapolated" in res.output
+    res = invoke(app, "lookup", "--model", Q, "-k", "3", "--thinking", "off", "--table", str(tmp_path / "none.duckdb"))
+    assert res.exit_code == 1 and "no acceptance database" in res.output
+    res = invoke(app, "lookup", "--model", Q, "--table", str(db))
+    assert res.exit_code == 1 and "missing --draft-len, --thinking" in res.output
+
+
+def test_lookup_from_runner_environment(app: typer.Typer, db: Path) -> None:
+    env = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "NUM_SPEC_TOKENS": "3", "THINKING_MODE": "thinking_off",
+           "FRAMEWORK": "dynamo-sglang"}
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), env=env)
+    assert res.exit_code == 0, res.output
+    assert "SGLANG_SIMULATE_ACC_LEN=2.40\n" in res.output
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), env={**env, "FRAMEWORK": "trt"})
+    assert res.output.endswith("TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.40\n")
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), env={**env, "FRAMEWORK": "vllm"})
+    assert json.loads(res.output)["num_speculative_tokens"] == 3
+    res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "MODEL_PREFIX": "smollm2"})
+    assert res.exit_code == 2 and "k=3 not measured for smollm2-135m-instruct with ngram" in res.output
+    assert "measured k: 2" in res.output
+    res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "MODEL_PREFIX": "qwen2.5"})
+    assert res.exit_code == 2 and "several speculators" in res.output
+    res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "FRAMEWORK": "tgi"})
+    assert res.exit_code == 1 and "FRAMEWORK='tgi'" in res.output and "dynamo-sglang" in res.output
+    res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "NUM_SPEC_TOKENS": ""})
+    assert res.exit_code == 1 and "needs NUM_SPEC_TOKENS" in res.output
+
+
+def test_report_writes_pngs(app: typer.Typer, db: Path, tmp_path: Path) -> None:
+    res = invoke(app, "report", "--db", str(db), "--out", str(tmp_path / "report"), "--bootstrap", "100")
+    assert res.exit_code == 0, res.output
+    for name in ("al_vs_k.png", "rates.png"):
+        assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
