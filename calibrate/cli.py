@@ -53,6 +53,10 @@ from calibrate.tables.commands import register as register_tables  # noqa: E402 
 
 register_tables(app)
 
+from calibrate.data.commands import datasets_app  # noqa: E402  (datasets inspect, datasets list)
+
+app.add_typer(datasets_app, name="datasets")
+
 
 def main() -> None:
     app()
