@@ -23,20 +23,14 @@ from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.tables import stats
 from calibrate.tables.store import Store
 
-QUICKSTART = Path(__file__).parents[1] / "data" / "quickstart" / "conversations.jsonl"
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-
-
-def quickstart_prompts(tokenizer, name: str, n: int, context_tokens: int = 512) -> list[list[int]]:
-    loaded = load_conversations(str(QUICKSTART), "openai")
-    requests, _ = select_requests(cut_turns(loaded.conversations), n, seed=0)
-    return [render_prompt(r, tokenizer, thinking="off", context_tokens=context_tokens, model_name=name).ids
-            for r in requests]
 
 
 def test_self_speculation_smollm_accepts_everything(smollm):
     model = load_model(str(smollm), "float32", "cpu")
-    prompts = quickstart_prompts(model.tokenizer, "smollm2", 3)
+    prompts = [model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"Write a Python function that returns the {n}th prime."}],
+        add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] for n in (3, 10, 100)]
     # No EOS: every step is a full one (an EOS-ended last step may accept fewer by construction).
     responses = generate_greedy(model.model, prompts, max_new_tokens=24, eos_token_ids=set())
     ks = [1, 2, 4, 8]
@@ -67,12 +61,13 @@ def test_replay_once_equals_stepwise_loop_on_qwen_pair(qwen_target, qwen_draft, 
     assert sum(per_k[8].hist[1:].sum() for per_k in fast) > 0  # drafts were accepted: not a vacuous match
 
 
-def sweep_config(tmp_path: Path, model: Path, max_requests: int = 4) -> Path:
+def sweep_config(tmp_path: Path, model: Path, source: Path, max_requests: int = 4) -> Path:
+    """SmolLM2's template renders no tool calls, so these runs replay mini-swe-agent's plain-text turns."""
     path = tmp_path / "sweep.toml"
     path.write_text(f"""
 [dataset]
-source = "{QUICKSTART}"
-format = "openai"
+source = "{source}"
+format = "mini-swe-agent"
 max_requests = {max_requests}
 seed = 3
 context_tokens = 512
@@ -106,8 +101,8 @@ def totals(db: Path) -> dict[tuple[str, str, int], list[int]]:
     return out
 
 
-def test_resume_after_interruption_counts_nothing_twice(tmp_path, smollm, monkeypatch):
-    config = load_config(sweep_config(tmp_path, smollm))
+def test_resume_after_interruption_counts_nothing_twice(tmp_path, smollm, mini_swe_dir, monkeypatch):
+    config = load_config(sweep_config(tmp_path, smollm, mini_swe_dir / "original"))
     whole = tmp_path / "whole.duckdb"
     execute(config, whole)
 
@@ -140,9 +135,10 @@ def test_resume_after_interruption_counts_nothing_twice(tmp_path, smollm, monkey
     assert execute(config, resumed).measured == 0
 
 
-def test_cli_run_prints_table_and_json(tmp_path, smollm):
+def test_cli_run_prints_table_and_json(tmp_path, smollm, mini_swe_dir):
     db = tmp_path / "cli.duckdb"
-    result = CliRunner().invoke(app, ["run", str(sweep_config(tmp_path, smollm, 2)), "--db", str(db)])
+    config = sweep_config(tmp_path, smollm, mini_swe_dir / "original", 2)
+    result = CliRunner().invoke(app, ["run", str(config), "--db", str(db)])
     assert result.exit_code == 0, result.output
     shown = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json"])
     assert shown.exit_code == 0, shown.output
