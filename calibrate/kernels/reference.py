@@ -165,6 +165,11 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, floor: torch.T
     return torch.where(greedy.unsqueeze(1), one_hot, p)
 
 
+def _padded(x: torch.Tensor) -> torch.Tensor:
+    """x with one zero row appended, so bonus rows can index row 0 even when a batch has no drafts at all."""
+    return torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
+
+
 def _combine(layout: Layout, draft_tokens: torch.Tensor, rows: RowResult, accept_u: torch.Tensor) -> VerifyOutput:
     """Walk each request's rows: accepted prefix, then the residual/bonus sample of the first non-accepted row."""
     b, max_k = layout.batch, layout.max_k
@@ -183,7 +188,7 @@ def _combine(layout: Layout, draft_tokens: torch.Tensor, rows: RowResult, accept
     grid_acc[r, o] = accept
     grid_alpha[r, o] = alpha
     grid_sample[r, o] = rows.sample
-    grid_draft[r, o] = torch.where(layout.row_is_draft, draft_tokens[layout.row_draft_index], -1)
+    grid_draft[r, o] = torch.where(layout.row_is_draft, _padded(draft_tokens)[layout.row_draft_index], -1)
 
     num_accepted = torch.cumprod(grid_acc.long(), dim=1).sum(dim=1)  # (B,) leading accepts
     expected = torch.cumprod(grid_alpha, dim=1).sum(dim=1)  # (B,)
@@ -254,11 +259,11 @@ def reference_rows(batch: Batch) -> RowResult:
     t_row = batch.temperature[lay.row_request]
     floor = row_floors(batch.logits, lay, batch.temperature, batch.top_k, batch.top_p)
     p = target_probs(batch.logits, t_row, floor)  # (N, V)
-    d = torch.where(lay.row_is_draft, batch.draft_tokens[lay.row_draft_index], 0)  # (N,)
+    d = torch.where(lay.row_is_draft, _padded(batch.draft_tokens)[lay.row_draft_index], 0)  # (N,)
     if batch.draft_probs is None:
         q = torch.zeros_like(p).scatter_(1, d.unsqueeze(1), 1.0)
     else:
-        q = batch.draft_probs.float()[lay.row_draft_index]
+        q = _padded(batch.draft_probs.float())[lay.row_draft_index]
     q = torch.where(lay.row_is_draft.unsqueeze(1), q, 0.0)  # bonus rows: residual = p
     p_d = torch.where(lay.row_is_draft, p.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
     q_d = torch.where(lay.row_is_draft, q.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
@@ -296,7 +301,7 @@ def greedy_verify(logits: torch.Tensor, draft_tokens, num_draft) -> VerifyOutput
     lay = make_layout(num_draft, logits.device)
     draft_tokens = torch.as_tensor(draft_tokens, dtype=torch.int64).to(logits.device)
     argmax = logits.float().argmax(dim=-1)  # (N,)
-    d = torch.where(lay.row_is_draft, draft_tokens[lay.row_draft_index], -1)
+    d = torch.where(lay.row_is_draft, _padded(draft_tokens)[lay.row_draft_index], -1)
     hit = lay.row_is_draft & (d == argmax)
     rows = RowResult(p_draft=hit.float(), q_draft=lay.row_is_draft.float(), sample=argmax)
     out = _combine(lay, draft_tokens, rows, torch.full_like(rows.p_draft, 0.5))

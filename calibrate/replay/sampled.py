@@ -1,0 +1,333 @@
+"""Sampled loop: real batched speculative decoding, measuring acceptance at temperature > 0.
+
+At temperature > 0 there is no replay shortcut: the target's response depends on the random draws, so the
+loop really runs speculative decoding: draft k tokens, verify the k + 1 positions in ONE target forward
+pass, accept by rejection sampling (calibrate.kernels), roll both KV caches back past the rejected tokens,
+repeat. Its output is exactly target-distributed, and each step's accepted count is recorded with the
+shared step rule (calibrate.replay.steps.step_accepted), so the histograms mean the same thing as the
+greedy replay-once engine's. It also records the analytic expected acceptance of each step (running
+product of min(1, p/q), computed by the verification kernel): same mean as the realised counts, lower
+variance. At temperature 0 it is a plain greedy speculative decoder (engine = "loop").
+
+Entry point (what the runner calls, with already-tokenised prompts):
+
+    results = run_sampled(target_model, speculator, prompts, draft_lens=[1, 3, 5], temperature=0.7,
+                          top_p=0.95, top_k=None, max_new_tokens=1024, eos_token_ids={eos}, seed=0,
+                          segment_labeller=labeller, verify_backend="auto", batch_size=8)
+    results[i].counts[k]         -> StepCounts of request i at draft length k
+    results[i].tokens[k]         -> the token ids that run generated (EOS included when it ended)
+    results[i].finish_reason[k]  -> "eos" | "length"
+
+Each k is its own loop run (at temperature > 0 the responses differ per k). `speculator` is
+- a draft model: the lead's DraftModelSpeculator (its `.draft.model` is used) or a bare transformers causal
+  LM (e.g. the target itself, for self-speculation); it drafts in batch with its own KV cache, sampling
+  from softmax(logits / T) (no top-k / top-p: any q is exact, this one is what vLLM's drafters use), and
+  hands q to the verifier; at temperature 0 it drafts its argmax;
+- any other Speculator (n-gram, suffix, ...): `propose(context, k, temperature, generator)` per request
+  and step; its `probs` are used when given, else q = one-hot. Proposals may be shorter than k.
+
+Randomness is counter-based (calibrate.kernels.rng), keyed by (seed, request index in `prompts`,
+position in the response, purpose) for both the draft samples and the verification, so a request's
+outcome does not depend on the batch it ran in or on the backend.
+
+KV caches (`_SlotCache`): one transformers DynamicCache per model, right-padded chunks, a validity mask per
+slot and explicit position ids. Rolling back = marking a request's slots beyond its kept length invalid,
+then cropping the cache to the longest kept request. Slots rejected by some requests while others kept
+theirs remain as masked holes (attention ignores them; they cost memory and attention time, no accuracy).
+Finished requests leave the batch (DynamicCache.batch_select_indices).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from calibrate.kernels import rng, verify_greedy, verify_rejection
+from calibrate.kernels.reference import VerifyOutput
+from calibrate.replay.counts import StepCounts
+from calibrate.replay.steps import step_accepted
+from calibrate.speculators.base import Speculator
+
+
+@dataclass
+class SampledResult:
+    """One request's outcome, per draft length k (each k is its own generation at temperature > 0)."""
+
+    counts: dict[int, StepCounts] = field(default_factory=dict)
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+    finish_reason: dict[int, str] = field(default_factory=dict)  # "eos" | "length"
+
+
+@dataclass
+class StepRecord:
+    """One step of one request, as the step rule saw it."""
+
+    start: int  # response position of the step's first emitted token
+    accepted: int | None  # step_accepted(...); None when censored by max_new_tokens
+    tokens: int  # tokens this step added to the response
+    expected: float  # analytic E[accepted drafts | proposed drafts]
+
+
+def record_step(emitted: Sequence[int], a_true: int, k: int, generated: int, max_new_tokens: int,
+                eos_token_ids: set[int], expected: float) -> tuple[StepRecord, list[int], bool]:
+    """Apply the shared step rule to one verified step.
+
+    emitted: the a_true accepted drafts then the residual / bonus token; generated: response length before
+    the step. Returns the record, the tokens that enter the response (cut at EOS and at the budget) and
+    whether the response ended with EOS.
+    """
+    eos_at = next((j for j, tok in enumerate(emitted) if tok in eos_token_ids), None)
+    budget = max_new_tokens - generated
+    remaining = budget if eos_at is None else min(budget, eos_at + 1)
+    ended = eos_at is not None and eos_at + 1 <= budget
+    accepted = step_accepted(min(a_true, remaining), k, remaining, ended)
+    kept = list(emitted[:remaining])
+    return StepRecord(start=generated, accepted=accepted, tokens=len(kept), expected=expected), kept, ended
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def draft_model_of(speculator) -> torch.nn.Module | None:
+    """The causal LM to draft with in batch, or None for model-free speculators.
+
+    Accepts a bare model, or a speculator exposing `.draft.model` (calibrate.speculators.draft_model).
+    """
+    if isinstance(speculator, torch.nn.Module):
+        return speculator
+    draft = getattr(speculator, "draft", None)
+    model = getattr(draft, "model", None)
+    return model if isinstance(model, torch.nn.Module) else None
+
+
+class _SlotCache:
+    """A batched KV cache with per-request lengths: right-padded chunks, a slot validity mask, crop on rollback."""
+
+    def __init__(self, model: torch.nn.Module, batch: int):
+        self.model = model
+        self.device = _model_device(model)
+        self.cache = DynamicCache()
+        self.valid = torch.zeros((batch, 0), dtype=torch.bool, device=self.device)  # (B, slots)
+        self.lengths = torch.zeros(batch, dtype=torch.int64, device=self.device)  # valid tokens per request
+
+    @torch.inference_mode()
+    def feed(self, chunks: Sequence[Sequence[int]], logits_to_keep: int = 0) -> torch.Tensor:
+        """Append one chunk of tokens per request (may be empty); returns logits (B, n, V) (n = widest chunk).
+
+        With logits_to_keep=1 only the last column's logits are computed (prefill)."""
+        b = len(chunks)
+        width = max(len(c) for c in chunks)
+        ids = torch.zeros((b, width), dtype=torch.int64)
+        new_valid = torch.zeros((b, width), dtype=torch.bool)
+        for r, chunk in enumerate(chunks):
+            ids[r, :len(chunk)] = torch.tensor(list(chunk), dtype=torch.int64)
+            new_valid[r, :len(chunk)] = True
+        ids, new_valid = ids.to(self.device), new_valid.to(self.device)
+        positions = self.lengths.unsqueeze(1) + torch.arange(width, device=self.device).unsqueeze(0)  # (B, n)
+        self.valid = torch.cat([self.valid, new_valid], dim=1)
+        out = self.model(input_ids=ids, attention_mask=self.valid.long(), position_ids=positions,
+                         cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep)
+        self.lengths = self.lengths + new_valid.sum(1)
+        return out.logits
+
+    def truncate(self, keep: torch.Tensor) -> None:
+        """Keep the first keep[r] valid tokens of each request; crop the slots nobody needs any more."""
+        keep = keep.to(self.device)
+        self.valid &= torch.cumsum(self.valid.long(), dim=1) <= keep.unsqueeze(1)
+        self.lengths = torch.minimum(self.lengths, keep)
+        used = torch.nonzero(self.valid.any(0))
+        slots = int(used.max()) + 1 if used.numel() else 0
+        if slots < self.valid.shape[1]:
+            self.cache.crop(slots - self.valid.shape[1])  # transformers 5: a negative count removes slots
+            self.valid = self.valid[:, :slots]
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the given batch rows (finished requests leave)."""
+        rows = rows.to(self.device)
+        self.cache.batch_select_indices(rows)
+        self.valid = self.valid[rows]
+        self.lengths = self.lengths[rows]
+
+
+def _sample_drafts(logits: torch.Tensor, temperature: float, seed: int, request_ids: torch.Tensor,
+                   positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Draft tokens (B,) from logits (B, V), and q = softmax(logits / T) (B, V) at T > 0 (None at T = 0)."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1), None
+    q = torch.softmax(logits.float() / temperature, dim=-1)
+    keys = rng.stream_key(seed, request_ids, positions, rng.DRAFT).to(q.device)
+    return rng.exponential_race(q, keys), q
+
+
+@dataclass
+class _Request:
+    index: int  # position in the caller's prompt list: the random-stream key
+    prompt: list[int]
+    generated: list[int] = field(default_factory=list)
+    records: list[StepRecord] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt + self.generated
+
+
+@torch.inference_mode()
+def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module | None,
+               requests: list[_Request], k: int, temperature: float, top_p: float | None, top_k: int | None,
+               max_new_tokens: int, eos_token_ids: set[int], seed: int, verify_backend: str,
+               generator: torch.Generator) -> None:
+    """Run speculative decoding for one batch of requests at draft length k until each one finishes."""
+    tcache = _SlotCache(target, len(requests))
+    dcache = _SlotCache(draft_model, len(requests)) if draft_model is not None else None
+    # Prefill everything but the last prompt token: the loop invariant is "cache = context[:-pending]".
+    tcache.feed([r.prompt[:-1] for r in requests], logits_to_keep=1)
+    if dcache is not None:
+        dcache.feed([r.prompt[:-1] for r in requests], logits_to_keep=1)
+    active = list(requests)
+    vocab = int(target.config.get_text_config().vocab_size) if hasattr(target.config, "get_text_config") \
+        else int(target.config.vocab_size)
+    device = tcache.device
+    while active:
+        b = len(active)
+        ids = torch.tensor([r.index for r in active], dtype=torch.int64)
+        positions = torch.tensor([len(r.generated) for r in active], dtype=torch.int64)
+
+        # -- draft ------------------------------------------------------------------------------------
+        drafts: list[list[int]]
+        probs: torch.Tensor | None = None  # (B, k, V) when a model drafter sampled
+        if dcache is not None:
+            pending = [r.context[int(n):] for r, n in zip(active, dcache.lengths.tolist())]
+            logits = dcache.feed(pending)  # (B, n, V)
+            last = torch.tensor([len(p) - 1 for p in pending], device=logits.device)
+            step_logits = logits[torch.arange(b, device=logits.device), last]  # (B, V)
+            cols, qs = [], []
+            for i in range(k):
+                tok, q = _sample_drafts(step_logits, temperature, seed, ids, positions + i)
+                cols.append(tok)
+                qs.append(q)
+                if i < k - 1:
+                    step_logits = dcache.feed([[t] for t in tok.tolist()])[:, 0]
+            drafts = torch.stack(cols, dim=1).tolist()  # (B, k)
+            if temperature > 0:
+                probs = torch.stack(qs, dim=1)  # (B, k, Vd)
+                if probs.shape[-1] != vocab:  # draft vocabulary padded / cut to the target's
+                    probs = torch.nn.functional.pad(probs, (0, max(0, vocab - probs.shape[-1])))[..., :vocab]
+        else:
+            drafts, q_list = [], []
+            for r in active:
+                proposal = speculator.propose(r.context, k, temperature, generator)
+                drafts.append([int(t) for t in proposal.tokens[:k]])
+                q_list.append(proposal.probs)
+            if temperature > 0 and any(q is not None for q in q_list):
+                probs = torch.zeros((b, k, vocab), dtype=torch.float32)
+                for j, (q, d) in enumerate(zip(q_list, drafts)):
+                    if q is None:
+                        probs[j, torch.arange(len(d)), torch.tensor(d, dtype=torch.int64)] = 1.0
+                    else:
+                        n = min(q.shape[-1], vocab)
+                        probs[j, :len(d), :n] = q[:len(d), :n].float()
+
+        # -- verify: one target pass over [pending token, drafts] -----------------------------------------
+        pending = [r.context[int(n):] for r, n in zip(active, tcache.lengths.tolist())]  # always 1 token
+        logits = tcache.feed([p + d for p, d in zip(pending, drafts)])  # (B, 1 + max k_r, V)
+        num_draft = torch.tensor([len(d) for d in drafts], dtype=torch.int64)
+        rows = torch.cat([logits[j, len(pending[j]) - 1: len(pending[j]) + len(d)] for j, d in enumerate(drafts)])
+        flat = torch.tensor([t for d in drafts for t in d], dtype=torch.int64, device=device)
+        if temperature <= 0:
+            out: VerifyOutput = verify_greedy(rows, flat, num_draft.to(device), backend=verify_backend)
+        else:
+            flat_q = None
+            if probs is not None:
+                flat_q = torch.cat([probs[j, :len(d)] for j, d in enumerate(drafts)]).to(device)
+            out = verify_rejection(rows, flat, num_draft.to(device), backend=verify_backend,
+                                   draft_probs=flat_q, temperature=temperature, top_k=top_k, top_p=top_p,
+                                   seed=seed, request_ids=ids.to(device), positions=positions.to(device))
+        accepted = out.num_accepted.tolist()
+        tokens = out.tokens.tolist()
+        expected = out.expected_accepted.tolist()
+
+        # -- record, extend responses, roll caches back -----------------------------------------------
+        still = []
+        for j, r in enumerate(active):
+            a = accepted[j]
+            rec, kept, ended = record_step(tokens[j][:a + 1], a, k, len(r.generated), max_new_tokens,
+                                           eos_token_ids, expected[j])
+            r.records.append(rec)
+            r.generated.extend(kept)
+            if ended:
+                r.finish_reason = "eos"
+            elif len(r.generated) >= max_new_tokens:
+                r.finish_reason = "length"
+            else:
+                still.append(j)
+        # Target keeps pending + accepted drafts (the emitted sample is next step's pending token).
+        tcache.truncate(tcache.lengths.new_tensor([len(r.context) - 1 for r in active]))
+        if dcache is not None:
+            # The draft saw pending + d_0..d_{k-2}; it keeps the accepted ones among those.
+            fed = [int(n) for n in dcache.lengths.tolist()]
+            keep = [min(f, len(r.context) - 1) for f, r in zip(fed, active)]
+            dcache.truncate(dcache.lengths.new_tensor(keep))
+        if len(still) < b:
+            sel = torch.tensor(still, dtype=torch.int64)
+            if still:
+                tcache.select(sel)
+                if dcache is not None:
+                    dcache.select(sel)
+            active = [active[j] for j in still]
+
+
+def run_sampled(
+    target_model: torch.nn.Module,
+    speculator: Speculator | torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    draft_lens: Sequence[int],
+    temperature: float,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    max_new_tokens: int,
+    eos_token_ids: set[int],
+    seed: int,
+    segment_labeller: Callable[[list[int]], list[str]] | None = None,
+    verify_backend: str = "auto",
+    batch_size: int = 8,
+) -> list[SampledResult]:
+    """Run the speculative-decoding loop once per k over all prompts; see the module docstring.
+
+    Returns one SampledResult per prompt, in order. `segment_labeller(tokens)` labels each generated
+    token (thinking / answer / tool_call); a step belongs to the segment of its first emitted token;
+    without it everything is "answer".
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if any(k < 1 for k in draft_lens):
+        raise ValueError(f"draft lengths must be >= 1, got {list(draft_lens)}")
+    if any(len(p) < 1 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    draft_model = draft_model_of(speculator)
+    if draft_model is None and not isinstance(speculator, Speculator):
+        raise TypeError(f"speculator must be a Speculator or a causal LM, got {type(speculator).__name__}")
+    results = [SampledResult() for _ in prompts]
+    for k in draft_lens:
+        generator = torch.Generator().manual_seed(seed * 1000003 + k)  # only for model-free speculators' propose
+        for start in range(0, len(prompts), batch_size):
+            batch = [_Request(index=i, prompt=list(prompts[i]))
+                     for i in range(start, min(start + batch_size, len(prompts)))]
+            _run_batch(target_model, speculator, draft_model, batch, k, temperature, top_p, top_k,
+                       max_new_tokens, eos_token_ids, seed, verify_backend, generator)
+            for r in batch:
+                labels = segment_labeller(r.generated) if segment_labeller is not None else None
+                counts = StepCounts(draft_len=k)
+                for rec in r.records:
+                    segment = labels[rec.start] if labels is not None else "answer"
+                    counts.add_step(segment, rec.accepted, rec.tokens, rec.expected)
+                res = results[r.index]
+                res.counts[k] = counts
+                res.tokens[k] = r.generated
+                res.finish_reason[k] = r.finish_reason or "length"
+    return results

@@ -1,0 +1,216 @@
+"""The sampled loop engine: KV rollback, the step rule, distribution, expected acceptance, speculators."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from transformers import GenerationConfig
+
+from calibrate.replay.sampled import SampledResult, draft_model_of, record_step, run_sampled
+from calibrate.speculators.base import Proposal, Speculator
+from tests.conftest import tiny_llama
+
+EOS = 96  # tiny_llama's eos_token_id (vocab_size - 1)
+PROMPTS = [[1, 5, 9, 13, 2, 7], [3, 4], [8, 8, 8, 8, 8, 8, 8, 8, 8, 1, 2, 3]]
+
+
+def peaky(model, scale: float):
+    """Sharpen a random model's next-token distributions so greedy runs and acceptances are non-trivial."""
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+@pytest.fixture(scope="module")
+def target():
+    return peaky(tiny_llama(seed=0), 30.0)
+
+
+@pytest.fixture(scope="module")
+def near_draft(target):
+    """A draft that agrees with the target often, not always: the target with a perturbed output layer."""
+    draft = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        w = draft.lm_head.weight
+        w.add_(torch.randn(w.shape, generator=g) * w.std() * 0.6)
+    return draft
+
+
+def greedy_reference(model, prompt, max_new_tokens, eos=EOS):
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=0)
+    out = model.generate(torch.tensor([prompt]), generation_config=config)[0, len(prompt):].tolist()
+    return out[:out.index(eos) + 1] if eos in out else out
+
+
+def totals(result: SampledResult, k: int) -> tuple[np.ndarray, int, float]:
+    c = result.counts[k]
+    exp = sum(s.expected_accepted or 0.0 for s in c.segments.values())
+    return c.hist, c.tokens, exp
+
+
+# -- the step rule as the loop applies it ---------------------------------------------------------------------
+
+def test_record_step_plain_accept_and_reject():
+    rec, kept, ended = record_step([5, 6, 7], 2, 4, generated=0, max_new_tokens=100, eos_token_ids={9}, expected=1.5)
+    assert (rec.accepted, rec.tokens, kept, ended, rec.expected) == (2, 3, [5, 6, 7], False, 1.5)
+
+
+def test_record_step_eos_inside_accepted_drafts():
+    # EOS is the 2nd accepted draft: the response ends there; the step accepted 1 draft plus EOS as its bonus.
+    rec, kept, ended = record_step([5, 9, 7, 8], 3, 3, generated=4, max_new_tokens=100, eos_token_ids={9},
+                                   expected=2.0)
+    assert (rec.accepted, rec.tokens, kept, ended) == (1, 2, [5, 9], True)
+
+
+def test_record_step_budget_censors_unknown_outcome():
+    # 2 tokens of budget, all 3 drafts accepted: only 2 visible, fewer than k checked -> censored.
+    rec, kept, ended = record_step([5, 6, 7, 8], 3, 3, generated=8, max_new_tokens=10, eos_token_ids={9},
+                                   expected=2.0)
+    assert (rec.accepted, rec.tokens, kept, ended) == (None, 2, [5, 6], False)
+    # A rejection seen inside the budget is a known outcome.
+    rec, kept, _ = record_step([5, 6], 1, 3, generated=8, max_new_tokens=10, eos_token_ids={9}, expected=1.0)
+    assert (rec.accepted, kept) == (1, [5, 6])
+    # EOS beyond the budget does not end the response.
+    rec, kept, ended = record_step([5, 9], 1, 3, generated=9, max_new_tokens=10, eos_token_ids={9}, expected=1.0)
+    assert (kept, ended) == ([5], False)
+
+
+# -- KV rollback: temperature 0 reproduces plain greedy decoding ---------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_loop_at_temperature_zero_equals_plain_greedy(target, near_draft, k):
+    results = run_sampled(target, near_draft, PROMPTS, draft_lens=[k], temperature=0.0, max_new_tokens=24,
+                          eos_token_ids={EOS}, seed=0, batch_size=3)
+    accepted_any = 0
+    for prompt, res in zip(PROMPTS, results):
+        want = greedy_reference(target, prompt, 24)
+        assert res.tokens[k] == want
+        hist, tokens, _ = totals(res, k)
+        assert tokens == len(want)
+        accepted_any += int((hist[1:]).sum())
+        assert res.finish_reason[k] == ("eos" if want[-1] == EOS else "length")
+    assert accepted_any > 0  # the draft really was accepted sometimes, so rollback paths ran
+
+
+def test_loop_with_ngram_speculator_equals_plain_greedy(target):
+    from calibrate.speculators.ngram import NgramSpeculator
+
+    prompts = [[4, 5, 6, 7, 4, 5, 6, 7, 4, 5], [9, 9, 9, 9, 9]]
+    results = run_sampled(target, NgramSpeculator(max_n=3, min_n=1), prompts, draft_lens=[2, 4],
+                          temperature=0.0, max_new_tokens=16, eos_token_ids={EOS}, seed=0, batch_size=2)
+    for prompt, res in zip(prompts, results):
+        for k in (2, 4):
+            assert res.tokens[k] == greedy_reference(target, prompt, 16)
+
+
+def test_batching_does_not_change_results(target, near_draft):
+    kw = dict(draft_lens=[3], temperature=0.9, max_new_tokens=16, eos_token_ids={EOS}, seed=7)
+    batched = run_sampled(target, near_draft, PROMPTS, batch_size=3, **kw)
+    single = run_sampled(target, near_draft, PROMPTS, batch_size=1, **kw)
+    for a, b in zip(batched, single):
+        assert a.tokens[3] == b.tokens[3]
+        assert a.counts[3].hist.tolist() == b.counts[3].hist.tolist()
+    other_seed = run_sampled(target, near_draft, PROMPTS, batch_size=3, **{**kw, "seed": 8})
+    assert any(a.tokens[3] != b.tokens[3] for a, b in zip(batched, other_seed))
+
+
+# -- sampling ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1.5])
+def test_self_speculation_accepts_everything(target, temperature):
+    results = run_sampled(target, target, PROMPTS, draft_lens=[3], temperature=temperature, max_new_tokens=20,
+                          eos_token_ids={EOS}, seed=1, batch_size=3)
+    for res in results:
+        hist, tokens, expected = totals(res, 3)
+        assert hist[:3].sum() == 0  # every known step accepted all k drafts (EOS-ended steps excepted below)
+        assert expected == pytest.approx(3.0 * hist.sum(), rel=1e-4)
+        assert tokens == len(res.tokens[3])
+
+
+def test_first_token_follows_the_target_distribution(target, near_draft):
+    prompt, n, temperature = [3, 1, 4, 1, 5], 300, 1.5
+    results = run_sampled(target, near_draft, [prompt] * n, draft_lens=[2], temperature=temperature,
+                          max_new_tokens=1, eos_token_ids=set(), seed=3, batch_size=n)
+    first = np.array([r.tokens[2][0] for r in results])
+    with torch.no_grad():
+        p = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double() / temperature, -1).numpy()
+    # Pool tokens with small expected counts so the chi-square approximation holds.
+    big = n * p >= 5
+    counts = np.array([(first == j).sum() for j in np.flatnonzero(big)] + [(~big[first]).sum()])
+    probs = np.append(p[big], p[~big].sum())
+    assert stats.chisquare(counts, counts.sum() * probs / probs.sum()).pvalue > 1e-3
+
+
+@pytest.mark.slow
+def test_realised_and_expected_acceptance_agree(target, near_draft):
+    results = run_sampled(target, near_draft, PROMPTS * 4, draft_lens=[4], temperature=1.0, max_new_tokens=60,
+                          eos_token_ids=set(), seed=11, batch_size=12)
+    realised, expected = [], []
+    for res in results:
+        for seg in res.counts[4].segments.values():
+            realised.append(float((seg.hist * np.arange(5)).sum()))
+            expected.append(seg.expected_accepted or 0.0)
+    steps = sum(int(r.counts[4].hist.sum()) for r in results)
+    assert steps > 200
+    real, exp = sum(realised), sum(expected)
+    mean = real / steps
+    assert 0.3 < mean < 3.7  # a non-degenerate acceptance regime
+    # Per-step accepted counts have variance <= k^2 / 4; allow 4 standard errors.
+    assert abs(real - exp) / steps < 4 * 2.0 / np.sqrt(steps)
+
+
+def test_top_k_one_is_greedy(target, near_draft):
+    sampled = run_sampled(target, near_draft, PROMPTS, draft_lens=[2], temperature=1.0, top_k=1,
+                          max_new_tokens=12, eos_token_ids={EOS}, seed=0, batch_size=3)
+    for prompt, res in zip(PROMPTS, sampled):
+        assert res.tokens[2] == greedy_reference(target, prompt, 12)
+
+
+class _ProbSpeculator(Speculator):
+    """A model-free speculator that reports a uniform q: exercises the generic propose() path with probs."""
+
+    @property
+    def name(self) -> str:
+        return "uniform"
+
+    def propose(self, context, k, temperature=0.0, generator=None) -> Proposal:
+        tokens = torch.randint(0, 97, (k,), generator=generator).tolist()
+        return Proposal(tokens=tokens, probs=torch.full((k, 97), 1 / 97))
+
+
+def test_generic_speculator_with_probs_and_segments(target):
+    labeller = lambda toks: ["thinking" if i < 5 else "answer" for i in range(len(toks))]  # noqa: E731
+    results = run_sampled(target, _ProbSpeculator(), PROMPTS, draft_lens=[2], temperature=1.0, max_new_tokens=10,
+                          eos_token_ids={EOS}, seed=0, segment_labeller=labeller)
+    for res in results:
+        c = res.counts[2]
+        assert set(c.segments) <= {"thinking", "answer"}
+        assert c.segments["thinking"].tokens >= 5
+        assert c.tokens == len(res.tokens[2])
+
+
+def test_draft_model_of():
+    model = tiny_llama()
+    assert draft_model_of(model) is model
+
+    class Wrapper:
+        class draft:  # noqa: N801 - mimics DraftModelSpeculator.draft (a LoadedModel)
+            pass
+
+    Wrapper.draft.model = model
+    assert draft_model_of(Wrapper()) is model
+    assert draft_model_of(object()) is None
+
+
+def test_bad_arguments(target):
+    with pytest.raises(ValueError):
+        run_sampled(target, target, PROMPTS, draft_lens=[0], temperature=1.0, max_new_tokens=4,
+                    eos_token_ids=set(), seed=0)
+    with pytest.raises(TypeError):
+        run_sampled(target, object(), PROMPTS, draft_lens=[1], temperature=1.0, max_new_tokens=4,
+                    eos_token_ids=set(), seed=0)
