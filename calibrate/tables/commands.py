@@ -18,7 +18,8 @@ from typing import Any, Optional
 import typer
 
 from calibrate.tables import exports, query
-from calibrate.tables.lookup import DEFAULT_TABLE, AmbiguousMatch, NotMeasured, lookup as lookup_record, match_target, normalize_thinking
+from calibrate.tables.lookup import DEFAULT_TABLE, match_target, normalize_thinking
+from calibrate.tables.lookup import lookup as lookup_record
 from calibrate.tables.records import AcceptanceRecord
 from calibrate.tables.store import connect
 
@@ -212,7 +213,8 @@ def register(app: typer.Typer) -> None:
     def show(
         db: Path = db_opt,
         format: ShowFormat = typer.Option(ShowFormat.table, "--format", help="table (rich), json or csv."),
-        segments: bool = typer.Option(False, "--segments", help="Also one row per segment (thinking/answer/tool_call)."),
+        segments: bool = typer.Option(False, "--segments",
+                                      help="Also one row per segment (thinking/answer/tool_call)."),
         model: Optional[str] = model_opt,
         speculator: Optional[list[str]] = spec_opt,
         draft_len: Optional[list[int]] = k_opt,
@@ -274,7 +276,8 @@ def register(app: typer.Typer) -> None:
         segment: str = typer.Option("all", "--segment", help="all, thinking, answer or tool_call."),
         extrapolate: bool = typer.Option(False, "--extrapolate",
                                          help="Model an unmeasured k from the measured curve (flagged)."),
-        mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode", help="vllm-config / llamacpp-args / atom-args form."),
+        mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode",
+                                  help="length or rates: vllm-config / llamacpp-args / atom-args form."),
         shell: bool = typer.Option(False, "--shell", help="Env formats: prefix lines with `export` for eval."),
         from_env: bool = typer.Option(False, "--from-env",
                                       help="Read MODEL_PREFIX, NUM_SPEC_TOKENS, THINKING_MODE, FRAMEWORK."),
@@ -353,4 +356,4 @@ def render_lookup(record: AcceptanceRecord, fmt: LookupFormat, mode: str = "leng
     return " ".join(record.llamacpp_args(mode)) + "\n"
 
 
-__all__ = ["register", "print_table", "render_lookup", "show_rows", "AmbiguousMatch", "NotMeasured"]
+__all__ = ["register", "print_table", "render_lookup", "show_rows"]

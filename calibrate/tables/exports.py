@@ -11,14 +11,15 @@ import csv
 import io
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import date
 from pathlib import Path
+from typing import Any
 
 from calibrate import __version__
 from calibrate.tables.lookup import EXPORT_SCHEMA
-from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, AcceptanceRecord, _fmt
+from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, AcceptanceRecord
 
 ENGINE_FORMATS = ("inferencex", "vllm", "sglang", "trtllm", "atom", "llamacpp")
 TABLE_FORMATS = ("csv", "parquet", "json")
@@ -108,7 +109,8 @@ def render_vllm(records: Sequence[AcceptanceRecord], mode: str) -> str:
     return json.dumps(rows, indent=2) + "\n"
 
 
-def _blocks(records: Sequence[AcceptanceRecord], body) -> str:  # noqa: ANN001 - a record -> text callable
+def _blocks(records: Sequence[AcceptanceRecord], body: Callable[[AcceptanceRecord], str]) -> str:
+    """Per record: a comment naming its key, then the engine lines (an env file / args catalogue)."""
     return "\n".join(f"# {_label(r)}\n{body(r)}" for r in _overall(records))
 
 
@@ -129,7 +131,7 @@ def render_llamacpp(records: Sequence[AcceptanceRecord], mode: str) -> str:
     return _blocks(records, lambda r: " ".join(r.llamacpp_args(mode)) + "\n")
 
 
-def table_rows(records: Sequence[AcceptanceRecord]) -> list[dict]:
+def table_rows(records: Sequence[AcceptanceRecord]) -> list[dict[str, Any]]:
     return [r.to_dict() for r in records]
 
 
@@ -222,7 +224,3 @@ def export(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return None
-
-
-def generated_at() -> str:
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()

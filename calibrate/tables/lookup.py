@@ -203,12 +203,16 @@ def resolve(
         speculator = specs[0]
     found = [e for e in rows if e.speculator.lower() == speculator.strip().lower()]
     if not found:
-        raise NotMeasured(f"speculator {speculator!r} not measured for {target}; measured: {_choices(rows, 'speculator')}")
+        raise NotMeasured(
+            f"speculator {speculator!r} not measured for {target}; measured: {_choices(rows, 'speculator')}"
+        )
     rows = found
     what = f"{target} with {rows[0].speculator}"
     found = [e for e in rows if e.thinking == mode]
     if not found:
-        raise NotMeasured(f"thinking={mode} not measured for {what}; measured thinking modes: {_choices(rows, 'thinking')}")
+        raise NotMeasured(
+            f"thinking={mode} not measured for {what}; measured thinking modes: {_choices(rows, 'thinking')}"
+        )
     rows = found
     what += f", thinking={mode}"
     if dataset is not None:

@@ -130,7 +130,9 @@ def load_records(
         return []
     seg_sets = "(key_ix, segment), (key_ix)" if segments else "(key_ix)"
     # Overall = sum over segments: the grouping set without `segment` is the 'all' row.
-    seg_expr = f"CASE WHEN GROUPING(segment) = 1 THEN '{SEGMENT_ALL}' ELSE segment END" if segments else f"'{SEGMENT_ALL}'"
+    seg_expr = (
+        f"CASE WHEN GROUPING(segment) = 1 THEN '{SEGMENT_ALL}' ELSE segment END" if segments else f"'{SEGMENT_ALL}'"
+    )
     totals = con.execute(
         f"""{keyed}
         SELECT key_ix, {seg_expr},

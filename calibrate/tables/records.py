@@ -9,7 +9,6 @@ vLLM) come from `calibrate.tables.stats`.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
@@ -210,6 +209,7 @@ def extrapolate(base: AcceptanceRecord, draft_len: int) -> AcceptanceRecord:
 
     Positions the curve covers come from it; past its end the curve continues with the iid rate fitted to
     base's histogram (Leviathan et al. 2023). No CI: this is a model of the curve, not a measurement.
+    Sample sizes and provenance stay those of `base`, the measurement it rests on.
     """
     if not base.histogram:
         raise ValueError("can only extrapolate from a measured record")
@@ -237,7 +237,3 @@ def extrapolate(base: AcceptanceRecord, draft_len: int) -> AcceptanceRecord:
         extrapolated=True,
         extrapolation_method=method,
     )
-
-
-def record_json(record: AcceptanceRecord) -> str:
-    return json.dumps(record.to_dict(), sort_keys=False, indent=2)
