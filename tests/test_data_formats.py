@@ -260,3 +260,22 @@ def test_manifest_names_resolve_and_are_valid(tmp_path, monkeypatch):
     bad.write_text('[x]\nhf_id = "a/b"\nformat = "nope"\nsplit = "t"\nlicence = ""\nhas_reasoning = false\nnotes = ""\n')
     with pytest.raises(ValueError, match="nope"):
         load_manifest(bad)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines=st.lists(st.one_of(json_values.map(json.dumps), rowish.map(json.dumps), st.text(max_size=30)),
+                      min_size=1, max_size=4))
+def test_loading_random_jsonl_never_crashes(lines):
+    """The whole path (file reading, detection, adapters): every line is a conversation or a problem."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "random.jsonl"
+        path.write_text("\n".join(line.replace("\n", " ") for line in lines) + "\n")
+        result = load_conversations(str(path))
+        nonblank = sum(1 for line in lines if line.replace("\n", " ").strip())
+        if result.format:  # detected: one outcome per row
+            assert len(result.conversations) + len(result.problems) == nonblank
+        else:  # nothing recognisable: the file is one problem
+            assert result.conversations == [] and len(result.problems) == 1
+        assert all("adapter error" not in p.reason for p in result.problems)

@@ -90,3 +90,14 @@ def test_label_segments_starts_thinking_when_template_opens_the_block(qwen_tok):
     # a non-thinking template cannot be asked to think
     with pytest.raises(ValueError, match="qwen2.5"):
         label_segments(ids, qwen_tok, thinking="on", model_name="qwen2.5")
+
+
+def test_label_segments_one_label_per_token_on_random_ids(qwen_tok):
+    import random
+
+    rng = random.Random(0)
+    vocab = len(qwen_tok)
+    for _ in range(20):
+        ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
+        labels = label_segments(ids, qwen_tok, thinking="off")
+        assert len(labels) == len(ids) and set(labels) <= set(SEGMENTS)

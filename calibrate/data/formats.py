@@ -371,7 +371,7 @@ def detect_format(row: Mapping[str, Any]) -> str | None:
         return None
     if "info" in row and any(isinstance(m, Mapping) and "extra" in m for m in messages):
         return "mini-swe-agent"
-    roles = {m.get("role") for m in messages if isinstance(m, Mapping)}
+    roles = {m.get("role") for m in messages if isinstance(m, Mapping) and isinstance(m.get("role"), str)}
     if "available_tools" in row or "function" in roles:
         return "toucan"
     if row.get("tools") or "tool" in roles or any(
