@@ -43,6 +43,11 @@ def test_expected_acceptance_length() -> None:
     assert stats.expected_acceptance_length(7.5, 10) == pytest.approx(1.75)
 
 
+def test_engine_units() -> None:
+    assert stats.mean_accepted_drafts(stats.acceptance_length(H)) == pytest.approx(1.0)  # TensorRT-LLM: AL - 1
+    assert stats.mean_acceptance_rate(stats.acceptance_length(H), 3) == pytest.approx(1 / 3)  # ATOM: (AL - 1) / k
+
+
 def test_rates_round_trip_through_probability_histogram() -> None:
     p = stats.histogram_from_rates([0.6, 0.3, 0.1])
     np.testing.assert_allclose(p, [0.4, 0.3, 0.2, 0.1])

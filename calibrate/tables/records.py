@@ -10,7 +10,7 @@ vLLM) come from `calibrate.tables.stats`.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -103,12 +103,12 @@ class AcceptanceRecord:
     @property
     def accepted_drafts(self) -> float:
         """Mean accepted drafts per step, AL - 1: TensorRT-LLM's unit."""
-        return round(self.al - 1.0, LENGTH_DIGITS)
+        return round(float(stats.mean_accepted_drafts(self.al)), LENGTH_DIGITS)
 
     @property
     def acceptance_rate(self) -> float:
         """Mean acceptance rate per draft, (AL - 1) / k: ATOM's rate unit."""
-        return (self.al - 1.0) / self.draft_len
+        return float(stats.mean_acceptance_rate(self.al, self.draft_len))
 
     @property
     def rates(self) -> tuple[float, ...]:
@@ -185,11 +185,6 @@ class AcceptanceRecord:
         out["histogram"] = tuple(int(x) for x in out["histogram"])
         return cls(**out)
 
-    def with_key(self, **changes: Any) -> AcceptanceRecord:
-        data = asdict(self)
-        data.update(changes)
-        return AcceptanceRecord(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
-
 
 def _plain(value: Any) -> Any:
     """numpy / pyarrow scalars and arrays -> Python; NaN -> None (a missing value, not a number)."""
@@ -224,7 +219,8 @@ def extrapolate(base: AcceptanceRecord, draft_len: int) -> AcceptanceRecord:
             f"with the fitted iid rate {alpha:.4f} (Leviathan et al. 2023)"
         )
     cond = stats.conditional_rates(stats.histogram_from_rates(rates))
-    return base.with_key(
+    return replace(
+        base,
         draft_len=draft_len,
         histogram=(),
         acceptance_length=float(stats.acceptance_length_from_rates(rates)),

@@ -239,3 +239,15 @@ def summarize(
         rates_ci_high=tuple(float(x) for x in np.atleast_1d(rate_high)),
         conditional_rates=tuple(None if np.isnan(x) else float(x) for x in cond),
     )
+
+
+def mean_accepted_drafts(al: ArrayLike) -> np.ndarray | float:
+    """Accepted drafts per step, AL - 1: the unit of TensorRT-LLM's forced acceptance (no bonus token)."""
+    out = np.asarray(al, dtype=np.float64) - 1.0
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def mean_acceptance_rate(al: ArrayLike, k: int) -> np.ndarray | float:
+    """Accepted drafts per proposed draft, (AL - 1) / k: ATOM's --spec-decode-acceptance-rate."""
+    out = (np.asarray(al, dtype=np.float64) - 1.0) / k
+    return float(out) if np.ndim(out) == 0 else out
