@@ -170,3 +170,19 @@ def test_template_without_tool_support_is_followed_unless_strict(smollm):
     assert "ls" not in followed.text and "out" in followed.text  # what a serving engine would send, too
     with pytest.raises(ValueError, match="smollm2.*tool calls and tools schema"):
         render_prompt(req, tok, thinking="off", context_tokens=4096, model_name="smollm2", strict_tools=True)
+
+
+# gpt-oss style: the model reasons in an analysis channel it opens itself; no on/off switch exists.
+HARMONY = ("{%- for m in messages %}<|start|>{{ m.role }}"
+           "{%- if m.thinking %}<|channel|>analysis<|message|>{{ m.thinking }}<|end|><|start|>{{ m.role }}{%- endif %}"
+           "<|message|>{{ m.content }}<|end|>{%- endfor %}"
+           "{%- if add_generation_prompt %}<|start|>assistant{%- endif %}")
+
+
+def test_harmony_template_always_thinks(qwen_tok, request_):
+    tok = with_template(qwen_tok, HARMONY)
+    assert detect_thinking_switch(tok).kind == "always-thinking (harmony)"
+    on = render_prompt(request_, tok, thinking="on", context_tokens=4096, model_name="gpt-oss-like")
+    assert on.text.endswith("<|start|>assistant") and not on.opens_thinking  # the model opens the channel itself
+    with pytest.raises(ValueError, match="gpt-oss-like"):
+        render_prompt(request_, tok, thinking="off", context_tokens=4096, model_name="gpt-oss-like")

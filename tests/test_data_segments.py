@@ -101,3 +101,15 @@ def test_label_segments_one_label_per_token_on_random_ids(qwen_tok):
         ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
         labels = label_segments(ids, qwen_tok, thinking="off")
         assert len(labels) == len(ids) and set(labels) <= set(SEGMENTS)
+
+
+def test_label_text_harmony_channels():
+    from calibrate.data.render import THINK_MARKERS
+    from calibrate.data.segments import HARMONY_TOOL_MARKERS
+
+    harmony_think = [p for p in THINK_MARKERS if p[0].startswith("<|channel|>")]
+    pieces = ["<|channel|>", "analysis", "<|message|>", "need ls", "<|end|>", "<|start|>", "assistant", " to",
+              "=functions.bash", "<|channel|>", "commentary json", "<|message|>", '{"cmd":"ls"}', "<|call|>"]
+    labels = label_text(pieces, starts_in_thinking=False, think=harmony_think, tools=HARMONY_TOOL_MARKERS)
+    # " to" starts one character before the marker "to=functions.", so it stays answer
+    assert labels == [T, T, T, T, T, A, A, A, C, C, C, C, C, C]

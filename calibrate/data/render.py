@@ -6,7 +6,9 @@ reads (jinja2's `meta.find_undeclared_variables`):
     enable_thinking   Qwen3, GLM-4.5+, SmolLM3, Hunyuan ...   on -> enable_thinking=True, off -> False
     thinking          DeepSeek V3.1                           on -> thinking=True,        off -> False
 
-A template with no switch is one of two kinds, told apart by rendering a probe generation prompt:
+A harmony template (gpt-oss) always reasons in its analysis channel: it honours "on" only
+(`reasoning_effort` in chat_template_kwargs sets the effort). Any other template with no switch is one of
+two kinds, told apart by rendering a probe generation prompt:
   * it opens a think block by itself (DeepSeek-R1, QwQ): an always-thinking model, honours "on" only;
   * it does not (Qwen2.5-Coder, SmolLM2, Llama 3): a non-thinking model, honours "off" only.
 Asking for a mode the template cannot honour is a ValueError naming the model, never a silent no-op.
@@ -38,7 +40,9 @@ THINK_MARKERS: tuple[tuple[str, str], ...] = (
     ("<think>", "</think>"),
     ("<seed:think>", "</seed:think>"),
     ("◁think▷", "◁/think▷"),
+    ("<|channel|>analysis<|message|>", "<|end|>"),  # gpt-oss (harmony): the analysis channel
 )
+HARMONY_ANALYSIS = "<|channel|>analysis"
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class RenderedPrompt:
 class ThinkingSwitch:
     """How a template turns thinking on and off: the kwargs per mode (None: the mode cannot be honoured)."""
 
-    kind: str  # "enable_thinking" | "thinking" | "always-thinking" | "non-thinking" | "override"
+    kind: str  # "enable_thinking" | "thinking" | "always-thinking" | "always-thinking (harmony)" | "non-thinking"
     modes: dict[str, dict[str, Any] | None]
 
     def kwargs(self, thinking: str, model_name: str) -> dict[str, Any]:
@@ -128,6 +132,9 @@ def detect_thinking_switch(tokenizer: Any, *, model_name: str = "model") -> Thin
     for variable, modes in SWITCHES:
         if variable in variables:
             return ThinkingSwitch(kind=variable, modes=dict(modes))
+    if HARMONY_ANALYSIS in template:
+        # gpt-oss always reasons in its analysis channel; reasoning_effort sets how much, not whether
+        return ThinkingSwitch(kind="always-thinking (harmony)", modes={"on": {}, "off": None})
     probe = tokenizer.apply_chat_template([{"role": "user", "content": "ping"}], add_generation_prompt=True,
                                           tokenize=False)
     if opens_thinking(probe, think_markers(tokenizer)):

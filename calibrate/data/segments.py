@@ -1,15 +1,16 @@
 """Label each generated token with its segment: `thinking`, `answer` or `tool_call`.
 
 Labels come from the text the tokens decode to, scanned for the model's markers: think blocks
-(`<think>...</think>` and the other families in render.THINK_MARKERS) and tool-call syntax (Qwen/Hermes
-`<tool_call>...</tool_call>`, DeepSeek's and Kimi's tool-call sections, Mistral `[TOOL_CALLS]`, Llama
-`<|python_tag|>`, and the OpenHands text format `<function=...>...</function>` that SWE-smith / SWE-Play
-prompts ask for). A token takes the segment in force at the first character it decodes to, so marker tokens
-belong to the segment they open or close. Decoding is per token (one batch call), which is linear in the
-response length; a token that is part of a multi-byte character decodes to U+FFFD, which no marker contains.
+(`<think>...</think>`, gpt-oss's analysis channel and the other families in render.THINK_MARKERS) and
+tool-call syntax (Qwen/Hermes `<tool_call>...</tool_call>`, DeepSeek's and Kimi's tool-call sections,
+Mistral `[TOOL_CALLS]`, Llama `<|python_tag|>`, gpt-oss `to=functions....<|call|>`, and the OpenHands
+text format `<function=...>...</function>` that SWE-smith / SWE-Play prompts ask for). A token takes the
+segment in force at the first character it decodes to, so marker tokens belong to the segment they open
+or close. Decoding is per token (one batch call), which is linear in the response length; a token that is
+part of a multi-byte character decodes to U+FFFD, which no marker contains.
 
 Mini-swe-agent's ```bash blocks are not a tool-call syntax of the model, only a convention of the prompt,
-so they are `answer` unless a caller passes them in `tool_markers`.
+so they are `answer` unless a caller passes them in `tool_markers_override`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from calibrate.data.render import THINK_MARKERS, chat_template_source, opens_thinking, think_markers, thinking_kwargs
+from calibrate.data.render import (
+    HARMONY_ANALYSIS,
+    THINK_MARKERS,
+    chat_template_source,
+    opens_thinking,
+    think_markers,
+    thinking_kwargs,
+)
 from calibrate.replay.counts import SEGMENTS
 
 # (open, close); an empty close means the call runs to the end of the response.
@@ -30,6 +38,9 @@ TOOL_MARKERS: tuple[tuple[str, str], ...] = (
     ("<|python_tag|>", ""),
 )
 TEXT_TOOL_MARKERS: tuple[tuple[str, str], ...] = (("<function=", "</function>"),)
+# gpt-oss (harmony) addresses a tool in the header, `... to=functions.NAME<|channel|>commentary json<|message|>
+# {args}<|call|>`; its template builds that string piecewise, so it is recognised by the channel token.
+HARMONY_TOOL_MARKERS: tuple[tuple[str, str], ...] = (("to=functions.", "<|call|>"),)
 
 THINKING, ANSWER, TOOL_CALL = SEGMENTS
 
@@ -38,6 +49,8 @@ def tool_markers(tokenizer: Any) -> tuple[tuple[str, str], ...]:
     """The native tool-call markers this tokenizer's template mentions, plus the OpenHands text format."""
     template = chat_template_source(tokenizer) + chat_template_source(tokenizer, tools=True)
     native = tuple(pair for pair in TOOL_MARKERS if pair[0] in template)
+    if HARMONY_ANALYSIS in template:
+        native += HARMONY_TOOL_MARKERS
     return native + TEXT_TOOL_MARKERS
 
 
