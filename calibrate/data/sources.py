@@ -119,5 +119,15 @@ def iter_hub_rows(
         raise ValueError(f"cannot open dataset {dataset_id!r} (subset={subset}, split={split}, "
                          f"revision={revision}): {type(exc).__name__}: {exc}") from exc
     src = f"{dataset_id}[{split}]"
-    for i, item in enumerate(stream):
+    rows = iter(stream)
+    i = 0
+    while True:
+        try:
+            item = next(rows)
+        except StopIteration:
+            return
+        except Exception as exc:  # a download or schema-cast failure mid-stream ends the source, named
+            raise ValueError(f"dataset {dataset_id!r} failed while streaming after row {i - 1}: "
+                             f"{type(exc).__name__}: {exc}") from exc
         yield _as_row(src, i, dict(item))
+        i += 1
