@@ -59,6 +59,7 @@ def plot(records: Sequence[AcceptanceRecord], out: Path) -> list[Path]:
         ax.plot(positions, r.unconditional_rates, marker="o",
                 label=f"{_series_label(r, with_target)}, k={r.draft_len}")
         ax.fill_between(positions, r.rates_ci_low, r.rates_ci_high, alpha=0.2)
+    ax.set_xticks(range(max(r.draft_len for r in rows)))
     ax.set_xlabel("draft position i (0-based)")
     ax.set_ylabel("P(at least i+1 drafts accepted)")
     ax.set_ylim(0, 1)
