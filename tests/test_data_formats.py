@@ -50,6 +50,10 @@ def test_openai_fixture_keeps_tool_calls_tool_results_and_schemas(fixtures_dir):
     result = load_conversations(str(path))
     c = result.conversations[0]
     assert [t["function"]["name"] for t in c.tools] == ["execute_bash", "finish", "str_replace_editor"]
+    # the Parquet struct pollution (every tool listing every other tool's properties as null) is removed
+    assert set(c.tools[0]["function"]["parameters"]["properties"]) == {"command"}
+    assert "enum" not in c.tools[0]["function"]["parameters"]["properties"]["command"]
+    assert "null" not in json.dumps(c.tools)
     calls = {tc.id: tc for m in c.messages for tc in m.tool_calls}
     raw = json.loads(path.read_text())
     assert sum(len(m.tool_calls) for cv in result.conversations for m in cv.messages) == sum(

@@ -130,15 +130,29 @@ def _tool_call(raw: Any, field: str) -> ToolCall:
                     id=str(call_id) if call_id not in (None, "") else None)
 
 
+def _without_nulls(value: Any) -> Any:
+    """Drop null-valued keys, recursively.
+
+    Datasets stored as Parquet unify struct fields across rows, so every tool's schema grows every other
+    tool's property names with null values (SWE-Gym's `execute_bash` gains `"file_text": null`, ...; see the
+    fixture). A JSON schema has no use for a null keyword, so removing them restores the schema the agent saw.
+    """
+    if isinstance(value, Mapping):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
 def _tool_schema(raw: Any, field: str) -> dict[str, Any]:
     """Tool schemas in the OpenAI shape templates expect: {"type": "function", "function": {...}}."""
     raw = _maybe_json(raw, field)
     if not isinstance(raw, Mapping):
         raise RowError(f"tool schema is a {type(raw).__name__}, not an object", field)
     if isinstance(raw.get("function"), Mapping):
-        return {"type": raw.get("type", "function"), "function": dict(raw["function"])}
+        return {"type": raw.get("type") or "function", "function": _without_nulls(raw["function"])}
     if isinstance(raw.get("name"), str):
-        return {"type": "function", "function": dict(raw)}
+        return {"type": "function", "function": _without_nulls(raw)}
     raise RowError("tool schema without a function name", field)
 
 
