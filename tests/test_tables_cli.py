@@ -85,6 +85,10 @@ def test_export_commands(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0 and (tmp_path / "t.parquet").stat().st_size > 0
     res = invoke(app, "export", "--to", "sglang", "--db", str(db), "--model", "nobody")
     assert res.exit_code == 2 and "no model matching 'nobody'" in res.output
+    res = invoke(app, "export", "--to", "sglang", "--db", str(db), "--speculator", "draft:Qwen/Qwen2.5-Coder-0.5B-Instruct")
+    assert res.exit_code == 0 and res.output.count("SGLANG_SIMULATE_ACC_LEN=") == 1
+    res = invoke(app, "export", "--to", "sglang", "--db", str(db), "--model", "smollm2-135m-instruct", "--speculator", "eagle3")
+    assert res.exit_code == 2 and "speculator 'eagle3' not measured; measured: ngram" in res.output
 
 
 def test_lookup_formats(app: typer.Typer, db: Path) -> None:

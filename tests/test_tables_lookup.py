@@ -65,6 +65,19 @@ def test_model_names_match_as_users_write_them(tables: dict[str, Path], name: st
     assert lookup(name, "ngram", 1, "off", table=tables["json"]).target == Q
 
 
+@pytest.mark.parametrize("label", ["ngram", "NGRAM"])
+def test_speculator_labels_match_case_insensitively(tables: dict[str, Path], label: str) -> None:
+    assert lookup(Q, label, 1, "off", table=tables["json"]).speculator == "ngram"
+
+
+@pytest.mark.parametrize("label", ["draft:qwen2.5-coder-0.5b-instruct", "draft:Qwen/Qwen2.5-Coder-0.5B-Instruct",
+                                   "DRAFT:/models/qwen2.5-coder-0.5b-instruct"])
+def test_draft_speculators_match_by_the_draft_model_name(tables: dict[str, Path], label: str) -> None:
+    assert lookup(Q, label, 2, "off", table=tables["json"]).speculator == "draft:qwen2.5-coder-0.5b-instruct"
+    with pytest.raises(NotMeasured, match="speculator 'draft:qwen2.5-coder-7b' not measured"):
+        lookup(Q, "draft:qwen2.5-coder-7b", 2, "off", table=tables["json"])
+
+
 def test_model_matches_its_resolved_id_too(tables: dict[str, Path]) -> None:
     assert lookup("/models/smollm2-135m-instruct", "ngram", 2, "off", table=tables["json"]).target == "smollm2-135m-instruct"
 

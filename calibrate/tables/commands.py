@@ -18,7 +18,7 @@ from typing import Any, Optional
 import typer
 
 from calibrate.tables import exports, query
-from calibrate.tables.lookup import DEFAULT_TABLE, match_target, normalize_thinking
+from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.lookup import lookup as lookup_record
 from calibrate.tables.records import AcceptanceRecord
 from calibrate.tables.store import connect
@@ -92,13 +92,24 @@ def _errors_exit(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_len: list[int] | None,
              thinking: str | None, dataset: list[str] | None, temperature: list[float] | None) -> query.Filters:
-    """CLI filter options -> Filters; a model name is resolved like lookup resolves it."""
+    """CLI filter options -> Filters; model and speculator names are resolved like lookup resolves them."""
+    entries = query.catalog(con)
     targets = None
     if model is not None:
-        targets = (match_target(model, query.catalog(con)),)
+        targets = (match_target(model, entries),)
+        entries = [e for e in entries if e.target == targets[0]]
+    labels = None
+    if speculator:
+        labels = []
+        for name in speculator:
+            label = match_speculator(name, entries)
+            if label is None:
+                known = ", ".join(sorted({e.speculator for e in entries})) or "none"
+                raise NotMeasured(f"speculator {name!r} not measured; measured: {known}")
+            labels.append(label)
     return query.Filters(
         targets=targets,
-        speculators=tuple(speculator) if speculator else None,
+        speculators=tuple(labels) if labels else None,
         draft_lens=tuple(draft_len) if draft_len else None,
         thinking=(normalize_thinking(thinking),) if thinking else None,
         temperatures=tuple(temperature) if temperature else None,

@@ -171,6 +171,27 @@ def match_target(model: str, entries: Sequence[CatalogEntry], *, prefix: bool = 
     raise NotMeasured(f"no model matching {model!r} in the table; models: {available}")
 
 
+def match_speculator(speculator: str, entries: Sequence[CatalogEntry]) -> str | None:
+    """The stored speculator label a user's label means, or None.
+
+    Whole label, case-insensitive; else same kind and the same last path part of what follows the kind
+    ('draft:Qwen/Qwen2.5-Coder-0.5B-Instruct' is 'draft:/models/qwen2.5-coder-0.5b-instruct').
+    """
+    labels = sorted({e.speculator for e in entries})
+    wanted = speculator.strip().lower()
+    exact = [s for s in labels if s.lower() == wanted]
+    if exact:
+        return exact[0]
+    kind, _, name = wanted.partition(":")
+    hits = [
+        s for s in labels
+        if name and s.partition(":")[0].lower() == kind and _last_part(s.partition(":")[2]) == _last_part(name)
+    ]
+    if len(hits) > 1:
+        raise AmbiguousMatch(f"speculator {speculator!r} is ambiguous: it matches {', '.join(hits)}")
+    return hits[0] if hits else None
+
+
 def _choices(entries: Iterable[CatalogEntry], attr: str) -> str:
     return ", ".join(str(v) for v in sorted({getattr(e, attr) for e in entries}))
 
@@ -201,7 +222,8 @@ def resolve(
         if len(specs) > 1:
             raise AmbiguousMatch(f"{target} was measured with several speculators: {', '.join(specs)}; name one")
         speculator = specs[0]
-    found = [e for e in rows if e.speculator.lower() == speculator.strip().lower()]
+    label = match_speculator(speculator, rows)
+    found = [e for e in rows if e.speculator == label]
     if not found:
         raise NotMeasured(
             f"speculator {speculator!r} not measured for {target}; measured: {_choices(rows, 'speculator')}"
