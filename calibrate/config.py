@@ -30,7 +30,7 @@ class DatasetConfig(_Strict):
     subset: str | None = None
     max_requests: int | None = Field(default=None, gt=0)
     seed: int = 0
-    selection: Literal["stratified", "uniform", "all"] = "stratified"
+    selection: Literal["stratified", "uniform", "first", "all"] = "stratified"
     turns_per_conversation: int | None = Field(default=None, gt=0)
     context_tokens: int = Field(default=8192, gt=0)
     max_new_tokens: int = Field(default=256, gt=0)

@@ -237,7 +237,8 @@ def _replay_batch(config: Config, target: LoadedModel, speculators: Sequence[Spe
     ids = [p.ids for p in prompts]
     responses = generate_greedy(target.model, ids, max_new_tokens=config.dataset.max_new_tokens,
                                 eos_token_ids=target.eos_token_ids, device=target.device)
-    segments = [label_segments(r.tokens, target.tokenizer, thinking=thinking) for r in responses]
+    segments = [label_segments(r.tokens, target.tokenizer, thinking=thinking, starts_in_thinking=p.opens_thinking)
+                for r, p in zip(responses, prompts)]
     per_request: BatchResult = [{} for _ in prompts]
     for spec in speculators:
         scored = score_replay(spec, ids, responses, config.sweep.draft_lengths, segments)
