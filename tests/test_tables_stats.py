@@ -121,6 +121,8 @@ def test_summarize_rejects_mismatched_clusters_and_empty_input() -> None:
         stats.summarize([[1, 1], [0, 3]], [0])
     with pytest.raises(ValueError, match="no steps"):
         stats.summarize([[0, 0]], [0])
+    with pytest.raises(ValueError, match="n_boot >= 1"):
+        stats.summarize([[1, 1]], [0], n_boot=0)
 
 
 def _coverage(alpha_of, truth: float, *, clustered: bool = True, sims: int = 300, k: int = 4,

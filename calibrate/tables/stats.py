@@ -194,6 +194,8 @@ def summarize(
     and its macro AL is (w @ sum of request ALs) / (w @ request counts). Replicates are made `chunk` at a
     time so memory stays O(chunk * C) however many conversations there are. Seeded: same data, same CI.
     """
+    if n_boot < 1 or not 0.0 < level < 1.0:
+        raise ValueError(f"need n_boot >= 1 and 0 < level < 1 (got n_boot={n_boot}, level={level})")
     h = np.atleast_2d(_hist(per_request))
     conv = np.asarray(clusters)
     if conv.shape != (h.shape[0],):
