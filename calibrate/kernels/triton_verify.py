@@ -30,6 +30,8 @@ On CPU these run under TRITON_INTERPRET=1 (tests only); `calibrate.kernels.verif
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -231,7 +233,9 @@ def _request_tensor(value, batch: int, dtype: torch.dtype, device, default) -> t
     return reference._per_request(value, batch, dtype, device, default)
 
 
+@functools.lru_cache(maxsize=64)
 def _seed_hash(seed: int) -> int:
+    """The first two rounds of rng.stream_key, which depend on the seed alone (host side, cached)."""
     h = rng.mix32(torch.tensor((seed & rng.M32) ^ rng.SEED_SALT, dtype=torch.int64))
     return int(rng.mix32(h ^ ((seed >> 32) & rng.M32)))
 

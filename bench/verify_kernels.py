@@ -1,0 +1,141 @@
+"""Benchmark: fused Triton verification vs the torch reference vs the memory floor.
+
+    python bench/verify_kernels.py            # full sweep on CUDA
+    python bench/verify_kernels.py --quick    # the headline configuration only
+
+Sweep: B in {1, 16, 64, 256} requests, k in {1, 4, 8} drafts, V in {32k, 152k}, logits in bf16 and fp32,
+rejection sampling at T = 0.8 with an n-gram drafter (q = one-hot, so the logits are the only big input).
+The headline configuration (B=64, k=4, V=152k) is also run greedy and with a draft model's q (fp32).
+
+Floor = bytes that must be read once (logits, plus q when given) / measured device copy bandwidth
+((read + write bytes) of a 1 GiB copy / its time). Goals: >= 70% of the floor at B=64, k=4, V=152k and
+>= 3x the torch reference.
+
+Needs CUDA. Without it the script says so and times only the torch reference on CPU at small sizes, a
+CPU figure, not a kernel measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from calibrate.kernels import reference as R
+
+VOCABS = {"32k": 32_000, "152k": 151_936}
+
+
+def make_batch(b: int, k: int, vocab: int, dtype: torch.dtype, device: str, with_q: bool, seed: int = 0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    logits = (torch.randn(b * (k + 1), vocab, generator=g, device=device) * 3).to(dtype)
+    drafts = torch.randint(0, vocab, (b * k,), generator=g, device=device)
+    q = torch.softmax(torch.randn(b * k, vocab, generator=g, device=device), -1) if with_q else None
+    num_draft = torch.full((b,), k, dtype=torch.int64, device=device)
+    return logits, drafts, num_draft, q
+
+
+def copy_bandwidth(device: str) -> float:
+    """Bytes/s of a device-to-device copy, counting read + write."""
+    from triton.testing import do_bench
+
+    n = 1 << 28  # 256 Mi float32 = 1 GiB
+    src = torch.empty(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=100)
+    return 2 * src.numel() * 4 / (ms * 1e-3)
+
+
+def run_cuda(args) -> None:
+    from triton.testing import do_bench
+
+    from calibrate.kernels import triton_verify as T
+
+    dev = "cuda"
+    bw = copy_bandwidth(dev)
+    print(f"device: {torch.cuda.get_device_name()}  copy bandwidth: {bw / 1e9:.0f} GB/s (read+write)")
+    header = (f"{'mode':<9} {'B':>4} {'k':>2} {'V':>5} {'dtype':<5} {'floor us':>9} {'triton us':>10} "
+              f"{'GB/s':>7} {'%floor':>7} {'torch us':>9} {'speedup':>8}")
+    print(header)
+    print("-" * len(header))
+    configs = []
+    batches = [64] if args.quick else [1, 16, 64, 256]
+    ks = [4] if args.quick else [1, 4, 8]
+    vocabs = ["152k"] if args.quick else ["32k", "152k"]
+    for v in vocabs:
+        for dtype in (torch.bfloat16, torch.float32):
+            for b in batches:
+                for k in ks:
+                    configs.append(("sample", b, k, v, dtype))
+    for dtype in (torch.bfloat16, torch.float32):
+        configs.append(("greedy", 64, 4, "152k", dtype))
+        configs.append(("sample+q", 64, 4, "152k", dtype))
+    headline = {}
+    for mode, b, k, v, dtype in configs:
+        vocab = VOCABS[v]
+        logits, drafts, num_draft, q = make_batch(b, k, vocab, dtype, dev, with_q=mode == "sample+q")
+        temp = torch.full((b,), 0.8, device=dev)
+        ids = torch.arange(b, device=dev)
+        pos = torch.zeros(b, dtype=torch.int64, device=dev)
+        nbytes = logits.numel() * logits.element_size() + (q.numel() * q.element_size() if q is not None else 0)
+        floor_s = nbytes / bw  # bw is total (read + write) traffic per second; the floor reads nbytes once
+        if mode == "greedy":
+            fused = lambda: T.greedy_verify(logits, drafts, num_draft, max_k=k)  # noqa: E731
+            ref = lambda: R.greedy_verify(logits, drafts, num_draft)  # noqa: E731
+        else:
+            fused = lambda: T.rejection_verify(logits, drafts, num_draft, draft_probs=q, temperature=temp,  # noqa
+                                               seed=0, request_ids=ids, positions=pos, max_k=k)
+            ref = lambda: R.rejection_verify(logits, drafts, num_draft, draft_probs=q, temperature=temp,  # noqa
+                                             seed=0, request_ids=ids, positions=pos)
+        # Same answer before timing (the kernel equals the reference).
+        a, r = fused(), ref()
+        same = torch.equal(a.tokens, r.tokens)
+        t_fused = do_bench(fused, warmup=10, rep=50) * 1e-3
+        try:
+            t_ref = do_bench(ref, warmup=3, rep=20) * 1e-3
+        except torch.OutOfMemoryError:
+            t_ref = float("nan")
+        name = "bf16" if dtype == torch.bfloat16 else "fp32"
+        print(f"{mode:<9} {b:>4} {k:>2} {v:>5} {name:<5} {floor_s * 1e6:>9.1f} {t_fused * 1e6:>10.1f} "
+              f"{nbytes / t_fused / 1e9:>7.0f} {100 * floor_s / t_fused:>6.0f}% {t_ref * 1e6:>9.1f} "
+              f"{t_ref / t_fused:>7.1f}x{'' if same else '  (tokens differ from reference!)'}")
+        if (mode, b, k, v) == ("sample", 64, 4, "152k"):
+            headline[name] = (floor_s / t_fused, t_ref / t_fused)
+        del logits, q
+        torch.cuda.empty_cache()
+    for name, (frac, speed) in headline.items():
+        print(f"goal B=64 k=4 V=152k {name}: {100 * frac:.0f}% of floor (goal >= 70%): "
+              f"{'MET' if frac >= 0.7 else 'NOT MET'}; {speed:.1f}x torch (goal >= 3x): "
+              f"{'MET' if speed >= 3 else 'NOT MET'}")
+
+
+def run_cpu_reference() -> None:
+    print("bench/verify_kernels.py measures the fused Triton kernels and NEEDS CUDA: no CUDA device here.")
+    print("CPU-only figure: the torch reference (the specification) on CPU, fp32, rejection sampling, T=0.8.")
+    print(f"threads: {torch.get_num_threads()}")
+    print(f"{'B':>4} {'k':>2} {'V':>5} {'MB logits':>10} {'ref ms':>8} {'GB/s':>6}")
+    for b, k, v in [(1, 4, "32k"), (16, 4, "32k"), (1, 4, "152k"), (16, 4, "152k")]:
+        logits, drafts, num_draft, _ = make_batch(b, k, VOCABS[v], torch.float32, "cpu", with_q=False)
+        R.rejection_verify(logits, drafts, num_draft, temperature=0.8)
+        reps = 3
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            R.rejection_verify(logits, drafts, num_draft, temperature=0.8)
+        t = (time.perf_counter() - t0) / reps
+        mb = logits.numel() * 4 / 1e6
+        print(f"{b:>4} {k:>2} {v:>5} {mb:>10.1f} {t * 1e3:>8.1f} {mb / 1e3 / t:>6.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="only the headline configuration")
+    args = parser.parse_args()
+    if torch.cuda.is_available():
+        run_cuda(args)
+    else:
+        run_cpu_reference()
+
+
+if __name__ == "__main__":
+    main()

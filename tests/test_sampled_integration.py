@@ -1,0 +1,65 @@
+"""The sampled loop on the real Qwen2.5-Coder pair (fp32, CPU): agreement with greedy replay-once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+MESSAGES = [
+    [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}],
+    [{"role": "user", "content": "In bash, how do I list the 5 largest files under the current directory?"}],
+]
+
+
+@pytest.fixture(scope="module")
+def qwen_pair(qwen_target, qwen_draft):
+    from calibrate.models import load_model
+
+    target = load_model(str(qwen_target), dtype="float32", device="cpu")
+    draft = load_model(str(qwen_draft), dtype="float32", device="cpu")
+    prompts = [target.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
+                                                    return_dict=False) for m in MESSAGES]
+    prompts = [list(p["input_ids"]) if isinstance(p, dict) else list(p) for p in prompts]
+    return target, draft, prompts
+
+
+def test_loop_at_temperature_zero_equals_greedy_replay_once(qwen_pair):
+    from calibrate.replay.greedy import generate_greedy, score_replay
+    from calibrate.replay.sampled import run_sampled
+    from calibrate.speculators.draft_model import DraftModelSpeculator
+
+    target, draft, prompts = qwen_pair
+    eos = target.eos_token_ids
+    draft_lens = [1, 3, 5]
+    responses = generate_greedy(target.model, prompts, max_new_tokens=32, eos_token_ids=eos)
+    speculator = DraftModelSpeculator(draft)
+    replay = score_replay(speculator, prompts, responses, draft_lens)
+    loop = run_sampled(target.model, speculator, prompts, draft_lens=draft_lens, temperature=0.0,
+                       max_new_tokens=32, eos_token_ids=eos, seed=0, batch_size=2)
+    for response, want, got in zip(responses, replay, loop):
+        for k in draft_lens:
+            assert got.tokens[k] == response.tokens  # KV rollback: the loop's text is the target's greedy text
+            assert got.counts[k].hist.tolist() == want[k].hist.tolist()
+            assert got.counts[k].tokens == want[k].tokens
+            got_c = sum(s.censored_steps for s in got.counts[k].segments.values())
+            want_c = sum(s.censored_steps for s in want[k].segments.values())
+            assert got_c == want_c
+
+
+def test_sampled_loop_runs_on_the_real_pair(qwen_pair):
+    from calibrate.replay.sampled import run_sampled
+    from calibrate.speculators.draft_model import DraftModelSpeculator
+
+    target, draft, prompts = qwen_pair
+    torch.manual_seed(0)
+    res = run_sampled(target.model, DraftModelSpeculator(draft), prompts, draft_lens=[4], temperature=0.7,
+                      top_p=0.95, max_new_tokens=24, eos_token_ids=target.eos_token_ids, seed=0, batch_size=2)
+    for r in res:
+        c = r.counts[4]
+        assert c.tokens == len(r.tokens[4]) > 0
+        assert c.hist.sum() >= 1
+        # A same-family draft on code agrees often: well above "never accepted".
+    accepted = sum(int((r.counts[4].hist * torch.arange(5).numpy()).sum()) for r in res)
+    assert accepted > 0
