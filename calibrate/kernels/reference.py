@@ -110,7 +110,7 @@ def sampling_floor(
 ) -> torch.Tensor:
     """Per-row threshold tau on temperature-scaled logits implementing top-k then top-p; -inf = keep all.
 
-    scaled: (N, V) float32 = logits / T; top_k: (N,) int64 (0 = off); top_p: (N,) float32 (1 = off).
+    scaled: (N, V) float32 = logits * (1 / T); top_k: (N,) int64 (0 = off); top_p: (N,) float32 (1 = off).
     The kept set is {j : scaled_j >= tau}; ties with the boundary value are kept.
     """
     n, vocab = scaled.shape
@@ -143,26 +143,35 @@ def row_floors(logits: torch.Tensor, layout: Layout, temperature: torch.Tensor, 
     need = (t > 0) & (((top_k[req] > 0) & (top_k[req] < logits.shape[1])) | (top_p[req] < 1.0))
     if bool(need.any()):
         rows = torch.nonzero(need).squeeze(1)
-        scaled = logits[rows].float() / t[rows].unsqueeze(1)
+        scaled = logits[rows].float() * inverse_temperature(t[rows]).unsqueeze(1)
         tau[rows] = sampling_floor(scaled, top_k[req][rows], top_p[req][rows])
     return tau
+
+
+def inverse_temperature(temperature: torch.Tensor) -> torch.Tensor:
+    """(N,) float32 1 / T per row (1 where T = 0): logits are scaled by multiplying with it, in both backends."""
+    t = temperature.float()
+    return 1.0 / torch.where(t > 0, t, 1.0)
+
+
+def masked_scaled(logits: torch.Tensor, temperature: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """(N, V) float32 s = logits * (1 / T), -inf below the row's top-k / top-p floor."""
+    s = logits.float() * inverse_temperature(temperature).unsqueeze(1)
+    return torch.where(s >= floor.unsqueeze(1), s, float("-inf"))
 
 
 def target_probs(logits: torch.Tensor, temperature: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
     """(N, V) float32 target distribution per row: masked softmax(logits/T), or one-hot argmax where T = 0.
 
-    temperature and floor are per row. Written out (max, exp, sum, divide) rather than torch.softmax so the
-    arithmetic is the one the kernel does.
+    temperature and floor are per row. Written out (max, exp, sum, reciprocal, multiply) rather than
+    torch.softmax so the arithmetic is the one the kernel does.
     """
-    x = logits.float()
-    greedy = temperature <= 0
-    s = x / torch.where(greedy, 1.0, temperature).unsqueeze(1)
-    s = torch.where(s >= floor.unsqueeze(1), s, float("-inf"))
+    s = masked_scaled(logits, temperature, floor)
     m = s.max(dim=-1, keepdim=True).values
     e = torch.exp(s - m)
-    p = e / e.sum(dim=-1, keepdim=True)
-    one_hot = torch.zeros_like(p).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
-    return torch.where(greedy.unsqueeze(1), one_hot, p)
+    p = e * (1.0 / e.sum(dim=-1, keepdim=True))
+    one_hot = torch.zeros_like(p).scatter_(1, logits.float().argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where((temperature <= 0).unsqueeze(1), one_hot, p)
 
 
 def _padded(x: torch.Tensor) -> torch.Tensor:
@@ -254,28 +263,44 @@ def prepare(logits, draft_tokens, num_draft, *, draft_probs=None, temperature=1.
 
 
 def reference_rows(batch: Batch) -> RowResult:
-    """The per-row pass of the specification: p(d), q(d), and the residual / bonus sample of every row."""
+    """The per-row pass of the specification: p(d), q(d), and the residual / bonus sample of every row.
+
+    Samples are exponential races with E_j = -log(u_j) from the row's SAMPLE stream:
+    - with draft probabilities q: argmax_j max(p_j - q_j, 0) * (1 / E_j), falling back to argmax_j p_j / E_j
+      when the residual is zero everywhere;
+    - without (q = one-hot at the draft d; bonus rows: q = 0): the residual is p with d removed, and the race
+      is run in log space, argmax_{j != d} s_j - log E_j (s = masked logits / T), falling back to all j. This
+      needs no normaliser, which is why the kernel does it in the same pass as its max / sum-exp.
+    Greedy rows (T = 0) emit the argmax.
+    """
     lay = batch.layout
     t_row = batch.temperature[lay.row_request]
+    greedy = t_row <= 0
     floor = row_floors(batch.logits, lay, batch.temperature, batch.top_k, batch.top_p)
+    s = masked_scaled(batch.logits, t_row, floor)  # (N, V)
     p = target_probs(batch.logits, t_row, floor)  # (N, V)
     d = torch.where(lay.row_is_draft, _padded(batch.draft_tokens)[lay.row_draft_index], 0)  # (N,)
-    if batch.draft_probs is None:
-        q = torch.zeros_like(p).scatter_(1, d.unsqueeze(1), 1.0)
-    else:
-        q = _padded(batch.draft_probs.float())[lay.row_draft_index]
-    q = torch.where(lay.row_is_draft.unsqueeze(1), q, 0.0)  # bonus rows: residual = p
     p_d = torch.where(lay.row_is_draft, p.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
-    q_d = torch.where(lay.row_is_draft, q.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
 
     keys = sample_keys(lay, batch.seed, batch.request_ids, batch.positions)
     lanes = torch.arange(p.shape[1], dtype=torch.int64, device=p.device)
     e = -torch.log(rng.lane_uniform(keys.unsqueeze(1), lanes))  # (N, V) Exp(1) noise
-    score_r = torch.clamp(p - q, min=0.0) / e
-    score_p = p / e
-    best_r, arg_r = score_r.max(dim=-1)
-    arg_p = score_p.argmax(dim=-1)
-    sample = torch.where(best_r > 0, arg_r, arg_p)
+    if batch.draft_probs is None:
+        q_d = lay.row_is_draft.float()
+        g = s - torch.log(e)  # (N, V) log-space race keys
+        best_p, arg_p = g.max(dim=-1)
+        is_d = (lanes.unsqueeze(0) == d.unsqueeze(1)) & lay.row_is_draft.unsqueeze(1)
+        best_r, arg_r = torch.where(is_d, float("-inf"), g).max(dim=-1)
+        sample = torch.where(best_r > float("-inf"), arg_r, arg_p)
+    else:
+        q = _padded(batch.draft_probs.float())[lay.row_draft_index]
+        q = torch.where(lay.row_is_draft.unsqueeze(1), q, 0.0)  # bonus rows: residual = p
+        q_d = torch.where(lay.row_is_draft, q.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
+        inv_e = 1.0 / e
+        best_r, arg_r = (torch.clamp(p - q, min=0.0) * inv_e).max(dim=-1)
+        arg_p = (p * inv_e).argmax(dim=-1)
+        sample = torch.where(best_r > 0, arg_r, arg_p)
+    sample = torch.where(greedy, batch.logits.float().argmax(dim=-1), sample)
     return RowResult(p_draft=p_d, q_draft=q_d, sample=sample)
 
 

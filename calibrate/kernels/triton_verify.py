@@ -1,18 +1,20 @@
-"""Fused Triton verification kernels: the functions of reference.py in one pass over the logits.
+"""Fused Triton verification kernels: the functions of reference.py, streaming the logits in tiles.
 
 Two launches per verification, and no host-side tensor work between them (so small batches are not
 dominated by launch overhead):
 
 1. `_rows_kernel`, grid (B, max_k + 1), one program per verified position (row). It derives its row index
    from `num_draft` in-kernel (a prefix sum over at most B values), then streams the row's logits in
-   vocabulary tiles of BLOCK_V:
-     pass 1: online max / sum-exp (per lane, reduced at the end) of s = logits / T, and the argmax;
-     pass 2 (T > 0 only): p_j = exp(s_j - M) / Z, q_j (draft probabilities, or one-hot at the draft),
-             and two exponential races, argmax max(p - q, 0) / E and argmax p / E, E = -log(u_j),
-             u_j the counter-based uniform of lane j.
-   It writes p(d), q(d) and the residual/bonus sample of the row. Full probability tensors never exist;
-   the second pass re-reads one row (<= 600 KB at V=152k fp32), which a GPU serves from L2. At T = 0 the
-   row is read once (argmax only).
+   vocabulary tiles of BLOCK_V, with s = logits * (1 / T) masked by the top-k / top-p floor:
+   - T = 0: one pass, the argmax;
+   - T > 0, no draft probabilities (n-gram drafts, q = one-hot; bonus rows): ONE pass: per-lane online
+     max / sum-exp (for p(d)) and two log-space exponential races, argmax s_j - log E_j over all j (bonus /
+     fallback) and over j != d (the residual max(p - q, 0) is p without d), E_j = -log(u_j), u_j the
+     counter-based uniform of lane j. No normaliser is needed for a race, which is what makes it one pass;
+   - T > 0 with draft probabilities q: the residual max(p - q, 0) needs the normalised p, so a first pass
+     takes the online max / sum-exp and a second (the same row again, <= 600 KB at V=152k fp32, which a
+     GPU serves from L2) runs the races max(p - q, 0) / E_j and p / E_j while reading q once.
+   It writes p(d), q(d) and the residual / bonus sample of the row. Full probability tensors never exist.
 2. `_combine_kernel`, grid (B,), walks each request's <= k + 1 rows: accept iff p(d) > 0 and
    u * q(d) <= p(d), with u drawn in-kernel from the (seed, request, position, ACCEPT) stream; writes the
    emitted tokens, the accepted count and the expected acceptance sum_i prod_{j<=i} min(1, p_j/q_j).
@@ -105,80 +107,105 @@ def _rows_kernel(
         else:
             t = tl.load(temperature_ptr + r)
         greedy = t <= 0.0
-        t_div = tl.where(greedy, 1.0, t)
+        inv_t = 1.0 / tl.where(greedy, 1.0, t)  # == reference.inverse_temperature
         floor = float("-inf")
         if HAS_FLOOR:
             floor = tl.load(floor_ptr + row)
         base = logits_ptr + row.to(tl.int64) * logits_stride
         lanes = tl.arange(0, BLOCK_V)
-
-        # Pass 1: per-lane running max / sum-exp of s = logits / T (masked by the floor) and argmax.
-        m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
-        z_vec = tl.zeros([BLOCK_V], tl.float32)
-        best_v = tl.full([BLOCK_V], float("-inf"), tl.float32)
-        best_i = tl.zeros([BLOCK_V], tl.int32)
-        for start in range(0, V, BLOCK_V):
-            offs = start + lanes
-            valid = offs < V
-            s = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32) / t_div
-            s = tl.where(s >= floor, s, float("-inf"))
-            upd = s > best_v
-            best_v = tl.where(upd, s, best_v)
-            best_i = tl.where(upd, offs, best_i)
-            if not GREEDY:
-                m_new = tl.maximum(m_vec, s)
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                z_vec = z_vec * tl.exp(m_vec - m_safe) + tl.exp(s - m_safe)
-                m_vec = m_new
-        top = tl.max(best_v, axis=0)
-        amax = tl.min(tl.where(best_v == top, best_i, V), axis=0)
-
         q_d = 0.0
         if is_draft:
             if HAS_Q:
                 q_d = tl.load(draft_probs_ptr + didx.to(tl.int64) * probs_stride + d).to(tl.float32)
             else:
                 q_d = 1.0
-        if greedy:
-            p_d = tl.where(is_draft & (d == amax), 1.0, 0.0)
-            sample = amax
-        else:
-            m = tl.max(m_vec, axis=0)
-            z = tl.sum(tl.where(m_vec == float("-inf"), 0.0, z_vec * tl.exp(m_vec - m)), axis=0)
-            s_d = tl.load(base + tl.maximum(d, 0)).to(tl.float32) / t_div
-            p_d = tl.where(is_draft & (s_d >= floor), tl.exp(s_d - m) / z, 0.0)
 
-            # Pass 2: exponential races over the residual max(p - q, 0) and over p.
-            key = _stream_key(seed_hash, tl.load(request_ids_ptr + r), tl.load(positions_ptr + r) + i, 2)
-            best_r = tl.full([BLOCK_V], -1.0, tl.float32)
-            arg_r = tl.zeros([BLOCK_V], tl.int32)
-            best_p = tl.full([BLOCK_V], -1.0, tl.float32)
-            arg_p = tl.zeros([BLOCK_V], tl.int32)
+        if greedy:
+            # One pass: argmax (ties -> lowest index: strict > per lane, then min index over lanes).
+            best_v = tl.full([BLOCK_V], float("-inf"), tl.float32)
+            best_i = tl.zeros([BLOCK_V], tl.int32)
             for start in range(0, V, BLOCK_V):
                 offs = start + lanes
-                valid = offs < V
-                s = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32) / t_div
-                s = tl.where(s >= floor, s, float("-inf"))
-                p = tl.exp(s - m) / z
-                if HAS_Q:
+                x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+                upd = x > best_v
+                best_v = tl.where(upd, x, best_v)
+                best_i = tl.where(upd, offs, best_i)
+            top = tl.max(best_v, axis=0)
+            sample = tl.min(tl.where(best_v == top, best_i, V), axis=0)
+            p_d = tl.where(is_draft & (d == sample), 1.0, 0.0)
+        else:
+            key = _stream_key(seed_hash, tl.load(request_ids_ptr + r), tl.load(positions_ptr + r) + i, 2)
+            m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
+            z_vec = tl.zeros([BLOCK_V], tl.float32)
+            if HAS_Q:
+                # Pass 1: per-lane online max / sum-exp of s = logits / T (masked by the floor).
+                for start in range(0, V, BLOCK_V):
+                    offs = start + lanes
+                    s = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+                    s = tl.where(s >= floor, s, float("-inf"))
+                    m_new = tl.maximum(m_vec, s)
+                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    z_vec = z_vec * tl.exp(m_vec - m_safe) + tl.exp(s - m_safe)
+                    m_vec = m_new
+                m = tl.max(m_vec, axis=0)
+                inv_z = 1.0 / tl.sum(tl.where(m_vec == float("-inf"), 0.0, z_vec * tl.exp(m_vec - m)), axis=0)
+                # Pass 2 (the row again, from L2): races over the residual max(p - q, 0) and over p.
+                best_r = tl.full([BLOCK_V], -1.0, tl.float32)
+                arg_r = tl.zeros([BLOCK_V], tl.int32)
+                best_p = tl.full([BLOCK_V], -1.0, tl.float32)
+                arg_p = tl.zeros([BLOCK_V], tl.int32)
+                for start in range(0, V, BLOCK_V):
+                    offs = start + lanes
+                    valid = offs < V
+                    s = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32) * inv_t
+                    s = tl.where(s >= floor, s, float("-inf"))
+                    p = tl.exp(s - m) * inv_z
                     q = tl.load(draft_probs_ptr + didx.to(tl.int64) * probs_stride + offs,
                                 mask=valid & (lanes * 0 + is_draft.to(tl.int32) > 0), other=0.0).to(tl.float32)
-                else:
-                    q = tl.where(is_draft & (offs == d), 1.0, 0.0)
-                e = -tl.log(_lane_uniform(key, offs))
-                sr = tl.where(valid, tl.maximum(p - q, 0.0) / e, -1.0)
-                sp = tl.where(valid, p / e, -1.0)
-                upd = sr > best_r
-                best_r = tl.where(upd, sr, best_r)
-                arg_r = tl.where(upd, offs, arg_r)
-                upd = sp > best_p
-                best_p = tl.where(upd, sp, best_p)
-                arg_p = tl.where(upd, offs, arg_p)
-            top_r = tl.max(best_r, axis=0)
+                    inv_e = 1.0 / -tl.log(_lane_uniform(key, offs))
+                    sr = tl.where(valid, tl.maximum(p - q, 0.0) * inv_e, -1.0)
+                    sp = tl.where(valid, p * inv_e, -1.0)
+                    upd = sr > best_r
+                    best_r = tl.where(upd, sr, best_r)
+                    arg_r = tl.where(upd, offs, arg_r)
+                    upd = sp > best_p
+                    best_p = tl.where(upd, sp, best_p)
+                    arg_p = tl.where(upd, offs, arg_p)
+                top_r = tl.max(best_r, axis=0)
+                has_residual = top_r > 0.0
+            else:
+                # q is one-hot at d (bonus rows: q = 0): ONE pass. The residual is p without d, so both
+                # races run in log space on s - log(E), needing no normaliser, beside the online max / sum-exp.
+                best_r = tl.full([BLOCK_V], float("-inf"), tl.float32)
+                arg_r = tl.zeros([BLOCK_V], tl.int32)
+                best_p = tl.full([BLOCK_V], float("-inf"), tl.float32)
+                arg_p = tl.zeros([BLOCK_V], tl.int32)
+                for start in range(0, V, BLOCK_V):
+                    offs = start + lanes
+                    s = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+                    s = tl.where(s >= floor, s, float("-inf"))
+                    m_new = tl.maximum(m_vec, s)
+                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    z_vec = z_vec * tl.exp(m_vec - m_safe) + tl.exp(s - m_safe)
+                    m_vec = m_new
+                    g = s - tl.log(-tl.log(_lane_uniform(key, offs)))
+                    upd = g > best_p
+                    best_p = tl.where(upd, g, best_p)
+                    arg_p = tl.where(upd, offs, arg_p)
+                    g = tl.where(offs == d, float("-inf"), g)
+                    upd = g > best_r
+                    best_r = tl.where(upd, g, best_r)
+                    arg_r = tl.where(upd, offs, arg_r)
+                m = tl.max(m_vec, axis=0)
+                inv_z = 1.0 / tl.sum(tl.where(m_vec == float("-inf"), 0.0, z_vec * tl.exp(m_vec - m)), axis=0)
+                top_r = tl.max(best_r, axis=0)
+                has_residual = top_r > float("-inf")
             top_p = tl.max(best_p, axis=0)
             sample_r = tl.min(tl.where(best_r == top_r, arg_r, V), axis=0)
             sample_p = tl.min(tl.where(best_p == top_p, arg_p, V), axis=0)
-            sample = tl.where(top_r > 0.0, sample_r, sample_p)
+            sample = tl.where(has_residual, sample_r, sample_p)
+            s_d = tl.load(base + tl.maximum(d, 0)).to(tl.float32) * inv_t
+            p_d = tl.where(is_draft & (s_d >= floor), tl.exp(s_d - m) * inv_z, 0.0)
         tl.store(p_out + row, p_d)
         tl.store(q_out + row, q_d)
         tl.store(sample_out + row, sample.to(tl.int64))
