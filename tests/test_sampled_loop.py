@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton-backend test below runs the kernels on CPU
 
 import numpy as np
 import pytest
@@ -214,3 +217,16 @@ def test_bad_arguments(target):
     with pytest.raises(TypeError):
         run_sampled(target, object(), PROMPTS, draft_lens=[1], temperature=1.0, max_new_tokens=4,
                     eos_token_ids=set(), seed=0)
+
+
+def test_triton_backend_in_the_loop_matches_the_reference(target, near_draft):
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1")
+    kw = dict(draft_lens=[3], temperature=0.8, top_p=0.9, max_new_tokens=10, eos_token_ids={EOS}, seed=2,
+              batch_size=3)
+    ref = run_sampled(target, near_draft, PROMPTS[:2], verify_backend="reference", **kw)
+    fused = run_sampled(target, near_draft, PROMPTS[:2], verify_backend="triton", **kw)
+    for a, b in zip(ref, fused):
+        assert a.tokens[3] == b.tokens[3]
+        assert a.counts[3].hist.tolist() == b.counts[3].hist.tolist()

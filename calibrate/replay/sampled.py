@@ -189,8 +189,7 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
     if dcache is not None:
         dcache.feed([r.prompt[:-1] for r in requests], logits_to_keep=1)
     active = list(requests)
-    vocab = int(target.config.get_text_config().vocab_size) if hasattr(target.config, "get_text_config") \
-        else int(target.config.vocab_size)
+    vocab = int(target.get_output_embeddings().weight.shape[0])  # width of the target's logits
     device = tcache.device
     while active:
         b = len(active)
