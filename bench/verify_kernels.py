@@ -72,6 +72,8 @@ def run_cuda(args) -> None:
         configs.append(("greedy", 64, 4, "152k", dtype))
         configs.append(("sample+q", 64, 4, "152k", dtype))
     headline = {}
+    tune = {"num_warps": args.num_warps, **({"block_v": args.block_v} if args.block_v else {})}
+    print(f"tiles: BLOCK_V={args.block_v or 'default'}, num_warps={args.num_warps}")
     for mode, b, k, v, dtype in configs:
         vocab = VOCABS[v]
         logits, drafts, num_draft, q = make_batch(b, k, vocab, dtype, dev, with_q=mode == "sample+q")
@@ -81,11 +83,11 @@ def run_cuda(args) -> None:
         nbytes = logits.numel() * logits.element_size() + (q.numel() * q.element_size() if q is not None else 0)
         floor_s = nbytes / bw  # bw is total (read + write) traffic per second; the floor reads nbytes once
         if mode == "greedy":
-            fused = lambda: T.greedy_verify(logits, drafts, num_draft, max_k=k)  # noqa: E731
+            fused = lambda: T.greedy_verify(logits, drafts, num_draft, max_k=k, **tune)  # noqa: E731
             ref = lambda: R.greedy_verify(logits, drafts, num_draft)  # noqa: E731
         else:
             fused = lambda: T.rejection_verify(logits, drafts, num_draft, draft_probs=q, temperature=temp,  # noqa
-                                               seed=0, request_ids=ids, positions=pos, max_k=k)
+                                               seed=0, request_ids=ids, positions=pos, max_k=k, **tune)
             ref = lambda: R.rejection_verify(logits, drafts, num_draft, draft_probs=q, temperature=temp,  # noqa
                                              seed=0, request_ids=ids, positions=pos)
         # Same answer before timing (the kernel equals the reference).
@@ -130,6 +132,8 @@ def run_cpu_reference() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="only the headline configuration")
+    parser.add_argument("--block-v", type=int, default=None, help="vocabulary tile width (power of two)")
+    parser.add_argument("--num-warps", type=int, default=4)
     args = parser.parse_args()
     if torch.cuda.is_available():
         run_cuda(args)

@@ -268,7 +268,7 @@ def _seed_hash(seed: int) -> int:
 
 
 def _launch(logits, draft_tokens, num_draft, draft_probs, temperature, floor, request_ids, positions, seed,
-            max_k: int | None, greedy: bool, block_v: int) -> VerifyOutput:
+            max_k: int | None, greedy: bool, block_v: int, num_warps: int) -> VerifyOutput:
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     dev = logits.device
@@ -301,6 +301,7 @@ def _launch(logits, draft_tokens, num_draft, draft_probs, temperature, floor, re
         request_ids, positions, seed_hash,
         p, q, sample, vocab,
         HAS_Q=has_q, HAS_FLOOR=floor is not None, GREEDY=greedy, BLOCK_B=block_b, BLOCK_V=block_v,
+        num_warps=num_warps,
     )
     _combine_kernel[(b,)](
         p, q, sample, draft_tokens, num_draft, request_ids, positions, seed_hash,
@@ -311,21 +312,23 @@ def _launch(logits, draft_tokens, num_draft, draft_probs, temperature, floor, re
 
 
 def _block_v(vocab: int, block_v: int | None) -> int:
+    """Tile width: 1024 lanes = 8 per thread at 4 warps, which keeps the six per-lane running vectors of the
+    sampling path in registers (wider tiles spill); tune with bench/verify_kernels.py --block-v."""
     if block_v is not None:
         return block_v
-    return min(4096, triton.next_power_of_2(vocab))
+    return min(1024, triton.next_power_of_2(vocab))
 
 
 def greedy_verify(logits: torch.Tensor, draft_tokens, num_draft, *, max_k: int | None = None,
-                  block_v: int | None = None) -> VerifyOutput:
+                  block_v: int | None = None, num_warps: int = 4) -> VerifyOutput:
     """Fused greedy verification; same contract as reference.greedy_verify."""
     return _launch(logits, draft_tokens, num_draft, None, 0.0, None, None, None, 0, max_k, True,
-                   _block_v(logits.shape[1], block_v))
+                   _block_v(logits.shape[1], block_v), num_warps)
 
 
 def rejection_verify(logits: torch.Tensor, draft_tokens, num_draft, *, draft_probs: torch.Tensor | None = None,
                      temperature=1.0, top_k=None, top_p=None, seed: int = 0, request_ids=None, positions=None,
-                     max_k: int | None = None, block_v: int | None = None) -> VerifyOutput:
+                     max_k: int | None = None, block_v: int | None = None, num_warps: int = 4) -> VerifyOutput:
     """Fused rejection-sampling verification; same contract as reference.rejection_verify.
 
     Pass per-request parameters as (B,) device tensors (and max_k) to keep the call free of host syncs.
@@ -337,4 +340,4 @@ def rejection_verify(logits: torch.Tensor, draft_tokens, num_draft, *, draft_pro
                                   request_ids=request_ids, positions=positions)
         floor = reference.row_floors(logits, batch.layout, batch.temperature, batch.top_k, batch.top_p)
     return _launch(logits, draft_tokens, num_draft, draft_probs, temperature, floor, request_ids, positions, seed,
-                   max_k, False, _block_v(logits.shape[1], block_v))
+                   max_k, False, _block_v(logits.shape[1], block_v), num_warps)

@@ -176,6 +176,53 @@ class _Request:
         return self.prompt + self.generated
 
 
+def _draft_with_model(dcache: _SlotCache, active: list[_Request], k: int, temperature: float, seed: int,
+                      ids: torch.Tensor, positions: torch.Tensor,
+                      vocab: int) -> tuple[list[list[int]], torch.Tensor | None]:
+    """k drafts per request from a draft model with a KV cache: feed what it has not seen, then k - 1 single
+    tokens. Returns the drafts and q (B, k, V) at T > 0 (None at T = 0: greedy drafts, q = one-hot)."""
+    b = len(active)
+    pending = [r.context[int(n):] for r, n in zip(active, dcache.lengths.tolist())]  # 1 or 2 tokens
+    logits = dcache.feed(pending)  # (B, n, Vd)
+    last = torch.tensor([len(p) - 1 for p in pending], device=logits.device)
+    step_logits = logits[torch.arange(b, device=logits.device), last]  # (B, Vd)
+    cols, qs = [], []
+    for i in range(k):
+        tok, q = _sample_drafts(step_logits, temperature, seed, ids, positions + i)
+        cols.append(tok)
+        qs.append(q)
+        if i < k - 1:
+            step_logits = dcache.feed([[t] for t in tok.tolist()])[:, 0]
+    drafts = torch.stack(cols, dim=1).tolist()  # (B, k)
+    if temperature <= 0:
+        return drafts, None
+    probs = torch.stack(qs, dim=1)  # (B, k, Vd)
+    if probs.shape[-1] != vocab:  # a draft vocabulary padded differently from the target's
+        probs = torch.nn.functional.pad(probs, (0, max(0, vocab - probs.shape[-1])))[..., :vocab]
+    return drafts, probs
+
+
+def _draft_with_speculator(speculator: Speculator, active: list[_Request], k: int, temperature: float,
+                           generator: torch.Generator, vocab: int) -> tuple[list[list[int]], torch.Tensor | None]:
+    """Up to k drafts per request from Speculator.propose; q (B, k, V) when any proposal carries probs
+    (one-hot rows for those that do not), else None."""
+    drafts, q_list = [], []
+    for r in active:
+        proposal = speculator.propose(r.context, k, temperature, generator)
+        drafts.append([int(t) for t in proposal.tokens[:k]])
+        q_list.append(proposal.probs)
+    if temperature <= 0 or all(q is None for q in q_list):
+        return drafts, None
+    probs = torch.zeros((len(active), k, vocab), dtype=torch.float32)
+    for j, (q, d) in enumerate(zip(q_list, drafts)):
+        if q is None:
+            probs[j, torch.arange(len(d)), torch.tensor(d, dtype=torch.int64)] = 1.0
+        else:
+            n = min(q.shape[-1], vocab)
+            probs[j, :len(d), :n] = q[:len(d), :n].float()
+    return drafts, probs
+
+
 @torch.inference_mode()
 def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module | None,
                requests: list[_Request], k: int, temperature: float, top_p: float | None, top_k: int | None,
@@ -197,39 +244,10 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
         positions = torch.tensor([len(r.generated) for r in active], dtype=torch.int64)
 
         # -- draft ------------------------------------------------------------------------------------
-        drafts: list[list[int]]
-        probs: torch.Tensor | None = None  # (B, k, V) when a model drafter sampled
         if dcache is not None:
-            pending = [r.context[int(n):] for r, n in zip(active, dcache.lengths.tolist())]
-            logits = dcache.feed(pending)  # (B, n, V)
-            last = torch.tensor([len(p) - 1 for p in pending], device=logits.device)
-            step_logits = logits[torch.arange(b, device=logits.device), last]  # (B, V)
-            cols, qs = [], []
-            for i in range(k):
-                tok, q = _sample_drafts(step_logits, temperature, seed, ids, positions + i)
-                cols.append(tok)
-                qs.append(q)
-                if i < k - 1:
-                    step_logits = dcache.feed([[t] for t in tok.tolist()])[:, 0]
-            drafts = torch.stack(cols, dim=1).tolist()  # (B, k)
-            if temperature > 0:
-                probs = torch.stack(qs, dim=1)  # (B, k, Vd)
-                if probs.shape[-1] != vocab:  # draft vocabulary padded / cut to the target's
-                    probs = torch.nn.functional.pad(probs, (0, max(0, vocab - probs.shape[-1])))[..., :vocab]
+            drafts, probs = _draft_with_model(dcache, active, k, temperature, seed, ids, positions, vocab)
         else:
-            drafts, q_list = [], []
-            for r in active:
-                proposal = speculator.propose(r.context, k, temperature, generator)
-                drafts.append([int(t) for t in proposal.tokens[:k]])
-                q_list.append(proposal.probs)
-            if temperature > 0 and any(q is not None for q in q_list):
-                probs = torch.zeros((b, k, vocab), dtype=torch.float32)
-                for j, (q, d) in enumerate(zip(q_list, drafts)):
-                    if q is None:
-                        probs[j, torch.arange(len(d)), torch.tensor(d, dtype=torch.int64)] = 1.0
-                    else:
-                        n = min(q.shape[-1], vocab)
-                        probs[j, :len(d), :n] = q[:len(d), :n].float()
+            drafts, probs = _draft_with_speculator(speculator, active, k, temperature, generator, vocab)
 
         # -- verify: one target pass over [pending token, drafts] -----------------------------------------
         pending = [r.context[int(n):] for r, n in zip(active, tcache.lengths.tolist())]  # always 1 token
