@@ -100,6 +100,14 @@ def test_loop_at_temperature_zero_equals_plain_greedy(target, near_draft, k):
     assert accepted_any > 0  # the draft really was accepted sometimes, so rollback paths ran
 
 
+def test_one_token_prompts(target, near_draft):
+    for prompts in ([[5]], [[5], [1, 2, 3]]):
+        results = run_sampled(target, near_draft, prompts, draft_lens=[2], temperature=0.0, max_new_tokens=8,
+                              eos_token_ids={EOS}, seed=0)
+        for prompt, res in zip(prompts, results):
+            assert res.tokens[2] == greedy_reference(target, prompt, 8)
+
+
 def test_loop_with_ngram_speculator_equals_plain_greedy(target):
     from calibrate.speculators.ngram import NgramSpeculator
 

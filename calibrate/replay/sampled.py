@@ -232,9 +232,10 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
     tcache = _SlotCache(target, len(requests))
     dcache = _SlotCache(draft_model, len(requests)) if draft_model is not None else None
     # Prefill everything but the last prompt token: the loop invariant is "cache = context[:-pending]".
-    tcache.feed([r.prompt[:-1] for r in requests], logits_to_keep=1)
-    if dcache is not None:
-        dcache.feed([r.prompt[:-1] for r in requests], logits_to_keep=1)
+    if any(len(r.prompt) > 1 for r in requests):
+        tcache.feed([r.prompt[:-1] for r in requests], logits_to_keep=1)
+        if dcache is not None:
+            dcache.feed([r.prompt[:-1] for r in requests], logits_to_keep=1)
     active = list(requests)
     vocab = int(target.get_output_embeddings().weight.shape[0])  # width of the target's logits
     device = tcache.device
