@@ -29,6 +29,7 @@ from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
 from calibrate.replay.counts import RequestOutcome, StepCounts
 from calibrate.replay.greedy import generate_greedy, score_replay
+from calibrate.replay.sampled import run_sampled
 from calibrate.speculators.base import Speculator
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.speculators.ngram import NgramSpeculator
@@ -251,4 +252,24 @@ def _replay_batch(config: Config, target: LoadedModel, speculators: Sequence[Spe
 
 def _loop_batch(config: Config, target: LoadedModel, speculators: Sequence[Speculator], thinking: str,
                 temperature: float, prompts: Sequence[RenderedPrompt]) -> BatchResult:
-    raise ValueError("the sampled loop engine is not wired into `calibrate run` yet")
+    """A real speculative-decoding loop per speculator and k (responses differ per k when sampling)."""
+    opens_thinking = prompts[0].opens_thinking  # a property of the template and mode, not of the request
+
+    def labeller(tokens: list[int]) -> list[str]:
+        return label_segments(tokens, target.tokenizer, thinking=thinking, starts_in_thinking=opens_thinking)
+
+    per_request: BatchResult = [{} for _ in prompts]
+    for spec in speculators:
+        results = run_sampled(
+            target.model, spec, [p.ids for p in prompts], draft_lens=config.sweep.draft_lengths,
+            temperature=temperature, top_p=config.sweep.top_p, top_k=config.sweep.top_k,
+            max_new_tokens=config.dataset.max_new_tokens, eos_token_ids=target.eos_token_ids,
+            seed=config.dataset.seed, segment_labeller=labeller, verify_backend=config.run.verify_backend,
+            batch_size=len(prompts),
+        )
+        for i, result in enumerate(results):
+            per_request[i].update({
+                (spec.name, k): Measured(counts, len(result.tokens[k]), result.finish_reason[k])
+                for k, counts in result.counts.items()
+            })
+    return per_request

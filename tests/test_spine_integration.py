@@ -171,3 +171,33 @@ draft_lengths = [2]
     prepared = prepare(load_config(config_path))
     assert len(prepared.requests) == 2
     assert any("broken.traj.json" in p.source for p in prepared.problems)
+
+
+def test_loop_engine_at_temperature_zero_stores_what_replay_stores(tmp_path, smollm, mini_swe_dir):
+    """Through the runner: engine = "loop" at T=0 writes exactly the greedy replay-once counts (fp32)."""
+    text = sweep_config(tmp_path, smollm, mini_swe_dir / "original", 2).read_text()
+    replay_cfg = tmp_path / "replay.toml"
+    replay_cfg.write_text(text)
+    loop_cfg = tmp_path / "loop.toml"
+    loop_cfg.write_text(text.replace('device = "cpu"', 'device = "cpu"\nengine = "loop"'))
+    execute(load_config(replay_cfg), tmp_path / "replay.duckdb")
+    execute(load_config(loop_cfg), tmp_path / "loop.duckdb")
+    assert totals(tmp_path / "loop.duckdb") == totals(tmp_path / "replay.duckdb")
+
+
+def test_sampled_run_records_expected_acceptance(tmp_path, smollm, mini_swe_dir):
+    text = sweep_config(tmp_path, smollm, mini_swe_dir / "original", 2).read_text()
+    path = tmp_path / "sampled.toml"
+    path.write_text(text.replace("draft_lengths = [1, 3]", "draft_lengths = [2]\ntemperature = [0.8]\ntop_p = 0.95"))
+    db = tmp_path / "sampled.duckdb"
+    result = CliRunner().invoke(app, ["run", str(path), "--db", str(db), "--no-show"])
+    assert result.exit_code == 0, result.output
+    con = duckdb.connect(str(db), read_only=True)
+    engines = con.execute("SELECT DISTINCT engine, temperature, top_p FROM runs").fetchall()
+    expected = con.execute("SELECT count(*) FROM segment_counts WHERE expected_accepted IS NULL").fetchone()[0]
+    con.close()
+    assert engines == [("loop", 0.8, 0.95)]
+    assert expected == 0
+    shown = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json"])
+    rows = json.loads(shown.stdout)
+    assert all("expected_acceptance_length" in r for r in rows)
