@@ -54,12 +54,12 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 def stream_key(seed: int, request: torch.Tensor, position: torch.Tensor, purpose: int) -> torch.Tensor:
     """32-bit key of the stream (seed, request, position, purpose); request/position: int64 tensors (any shape)."""
     request = torch.as_tensor(request, dtype=torch.int64)
-    position = torch.as_tensor(position, dtype=torch.int64)
-    h = mix32(torch.tensor((seed & M32) ^ SEED_SALT, dtype=torch.int64))
+    position = torch.as_tensor(position, dtype=torch.int64).to(request.device)
+    h = mix32(torch.tensor((seed & M32) ^ SEED_SALT, dtype=torch.int64, device=request.device))
     h = mix32(h ^ ((seed >> 32) & M32))
-    h = mix32(h ^ (request.to(h.device) & M32))
-    h = mix32(h ^ (position.to(h.device) & M32))
-    return mix32(h ^ purpose)
+    h = mix32(h ^ (request & M32))
+    h = mix32(h ^ (position & M32))
+    return mix32(h ^ purpose)  # on request's device
 
 
 def lane_hash(key: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
