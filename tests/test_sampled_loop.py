@@ -128,6 +128,11 @@ def test_batching_does_not_change_results(target, near_draft):
         assert a.counts[3].hist.tolist() == b.counts[3].hist.tolist()
     other_seed = run_sampled(target, near_draft, PROMPTS, batch_size=3, **{**kw, "seed": 8})
     assert any(a.tokens[3] != b.tokens[3] for a, b in zip(batched, other_seed))
+    # A request's outcome follows its key, not its place in the call.
+    keyed = run_sampled(target, near_draft, PROMPTS[::-1], batch_size=2, request_keys=[2, 1, 0], **kw)
+    assert [r.tokens[3] for r in keyed] == [r.tokens[3] for r in batched[::-1]]
+    with pytest.raises(ValueError, match="request_keys"):
+        run_sampled(target, near_draft, PROMPTS, request_keys=[0, 0, 1], **kw)
 
 
 # -- sampling ---------------------------------------------------------------------------------------------------

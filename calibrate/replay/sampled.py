@@ -26,9 +26,9 @@ Each k is its own loop run (at temperature > 0 the responses differ per k). `spe
 - any other Speculator (n-gram, suffix, ...): `propose(context, k, temperature, generator)` per request
   and step; its `probs` are used when given, else q = one-hot. Proposals may be shorter than k.
 
-Randomness is counter-based (calibrate.kernels.rng), keyed by (seed, request index in `prompts`,
-position in the response, purpose) for both the draft samples and the verification, so a request's
-outcome does not depend on the batch it ran in or on the backend.
+Randomness is counter-based (calibrate.kernels.rng), keyed by (seed, request key (`request_keys`, default
+the index in `prompts`), position in the response, purpose) for both the draft samples and the
+verification, so a request's outcome does not depend on the batch it ran in or on the backend.
 
 KV caches (`_SlotCache`): one transformers DynamicCache per model, right-padded chunks, a validity mask per
 slot and explicit position ids. Rolling back = marking a request's slots beyond its kept length invalid,
@@ -165,7 +165,8 @@ def _sample_drafts(logits: torch.Tensor, temperature: float, seed: int, request_
 
 @dataclass
 class _Request:
-    index: int  # position in the caller's prompt list: the random-stream key
+    index: int  # position in the caller's prompt list
+    key: int  # random-stream key of the request (request_keys[index], default index)
     prompt: list[int]
     generated: list[int] = field(default_factory=list)
     records: list[StepRecord] = field(default_factory=list)
@@ -241,7 +242,7 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
     device = tcache.device
     while active:
         b = len(active)
-        ids = torch.tensor([r.index for r in active], dtype=torch.int64)
+        ids = torch.tensor([r.key for r in active], dtype=torch.int64)
         positions = torch.tensor([len(r.generated) for r in active], dtype=torch.int64)
 
         # -- draft ------------------------------------------------------------------------------------
@@ -314,12 +315,15 @@ def run_sampled(
     segment_labeller: Callable[[list[int]], list[str]] | None = None,
     verify_backend: str = "auto",
     batch_size: int = 8,
+    request_keys: Sequence[int] | None = None,
 ) -> list[SampledResult]:
     """Run the speculative-decoding loop once per k over all prompts; see the module docstring.
 
     Returns one SampledResult per prompt, in order. `segment_labeller(tokens)` labels each generated
     token (thinking / answer / tool_call); a step belongs to the segment of its first emitted token;
-    without it everything is "answer".
+    without it everything is "answer". `request_keys` (default: the index in `prompts`) key each request's
+    random streams; callers that split one sweep over several calls pass globally distinct, stable keys
+    (e.g. the request's index in the whole dataset), or requests of different calls would share draws.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -327,6 +331,9 @@ def run_sampled(
         raise ValueError(f"draft lengths must be >= 1, got {list(draft_lens)}")
     if any(len(p) < 1 for p in prompts):
         raise ValueError("every prompt needs at least one token")
+    keys = list(range(len(prompts))) if request_keys is None else [int(x) for x in request_keys]
+    if len(keys) != len(prompts) or len(set(keys)) != len(keys) or min(keys, default=0) < 0:
+        raise ValueError("request_keys must be distinct non-negative integers, one per prompt")
     draft_model = draft_model_of(speculator)
     if draft_model is None and not isinstance(speculator, Speculator):
         raise TypeError(f"speculator must be a Speculator or a causal LM, got {type(speculator).__name__}")
@@ -334,7 +341,7 @@ def run_sampled(
     for k in draft_lens:
         generator = torch.Generator().manual_seed(seed * 1000003 + k)  # only for model-free speculators' propose
         for start in range(0, len(prompts), batch_size):
-            batch = [_Request(index=i, prompt=list(prompts[i]))
+            batch = [_Request(index=i, key=keys[i], prompt=list(prompts[i]))
                      for i in range(start, min(start + batch_size, len(prompts)))]
             _run_batch(target_model, speculator, draft_model, batch, k, temperature, top_p, top_k,
                        max_new_tokens, eos_token_ids, seed, verify_backend, generator)
