@@ -1,29 +1,56 @@
 """Verification kernels: the torch reference (the specification) and the fused Triton kernels.
 
-Triton runs here under TRITON_INTERPRET=1 on CPU, so grids and vocabularies are tiny.
+Without CUDA, Triton runs here under its interpreter (TRITON_INTERPRET=1, set below before the kernels are
+defined) on CPU tensors, so grids and vocabularies are tiny. With CUDA the same tests run the compiled
+kernels on the GPU (inputs are moved there by `tri`) against the reference on CPU.
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere in this process
-
-import numpy as np
-import pytest
 import torch
-from scipy import stats
 
-from calibrate.kernels import reference as R
-from calibrate.kernels import resolve_backend, rng, verify_greedy, verify_rejection
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from calibrate.kernels import reference as R  # noqa: E402
+from calibrate.kernels import resolve_backend, rng, verify_greedy, verify_rejection  # noqa: E402
 
 triton = pytest.importorskip("triton")
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if INTERPRET:
+    triton.knobs.runtime.interpret = True  # also when triton was imported (by transformers) before the env var
 tl = triton.language
 from calibrate.kernels import triton_verify as T  # noqa: E402
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+TRITON_DEVICE = "cpu" if INTERPRET else "cuda"
 needs_triton_device = pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
                                          reason="Triton needs CUDA or TRITON_INTERPRET=1")
+
+
+def tri(fn):
+    """Call a Triton-backed function with tensor arguments on the Triton device; results back on CPU."""
+
+    def move(x, device):
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+
+    def call(*args, **kwargs):
+        out = fn(*[move(a, TRITON_DEVICE) for a in args], **{k: move(v, TRITON_DEVICE) for k, v in kwargs.items()})
+        return R.VerifyOutput(*[move(getattr(out, f), "cpu") for f in ("tokens", "num_accepted", "expected_accepted")])
+
+    return call
+
+
+def run_backend(backend: str, *args, **kwargs) -> R.VerifyOutput:
+    """verify_rejection on the given backend, inputs on that backend's device."""
+    if backend == "triton":
+        return tri(verify_rejection)(*args, backend="triton", **kwargs)
+    return verify_rejection(*args, backend=backend, **kwargs)
 
 
 def ragged_case(seed: int, num_draft: list[int], vocab: int, match_bias: float = 0.7, scale: float = 2.0):
@@ -55,9 +82,10 @@ def _rng_probe(req_ptr, pos_ptr, out_key_ptr, out_u_ptr, seed_hash, n, BLOCK: tl
 def test_triton_rng_matches_torch_bit_for_bit(seed):
     req = torch.tensor([0, 1, 2, 7, 2**31 + 5, 999999], dtype=torch.int64)
     pos = torch.tensor([0, 0, 1, 300, 4, 2**20], dtype=torch.int64)
-    keys = torch.empty(6, dtype=torch.int64)
-    u = torch.empty(6, 64, dtype=torch.float32)
-    _rng_probe[(6,)](req, pos, keys, u, T._seed_hash(seed), 64, BLOCK=64)
+    keys = torch.empty(6, dtype=torch.int64, device=TRITON_DEVICE)
+    u = torch.empty(6, 64, dtype=torch.float32, device=TRITON_DEVICE)
+    _rng_probe[(6,)](req.to(TRITON_DEVICE), pos.to(TRITON_DEVICE), keys, u, T._seed_hash(seed), 64, BLOCK=64)
+    keys, u = keys.cpu(), u.cpu()
     want_keys = rng.stream_key(seed, req, pos, rng.SAMPLE)
     assert torch.equal(keys, want_keys)
     want_u = rng.lane_uniform(want_keys.unsqueeze(1), torch.arange(64))
@@ -158,7 +186,7 @@ def test_triton_greedy_equals_reference(num_draft, vocab, block_v):
     logits[0, 5] = logits[0, 7] = logits[0].max() + 1  # exact tie: lowest index wins in both
     want = R.greedy_verify(logits, drafts, num_draft)
     for dtype in (torch.float32, torch.bfloat16):
-        got = T.greedy_verify(logits.to(dtype), drafts, num_draft, block_v=block_v)
+        got = tri(T.greedy_verify)(logits.to(dtype), drafts, num_draft, block_v=block_v)
         ref = R.greedy_verify(logits.to(dtype), drafts, num_draft)
         assert torch.equal(got.tokens, ref.tokens)
         assert torch.equal(got.num_accepted, ref.num_accepted)
@@ -178,7 +206,7 @@ def test_triton_rejection_equals_reference(num_draft, vocab, block_v, with_q):
             seed=seed, request_ids=torch.arange(b) * 7 + 3, positions=torch.arange(b) * 11,
         )
         want = R.rejection_verify(logits, drafts, num_draft, **kw)
-        got = T.rejection_verify(logits, drafts, num_draft, block_v=block_v, **kw)
+        got = tri(T.rejection_verify)(logits, drafts, num_draft, block_v=block_v, **kw)
         assert torch.equal(got.tokens, want.tokens)
         assert torch.equal(got.num_accepted, want.num_accepted)
         torch.testing.assert_close(got.expected_accepted, want.expected_accepted, rtol=1e-5, atol=1e-6)
@@ -193,7 +221,7 @@ def test_triton_rejection_equals_reference_with_top_k_top_p_and_bf16(with_q):
               top_p=[1.0, 0.7, 0.9], seed=11)
     for dtype in (torch.float32, torch.bfloat16):
         want = R.rejection_verify(logits.to(dtype), drafts, num_draft, **kw)
-        got = T.rejection_verify(logits.to(dtype), drafts, num_draft, block_v=8, **kw)
+        got = tri(T.rejection_verify)(logits.to(dtype), drafts, num_draft, block_v=8, **kw)
         assert torch.equal(got.tokens, want.tokens)
         assert torch.equal(got.num_accepted, want.num_accepted)
 
@@ -209,7 +237,7 @@ def test_results_do_not_depend_on_batch_order():
     lay = R.make_layout(torch.tensor(num_draft), "cpu")
     rows = torch.cat([torch.arange(lay.row_start[r], lay.row_start[r] + num_draft[r] + 1) for r in perm])
     dr = torch.cat([torch.arange(lay.draft_start[r], lay.draft_start[r] + num_draft[r]) for r in perm])
-    for fn in (R.rejection_verify, T.rejection_verify):
+    for fn in (R.rejection_verify, tri(T.rejection_verify)):
         base = fn(logits, drafts, num_draft, draft_probs=q, temperature=temp, seed=4, request_ids=ids, positions=pos)
         permuted = fn(logits[rows], drafts[dr], [num_draft[r] for r in perm], draft_probs=q[dr],
                       temperature=temp[perm], seed=4, request_ids=ids[perm], positions=pos[perm])
@@ -282,7 +310,7 @@ def test_triton_emitted_tokens_follow_the_target_small():
     p_logits, bonus_logits = torch.randn(vocab, generator=g), torch.randn(vocab, generator=g)
     q = torch.softmax(torch.randn(vocab, generator=g), -1)
     logits, drafts, probs = many_requests(p_logits, bonus_logits, q, n, seed=3)
-    out = T.rejection_verify(logits, drafts, [1] * n, draft_probs=probs, temperature=1.0, seed=9, block_v=8)
+    out = tri(T.rejection_verify)(logits, drafts, [1] * n, draft_probs=probs, temperature=1.0, seed=9, block_v=8)
     counts = np.bincount(out.tokens[:, 0].numpy(), minlength=vocab)
     p = torch.softmax(p_logits, -1).double().numpy()
     assert chisq_p(counts, p) > 1e-3
@@ -300,7 +328,7 @@ def test_zero_probability_tokens_never_emitted(backend):
     q = q / q.sum(-1, keepdim=True)
     drafts = torch.multinomial(q, 1, generator=torch.Generator().manual_seed(0)).squeeze(1)
     for probs in (q, None):
-        out = verify_rejection(logits, drafts, num_draft, draft_probs=probs, temperature=1.3, seed=1, backend=backend)
+        out = run_backend(backend, logits, drafts, num_draft, draft_probs=probs, temperature=1.3, seed=1)
         toks = out.tokens[out.tokens >= 0]
         assert not torch.isin(toks, banned).any()
 
@@ -310,8 +338,8 @@ def test_top_k_top_p_outputs_stay_in_the_allowed_set(backend):
     num_draft, vocab = [2] * 30, 16
     logits, drafts, q = ragged_case(8, num_draft, vocab, match_bias=0.3)
     temperature, top_k, top_p = 0.9, 6, 0.75
-    out = verify_rejection(logits, drafts, num_draft, draft_probs=q, temperature=temperature, top_k=top_k,
-                           top_p=top_p, seed=2, backend=backend)
+    out = run_backend(backend, logits, drafts, num_draft, draft_probs=q, temperature=temperature, top_k=top_k,
+                      top_p=top_p, seed=2)
     scaled = (logits / temperature).numpy()
     for r, row in enumerate(emitted(out)):
         for i, tok in enumerate(row):
@@ -327,8 +355,7 @@ def test_self_speculation_accepts_everything(backend, temperature):
     t_rows = torch.full((logits.shape[0],), temperature)
     p = R.target_probs(logits, t_rows, torch.full_like(t_rows, float("-inf")))[lay.row_is_draft]
     drafts = torch.multinomial(p, 1, generator=torch.Generator().manual_seed(0)).squeeze(1)
-    out = verify_rejection(logits, drafts, num_draft, draft_probs=p, temperature=temperature, seed=3,
-                           backend=backend)
+    out = run_backend(backend, logits, drafts, num_draft, draft_probs=p, temperature=temperature, seed=3)
     assert out.num_accepted.tolist() == num_draft
     torch.testing.assert_close(out.expected_accepted, torch.tensor(num_draft, dtype=torch.float32))
 
@@ -346,7 +373,7 @@ def test_one_hot_target_equal_to_drafts_accepts_everything(backend, with_q):
     logits[torch.arange(n_rows), want] = 0.0
     q = torch.softmax(torch.randn(len(drafts), vocab), -1) if with_q else None
     for temperature in (0.0, 0.5, 1.5):
-        out = verify_rejection(logits, drafts, num_draft, draft_probs=q, temperature=temperature, backend=backend)
+        out = run_backend(backend, logits, drafts, num_draft, draft_probs=q, temperature=temperature)
         assert out.num_accepted.tolist() == num_draft
         bonus = want[lay.row_start + torch.tensor(num_draft)]
         assert out.tokens[torch.arange(3), torch.tensor(num_draft)].tolist() == bonus.tolist()

@@ -5,17 +5,19 @@ from __future__ import annotations
 import copy
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton-backend test below runs the kernels on CPU
-
-import numpy as np
-import pytest
 import torch
-from scipy import stats
-from transformers import GenerationConfig
 
-from calibrate.replay.sampled import SampledResult, draft_model_of, record_step, run_sampled
-from calibrate.speculators.base import Proposal, Speculator
-from tests.conftest import tiny_llama
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton-backend test below runs the kernels on CPU
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from scipy import stats  # noqa: E402
+from transformers import GenerationConfig  # noqa: E402
+
+from calibrate.replay.sampled import SampledResult, draft_model_of, record_step, run_sampled  # noqa: E402
+from calibrate.speculators.base import Proposal, Speculator  # noqa: E402
+from tests.conftest import tiny_llama  # noqa: E402
 
 EOS = 96  # tiny_llama's eos_token_id (vocab_size - 1)
 PROMPTS = [[1, 5, 9, 13, 2, 7], [3, 4], [8, 8, 8, 8, 8, 8, 8, 8, 8, 1, 2, 3]]
@@ -233,9 +235,10 @@ def test_bad_arguments(target):
 
 
 def test_triton_backend_in_the_loop_matches_the_reference(target, near_draft):
-    pytest.importorskip("triton")
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1")
+    triton = pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the tiny models run on CPU, so this needs the Triton interpreter (TRITON_INTERPRET=1)")
+    triton.knobs.runtime.interpret = True  # in case triton was imported (by transformers) before the env var
     kw = dict(draft_lens=[3], temperature=0.8, top_p=0.9, max_new_tokens=10, eos_token_ids={EOS}, seed=2,
               batch_size=3)
     ref = run_sampled(target, near_draft, PROMPTS[:2], verify_backend="reference", **kw)
