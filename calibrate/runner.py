@@ -8,6 +8,7 @@ at most one batch and a re-run picks up where it stopped.
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import subprocess
 import time
@@ -197,7 +198,8 @@ def _run_group(config: Config, store: Store, prepared: Prepared, target: LoadedM
             if engine == "replay":
                 results = _replay_batch(config, target, speculators, thinking, [prompts[i] for i in idx])
             else:
-                results = _loop_batch(config, target, speculators, thinking, temperature, [prompts[i] for i in idx])
+                results = _loop_batch(config, target, speculators, thinking, temperature, [prompts[i] for i in idx],
+                                      [request_key(prepared.requests[i].request_id) for i in idx])
             rows = []
             for i, per_key in zip(idx, results):
                 request, prompt = prepared.requests[i], prompts[i]
@@ -250,8 +252,13 @@ def _replay_batch(config: Config, target: LoadedModel, speculators: Sequence[Spe
     return per_request
 
 
+def request_key(request_id: str) -> int:
+    """A stable 32-bit random-stream key per request: a resumed run draws the same numbers as a whole one."""
+    return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:4], "little")
+
+
 def _loop_batch(config: Config, target: LoadedModel, speculators: Sequence[Speculator], thinking: str,
-                temperature: float, prompts: Sequence[RenderedPrompt]) -> BatchResult:
+                temperature: float, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult:
     """A real speculative-decoding loop per speculator and k (responses differ per k when sampling)."""
     opens_thinking = prompts[0].opens_thinking  # a property of the template and mode, not of the request
 
@@ -265,7 +272,7 @@ def _loop_batch(config: Config, target: LoadedModel, speculators: Sequence[Specu
             temperature=temperature, top_p=config.sweep.top_p, top_k=config.sweep.top_k,
             max_new_tokens=config.dataset.max_new_tokens, eos_token_ids=target.eos_token_ids,
             seed=config.dataset.seed, segment_labeller=labeller, verify_backend=config.run.verify_backend,
-            batch_size=len(prompts),
+            batch_size=len(prompts), request_keys=keys,
         )
         for i, result in enumerate(results):
             per_request[i].update({

@@ -201,3 +201,8 @@ def test_sampled_run_records_expected_acceptance(tmp_path, smollm, mini_swe_dir)
     shown = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json"])
     rows = json.loads(shown.stdout)
     assert all("expected_acceptance_length" in r for r in rows)
+    # Random streams are keyed by request id, not by batch slot: one request per batch samples the same.
+    single = tmp_path / "single.toml"
+    single.write_text(path.read_text().replace("batch_size = 2", "batch_size = 1"))
+    execute(load_config(single), tmp_path / "single.duckdb")
+    assert totals(tmp_path / "single.duckdb") == totals(db)
