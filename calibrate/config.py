@@ -24,6 +24,7 @@ class _Strict(BaseModel):
 
 class DatasetConfig(_Strict):
     source: str
+    name: str | None = None  # label in tables and exports; defaults to `source` as written in the file
     format: str | None = None
     split: str | None = None
     revision: str | None = None
@@ -137,7 +138,8 @@ def format_errors(path: str, exc: ValidationError) -> str:
 def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     """Read and validate a config; `overrides` (e.g. {"dataset": {"max_requests": 4}}) win over the file.
 
-    A relative dataset source that exists beside the config file is taken relative to it.
+    A relative dataset source that exists beside the config file is taken relative to it; the dataset's
+    label (`name`) stays as written, so tables do not carry machine-specific paths.
     """
     path = Path(path)
     try:
@@ -149,8 +151,10 @@ def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = 
     for table, values in (overrides or {}).items():
         raw.setdefault(table, {}).update({k: v for k, v in values.items() if v is not None})
     source = raw.get("dataset", {}).get("source")
-    if isinstance(source, str) and not Path(source).is_absolute() and (path.parent / source).exists():
-        raw["dataset"]["source"] = str((path.parent / source).resolve())
+    if isinstance(source, str):
+        raw["dataset"].setdefault("name", source)  # a label that does not depend on where the repo lives
+        if not Path(source).is_absolute() and (path.parent / source).exists():
+            raw["dataset"]["source"] = str((path.parent / source).resolve())
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:

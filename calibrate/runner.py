@@ -126,7 +126,7 @@ def run_specs(config: Config, prepared: Prepared, target: LoadedModel, speculato
                 draft_id=draft_id, draft_hash=draft_hash, draft_len=k, thinking=thinking,
                 temperature=temperature, top_p=config.sweep.top_p if temperature > 0 else None,
                 top_k=config.sweep.top_k if temperature > 0 else None,
-                dataset=ds.source, dataset_format=prepared.dataset_format,
+                dataset=ds.name or ds.source, dataset_format=prepared.dataset_format,
                 dataset_fingerprint=prepared.fingerprint, selection=prepared.selection,
                 context_tokens=ds.context_tokens, max_new_tokens=ds.max_new_tokens, engine=engine,
                 dtype=config.run.dtype, device=target.device, seed=ds.seed, versions=versions, git_commit=commit,
@@ -187,6 +187,22 @@ def _run_group(config: Config, store: Store, prepared: Prepared, target: LoadedM
     pending = [i for i, r in enumerate(prepared.requests)
                if not all(r.request_id in done[run_id] for run_id in run_ids.values())]
     summary.resumed += len(prepared.requests) - len(pending)
+    try:
+        _measure(config, store, prepared, target, speculators, thinking, temperature, prompts, engine, run_ids,
+                 done, pending, summary, console)
+    except BaseException:
+        for run_id in run_ids.values():  # what was committed stays; a re-run resumes from it
+            store.finish_run(run_id, status="interrupted")
+        raise
+    for run_id in run_ids.values():
+        store.finish_run(run_id)
+
+
+def _measure(config: Config, store: Store, prepared: Prepared, target: LoadedModel,
+             speculators: Sequence[Speculator], thinking: str, temperature: float,
+             prompts: Sequence[RenderedPrompt], engine: str, run_ids: dict[tuple[str, int], str],
+             done: dict[str, set[str]], pending: list[int], summary: RunSummary, console: Console) -> None:
+    """Measure the pending requests batch by batch; each batch is committed for all runs at once."""
     label = f"{target.name} thinking={thinking} T={temperature:g}"
     batch = config.run.batch_size
     with _progress(console) as progress:
@@ -219,8 +235,6 @@ def _run_group(config: Config, store: Store, prepared: Prepared, target: LoadedM
             summary.tokens += generated
             summary.measured += len(idx)
             progress.update(task, advance=len(idx), rate=tokens / max(time.perf_counter() - t0, 1e-9))
-    for run_id in run_ids.values():
-        store.finish_run(run_id)
 
 
 @dataclass(frozen=True)

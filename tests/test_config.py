@@ -40,6 +40,7 @@ def test_good_config_normalises(tmp_path):
     assert cfg.pairs[0].speculators[1].max_n == 3 and cfg.pairs[0].speculators[1].min_n == 1
     # a relative source beside the config resolves against the config's folder
     assert Path(cfg.dataset.source) == (tmp_path / "conversations.jsonl").resolve()
+    assert cfg.dataset.name == "conversations.jsonl"  # the label stays as written
     assert cfg.run.dtype == "bfloat16"
 
 

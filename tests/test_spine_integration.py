@@ -122,6 +122,9 @@ def test_resume_after_interruption_counts_nothing_twice(tmp_path, smollm, mini_s
     monkeypatch.setattr(Store, "write_requests", real_write)
     con = duckdb.connect(str(resumed), read_only=True)
     assert con.execute("SELECT count(DISTINCT request_id) FROM requests").fetchone()[0] == 2
+    assert {s for (s,) in con.execute("SELECT DISTINCT status FROM runs").fetchall()} == {"interrupted"}
+    assert {d for (d,) in con.execute("SELECT DISTINCT dataset FROM runs").fetchall()} == {
+        str(mini_swe_dir / "original")}
     con.close()
 
     summary = execute(config, resumed)
