@@ -65,8 +65,7 @@ def main() -> None:
     t_replay = time.perf_counter() - t0
 
     # (b) transformers assisted generation, 4 constant assistant tokens, one request at a time
-    same = 0
-    accepted_b, steps_b = 0, 0
+    same, diverged = 0, []
     t0 = time.perf_counter()
     for prompt, response in zip(prompts, plain):
         ids = torch.tensor([prompt], device=target.device)
@@ -77,7 +76,16 @@ def main() -> None:
             ids, attention_mask=torch.ones_like(ids), assistant_model=draft.model, do_sample=False,
             max_new_tokens=args.max_new_tokens, eos_token_id=sorted(eos), pad_token_id=min(eos),
         )[0, len(prompt):].tolist()
-        same += out[:len(response.tokens)] == response.tokens
+        want = response.tokens
+        if out[:len(want)] == want:
+            same += 1
+        else:  # where assisted decoding first left the target's greedy path, and how close the call was
+            j = next(i for i, (x, y) in enumerate(zip(out, want)) if x != y)
+            with torch.inference_mode():
+                logits = target.model(input_ids=torch.tensor([prompt + want[:j]], device=target.device),
+                                      logits_to_keep=1).logits[0, -1].float()
+            gap = float(logits[want[j]] - logits[out[j]])
+            diverged.append(f"token {j}: greedy {want[j]} vs assisted {out[j]}, logit gap {gap:.3f}")
     t_assisted = time.perf_counter() - t0
 
     table = Table(title=f"{len(prompts)} requests, {args.max_new_tokens} new tokens, {args.dtype}, "
@@ -92,6 +100,8 @@ def main() -> None:
     console.print(f"a/c = {t_replay / t_plain:.2f}   (replay-once cost over generating once)")
     console.print(f"8*b/a = {8 * t_assisted / t_replay:.2f}   (eight assisted runs, one per k, over replay-once)")
     console.print(f"assisted output == target greedy tokens: {same}/{len(prompts)} requests")
+    for line in diverged:
+        console.print(f"  diverged at {line} (a near-tie that {args.dtype} rounding decides)")
     console.print(f"replay responses == plain greedy responses: "
                   f"{sum(a.tokens == b.tokens for a, b in zip(responses, plain))}/{len(prompts)}")
     for k in (1, 4, 8):
