@@ -18,8 +18,10 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 # Real small models (Qwen2.5-Coder 1.5B/0.5B, SmolLM2-135M, Gemma-3-270M); cached and idempotent.
+# gguf/ keeps one .gguf file too, so loading a GGUF checkpoint is tested.
 models: install
 	$(PY) $(SHARED)/models/fetch-test-models.py
+	$(PY) $(SHARED)/models/fetch-test-models.py --dest $(CALIBRATE_TEST_MODELS)/gguf --only smollm2-135m-instruct --keep-gguf
 
 quickstart: models
 	$(VENV)/bin/calibrate run examples/quickstart.toml --db tables/quickstart.duckdb

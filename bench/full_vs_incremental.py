@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--context-tokens", type=int, default=768)
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=160)
     ks = list(range(1, 9))
     table = Table(title="draft full-pass vs incremental argmax (Qwen2.5-Coder 1.5B target, 0.5B draft)")
     for col in ("dtype", "positions", "argmax flips", "flip rate", "(request,k) hists differing",
