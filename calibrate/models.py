@@ -21,7 +21,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 _SAMPLE = 1 << 20  # bytes hashed from the start, middle and end of each weight file
 
 
-def test_models_dir() -> Path:
+def built_models_dir() -> Path:
     """Where fetch-test-models.py builds the small real models (also the quickstart's models)."""
     return Path(os.environ.get("CALIBRATE_TEST_MODELS", Path.home() / ".cache" / "calibrate-test-models"))
 
@@ -30,7 +30,7 @@ def resolve(name: str) -> str:
     """A name as configured -> what to load: an existing path, a built test model of that name, else a HF id."""
     if Path(name).expanduser().exists():
         return str(Path(name).expanduser().resolve())
-    local = test_models_dir() / name
+    local = built_models_dir() / name
     if local.is_dir():
         return str(local)
     return name

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
+
+from calibrate.models import built_models_dir
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 DATASETS = SHARED / "datasets"
@@ -14,13 +15,9 @@ MINI_SWE = DATASETS / "mini-swe-agent-gemini3pro-swebv"
 FIXTURES = DATASETS / "format-fixtures" / "original"
 
 
-def test_models_dir() -> Path:
-    return Path(os.environ.get("CALIBRATE_TEST_MODELS", Path.home() / ".cache" / "calibrate-test-models"))
-
-
 def real_model(name: str) -> Path:
     """Path of a real test model; skip (locally) when it was not built. CI builds them all first."""
-    path = test_models_dir() / name
+    path = built_models_dir() / name
     if not (path / ".complete").exists() and not (path / "config.json").exists():
         pytest.skip(f"test model {name} not built (run ../shared/models/fetch-test-models.py)")
     return path

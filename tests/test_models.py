@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from calibrate.models import check_same_tokenizer, fingerprint, load_model, load_tokenizer, resolve
-from tests.conftest import test_models_dir
+from calibrate.models import (
+    built_models_dir, check_same_tokenizer, fingerprint, load_model, load_tokenizer, resolve,
+)
 
 
 def test_resolve_order(tmp_path, monkeypatch):
@@ -37,7 +38,7 @@ def test_draft_with_another_tokenizer_is_refused(qwen_target, smollm):
         check_same_tokenizer("qwen", load_tokenizer(str(qwen_target)), "smollm", load_tokenizer(str(smollm)))
     assert "'smollm'" in str(err.value) and "'qwen'" in str(err.value)
     # the Qwen 0.5B draft shares the 1.5B's tokenizer
-    draft = test_models_dir() / "qwen2.5-coder-0.5b-instruct"
+    draft = built_models_dir() / "qwen2.5-coder-0.5b-instruct"
     if draft.exists():
         check_same_tokenizer("qwen", load_tokenizer(str(qwen_target)), "draft", load_tokenizer(str(draft)))
 
@@ -45,7 +46,7 @@ def test_draft_with_another_tokenizer_is_refused(qwen_target, smollm):
 @pytest.mark.slow
 @pytest.mark.integration
 def test_gguf_file_loads_and_agrees_with_its_conversion(smollm):
-    gguf = test_models_dir() / "gguf" / "smollm2-135m-instruct" / "smollm2-135m-instruct.gguf"
+    gguf = built_models_dir() / "gguf" / "smollm2-135m-instruct" / "smollm2-135m-instruct.gguf"
     if not gguf.exists():
         pytest.skip("no kept GGUF file (make models builds one)")
     from_gguf = load_model(str(gguf), "float32", "cpu")
