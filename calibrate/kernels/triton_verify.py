@@ -79,6 +79,15 @@ def _request_start(num_draft_ptr, r, BLOCK_B: tl.constexpr):
 
 
 @triton.jit
+def _online_softmax_update(m_vec, z_vec, s):
+    """One tile of the per-lane online max / sum-exp: rescale the running sum to the new max, add exp(s)."""
+    m_new = tl.maximum(m_vec, s)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    z_vec = z_vec * tl.exp(m_vec - m_safe) + tl.exp(s - m_safe)
+    return m_new, z_vec
+
+
+@triton.jit
 def _rows_kernel(
     logits_ptr, logits_stride,  # (N, V) fp32/bf16/fp16
     draft_probs_ptr, probs_stride,  # (sum k, V) float, or any tensor when not HAS_Q
@@ -143,10 +152,7 @@ def _rows_kernel(
                     offs = start + lanes
                     s = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
                     s = tl.where(s >= floor, s, float("-inf"))
-                    m_new = tl.maximum(m_vec, s)
-                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                    z_vec = z_vec * tl.exp(m_vec - m_safe) + tl.exp(s - m_safe)
-                    m_vec = m_new
+                    m_vec, z_vec = _online_softmax_update(m_vec, z_vec, s)
                 m = tl.max(m_vec, axis=0)
                 inv_z = 1.0 / tl.sum(tl.where(m_vec == float("-inf"), 0.0, z_vec * tl.exp(m_vec - m)), axis=0)
                 # Pass 2 (the row again, from L2): races over the residual max(p - q, 0) and over p.
@@ -184,10 +190,7 @@ def _rows_kernel(
                     offs = start + lanes
                     s = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
                     s = tl.where(s >= floor, s, float("-inf"))
-                    m_new = tl.maximum(m_vec, s)
-                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                    z_vec = z_vec * tl.exp(m_vec - m_safe) + tl.exp(s - m_safe)
-                    m_vec = m_new
+                    m_vec, z_vec = _online_softmax_update(m_vec, z_vec, s)
                     g = s - tl.log(-tl.log(_lane_uniform(key, offs)))
                     upd = g > best_p
                     best_p = tl.where(upd, g, best_p)
