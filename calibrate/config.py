@@ -62,7 +62,18 @@ class NgramSpeculatorConfig(_Strict):
         return self
 
 
-SpeculatorConfig = Annotated[Union[DraftSpeculatorConfig, NgramSpeculatorConfig], Field(discriminator="kind")]
+class SuffixSpeculatorConfig(_Strict):
+    """Suffix decoding; the keys are vLLM's `suffix_decoding_*` options, with their defaults."""
+
+    kind: Literal["suffix"]
+    max_depth: int = Field(default=24, gt=0)
+    max_spec_factor: float = Field(default=1.0, ge=0)
+    max_spec_offset: float = 0.0
+    min_token_prob: float = Field(default=0.1, ge=0, le=1)
+
+
+SpeculatorConfig = Annotated[Union[DraftSpeculatorConfig, NgramSpeculatorConfig, SuffixSpeculatorConfig],
+                             Field(discriminator="kind")]
 
 
 class PairConfig(_Strict):
@@ -114,7 +125,7 @@ def _where(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("draft", "ngram") and out.endswith("]"):
+        elif part in ("draft", "ngram", "suffix") and out.endswith("]"):
             continue  # pydantic's discriminator tag adds nothing for a reader
         else:
             out += ("." if out else "") + str(part)
@@ -128,7 +139,7 @@ def format_errors(path: str, exc: ValidationError) -> str:
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         elif err["type"] == "union_tag_invalid":
-            msg = f"unknown speculator kind {err['input'].get('kind')!r} (known: draft, ngram)" \
+            msg = f"unknown speculator kind {err['input'].get('kind')!r} (known: draft, ngram, suffix)" \
                 if isinstance(err.get("input"), dict) else msg
         shown = "" if err["type"] in ("missing", "union_tag_invalid") else f" (got {err.get('input')!r})"
         lines.append(f"  {_where(err['loc'])}: {msg}{shown}")

@@ -34,6 +34,7 @@ from calibrate.replay.sampled import run_sampled
 from calibrate.speculators.base import Speculator
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.speculators.ngram import NgramSpeculator
+from calibrate.speculators.suffix import SuffixSpeculator
 from calibrate.tables.store import RunSpec, Store
 
 
@@ -108,8 +109,11 @@ def build_speculators(pair: PairConfig, config: Config, drafts: dict[str, Loaded
             if spec.model not in drafts:
                 drafts[spec.model] = load_model(spec.model, config.run.dtype, config.run.device)
             out.append(DraftModelSpeculator(drafts[spec.model], batch_size=config.run.batch_size))
-        else:
+        elif spec.kind == "ngram":
             out.append(NgramSpeculator(max_n=spec.max_n, min_n=spec.min_n))
+        else:
+            out.append(SuffixSpeculator(max_depth=spec.max_depth, max_spec_factor=spec.max_spec_factor,
+                                        max_spec_offset=spec.max_spec_offset, min_token_prob=spec.min_token_prob))
     return out
 
 

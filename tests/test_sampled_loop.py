@@ -110,11 +110,14 @@ def test_one_token_prompts(target, near_draft):
             assert res.tokens[2] == greedy_reference(target, prompt, 8)
 
 
-def test_loop_with_ngram_speculator_equals_plain_greedy(target):
+@pytest.mark.parametrize("kind", ["ngram", "suffix"])
+def test_loop_with_model_free_speculator_equals_plain_greedy(target, kind):
     from calibrate.speculators.ngram import NgramSpeculator
+    from calibrate.speculators.suffix import SuffixSpeculator
 
+    speculator = NgramSpeculator(max_n=3, min_n=1) if kind == "ngram" else SuffixSpeculator(max_spec_factor=2.0)
     prompts = [[4, 5, 6, 7, 4, 5, 6, 7, 4, 5], [9, 9, 9, 9, 9]]
-    results = run_sampled(target, NgramSpeculator(max_n=3, min_n=1), prompts, draft_lens=[2, 4],
+    results = run_sampled(target, speculator, prompts, draft_lens=[2, 4],
                           temperature=0.0, max_new_tokens=16, eos_token_ids={EOS}, seed=0, batch_size=2)
     for prompt, res in zip(prompts, results):
         for k in (2, 4):

@@ -80,7 +80,7 @@ batch_size = 2
 
 [[pairs]]
 target = "{model}"
-speculators = [{{ kind = "ngram", max_n = 3 }}, {{ kind = "draft", model = "{model}" }}]
+speculators = [{{ kind = "ngram", max_n = 3 }}, {{ kind = "suffix" }}, {{ kind = "draft", model = "{model}" }}]
 
 [sweep]
 draft_lengths = [1, 3]
@@ -131,7 +131,7 @@ def test_resume_after_interruption_counts_nothing_twice(tmp_path, smollm, mini_s
     assert summary.resumed == 2 and summary.measured == 2
     assert totals(resumed) == totals(whole)
     con = duckdb.connect(str(resumed), read_only=True)
-    assert con.execute("SELECT count(*), count(DISTINCT (run_id, request_id)) FROM requests").fetchone() == (16, 16)
+    assert con.execute("SELECT count(*), count(DISTINCT (run_id, request_id)) FROM requests").fetchone() == (24, 24)
     assert {s for (s,) in con.execute("SELECT DISTINCT status FROM runs").fetchall()} == {"finished"}
     con.close()
     # A third run measures nothing new.
@@ -146,7 +146,7 @@ def test_cli_run_prints_table_and_json(tmp_path, smollm, mini_swe_dir):
     shown = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json"])
     assert shown.exit_code == 0, shown.output
     rows = json.loads(shown.stdout)
-    assert {r["speculator"] for r in rows} == {"ngram", f"draft:{smollm}"}
+    assert {r["speculator"] for r in rows} == {"ngram", "suffix", f"draft:{smollm}"}
     for row in rows:
         assert 1.0 <= row["acceptance_length"] <= row["draft_len"] + 1
         # self-speculation: the draft is the target

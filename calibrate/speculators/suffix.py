@@ -1,0 +1,220 @@
+"""Suffix decoding drafter (SuffixDecoding, arXiv 2411.04975; vLLM `method: suffix`).
+
+Where n-gram copies what followed the *latest* occurrence of the context's tail, suffix decoding keeps
+counts: it matches the context's tail (every length up to `max_depth`) in a suffix trie of the request's
+tokens, follows the most frequent continuation while its estimated probability (product of
+count(child) / count(parent)) stays >= `min_token_prob`, proposes at most `max_spec_factor * match_len +
+max_spec_offset` tokens, and keeps the candidate whose summed probabilities (score) is highest. Agentic
+traffic repeats tool-call scaffolding and quoted code, which is where counts beat recency.
+
+The trie is depth-limited (a suffix is stored up to `max_depth` tokens), so a match of length m can only
+speculate `max_depth - m` tokens further; as in ArcticInference, shorter matches compete on score.
+
+Scope: one trie over the request's own tokens (prompt + response so far). The cross-request cache of
+earlier responses that a serving engine keeps is deliberately not modelled: what it holds depends on
+which requests a server happened to see before, so it cannot be part of a reproducible, resumable
+per-request measurement. Numbers from this drafter are therefore the cold-cache case.
+
+Ties between equally frequent continuations go to the most recent one (ArcticInference leaves the order
+to its hash map), which makes proposals deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from calibrate.speculators.base import Proposal, ReplayScorer, Speculator, leading_matches
+
+
+@dataclass(frozen=True)
+class SuffixCandidate:
+    """The uncapped continuation found from a match of `match_len` tokens: tokens and their probabilities."""
+
+    match_len: int
+    tokens: tuple[int, ...]
+    probs: tuple[float, ...]
+
+
+class SuffixIndex:
+    """Depth-limited suffix trie over one token sequence, answerable as of any prefix length T.
+
+    Every node stores the end positions of its occurrences, in increasing order (they are appended while
+    the sequence is scanned left to right), so count(node, T) is a bisect and a query about the prefix
+    seq[:T] needs no rebuild: the replay engine asks about every step of a response from one index, and the
+    loop extends the index by the tokens it accepted.
+    """
+
+    def __init__(self, max_depth: int, tokens: Sequence[int] = ()):
+        if max_depth < 1:
+            raise ValueError(f"suffix max_depth must be >= 1 (got {max_depth})")
+        self.max_depth = max_depth
+        self.tokens: list[int] = []
+        self._children: list[dict[int, int]] = [{}]
+        self._ends: list[list[int]] = [[]]
+        self._depth: list[int] = [0]
+        self._active: list[int] = []  # nodes of suffixes ending at the sequence end, shorter than max_depth
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        children, ends, depth = self._children, self._ends, self._depth
+        for token in tokens:
+            token = int(token)
+            self.tokens.append(token)
+            end = len(self.tokens)
+            ends[0].append(end)
+            active = []
+            for node in (*self._active, 0):
+                child = children[node].get(token)
+                if child is None:
+                    child = len(children)
+                    children.append({})
+                    ends.append([])
+                    depth.append(depth[node] + 1)
+                    children[node][token] = child
+                ends[child].append(end)
+                if depth[child] < self.max_depth:
+                    active.append(child)
+            self._active = active
+
+    def count(self, node: int, at: int) -> int:
+        """Occurrences of the node's string inside tokens[:at]."""
+        return bisect_right(self._ends[node], at)
+
+    def _match(self, pattern: Sequence[int], at: int) -> int | None:
+        node = 0
+        for token in pattern:
+            node = self._children[node].get(token)
+            if node is None or self.count(node, at) == 0:
+                return None
+        return node
+
+    def _best_child(self, node: int, at: int) -> tuple[int, int, int] | None:
+        """(token, child, count) of the most frequent continuation in tokens[:at]; ties go to the latest."""
+        best, best_key = None, (0, -1)
+        for token, child in self._children[node].items():
+            n = self.count(child, at)
+            if n and (key := (n, self._ends[child][n - 1])) > best_key:
+                best, best_key = (token, child), key
+        return None if best is None else (*best, best_key[0])
+
+    def candidates(self, at: int, max_tokens: int, min_token_prob: float) -> list[SuffixCandidate]:
+        """For each tail length m of tokens[:at] found earlier (longest first), the greedy most-frequent path
+        of up to `max_tokens` tokens whose running probability stays >= min_token_prob."""
+        if not 0 <= at <= len(self.tokens):
+            raise ValueError(f"position {at} outside the indexed sequence (length {len(self.tokens)})")
+        out = []
+        for start in range(max(0, at - self.max_depth), at):
+            node = self._match(self.tokens[start:at], at)
+            if node is None:
+                continue
+            tokens, probs, prob = [], [], 1.0
+            while len(tokens) < max_tokens:
+                best = self._best_child(node, at)
+                if best is None:
+                    break
+                token, child, n = best
+                prob *= n / self.count(node, at)
+                if prob < min_token_prob:
+                    break
+                tokens.append(token)
+                probs.append(prob)
+                node = child
+            out.append(SuffixCandidate(at - start, tuple(tokens), tuple(probs)))
+        return out
+
+
+def choose(candidates: Sequence[SuffixCandidate], k: int, max_spec_factor: float,
+           max_spec_offset: float) -> list[int]:
+    """The proposal: each candidate capped at min(k, floor(factor * match_len + offset)) tokens, the one with
+    the highest summed probability winning (ties: the longer match, which comes first)."""
+    best, best_score = [], 0.0
+    for c in candidates:
+        cap = max(0, min(k, math.floor(c.match_len * max_spec_factor + max_spec_offset + 1e-6)))
+        score = sum(c.probs[:cap])
+        if score > best_score:
+            best, best_score = list(c.tokens[:cap]), score
+    return best
+
+
+class SuffixSpeculator(Speculator):
+    """Suffix decoding over the request's own tokens; parameters as vLLM's `suffix_decoding_*`."""
+
+    kind = "suffix"
+
+    def __init__(self, max_depth: int = 24, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
+                 min_token_prob: float = 0.1, cache_size: int = 64):
+        if max_depth < 1:
+            raise ValueError(f"suffix max_depth must be >= 1 (got {max_depth})")
+        if max_spec_factor < 0:
+            raise ValueError(f"suffix max_spec_factor must be >= 0 (got {max_spec_factor})")
+        if not 0 <= min_token_prob <= 1:
+            raise ValueError(f"suffix min_token_prob must be in [0, 1] (got {min_token_prob})")
+        self.max_depth = max_depth
+        self.max_spec_factor = max_spec_factor
+        self.max_spec_offset = max_spec_offset
+        self.min_token_prob = min_token_prob
+        # Loops call propose with a context that only grows per request; reusing that request's index
+        # makes a step cost the new tokens, not the whole context.
+        self._indexes: list[SuffixIndex] = []
+        self._cache_size = cache_size
+
+    @property
+    def name(self) -> str:
+        return "suffix"
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"max_depth": self.max_depth, "max_spec_factor": self.max_spec_factor,
+                "max_spec_offset": self.max_spec_offset, "min_token_prob": self.min_token_prob}
+
+    def _propose_at(self, index: SuffixIndex, at: int, k: int) -> list[int]:
+        cands = index.candidates(at, k, self.min_token_prob)
+        return choose(cands, k, self.max_spec_factor, self.max_spec_offset)
+
+    def _index_for(self, context: Sequence[int]) -> SuffixIndex:
+        context = [int(t) for t in context]
+        for i, index in enumerate(self._indexes):
+            n = len(index.tokens)
+            if n <= len(context) and index.tokens == context[:n]:
+                index.extend(context[n:])
+                self._indexes.append(self._indexes.pop(i))  # most recently used last
+                return index
+        index = SuffixIndex(self.max_depth, context)
+        self._indexes.append(index)
+        del self._indexes[:-self._cache_size]
+        return index
+
+    def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
+                generator: torch.Generator | None = None) -> Proposal:
+        index = self._index_for(context)
+        return Proposal(tokens=self._propose_at(index, len(index.tokens), k))
+
+    def replay_scorers(
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int
+    ) -> list[ReplayScorer]:
+        """One index over prompt + response per request; a step at response position t asks it as of
+        len(prompt) + t, so the response's future is never seen. Candidates are cached per position because
+        every k walks the same positions."""
+
+        def scorer(prompt: Sequence[int], response: Sequence[int]) -> ReplayScorer:
+            index = SuffixIndex(self.max_depth, list(prompt) + list(response))
+            offset = len(prompt)
+
+            @lru_cache(maxsize=None)
+            def cands(at: int) -> list[SuffixCandidate]:
+                return index.candidates(at, max_k, self.min_token_prob)
+
+            def run_at(t: int, limit: int) -> int:
+                drafts = choose(cands(offset + t), limit, self.max_spec_factor, self.max_spec_offset)
+                return leading_matches(drafts, response[t:], limit)
+
+            return run_at
+
+        return [scorer(p, r) for p, r in zip(prompts, responses)]
