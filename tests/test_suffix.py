@@ -20,6 +20,25 @@ def occurrences(seq: list[int], s: list[int], at: int) -> list[int]:
     return [i + n for i in range(at - n + 1) if seq[i:i + n] == s]
 
 
+def sibling_head(seq: list[int], s: list[int], at: int) -> int:
+    """The continuation of s that ArcticInference's count-sorted sibling list puts first after seq[:at]:
+    new continuations join the tail; one whose count reaches c + 1 moves in front of the first sibling
+    with its predecessor's count when that predecessor has count c or c + 1."""
+    order: list[int] = []
+    count: dict[int, int] = {}
+    for end in occurrences(seq, s, at - 1):  # in time order: the token seq[end] extends s at time end + 1
+        x = seq[end]
+        count[x] = count.get(x, 0) + 1
+        if x not in order:
+            order.append(x)
+            continue
+        i = order.index(x)
+        if i > 0 and count[order[i - 1]] <= count[x]:
+            first = min(j for j in range(i) if count[order[j]] == count[order[i - 1]])
+            order.insert(first, order.pop(i))
+    return order[0]
+
+
 def brute_force(seq: list[int], at: int, k: int, depth: int, factor: float, offset: float,
                 min_prob: float) -> list[int]:
     """SuffixDecoding's rule written from its definition, over the raw sequence (no trie)."""
@@ -29,21 +48,19 @@ def brute_force(seq: list[int], at: int, k: int, depth: int, factor: float, offs
         cap = max(0, min(k, math.floor(m * factor + offset + 1e-6)))
         tokens, score, prob = [], 0.0, 1.0
         while len(tokens) < cap and len(s) < depth:
-            options = {}
-            for end in occurrences(seq, s, at - 1):  # an occurrence followed by a token inside seq[:at]
-                x = seq[end]
-                n, last = options.get(x, (0, -1))
-                options[x] = (n + 1, max(last, end + 1))
-            if not options:
+            follow = [seq[end] for end in occurrences(seq, s, at - 1)]
+            if not follow:
                 break
-            x = max(options, key=lambda t: options[t])
-            prob *= options[x][0] / len(occurrences(seq, s, at))
-            if prob < min_prob:
+            top = max(follow.count(x) for x in set(follow))
+            tied = {x for x in set(follow) if follow.count(x) == top}
+            x = next(iter(tied)) if len(tied) == 1 else sibling_head(seq, s, at)
+            prob *= top / len(occurrences(seq, s, at))
+            if prob < min_prob - 1e-9:
                 break
             tokens.append(x)
             score += prob
             s = s + [x]
-        if score > best_score:
+        if score > best_score + 1e-9:  # equal up to rounding is a tie
             best, best_score = tokens, score
     return best
 
@@ -59,7 +76,7 @@ def test_trie_proposal_equals_brute_force(seq, data, depth, k, factor, offset, m
     want = brute_force(seq, at, k, depth, factor, offset, min_prob)
     assert spec.propose(seq[:at], k).tokens == want
     # Asked of an index over the whole sequence as of `at`: the future is not seen.
-    assert spec._propose_at(SuffixIndex(depth, seq), at, k) == want
+    assert list(spec.best_at(SuffixIndex(depth, seq), at, k).tokens) == want
 
 
 def test_counts_beat_recency():
@@ -77,10 +94,28 @@ def test_speculation_length_follows_match_length():
     assert SuffixSpeculator(max_spec_factor=10.0).propose(context, 2).tokens == [8, 9]
 
 
+def test_equal_scores_up_to_rounding_go_to_the_longer_match():
+    from calibrate.speculators.suffix import SuffixCandidate, choose
+
+    long = SuffixCandidate(6, (1,) * 6, (2 / 3,) * 6)  # 6 * 2/3 = 3.9999999999999996 in float64
+    short = SuffixCandidate(5, (2,) * 5, (10 / 11,) * 2 + (8 / 11,) * 3)  # 44/11 = 4.0
+    assert sum(long.probs) < sum(short.probs)
+    assert choose([long, short], 8, 1.0, 0.0) == long
+
+
 def test_min_token_prob_stops_uncertain_paths():
     context = [5, 1, 5, 2, 5, 3, 5]  # after [5]: 1, 2, 3 once each, and the tail's own occurrence -> p = 1/4
     assert SuffixSpeculator(min_token_prob=0.3).propose(context, 3).tokens == []
-    assert SuffixSpeculator(min_token_prob=0.2).propose(context, 1).tokens == [3]  # tie -> latest
+    assert SuffixSpeculator(min_token_prob=0.2).propose(context, 1).tokens == [1]  # a tie: see below
+
+
+def test_ties_follow_arcticinference_sibling_order():
+    spec = SuffixSpeculator(min_token_prob=0.0)
+    # (What ArcticInference 0.3.0's SuffixTree proposes for these.) Only the tail [5] recurs.
+    # After [5]: 1, 2, 1, 2. 1 reaches count 2 first; then 2 does and moves in front of it.
+    assert spec.propose([5, 1, 7, 5, 2, 8, 5, 1, 9, 5, 2, 6, 5], 1).tokens == [2]
+    # After [5]: 1, 2, 3, 3, 2. 3 reaches 2 and moves to the front; then 2 does and stops behind it.
+    assert spec.propose([5, 1, 7, 5, 2, 8, 5, 3, 9, 5, 3, 6, 5, 2, 4, 5], 1).tokens == [3]
 
 
 def test_depth_limits_how_far_a_match_reaches():

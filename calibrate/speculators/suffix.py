@@ -15,8 +15,9 @@ earlier responses that a serving engine keeps is deliberately not modelled: what
 which requests a server happened to see before, so it cannot be part of a reproducible, resumable
 per-request measurement. Numbers from this drafter are therefore the cold-cache case.
 
-Ties between equally frequent continuations go to the most recent one (ArcticInference leaves the order
-to its hash map), which makes proposals deterministic.
+Ties between equally frequent continuations follow ArcticInference's sibling-list order (see
+`_sibling_order`), so the proposals are the ones vLLM's `method: suffix` makes with a cold cache:
+`bench/suffix_vs_arctic.py` proposes with both at every position of real agentic turns and compares.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from typing import Any
 import torch
 
 from calibrate.speculators.base import Proposal, ReplayScorer, Speculator, leading_matches
+
+
+EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -96,13 +100,44 @@ class SuffixIndex:
         return node
 
     def _best_child(self, node: int, at: int) -> tuple[int, int, int] | None:
-        """(token, child, count) of the most frequent continuation in tokens[:at]; ties go to the latest."""
-        best, best_key = None, (0, -1)
-        for token, child in self._children[node].items():
-            n = self.count(child, at)
-            if n and (key := (n, self._ends[child][n - 1])) > best_key:
-                best, best_key = (token, child), key
-        return None if best is None else (*best, best_key[0])
+        """(token, child, count) of the most frequent continuation in tokens[:at]; ties by `_sibling_order`."""
+        counted = [(n, token, child) for token, child in self._children[node].items()
+                   if (n := self.count(child, at))]
+        if not counted:
+            return None
+        top = max(n for n, _, _ in counted)
+        tied = [(token, child) for n, token, child in counted if n == top]
+        if len(tied) > 1:
+            head = self._sibling_order(node, at)[0]
+            tied = [tc for tc in tied if tc[1] == head]
+        token, child = tied[0]
+        return token, child, top
+
+    def _sibling_order(self, node: int, at: int) -> list[int]:
+        """The node's children in the order ArcticInference's sibling list has them after tokens[:at].
+
+        Its list is kept sorted by count: a new child joins the tail; a child whose count grows to c + 1
+        stays put unless its predecessor's count is <= c + 1, and then moves just before the first child
+        with that predecessor's count. Which of two equally frequent continuations comes first follows from
+        that history alone, so replaying the children's count increments in time order reproduces it.
+        """
+        events = sorted((end, child) for child in self._children[node].values()
+                        for end in self._ends[child][:self.count(child, at)])
+        order: list[int] = []
+        count: dict[int, int] = {}
+        for _, child in events:
+            c = count.get(child, 0)
+            count[child] = c + 1
+            if c == 0:
+                order.append(child)
+                continue
+            i = order.index(child)
+            if i == 0 or count[order[i - 1]] > c + 1:
+                continue
+            group = count[order[i - 1]]
+            j = next(j for j in range(i) if count[order[j]] == group)
+            order.insert(j, order.pop(i))
+        return order
 
     def candidates(self, at: int, max_tokens: int, min_token_prob: float) -> list[SuffixCandidate]:
         """For each tail length m of tokens[:at] found earlier (longest first), the greedy most-frequent path
@@ -121,7 +156,7 @@ class SuffixIndex:
                     break
                 token, child, n = best
                 prob *= n / self.count(node, at)
-                if prob < min_token_prob:
+                if prob < min_token_prob - EPS:
                     break
                 tokens.append(token)
                 probs.append(prob)
@@ -131,15 +166,19 @@ class SuffixIndex:
 
 
 def choose(candidates: Sequence[SuffixCandidate], k: int, max_spec_factor: float,
-           max_spec_offset: float) -> list[int]:
+           max_spec_offset: float) -> SuffixCandidate:
     """The proposal: each candidate capped at min(k, floor(factor * match_len + offset)) tokens, the one with
-    the highest summed probability winning (ties: the longer match, which comes first)."""
-    best, best_score = [], 0.0
+    the highest summed probability (score) winning; ties go to the longer match, which comes first.
+
+    Scores and probabilities are sums and products of count ratios, so equal ones can differ by rounding
+    (6 * 2/3 against 2 * 10/11 + 3 * 8/11): comparisons allow EPS, or the tie rule would follow the
+    last bit of the float arithmetic."""
+    best, best_score = SuffixCandidate(0, (), ()), 0.0
     for c in candidates:
         cap = max(0, min(k, math.floor(c.match_len * max_spec_factor + max_spec_offset + 1e-6)))
         score = sum(c.probs[:cap])
-        if score > best_score:
-            best, best_score = list(c.tokens[:cap]), score
+        if score > best_score + EPS:
+            best, best_score = SuffixCandidate(c.match_len, c.tokens[:cap], c.probs[:cap]), score
     return best
 
 
@@ -174,11 +213,12 @@ class SuffixSpeculator(Speculator):
         return {"max_depth": self.max_depth, "max_spec_factor": self.max_spec_factor,
                 "max_spec_offset": self.max_spec_offset, "min_token_prob": self.min_token_prob}
 
-    def _propose_at(self, index: SuffixIndex, at: int, k: int) -> list[int]:
+    def best_at(self, index: SuffixIndex, at: int, k: int) -> SuffixCandidate:
+        """The winning candidate (tokens, their probabilities, match length) as of tokens[:at]."""
         cands = index.candidates(at, k, self.min_token_prob)
         return choose(cands, k, self.max_spec_factor, self.max_spec_offset)
 
-    def _index_for(self, context: Sequence[int]) -> SuffixIndex:
+    def index_for(self, context: Sequence[int]) -> SuffixIndex:
         context = [int(t) for t in context]
         for i, index in enumerate(self._indexes):
             n = len(index.tokens)
@@ -193,8 +233,8 @@ class SuffixSpeculator(Speculator):
 
     def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
                 generator: torch.Generator | None = None) -> Proposal:
-        index = self._index_for(context)
-        return Proposal(tokens=self._propose_at(index, len(index.tokens), k))
+        index = self.index_for(context)
+        return Proposal(tokens=list(self.best_at(index, len(index.tokens), k).tokens))
 
     def replay_scorers(
         self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int
@@ -212,7 +252,7 @@ class SuffixSpeculator(Speculator):
                 return index.candidates(at, max_k, self.min_token_prob)
 
             def run_at(t: int, limit: int) -> int:
-                drafts = choose(cands(offset + t), limit, self.max_spec_factor, self.max_spec_offset)
+                drafts = choose(cands(offset + t), limit, self.max_spec_factor, self.max_spec_offset).tokens
                 return leading_matches(drafts, response[t:], limit)
 
             return run_at
