@@ -81,6 +81,17 @@ class PairConfig(_Strict):
     speculators: list[SpeculatorConfig] = Field(min_length=1)
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("speculators")
+    @classmethod
+    def _distinct(cls, value: list[Any]) -> list[Any]:
+        seen: dict[str, int] = {}
+        for i, spec in enumerate(value):
+            key = repr(sorted(spec.model_dump().items()))
+            if key in seen:
+                raise ValueError(f"speculators[{i}] repeats speculators[{seen[key]}] ({spec.kind}, same settings)")
+            seen[key] = i
+        return value
+
 
 class SweepConfig(_Strict):
     draft_lengths: list[int] = Field(min_length=1)

@@ -146,7 +146,7 @@ def test_cli_run_prints_table_and_json(tmp_path, smollm, mini_swe_dir):
     shown = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json"])
     assert shown.exit_code == 0, shown.output
     rows = json.loads(shown.stdout)
-    assert {r["speculator"] for r in rows} == {"ngram", "suffix", f"draft:{smollm}"}
+    assert {r["speculator"] for r in rows} == {"ngram:max_n=3", "suffix", f"draft:{smollm}"}
     for row in rows:
         assert 1.0 <= row["acceptance_length"] <= row["draft_len"] + 1
         # self-speculation: the draft is the target

@@ -176,3 +176,27 @@ draft_lengths = [4]
     path.write_text(base.replace("max_depth = 32", "depth = 32"))
     with pytest.raises(ConfigError, match=r"speculators\[0\]\.depth: unknown key"):
         load_config(path)
+
+
+def test_names_carry_non_default_parameters():
+    from calibrate.speculators.base import label
+
+    assert SuffixSpeculator().name == "suffix" and NgramSpeculator().name == "ngram"
+    assert SuffixSpeculator(max_depth=32, max_spec_factor=2.0).name == "suffix:max_depth=32,max_spec_factor=2"
+    assert NgramSpeculator(max_n=3).name == "ngram:max_n=3"
+    assert label("x", {"a": 0.25, "b": 1}, {"a": 0.1, "b": 1}) == "x:a=0.25"
+
+
+def test_config_refuses_a_speculator_listed_twice(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("""
+[dataset]
+source = "data/quickstart"
+[[pairs]]
+target = "qwen2.5-coder-1.5b-instruct"
+speculators = [{ kind = "ngram", max_n = 3 }, { kind = "suffix" }, { kind = "ngram", max_n = 3, min_n = 1 }]
+[sweep]
+draft_lengths = [4]
+""")
+    with pytest.raises(ConfigError, match=r"speculators\[2\] repeats speculators\[0\] \(ngram"):
+        load_config(path)

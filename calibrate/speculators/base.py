@@ -13,7 +13,7 @@ from one teacher-forced pass) overrides `replay_scorers`; the default proposes a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,17 @@ class Proposal:
 
     tokens: list[int]
     probs: torch.Tensor | None = None
+
+
+def label(kind: str, params: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
+    """A model-free speculator's name: its kind, plus each parameter that differs from its default.
+
+    Names key runs and table rows, so two configurations must never share one ('ngram' with max_n 3 and
+    with max_n 5 would otherwise pool into one AL); the default configuration keeps the bare kind.
+    """
+    changed = [f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+               for key, value in params.items() if value != defaults[key]]
+    return kind + (":" + ",".join(changed) if changed else "")
 
 
 def leading_matches(drafts: Sequence[int], target: Sequence[int], limit: int) -> int:

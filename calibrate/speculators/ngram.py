@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from calibrate.speculators.base import Proposal, Speculator
+from calibrate.speculators.base import Proposal, Speculator, label
 
 
 def ngram_proposal(context: Sequence[int], k: int, max_n: int, min_n: int) -> list[int]:
@@ -34,6 +34,7 @@ class NgramSpeculator(Speculator):
     """Prompt-lookup decoding (vLLM `method: ngram`, transformers `prompt_lookup_num_tokens`)."""
 
     kind = "ngram"
+    defaults = {"max_n": 4, "min_n": 1}
 
     def __init__(self, max_n: int = 4, min_n: int = 1):
         if not 1 <= min_n <= max_n:
@@ -43,7 +44,7 @@ class NgramSpeculator(Speculator):
 
     @property
     def name(self) -> str:
-        return "ngram"
+        return label(self.kind, self.params, self.defaults)
 
     @property
     def params(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from calibrate.speculators.base import Proposal, ReplayScorer, Speculator, leading_matches
+from calibrate.speculators.base import Proposal, ReplayScorer, Speculator, label, leading_matches
 
 
 EPS = 1e-9
@@ -186,6 +186,7 @@ class SuffixSpeculator(Speculator):
     """Suffix decoding over the request's own tokens; parameters as vLLM's `suffix_decoding_*`."""
 
     kind = "suffix"
+    defaults = {"max_depth": 24, "max_spec_factor": 1.0, "max_spec_offset": 0.0, "min_token_prob": 0.1}
 
     def __init__(self, max_depth: int = 24, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
                  min_token_prob: float = 0.1, cache_size: int = 64):
@@ -206,7 +207,7 @@ class SuffixSpeculator(Speculator):
 
     @property
     def name(self) -> str:
-        return "suffix"
+        return label(self.kind, self.params, self.defaults)
 
     @property
     def params(self) -> dict[str, Any]:
