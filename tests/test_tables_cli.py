@@ -152,3 +152,31 @@ def test_report_writes_pngs(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     for name in ("al_vs_k.png", "rates.png"):
         assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_show_table_tells_apart_runs_that_differ_only_in_top_p(app: typer.Typer, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from test_tables_support import Req, make_spec, write_run
+
+    from calibrate.tables.store import Store
+
+    db = tmp_path / "topp.duckdb"
+    with Store(db) as store:
+        for top_p, hist in ((0.9, [1, 3]), (0.5, [3, 1])):
+            spec = replace(make_spec(draft_len=1, temperature=0.8), top_p=top_p)
+            write_run(store, spec, [Req("r0", "c0", {"answer": hist})])
+    res = CliRunner().invoke(app, ["show", "--db", str(db), "--bootstrap", "50"], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    header = next(line for line in res.output.splitlines() if "speculator" in line)
+    assert "top_p" in header and "top_k" not in header
+    rows = [line.split() for line in res.output.splitlines() if line.strip().startswith("ngram")]
+    assert sorted((r[3], r[6]) for r in rows) == [("0.5", "1.250"), ("0.9", "1.750")]
+    plain = CliRunner().invoke(app, ["show", "--db", str(db_of_greedy(tmp_path))], terminal_width=200)
+    assert "top_p" not in plain.output
+
+
+def db_of_greedy(tmp_path: Path) -> Path:
+    from test_tables_support import basic_store
+
+    return basic_store(tmp_path / "greedy.duckdb")

@@ -151,8 +151,13 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool) -> None:
         "k": [str(r.draft_len) for r in records],
         "think": [r.thinking for r in records],
         "temperature": [f"{r.temperature:g}" for r in records],
+        "top_p": ["-" if r.top_p is None else f"{r.top_p:g}" for r in records],
+        "top_k": ["-" if r.top_k is None else str(r.top_k) for r in records],
         "dataset": [r.dataset for r in records],
     }
+    for col in ("top_p", "top_k"):  # sampling filters: only when some run used one
+        if set(cells[col]) == {"-"}:
+            del cells[col]
     if segments:
         cells["segment"] = [r.segment for r in records]
     cells["reqs"] = [str(r.requests) for r in records]
@@ -163,7 +168,8 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool) -> None:
     if any(r.expected_acceptance_length is not None for r in records):
         cells["expected"] = ["-" if r.expected_acceptance_length is None else f"{r.expected_acceptance_length:.3f}"
                                 for r in records]
-    constant = [c for c in ("target", "temperature", "dataset") if len(records) > 1 and len(set(cells[c])) == 1]
+    constant = [c for c in ("target", "temperature", "top_p", "top_k", "dataset")
+                if c in cells and len(records) > 1 and len(set(cells[c])) == 1]
     caption = ", ".join(f"{c} {cells[c][0]}" for c in constant)
     table = Table(title="Acceptance length: pooled AL, 95% CI (bootstrap over conversations), macro AL",
                   caption=caption or None, box=box.SIMPLE_HEAD, pad_edge=False)
