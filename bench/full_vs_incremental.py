@@ -77,7 +77,7 @@ def main() -> None:
             positions += len(inc)
             runs = run_lengths(inc == np.asarray(response.tokens))
             for k in ks:
-                loop = walk_steps(len(response.tokens), k, response.ended, lambda t, lim: int(min(runs[t], lim)))
+                loop = walk_steps(len(response.tokens), k, response.ended, lambda t, k: (int(min(runs[t], k)), k))
                 differing += int(not np.array_equal(loop.hist, replay[i][k].hist))
                 hists["loop"][k] += loop.hist
                 hists["replay"][k] += replay[i][k].hist

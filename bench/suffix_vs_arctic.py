@@ -102,8 +102,8 @@ def main() -> None:
             same += mine == theirs
             ties += mine != theirs and score_tie(sum(best.probs), draft.score)
         for name, props in (("ours", ours_props), ("arctic", arctic_props)):
-            def run_at(t: int, limit: int, props=props) -> int:
-                return leading_matches(props[t][:limit], answer[t:], limit)
+            def run_at(t: int, k: int, props=props) -> tuple[int, int]:
+                return leading_matches(props[t], answer[t:], k), len(props[t])
             hist[name] += walk_steps(len(answer), args.k, False, run_at).hist
 
     total = n_props
@@ -118,9 +118,10 @@ def main() -> None:
     console.print(table)
     console.print(f"real traffic, {total} proposals: {same} identical ({same / total:.2%}); of the {total - same} that "
                   f"differ, {ties} at equal scores")
-    same, ties, total = random_agreement(SuffixTree, args.random)
+    same, ties, at_threshold, total = random_agreement(SuffixTree, args.random)
     console.print(f"random stress, {args.random} sequences, {total} proposals: {same} identical "
-                  f"({same / total:.2%}); of the {total - same} that differ, {ties} at equal scores")
+                  f"({same / total:.2%}); of the {total - same} that differ, {ties} at equal scores, "
+                  f"{at_threshold} at a probability equal to min_token_prob")
 
 
 def score_tie(ours: float, theirs: float) -> bool:
@@ -129,10 +130,14 @@ def score_tie(ours: float, theirs: float) -> bool:
     return abs(ours - theirs) <= 1e-5 * max(1.0, abs(ours))
 
 
-def random_agreement(SuffixTree, n_sequences: int, seed: int = 0) -> tuple[int, int, int]:
-    """Proposals at every position of random low-alphabet sequences, where count ties are the rule."""
+def random_agreement(SuffixTree, n_sequences: int, seed: int = 0) -> tuple[int, int, int, int]:
+    """Proposals at every position of random low-alphabet sequences, where count ties are the rule.
+
+    Returns (identical, differing at equal scores, differing at a probability equal to min_token_prob,
+    total): both kinds of difference are float32 rounding in ArcticInference deciding a tie.
+    """
     rng = np.random.default_rng(seed)
-    same = ties = total = 0
+    same = ties = at_threshold = total = 0
     for _ in range(n_sequences):
         seq = rng.integers(0, rng.integers(2, 7), size=rng.integers(1, 200)).tolist()
         depth, k = int(rng.integers(2, 25)), int(rng.integers(1, 9))
@@ -145,11 +150,14 @@ def random_agreement(SuffixTree, n_sequences: int, seed: int = 0) -> tuple[int, 
             tree.extend(0, [seq[t - 1]])
             theirs = tree.speculate(seq[max(0, t - depth):t], k, factor, offset, min_prob, False)
             best = ours.best_at(ours.index_for(seq[:t]), t, k)
-            same += list(best.tokens) == list(theirs.token_ids)
-            ties += list(best.tokens) != list(theirs.token_ids) and score_tie(sum(best.probs), theirs.score)
             total += 1
-    return same, ties, total
-
+            if list(best.tokens) == list(theirs.token_ids):
+                same += 1
+            elif score_tie(sum(best.probs), theirs.score):
+                ties += 1
+            elif any(abs(p - min_prob) < 1e-6 for p in best.probs):
+                at_threshold += 1
+    return same, ties, at_threshold, total
 
 if __name__ == "__main__":
     main()

@@ -43,7 +43,7 @@ def test_walk_steps_emits_every_token_once():
     n = len(runs)
     for ended in (False, True):
         for k in range(1, 6):
-            counts = walk_steps(n, k, ended, lambda t, limit: min(runs[t], limit))
+            counts = walk_steps(n, k, ended, lambda t, k: (min(runs[t], k, n - t), k))
             assert counts.tokens == n
             hist = counts.hist
             censored = counts.segments["answer"].censored_steps
@@ -52,9 +52,21 @@ def test_walk_steps_emits_every_token_once():
                 assert stats.emitted_tokens(hist) == n
 
 
+def test_walk_steps_counts_proposed_drafts_and_empty_steps():
+    # Proposals of 3, 0, 2 drafts at t = 0, 1, 2 ...: the first matches 0, the others as far as they go.
+    proposals = {0: (0, 3), 1: (0, 0), 2: (2, 2), 5: (1, 3)}
+    counts = walk_steps(7, 3, True, lambda t, k: proposals.get(t, (0, 1)))
+    seg = counts.segments["answer"]
+    # steps at t = 0 (emits 1), 1 (empty, 1), 2 (accepts 2, emits 3), 5 (accepts 1: 5, 6=EOS bonus)
+    assert seg.hist.tolist() == [2, 1, 1, 0]
+    assert (seg.drafted_tokens, seg.empty_steps, seg.tokens) == (3 + 0 + 2 + 3, 1, 7)
+    with pytest.raises(ValueError, match="accepted"):
+        walk_steps(4, 3, True, lambda t, k: (2, 1))  # cannot accept more than it proposed
+
+
 def test_walk_steps_labels_steps_by_first_token():
     labels = ["thinking"] * 3 + ["answer"] * 3
-    counts = walk_steps(6, 2, True, lambda t, limit: limit, labels)
+    counts = walk_steps(6, 2, True, lambda t, k: (min(k, 6 - t), k), labels)
     # steps start at 0 (emits 3), 3 (emits 3, last is EOS bonus... k=2 -> a=min(2,2,2)=2)
     assert counts.segments["thinking"].hist.tolist() == [0, 0, 1]
     assert counts.segments["answer"].hist.tolist() == [0, 0, 1]

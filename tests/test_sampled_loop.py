@@ -61,27 +61,30 @@ def totals(result: SampledResult, k: int) -> tuple[np.ndarray, int, float]:
 # -- the step rule as the loop applies it ---------------------------------------------------------------------
 
 def test_record_step_plain_accept_and_reject():
-    rec, kept, ended = record_step([5, 6, 7], 2, 4, generated=0, max_new_tokens=100, eos_token_ids={9}, expected=1.5)
+    rec, kept, ended = record_step([5, 6, 7], 2, 4, generated=0, max_new_tokens=100, eos_token_ids={9},
+                                   expected=1.5, proposed=4)
     assert (rec.accepted, rec.tokens, kept, ended, rec.expected) == (2, 3, [5, 6, 7], False, 1.5)
 
 
 def test_record_step_eos_inside_accepted_drafts():
     # EOS is the 2nd accepted draft: the response ends there; the step accepted 1 draft plus EOS as its bonus.
     rec, kept, ended = record_step([5, 9, 7, 8], 3, 3, generated=4, max_new_tokens=100, eos_token_ids={9},
-                                   expected=2.0)
+                                   expected=2.0, proposed=3)
     assert (rec.accepted, rec.tokens, kept, ended) == (1, 2, [5, 9], True)
 
 
 def test_record_step_budget_censors_unknown_outcome():
     # 2 tokens of budget, all 3 drafts accepted: only 2 visible, fewer than k checked -> censored.
     rec, kept, ended = record_step([5, 6, 7, 8], 3, 3, generated=8, max_new_tokens=10, eos_token_ids={9},
-                                   expected=2.0)
+                                   expected=2.0, proposed=3)
     assert (rec.accepted, rec.tokens, kept, ended) == (None, 2, [5, 6], False)
     # A rejection seen inside the budget is a known outcome.
-    rec, kept, _ = record_step([5, 6], 1, 3, generated=8, max_new_tokens=10, eos_token_ids={9}, expected=1.0)
+    rec, kept, _ = record_step([5, 6], 1, 3, generated=8, max_new_tokens=10, eos_token_ids={9}, expected=1.0,
+                               proposed=3)
     assert (rec.accepted, kept) == (1, [5, 6])
     # EOS beyond the budget does not end the response.
-    rec, kept, ended = record_step([5, 9], 1, 3, generated=9, max_new_tokens=10, eos_token_ids={9}, expected=1.0)
+    rec, kept, ended = record_step([5, 9], 1, 3, generated=9, max_new_tokens=10, eos_token_ids={9},
+                                   expected=1.0, proposed=3)
     assert (kept, ended) == ([5], False)
 
 

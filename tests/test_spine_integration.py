@@ -101,6 +101,16 @@ def totals(db: Path) -> dict[tuple[str, str, int], list[int]]:
     return out
 
 
+def drafted(db: Path) -> dict[tuple[str, str, int], tuple[int, int, int]]:
+    """(drafts proposed, empty steps, steps) per (speculator, request, k)."""
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("""
+        SELECT r.speculator, s.request_id, r.draft_len, sum(s.drafted_tokens), sum(s.empty_steps), sum(s.steps)
+        FROM segment_counts s JOIN runs r USING (run_id) GROUP BY ALL""").fetchall()
+    con.close()
+    return {(spec, req, k): (int(p), int(e), int(n)) for spec, req, k, p, e, n in rows}
+
+
 def test_resume_after_interruption_counts_nothing_twice(tmp_path, smollm, mini_swe_dir, monkeypatch):
     config = load_config(sweep_config(tmp_path, smollm, mini_swe_dir / "original"))
     whole = tmp_path / "whole.duckdb"
@@ -186,6 +196,13 @@ def test_loop_engine_at_temperature_zero_stores_what_replay_stores(tmp_path, smo
     execute(load_config(replay_cfg), tmp_path / "replay.duckdb")
     execute(load_config(loop_cfg), tmp_path / "loop.duckdb")
     assert totals(tmp_path / "loop.duckdb") == totals(tmp_path / "replay.duckdb")
+    assert drafted(tmp_path / "loop.duckdb") == drafted(tmp_path / "replay.duckdb")
+    by_kind: dict[str, list[int]] = {}
+    for (spec, _, k), (proposed, empty, steps) in drafted(tmp_path / "replay.duckdb").items():
+        by_kind.setdefault(spec.split(":")[0], []).append(empty)
+        if spec.startswith("draft:"):  # a draft model always proposes k
+            assert (proposed, empty) == (k * steps, 0)
+    assert sum(by_kind["ngram"]) > 0  # prompt lookup finds nothing to copy at some steps
 
 
 def test_sampled_run_records_expected_acceptance(tmp_path, smollm, mini_swe_dir):

@@ -112,3 +112,32 @@ def test_a_run_without_counts_yields_no_record(tmp_path: Path) -> None:
     assert len(catalog(con)) == 1
     assert load_records(con) == []
     con.close()
+
+
+def test_proposed_drafts_and_empty_steps_give_vllm_style_figures(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(draft_len=2), [
+            Req("r0", "c0", {"answer": [5, 1, 2]}, empty={"answer": 3}),  # 3 of the 5 bin-0 steps drafted nothing
+            Req("r1", "c1", {"answer": [1, 0, 1]}),
+        ])
+    rec = _records(path)[0]
+    assert (rec.steps, rec.empty_steps, rec.drafted_tokens) == (10, 3, 14)
+    assert rec.acceptance_length == pytest.approx(1 + 7 / 10)
+    assert rec.drafted_acceptance_length == pytest.approx(1 + 7 / 7)
+    assert rec.draft_acceptance_rate == pytest.approx(7 / 14)
+    assert rec.to_dict()["drafted_acceptance_length"] == pytest.approx(2.0)
+
+
+def test_a_store_written_before_drafts_were_counted_still_reads(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(draft_len=1), [Req("r0", "c0", {"answer": [1, 3]})])
+        store.con.execute("ALTER TABLE segment_counts DROP COLUMN drafted_tokens")
+        store.con.execute("ALTER TABLE segment_counts DROP COLUMN empty_steps")
+    with Store(path) as store:  # opening for writing adds the columns back, empty
+        assert store.con.execute("SELECT drafted_tokens, empty_steps FROM segment_counts").fetchall() == [(None, None)]
+    rec = _records(path)[0]
+    assert rec.acceptance_length == pytest.approx(7 / 4)
+    assert (rec.drafted_tokens, rec.empty_steps, rec.drafted_acceptance_length, rec.draft_acceptance_rate) == (
+        None, None, None, None)

@@ -43,6 +43,18 @@ def test_expected_acceptance_length() -> None:
     assert stats.expected_acceptance_length(7.5, 10) == pytest.approx(1.75)
 
 
+def test_drafted_step_al_and_draft_acceptance_rate() -> None:
+    # 10 steps: 4 proposed nothing (in bin 0), 2 rejected their first draft, 3 accepted 1, 1 accepted 3.
+    h = [6, 3, 0, 1]
+    assert stats.accepted_drafts(h) == 6
+    assert stats.acceptance_length(h) == pytest.approx(16 / 10)  # per target pass
+    assert stats.drafted_acceptance_length(h, empty_steps=4) == pytest.approx(1 + 6 / 6)  # vLLM's logged AL
+    assert stats.drafted_acceptance_length(h, empty_steps=0) == pytest.approx(stats.acceptance_length(h))
+    assert stats.draft_token_acceptance_rate(h, drafted_tokens=12) == pytest.approx(0.5)
+    assert math.isnan(stats.drafted_acceptance_length([3, 0], empty_steps=3))
+    assert math.isnan(stats.draft_token_acceptance_rate([3, 0], drafted_tokens=0))
+
+
 def test_engine_units() -> None:
     assert stats.mean_accepted_drafts(stats.acceptance_length(H)) == pytest.approx(1.0)  # TensorRT-LLM: AL - 1
     assert stats.mean_acceptance_rate(stats.acceptance_length(H), 3) == pytest.approx(1 / 3)  # ATOM: (AL - 1) / k

@@ -42,6 +42,7 @@ class Req:
     segments: Mapping[str, Sequence[int]]
     censored: Mapping[str, int] = field(default_factory=dict)
     expected: Mapping[str, float] = field(default_factory=dict)
+    empty: Mapping[str, int] = field(default_factory=dict)  # steps that proposed nothing (in bin 0)
 
 
 def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool = True) -> str:
@@ -56,6 +57,9 @@ def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool
             counts.segments[seg] = SegmentCounts(
                 hist=h, tokens=emitted + req.censored.get(seg, 0), censored_steps=req.censored.get(seg, 0),
                 expected_accepted=req.expected.get(seg),
+                # k drafts at every step but the empty ones
+                drafted_tokens=int(h.sum() - req.empty.get(seg, 0)) * spec.draft_len,
+                empty_steps=req.empty.get(seg, 0),
             )
         outcome = RequestOutcome(
             request_id=req.request_id, conversation_id=req.conversation_id, turn=i, prompt_tokens=100,

@@ -21,6 +21,11 @@ class SegmentCounts:
     tokens: int = 0  # target tokens emitted in this segment (censored steps included)
     censored_steps: int = 0  # steps cut by max_new_tokens before their outcome was known
     expected_accepted: float | None = None  # sum over steps of the analytic E[accepted] (sampled loop only)
+    # Over the histogram's steps: drafts actually proposed, and steps that proposed none (counted in
+    # hist[0]). Model-free drafters propose fewer than k or nothing; engines' own logs (vLLM's "Mean
+    # acceptance length", "draft acceptance rate") count only drafted steps and proposed drafts.
+    drafted_tokens: int = 0
+    empty_steps: int = 0
 
 
 @dataclass
@@ -37,16 +42,20 @@ class StepCounts:
             self.segments[segment] = SegmentCounts(hist=np.zeros(self.draft_len + 1, dtype=np.int64))
         return self.segments[segment]
 
-    def add_step(self, segment: str, accepted: int | None, tokens: int, expected: float | None = None) -> None:
-        """Record one step that started in `segment`; `accepted=None` marks a censored step."""
+    def add_step(self, segment: str, accepted: int | None, tokens: int, proposed: int,
+                 expected: float | None = None) -> None:
+        """Record one step that started in `segment` and proposed `proposed` drafts; `accepted=None` marks
+        a censored step."""
         seg = self._segment(segment)
         seg.tokens += tokens
         if accepted is None:
             seg.censored_steps += 1
             return
-        if not 0 <= accepted <= self.draft_len:
-            raise ValueError(f"accepted={accepted} outside 0..{self.draft_len}")
+        if not 0 <= accepted <= proposed <= self.draft_len:
+            raise ValueError(f"need 0 <= accepted ({accepted}) <= proposed ({proposed}) <= k ({self.draft_len})")
         seg.hist[accepted] += 1
+        seg.drafted_tokens += proposed
+        seg.empty_steps += proposed == 0
         if expected is not None:
             seg.expected_accepted = (seg.expected_accepted or 0.0) + float(expected)
 

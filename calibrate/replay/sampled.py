@@ -68,11 +68,12 @@ class StepRecord:
     start: int  # response position of the step's first emitted token
     accepted: int | None  # step_accepted(...); None when censored by max_new_tokens
     tokens: int  # tokens this step added to the response
+    proposed: int  # drafts the speculator proposed
     expected: float  # analytic E[accepted drafts | proposed drafts]
 
 
 def record_step(emitted: Sequence[int], a_true: int, k: int, generated: int, max_new_tokens: int,
-                eos_token_ids: set[int], expected: float) -> tuple[StepRecord, list[int], bool]:
+                eos_token_ids: set[int], expected: float, proposed: int) -> tuple[StepRecord, list[int], bool]:
     """Apply the shared step rule to one verified step.
 
     emitted: the a_true accepted drafts then the residual / bonus token; generated: response length before
@@ -85,7 +86,9 @@ def record_step(emitted: Sequence[int], a_true: int, k: int, generated: int, max
     ended = eos_at is not None and eos_at + 1 <= budget
     accepted = step_accepted(min(a_true, remaining), k, remaining, ended)
     kept = list(emitted[:remaining])
-    return StepRecord(start=generated, accepted=accepted, tokens=len(kept), expected=expected), kept, ended
+    record = StepRecord(start=generated, accepted=accepted, tokens=len(kept), proposed=proposed,
+                        expected=expected)
+    return record, kept, ended
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
@@ -275,7 +278,7 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
         for j, r in enumerate(active):
             a = accepted[j]
             rec, kept, ended = record_step(tokens[j][:a + 1], a, k, len(r.generated), max_new_tokens,
-                                           eos_token_ids, expected[j])
+                                           eos_token_ids, expected[j], proposed=len(drafts[j]))
             r.records.append(rec)
             r.generated.extend(kept)
             if ended:
@@ -350,7 +353,7 @@ def run_sampled(
                 counts = StepCounts(draft_len=k)
                 for rec in r.records:
                     segment = labels[rec.start] if labels is not None else "answer"
-                    counts.add_step(segment, rec.accepted, rec.tokens, rec.expected)
+                    counts.add_step(segment, rec.accepted, rec.tokens, rec.proposed, rec.expected)
                 res = results[r.index]
                 res.counts[k] = counts
                 res.tokens[k] = r.generated

@@ -38,23 +38,24 @@ def walk_steps(
     n: int,
     k: int,
     ended: bool,
-    run_at: Callable[[int, int], int],
+    run_at: Callable[[int, int], tuple[int, int]],
     segments: Sequence[str] | None = None,
 ) -> StepCounts:
     """Walk one fixed response step by step, as a speculative decoder would, and count the outcomes.
 
-    `run_at(t, limit)` returns how many of the k drafts proposed at position t match y[t:], looking at
-    no more than `limit = min(k, n - t)` tokens. `segments[t]` labels each response token; a step belongs
+    `run_at(t, k)` returns (how many of the drafts proposed at position t match y[t:], which the end of
+    the response bounds, and how many drafts were proposed). The proposal is the one made for k drafts,
+    as an engine would, even where fewer than k response tokens are left. `segments[t]` labels each response token; a step belongs
     to the segment of the first token it emits.
     """
     counts = StepCounts(draft_len=k)
     t = 0
     while t < n:
         remaining = n - t
-        run = run_at(t, min(k, remaining))
+        run, proposed = run_at(t, k)
         accepted = step_accepted(run, k, remaining, ended)
         emitted = remaining if accepted is None else min(accepted + 1, remaining)
         segment = segments[t] if segments is not None else "answer"
-        counts.add_step(segment, accepted, tokens=emitted)
+        counts.add_step(segment, accepted, tokens=emitted, proposed=proposed)
         t += emitted
     return counts

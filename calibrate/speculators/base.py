@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-# run_at(t, limit): how many drafts proposed at response position t match the response, looking at <= limit.
-ReplayScorer = Callable[[int, int], int]
+# run_at(t, k) -> (how many of the drafts proposed for k at response position t match the response from t,
+# how many drafts were proposed). See calibrate.replay.steps.walk_steps.
+ReplayScorer = Callable[[int, int], tuple[int, int]]
 
 
 @dataclass
@@ -85,9 +86,9 @@ class Speculator(ABC):
         """One scorer per (prompt, response) for greedy replay-once. Default: propose at each step."""
 
         def scorer(prompt: Sequence[int], response: Sequence[int]) -> ReplayScorer:
-            def run_at(t: int, limit: int) -> int:
-                drafts = self.propose(list(prompt) + list(response[:t]), limit).tokens
-                return leading_matches(drafts, response[t:], limit)
+            def run_at(t: int, k: int) -> tuple[int, int]:
+                drafts = self.propose(list(prompt) + list(response[:t]), k).tokens[:k]
+                return leading_matches(drafts, response[t:], k), len(drafts)
 
             return run_at
 

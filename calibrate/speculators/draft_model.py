@@ -103,8 +103,8 @@ class DraftModelSpeculator(Speculator):
         for argmax, response in zip(self.teacher_forced_argmax(prompts, responses), responses):
             runs = run_lengths(argmax == np.asarray(response, dtype=np.int64))
 
-            def run_at(t: int, limit: int, runs: np.ndarray = runs) -> int:
-                return int(min(runs[t], limit))
+            def run_at(t: int, k: int, runs: np.ndarray = runs) -> tuple[int, int]:
+                return int(min(runs[t], k)), k  # a draft model always proposes k
 
             scorers.append(run_at)
         return scorers

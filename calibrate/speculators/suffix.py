@@ -252,9 +252,9 @@ class SuffixSpeculator(Speculator):
             def cands(at: int) -> list[SuffixCandidate]:
                 return index.candidates(at, max_k, self.min_token_prob)
 
-            def run_at(t: int, limit: int) -> int:
-                drafts = choose(cands(offset + t), limit, self.max_spec_factor, self.max_spec_offset).tokens
-                return leading_matches(drafts, response[t:], limit)
+            def run_at(t: int, k: int) -> tuple[int, int]:
+                drafts = choose(cands(offset + t), k, self.max_spec_factor, self.max_spec_offset).tokens
+                return leading_matches(drafts, response[t:], k), len(drafts)
 
             return run_at
 

@@ -137,7 +137,9 @@ def load_records(
         f"""{keyed}
         SELECT key_ix, {seg_expr},
                sum(tokens), sum(censored_steps), sum(expected_accepted),
-               sum(steps) FILTER (WHERE expected_accepted IS NOT NULL)
+               sum(steps) FILTER (WHERE expected_accepted IS NOT NULL),
+               CASE WHEN bool_and(drafted_tokens IS NOT NULL) THEN sum(drafted_tokens) END,
+               CASE WHEN bool_and(empty_steps IS NOT NULL) THEN sum(empty_steps) END
         FROM segment_counts JOIN keyed USING (run_id)
         GROUP BY GROUPING SETS ({seg_sets})""",
         params,
@@ -201,11 +203,16 @@ def _sort_key(key: Sequence[Any]) -> tuple[Any, ...]:
     return tuple((v is not None, v if v is not None else 0) for v in key)
 
 
+def _finite(value: float) -> float | None:
+    """None for NaN (nothing proposed at all), the float otherwise."""
+    return None if np.isnan(value) else float(value)
+
+
 def _record(
     key_row: Sequence[Any], segment: str, summary: stats.Summary, totals: Sequence[Any],
     *, n_boot: int, seed: int, level: float,
 ) -> AcceptanceRecord:
-    tokens, censored, expected_sum, expected_steps = totals
+    tokens, censored, expected_sum, expected_steps, drafted, empty = totals
     key = dict(zip(KEY_FIELDS, key_row[1:1 + len(KEY_FIELDS)]))
     (target_ids, kinds, draft_ids, run_ids, engines, fingerprints, statuses, commits, versions,
      started, finished) = key_row[1 + len(KEY_FIELDS):]
@@ -213,8 +220,15 @@ def _record(
         float(stats.expected_acceptance_length(expected_sum, expected_steps))
         if expected_sum is not None and expected_steps else None
     )
+    hist = np.asarray(summary.histogram)
     return AcceptanceRecord(
         **key,
+        drafted_tokens=None if drafted is None else int(drafted),
+        empty_steps=None if empty is None else int(empty),
+        drafted_acceptance_length=_finite(stats.drafted_acceptance_length(hist, empty)) if empty is not None
+        else None,
+        draft_acceptance_rate=_finite(stats.draft_token_acceptance_rate(hist, drafted)) if drafted is not None
+        else None,
         segment=segment,
         requests=summary.requests,
         conversations=summary.conversations,

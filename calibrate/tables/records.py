@@ -89,6 +89,12 @@ class AcceptanceRecord:
     finished_at: str | None
     extrapolated: bool = False
     extrapolation_method: str | None = None
+    # Drafts actually proposed (model-free drafters propose fewer than k, or none); None for stores and
+    # exports made before these were counted, and for extrapolations.
+    drafted_tokens: int | None = None
+    empty_steps: int | None = None  # steps that proposed nothing (they are in histogram[0])
+    drafted_acceptance_length: float | None = None  # stats.drafted_acceptance_length: vLLM's logged AL
+    draft_acceptance_rate: float | None = None  # accepted / proposed drafts
 
     # ---- values -------------------------------------------------------------------------------------
     @property
@@ -180,6 +186,9 @@ class AcceptanceRecord:
         for name in ("draft_len", "requests", "conversations", "steps", "censored_steps", "tokens",
                      "bootstrap_replicates", "bootstrap_seed"):
             out[name] = int(out[name])
+        for name in ("drafted_tokens", "empty_steps"):
+            if out.get(name) is not None:
+                out[name] = int(out[name])
         if out.get("top_k") is not None:
             out["top_k"] = int(out["top_k"])
         out["histogram"] = tuple(int(x) for x in out["histogram"])
@@ -230,6 +239,7 @@ def extrapolate(base: AcceptanceRecord, draft_len: int) -> AcceptanceRecord:
         unconditional_rates=tuple(float(r) for r in rates),
         rates_ci_low=(), rates_ci_high=(),
         conditional_rates=tuple(None if math.isnan(c) else float(c) for c in cond),
+        drafted_tokens=None, empty_steps=None, drafted_acceptance_length=None, draft_acceptance_rate=None,
         extrapolated=True,
         extrapolation_method=method,
     )

@@ -35,10 +35,37 @@ def emitted_tokens(h: ArrayLike) -> np.ndarray:
 
 
 def acceptance_length(h: ArrayLike) -> np.ndarray | float:
-    """Pooled AL = emitted tokens / steps (vLLM's convention). NaN where there are no steps."""
+    """Pooled AL = emitted tokens / steps, i.e. per target verification pass. NaN where there are no steps."""
     n = steps(h)
     with np.errstate(invalid="ignore", divide="ignore"):
         out = emitted_tokens(h) / n
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def accepted_drafts(h: ArrayLike) -> np.ndarray:
+    """Total accepted drafts over the steps."""
+    arr = _hist(h)
+    return (arr * np.arange(arr.shape[-1])).sum(axis=-1)
+
+
+def drafted_acceptance_length(h: ArrayLike, empty_steps: ArrayLike) -> np.ndarray | float:
+    """AL over only the steps that proposed at least one draft: 1 + accepted / (steps - empty steps).
+
+    What vLLM logs as "Mean acceptance length" (its scheduler counts a draft only when tokens were
+    proposed). Equal to the pooled AL for draft models, higher for n-gram / suffix, which often propose
+    nothing; the pooled AL is the one that says how many target passes a response takes.
+    """
+    drafted_steps = steps(h) - np.asarray(empty_steps, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(drafted_steps > 0, 1.0 + accepted_drafts(h) / drafted_steps, np.nan)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def draft_token_acceptance_rate(h: ArrayLike, drafted_tokens: ArrayLike) -> np.ndarray | float:
+    """Accepted drafts / proposed drafts: vLLM's "Draft acceptance rate". NaN where nothing was proposed."""
+    drafted = np.asarray(drafted_tokens, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(drafted > 0, accepted_drafts(h) / drafted, np.nan)
     return float(out) if np.ndim(out) == 0 else out
 
 

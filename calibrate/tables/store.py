@@ -6,7 +6,8 @@ Layout (one row each):
   (package versions, git commit, times, status). Re-running the same configuration gives the same run_id,
   which is how a run resumes.
 - `requests`: one per (run, request): conversation id (for clustered CIs), prompt and truncation sizes.
-- `segment_counts`: one per (run, request, segment): tokens, steps, censored steps, expected acceptance.
+- `segment_counts`: one per (run, request, segment): tokens, steps, censored steps, expected acceptance,
+  drafts proposed and steps that proposed none.
 - `accept_counts`: one per (run, request, segment, accepted) with steps > 0: the histogram itself.
 - `problems`: rows of the dataset that were skipped, and why.
 
@@ -80,8 +81,12 @@ CREATE TABLE IF NOT EXISTS segment_counts (
     steps BIGINT NOT NULL,
     censored_steps BIGINT NOT NULL,
     expected_accepted DOUBLE,
+    drafted_tokens BIGINT,  -- drafts proposed over the histogram's steps (NULL in stores written before)
+    empty_steps BIGINT,  -- histogram steps that proposed no draft
     PRIMARY KEY (run_id, request_id, segment)
 );
+ALTER TABLE segment_counts ADD COLUMN IF NOT EXISTS drafted_tokens BIGINT;
+ALTER TABLE segment_counts ADD COLUMN IF NOT EXISTS empty_steps BIGINT;
 CREATE TABLE IF NOT EXISTS accept_counts (
     run_id VARCHAR NOT NULL,
     request_id VARCHAR NOT NULL,
@@ -237,7 +242,7 @@ class Store:
                 for segment, seg in counts.segments.items():
                     seg_rows.append([
                         run_id, outcome.request_id, segment, seg.tokens, int(seg.hist.sum()),
-                        seg.censored_steps, seg.expected_accepted,
+                        seg.censored_steps, seg.expected_accepted, seg.drafted_tokens, seg.empty_steps,
                     ])
                     acc_rows.extend(
                         [run_id, outcome.request_id, segment, int(a), int(n)]
@@ -248,7 +253,9 @@ class Store:
             if req_rows:
                 self.con.executemany("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?, ?)", req_rows)
             if seg_rows:
-                self.con.executemany("INSERT INTO segment_counts VALUES (?, ?, ?, ?, ?, ?, ?)", seg_rows)
+                self.con.executemany(
+                    "INSERT INTO segment_counts (run_id, request_id, segment, tokens, steps, censored_steps, "
+                    "expected_accepted, drafted_tokens, empty_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", seg_rows)
             if acc_rows:
                 self.con.executemany("INSERT INTO accept_counts VALUES (?, ?, ?, ?, ?)", acc_rows)
             self.con.execute("COMMIT")
