@@ -180,3 +180,21 @@ def db_of_greedy(tmp_path: Path) -> Path:
     from test_tables_support import basic_store
 
     return basic_store(tmp_path / "greedy.duckdb")
+
+
+def test_show_adds_drafted_al_when_some_steps_proposed_nothing(app: typer.Typer, tmp_path: Path) -> None:
+    from test_tables_support import Req, make_spec, write_run
+
+    from calibrate.tables.store import Store
+
+    db = tmp_path / "empty.duckdb"
+    with Store(db) as store:
+        write_run(store, make_spec(draft_len=1), [Req("r0", "c0", {"answer": [3, 1]}, empty={"answer": 2})])
+    res = CliRunner().invoke(app, ["show", "--db", str(db), "--bootstrap", "50"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "drafted AL" in res.output and "as vLLM logs it" in res.output
+    row = next(line.split() for line in res.output.splitlines() if " ngram " in line)
+    assert row[-1] == "1.500"  # 1 + 1 accepted / 2 drafted steps; AL over all 4 passes is 1.25
+    rows = json.loads(CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json"]).output)
+    assert rows[0]["drafted_acceptance_length"] == pytest.approx(1.5)
+    assert rows[0]["acceptance_length"] == pytest.approx(1.25)

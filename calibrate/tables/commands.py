@@ -126,7 +126,8 @@ def _load(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int)
 
 
 def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[str, Any]]:
-    """The rows `show` prints: SHOW_KEYS (plus segment with --segments, expected AL when the loop recorded it)."""
+    """The rows `show` prints: SHOW_KEYS (plus segment with --segments, expected AL when the loop recorded it,
+    and the AL over drafted steps when some steps proposed nothing)."""
     rows = []
     for r in records:
         row = {key: getattr(r, key) for key in SHOW_KEYS}
@@ -134,6 +135,8 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
             row = {**{k: row[k] for k in SHOW_KEYS[:6]}, "segment": r.segment, **{k: row[k] for k in SHOW_KEYS[6:]}}
         if r.expected_acceptance_length is not None:
             row["expected_acceptance_length"] = r.expected_acceptance_length
+        if r.empty_steps:  # model-free drafters: what vLLM would log, over the steps that drafted
+            row["drafted_acceptance_length"] = r.drafted_acceptance_length
         rows.append(row)
     return rows
 
@@ -168,9 +171,15 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool) -> None:
     if any(r.expected_acceptance_length is not None for r in records):
         cells["expected"] = ["-" if r.expected_acceptance_length is None else f"{r.expected_acceptance_length:.3f}"
                                 for r in records]
+    if any(r.empty_steps for r in records):
+        cells["drafted AL"] = ["-" if r.drafted_acceptance_length is None else f"{r.drafted_acceptance_length:.3f}"
+                               for r in records]
     constant = [c for c in ("target", "temperature", "top_p", "top_k", "dataset")
-                if c in cells and len(records) > 1 and len(set(cells[c])) == 1]
+                if c in cells and len(set(cells[c])) == 1]
     caption = ", ".join(f"{c} {cells[c][0]}" for c in constant)
+    if "drafted AL" in cells:
+        caption += ("\n" if caption else "") + ("drafted AL: over the steps that proposed drafts, as vLLM logs it; "
+                                                 "AL counts every target pass")
     table = Table(title="Acceptance length: pooled AL, 95% CI (bootstrap over conversations), macro AL",
                   caption=caption or None, box=box.SIMPLE_HEAD, pad_edge=False)
     shown = [c for c in cells if c not in constant]
