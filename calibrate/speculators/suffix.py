@@ -139,18 +139,29 @@ class SuffixIndex:
             order.insert(j, order.pop(i))
         return order
 
-    def candidates(self, at: int, max_tokens: int, min_token_prob: float) -> list[SuffixCandidate]:
-        """For each tail length m of tokens[:at] found earlier (longest first), the greedy most-frequent path
-        of up to `max_tokens` tokens whose running probability stays >= min_token_prob."""
-        if not 0 <= at <= len(self.tokens):
-            raise ValueError(f"position {at} outside the indexed sequence (length {len(self.tokens)})")
+    def _matches(self, at: int) -> list[tuple[int, int]]:
+        """(match length, node) for every tail of tokens[:at] up to max_depth, longest first."""
+        if at == len(self.tokens):  # the nodes of the tails are exactly the active nodes (below max_depth)
+            return [(self._depth[node], node) for node in self._active]
         out = []
         for start in range(max(0, at - self.max_depth), at):
             node = self._match(self.tokens[start:at], at)
-            if node is None:
-                continue
+            if node is not None:
+                out.append((at - start, node))
+        return out
+
+    def candidates(self, at: int, max_tokens: int, min_token_prob: float, max_spec_factor: float = math.inf,
+                   max_spec_offset: float = 0.0) -> list[SuffixCandidate]:
+        """For each tail length m of tokens[:at] (longest first), the greedy most-frequent path of up to
+        min(max_tokens, floor(max_spec_factor * m + max_spec_offset)) tokens whose running probability stays
+        >= min_token_prob."""
+        if not 0 <= at <= len(self.tokens):
+            raise ValueError(f"position {at} outside the indexed sequence (length {len(self.tokens)})")
+        out = []
+        for m, node in self._matches(at):
             tokens, probs, prob = [], [], 1.0
-            while len(tokens) < max_tokens:
+            cap = spec_cap(m, max_tokens, max_spec_factor, max_spec_offset)
+            while len(tokens) < cap:
                 best = self._best_child(node, at)
                 if best is None:
                     break
@@ -161,8 +172,15 @@ class SuffixIndex:
                 tokens.append(token)
                 probs.append(prob)
                 node = child
-            out.append(SuffixCandidate(at - start, tuple(tokens), tuple(probs)))
+            out.append(SuffixCandidate(m, tuple(tokens), tuple(probs)))
         return out
+
+
+def spec_cap(match_len: int, k: int, max_spec_factor: float, max_spec_offset: float) -> int:
+    """How many tokens a match of match_len may propose: min(k, floor(factor * match_len + offset)), >= 0."""
+    if math.isinf(max_spec_factor):
+        return k
+    return max(0, min(k, math.floor(match_len * max_spec_factor + max_spec_offset + 1e-6)))
 
 
 def choose(candidates: Sequence[SuffixCandidate], k: int, max_spec_factor: float,
@@ -175,7 +193,7 @@ def choose(candidates: Sequence[SuffixCandidate], k: int, max_spec_factor: float
     last bit of the float arithmetic."""
     best, best_score = SuffixCandidate(0, (), ()), 0.0
     for c in candidates:
-        cap = max(0, min(k, math.floor(c.match_len * max_spec_factor + max_spec_offset + 1e-6)))
+        cap = spec_cap(c.match_len, k, max_spec_factor, max_spec_offset)
         score = sum(c.probs[:cap])
         if score > best_score + EPS:
             best, best_score = SuffixCandidate(c.match_len, c.tokens[:cap], c.probs[:cap]), score
@@ -216,14 +234,14 @@ class SuffixSpeculator(Speculator):
 
     def best_at(self, index: SuffixIndex, at: int, k: int) -> SuffixCandidate:
         """The winning candidate (tokens, their probabilities, match length) as of tokens[:at]."""
-        cands = index.candidates(at, k, self.min_token_prob)
+        cands = index.candidates(at, k, self.min_token_prob, self.max_spec_factor, self.max_spec_offset)
         return choose(cands, k, self.max_spec_factor, self.max_spec_offset)
 
     def index_for(self, context: Sequence[int]) -> SuffixIndex:
-        context = [int(t) for t in context]
+        context = list(context)
         for i, index in enumerate(self._indexes):
             n = len(index.tokens)
-            if n <= len(context) and index.tokens == context[:n]:
+            if n <= len(context) and index.tokens == context[:n]:  # extend() stores Python ints
                 index.extend(context[n:])
                 self._indexes.append(self._indexes.pop(i))  # most recently used last
                 return index
@@ -250,7 +268,7 @@ class SuffixSpeculator(Speculator):
 
             @lru_cache(maxsize=None)
             def cands(at: int) -> list[SuffixCandidate]:
-                return index.candidates(at, max_k, self.min_token_prob)
+                return index.candidates(at, max_k, self.min_token_prob, self.max_spec_factor, self.max_spec_offset)
 
             def run_at(t: int, k: int) -> tuple[int, int]:
                 drafts = choose(cands(offset + t), k, self.max_spec_factor, self.max_spec_offset).tokens
