@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 export CALIBRATE_TEST_MODELS ?= $(HOME)/.cache/calibrate-test-models
 
-.PHONY: install models quickstart test test-fast bench clean
+.PHONY: install models quickstart test test-fast clean
 
 # torch first, pinned to the CPU build served locally; the project after it, so pip keeps that torch.
 $(VENV)/.installed: pyproject.toml
