@@ -113,7 +113,8 @@ def build_speculators(pair: PairConfig, config: Config, drafts: dict[str, Loaded
             out.append(NgramSpeculator(max_n=spec.max_n, min_n=spec.min_n))
         else:
             out.append(SuffixSpeculator(max_depth=spec.max_depth, max_spec_factor=spec.max_spec_factor,
-                                        max_spec_offset=spec.max_spec_offset, min_token_prob=spec.min_token_prob))
+                                        max_spec_offset=spec.max_spec_offset, min_token_prob=spec.min_token_prob,
+                                        cache_size=max(64, config.run.batch_size)))
     return out
 
 

@@ -39,7 +39,7 @@ EPS = 1e-9
 
 @dataclass(frozen=True)
 class SuffixCandidate:
-    """The uncapped continuation found from a match of `match_len` tokens: tokens and their probabilities."""
+    """The continuation found from a match of `match_len` tokens: tokens and their probabilities."""
 
     match_len: int
     tokens: tuple[int, ...]
@@ -219,7 +219,7 @@ class SuffixSpeculator(Speculator):
         self.max_spec_offset = max_spec_offset
         self.min_token_prob = min_token_prob
         # Loops call propose with a context that only grows per request; reusing that request's index
-        # makes a step cost the new tokens, not the whole context.
+        # makes a step cost the new tokens, not the whole context. Keep one per request of a batch.
         self._indexes: list[SuffixIndex] = []
         self._cache_size = cache_size
 
