@@ -150,7 +150,7 @@ def test_lookup_from_runner_environment(app: typer.Typer, db: Path) -> None:
 def test_report_writes_pngs(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     res = invoke(app, "report", "--db", str(db), "--out", str(tmp_path / "report"), "--bootstrap", "100")
     assert res.exit_code == 0, res.output
-    for name in ("al_vs_k.png", "rates.png"):
+    for name in ("al_vs_k.png", "rates.png", "drafts.png"):
         assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

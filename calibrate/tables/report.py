@@ -1,7 +1,9 @@
-"""PNG plots of measured records: AL vs k (with CIs) and the unconditional rate per position.
+"""PNG plots of measured records: AL vs k (with CIs), the unconditional rate per position, and drafts.
 
 The first shows where a longer draft stops paying; the second shows the per-position curve an
-extrapolation would continue. Both read records only, so they plot exactly what exports say.
+extrapolation would continue; the third what each proposed draft is worth (model-free drafters propose
+fewer than k, or nothing, and waste verification differently). All read records only, so they plot
+exactly what exports say.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ def _series_label(r: AcceptanceRecord, with_target: bool) -> str:
 
 
 def plot(records: Sequence[AcceptanceRecord], out: Path) -> list[Path]:
-    """Write al_vs_k.png and rates.png under `out`; returns their paths."""
+    """Write al_vs_k.png, rates.png and (when drafts were counted) drafts.png under `out`; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -69,4 +71,32 @@ def plot(records: Sequence[AcceptanceRecord], out: Path) -> list[Path]:
     rates_path = out / "rates.png"
     fig.savefig(rates_path, dpi=120)
     plt.close(fig)
-    return [al_path, rates_path]
+    paths = [al_path, rates_path]
+
+    counted = {key: sorted((r for r in rs if r.drafted_tokens is not None), key=lambda r: r.draft_len)
+               for key, rs in series.items()}
+    counted = {key: rs for key, rs in counted.items() if rs}
+    if counted:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+        for rs in counted.values():
+            ks = [r.draft_len for r in rs]
+            label = _series_label(rs[0], with_target)
+            left.plot(ks, [r.drafted_tokens / r.steps for r in rs], marker="o", label=label)
+            right.plot(ks, [r.draft_acceptance_rate for r in rs], marker="o", label=label)
+        left.plot(ks_all, ks_all, ls=":", color="grey", label="k (always proposes k)")
+        left.set_xlabel("draft length k")
+        left.set_ylabel("drafts proposed per step")
+        left.set_xticks(ks_all)
+        left.set_title("Drafts proposed (verification work)")
+        left.legend(fontsize="small")
+        right.set_xlabel("draft length k")
+        right.set_ylabel("accepted / proposed drafts")
+        right.set_xticks(ks_all)
+        right.set_ylim(0, 1)
+        right.set_title("Draft acceptance rate")
+        fig.tight_layout()
+        drafts_path = out / "drafts.png"
+        fig.savefig(drafts_path, dpi=120)
+        plt.close(fig)
+        paths.append(drafts_path)
+    return paths
