@@ -49,27 +49,35 @@ def test_walk_steps_emits_every_token_once():
             censored = counts.segments["answer"].censored_steps
             if ended:
                 assert censored == 0
-                assert stats.emitted_tokens(hist) == n
+                assert stats.emitted_tokens(hist) == n - 1  # the first token is the prefill's, not a step's
 
 
 def test_walk_steps_counts_proposed_drafts_and_empty_steps():
-    # Proposals of 3, 0, 2 drafts at t = 0, 1, 2 ...: the first matches 0, the others as far as they go.
-    proposals = {0: (0, 3), 1: (0, 0), 2: (2, 2), 5: (1, 3)}
-    counts = walk_steps(7, 3, True, lambda t, k: proposals.get(t, (0, 1)))
+    # t = 0 is the prefill's token; steps propose 0 drafts at t = 1, 2 at t = 2, 3 at t = 5.
+    proposals = {1: (0, 0), 2: (2, 2), 5: (1, 3)}
+    counts = walk_steps(7, 3, True, lambda t, k: proposals[t])
     seg = counts.segments["answer"]
-    # steps at t = 0 (emits 1), 1 (empty, 1), 2 (accepts 2, emits 3), 5 (accepts 1: 5, 6=EOS bonus)
-    assert seg.hist.tolist() == [2, 1, 1, 0]
-    assert (seg.drafted_tokens, seg.empty_steps, seg.tokens) == (3 + 0 + 2 + 3, 1, 7)
+    # t = 1: empty, emits 1; t = 2: accepts 2, emits 3; t = 5: accepts 1 and 6 = EOS is the bonus
+    assert seg.hist.tolist() == [1, 1, 1, 0]
+    assert (seg.drafted_tokens, seg.empty_steps, seg.tokens) == (0 + 2 + 3, 1, 7)
     with pytest.raises(ValueError, match="accepted"):
         walk_steps(4, 3, True, lambda t, k: (2, 1))  # cannot accept more than it proposed
 
 
+def test_walk_steps_first_token_is_the_prefills_and_never_a_step():
+    called = []
+    counts = walk_steps(1, 4, True, lambda t, k: called.append(t) or (0, k))
+    assert called == [] and counts.tokens == 1 and counts.hist.sum() == 0
+    assert walk_steps(0, 4, False, lambda t, k: (0, k)).tokens == 0
+
+
 def test_walk_steps_labels_steps_by_first_token():
-    labels = ["thinking"] * 3 + ["answer"] * 3
+    labels = ["thinking"] * 4 + ["answer"] * 2
     counts = walk_steps(6, 2, True, lambda t, k: (min(k, 6 - t), k), labels)
-    # steps start at 0 (emits 3), 3 (emits 3, last is EOS bonus... k=2 -> a=min(2,2,2)=2)
+    # prefill emits token 0; the step at 1 accepts 2 (tokens 1-3); the step at 4 accepts 1, token 5 = EOS bonus
     assert counts.segments["thinking"].hist.tolist() == [0, 0, 1]
-    assert counts.segments["answer"].hist.tolist() == [0, 0, 1]
+    assert counts.segments["answer"].hist.tolist() == [0, 1, 0]
+    assert (counts.segments["thinking"].tokens, counts.segments["answer"].tokens) == (4, 2)
 
 
 def prompts_for(vocab: int, n: int, seed: int = 0) -> list[list[int]]:

@@ -59,6 +59,10 @@ class StepCounts:
         if expected is not None:
             seg.expected_accepted = (seg.expected_accepted or 0.0) + float(expected)
 
+    def add_tokens(self, segment: str, tokens: int) -> None:
+        """Tokens emitted outside any step: the first response token, which the prefill pass produces."""
+        self._segment(segment).tokens += tokens
+
     @property
     def hist(self) -> np.ndarray:
         """Histogram over all segments."""

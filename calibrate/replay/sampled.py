@@ -3,7 +3,8 @@
 At temperature > 0 there is no replay shortcut: the target's response depends on the random draws, so the
 loop really runs speculative decoding: draft k tokens, verify the k + 1 positions in ONE target forward
 pass, accept by rejection sampling (calibrate.kernels), roll both KV caches back past the rejected tokens,
-repeat. Its output is exactly target-distributed, and each step's accepted count is recorded with the
+repeat. The first pass only prefills and emits the first token (no drafts), as serving engines do. Its
+output is exactly target-distributed, and each step's accepted count is recorded with the
 shared step rule (calibrate.replay.steps.step_accepted), so the histograms mean the same thing as the
 greedy replay-once engine's. It also records the analytic expected acceptance of each step (running
 product of min(1, p/q), computed by the verification kernel): same mean as the realised counts, lower
@@ -40,7 +41,7 @@ Finished requests leave the batch (DynamicCache.batch_select_indices).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import DynamicCache
@@ -70,6 +71,7 @@ class StepRecord:
     tokens: int  # tokens this step added to the response
     proposed: int  # drafts the speculator proposed
     expected: float  # analytic E[accepted drafts | proposed drafts]
+    is_step: bool = True  # False for the prefill pass's first token (calibrate.replay.steps)
 
 
 def record_step(emitted: Sequence[int], a_true: int, k: int, generated: int, max_new_tokens: int,
@@ -243,13 +245,16 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
     active = list(requests)
     vocab = int(target.get_output_embeddings().weight.shape[0])  # width of the target's logits
     device = tcache.device
+    prefill = True  # the first pass emits the first token and verifies no drafts, as serving engines do
     while active:
         b = len(active)
         ids = torch.tensor([r.key for r in active], dtype=torch.int64)
         positions = torch.tensor([len(r.generated) for r in active], dtype=torch.int64)
 
         # -- draft ------------------------------------------------------------------------------------
-        if dcache is not None:
+        if prefill:
+            drafts, probs = [[] for _ in active], None
+        elif dcache is not None:
             drafts, probs = _draft_with_model(dcache, active, k, temperature, seed, ids, positions, vocab)
         else:
             drafts, probs = _draft_with_speculator(speculator, active, k, temperature, generator, vocab)
@@ -279,7 +284,7 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
             a = accepted[j]
             rec, kept, ended = record_step(tokens[j][:a + 1], a, k, len(r.generated), max_new_tokens,
                                            eos_token_ids, expected[j], proposed=len(drafts[j]))
-            r.records.append(rec)
+            r.records.append(replace(rec, is_step=False) if prefill else rec)
             r.generated.extend(kept)
             if ended:
                 r.finish_reason = "eos"
@@ -294,6 +299,7 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
             fed = [int(n) for n in dcache.lengths.tolist()]
             keep = [min(f, len(r.context) - 1) for f, r in zip(fed, active)]
             dcache.truncate(dcache.lengths.new_tensor(keep))
+        prefill = False
         if len(still) < b:
             sel = torch.tensor(still, dtype=torch.int64)
             if still:
@@ -353,7 +359,10 @@ def run_sampled(
                 counts = StepCounts(draft_len=k)
                 for rec in r.records:
                     segment = labels[rec.start] if labels is not None else "answer"
-                    counts.add_step(segment, rec.accepted, rec.tokens, rec.proposed, rec.expected)
+                    if rec.is_step:
+                        counts.add_step(segment, rec.accepted, rec.tokens, rec.proposed, rec.expected)
+                    else:
+                        counts.add_tokens(segment, rec.tokens)
                 res = results[r.index]
                 res.counts[k] = counts
                 res.tokens[k] = r.generated

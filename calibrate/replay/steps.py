@@ -1,5 +1,10 @@
 """The step rule shared by every engine: how many drafts a step accepted, given what is visible of the response.
 
+The first response token comes from the prefill pass, which verifies no drafts (vLLM, SGLang and
+TensorRT-LLM all prefill first and draft from the second token on), so it is counted as a token but is
+not a step: steps start at the second token. The AL measured is therefore that of the decode steps, which
+is what the engines' synthetic-acceptance settings force.
+
 A response has `n` target tokens y[0..n-1] and ends either with EOS (`ended=True`) or because the budget
 max_new_tokens ran out. A step starting at position t sees `remaining = n - t` tokens. The drafts it
 proposes match the target on a leading run of `visible_run` tokens, counted only over tokens that exist
@@ -49,7 +54,10 @@ def walk_steps(
     to the segment of the first token it emits.
     """
     counts = StepCounts(draft_len=k)
-    t = 0
+    if n == 0:
+        return counts
+    counts.add_tokens(segments[0] if segments is not None else "answer", 1)  # the prefill's token
+    t = 1
     while t < n:
         remaining = n - t
         run, proposed = run_at(t, k)
