@@ -135,6 +135,8 @@ def test_a_store_written_before_drafts_were_counted_still_reads(tmp_path: Path) 
         write_run(store, make_spec(draft_len=1), [Req("r0", "c0", {"answer": [1, 3]})])
         store.con.execute("ALTER TABLE segment_counts DROP COLUMN drafted_tokens")
         store.con.execute("ALTER TABLE segment_counts DROP COLUMN empty_steps")
+    old = _records(path)[0]  # read-only, as `calibrate show` opens it: not migrated, still readable
+    assert old.acceptance_length == pytest.approx(7 / 4) and old.drafted_acceptance_length is None
     with Store(path) as store:  # opening for writing adds the columns back, empty
         assert store.con.execute("SELECT drafted_tokens, empty_steps FROM segment_counts").fetchall() == [(None, None)]
     rec = _records(path)[0]

@@ -133,13 +133,19 @@ def load_records(
     seg_expr = (
         f"CASE WHEN GROUPING(segment) = 1 THEN '{SEGMENT_ALL}' ELSE segment END" if segments else f"'{SEGMENT_ALL}'"
     )
+    # A store written before drafts were counted, opened read-only, has not been migrated: those are NULL.
+    present = {c for (c,) in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'segment_counts'").fetchall()}
+    drafted, empty = (
+        f"CASE WHEN bool_and({col} IS NOT NULL) THEN sum({col}) END" if col in present else "NULL"
+        for col in ("drafted_tokens", "empty_steps")
+    )
     totals = con.execute(
         f"""{keyed}
         SELECT key_ix, {seg_expr},
                sum(tokens), sum(censored_steps), sum(expected_accepted),
                sum(steps) FILTER (WHERE expected_accepted IS NOT NULL),
-               CASE WHEN bool_and(drafted_tokens IS NOT NULL) THEN sum(drafted_tokens) END,
-               CASE WHEN bool_and(empty_steps IS NOT NULL) THEN sum(empty_steps) END
+               {drafted}, {empty}
         FROM segment_counts JOIN keyed USING (run_id)
         GROUP BY GROUPING SETS ({seg_sets})""",
         params,
