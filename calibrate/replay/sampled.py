@@ -93,6 +93,19 @@ def record_step(emitted: Sequence[int], a_true: int, k: int, generated: int, max
     return record, kept, ended
 
 
+def before_eos(drafts: list[int], eos_token_ids: set[int]) -> list[int]:
+    """The drafts before the first draft EOS: the ones the step rule can count.
+
+    An accepted draft EOS ends the response and the step rule records it as the step's bonus token, so the
+    step accepts min(accepted, j) drafts (j: the EOS's index). Verifying only d_0..d_{j-1} makes the
+    kernel's analytic expectation sum exactly those j terms (unclipped it counted the EOS and what follows
+    as accepted drafts: biased up). Emitted tokens keep the target's distribution: the token at position
+    j is then the bonus sample of p instead of an accept-or-residual test of the EOS, which is p too.
+    """
+    cut = next((i for i, t in enumerate(drafts) if t in eos_token_ids), None)
+    return drafts if cut is None else drafts[:cut]
+
+
 def _model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
@@ -258,6 +271,8 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
             drafts, probs = _draft_with_model(dcache, active, k, temperature, seed, ids, positions, vocab)
         else:
             drafts, probs = _draft_with_speculator(speculator, active, k, temperature, generator, vocab)
+        proposed = [len(d) for d in drafts]
+        drafts = [before_eos(d, eos_token_ids) for d in drafts]
 
         # -- verify: one target pass over [pending token, drafts] -----------------------------------------
         pending = [r.context[int(n):] for r, n in zip(active, tcache.lengths.tolist())]  # always 1 token
@@ -283,7 +298,7 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
         for j, r in enumerate(active):
             a = accepted[j]
             rec, kept, ended = record_step(tokens[j][:a + 1], a, k, len(r.generated), max_new_tokens,
-                                           eos_token_ids, expected[j], proposed=len(drafts[j]))
+                                           eos_token_ids, expected[j], proposed=proposed[j])
             r.records.append(replace(rec, is_step=False) if prefill else rec)
             r.generated.extend(kept)
             if ended:
