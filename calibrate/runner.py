@@ -31,6 +31,7 @@ from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load
 from calibrate.replay.counts import RequestOutcome, StepCounts
 from calibrate.replay.greedy import generate_greedy, score_replay
 from calibrate.replay.sampled import run_sampled
+from calibrate.replay.steps import STEP_RULE_VERSION
 from calibrate.speculators.base import Speculator
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.speculators.ngram import NgramSpeculator
@@ -120,21 +121,27 @@ def build_speculators(pair: PairConfig, config: Config, drafts: dict[str, Loaded
 
 def run_specs(config: Config, prepared: Prepared, target: LoadedModel, speculators: Sequence[Speculator],
               thinking: str, temperature: float, engine: str) -> dict[tuple[str, int], RunSpec]:
+    """The RunSpec of every (speculator, k) of one generation setting (identity rules: tables.store).
+
+    The dataset seed picks the requests (provenance only); at temperature > 0 it also keys the loop's random
+    streams, so there it is the condition `sampling_seed` too.
+    """
     ds, versions, commit = config.dataset, package_versions(), git_commit()
     out = {}
     for spec in speculators:
         draft_id, draft_hash = spec.identity
         for k in config.sweep.draft_lengths:
             out[(spec.name, k)] = RunSpec(
-                target=target.name, target_id=target.model_id, target_hash=target.fingerprint,
-                speculator=spec.name, speculator_kind=spec.kind, speculator_params=spec.params,
-                draft_id=draft_id, draft_hash=draft_hash, draft_len=k, thinking=thinking,
+                target=target.name, speculator=spec.name, draft_len=k, thinking=thinking,
                 temperature=temperature, top_p=config.sweep.top_p if temperature > 0 else None,
-                top_k=config.sweep.top_k if temperature > 0 else None,
-                dataset=ds.name or ds.source, dataset_format=prepared.dataset_format,
-                dataset_fingerprint=prepared.fingerprint, selection=prepared.selection,
-                context_tokens=ds.context_tokens, max_new_tokens=ds.max_new_tokens, engine=engine,
-                dtype=config.run.dtype, device=target.device, seed=ds.seed, versions=versions, git_commit=commit,
+                top_k=config.sweep.top_k if temperature > 0 else None, dataset=ds.name or ds.source,
+                target_hash=target.fingerprint, speculator_params=spec.params, draft_hash=draft_hash,
+                dataset_fingerprint=prepared.fingerprint, context_tokens=ds.context_tokens,
+                max_new_tokens=ds.max_new_tokens, dtype=config.run.dtype, engine=engine,
+                step_rule=STEP_RULE_VERSION, sampling_seed=ds.seed if temperature > 0 else None,
+                target_id=target.model_id, speculator_kind=spec.kind, draft_id=draft_id,
+                dataset_format=prepared.dataset_format, selection=prepared.selection, device=target.device,
+                seed=ds.seed, versions=versions, git_commit=commit,
             )
     return out
 

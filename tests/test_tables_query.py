@@ -9,7 +9,7 @@ import pytest
 from test_tables_support import Req, basic_store, make_spec, write_run
 
 from calibrate.tables import stats
-from calibrate.tables.query import Filters, catalog, load_records
+from calibrate.tables.query import Filters, MixedConditions, catalog, load_records
 from calibrate.tables.store import Store, connect
 
 
@@ -60,20 +60,38 @@ def test_segments_sum_to_overall(db: Path) -> None:
     assert on["thinking"].histogram == (1, 1, 1, 1) and on["answer"].histogram == (5, 1, 1, 2)
 
 
-def test_runs_of_the_same_key_combine_and_conversations_cluster_across_runs(tmp_path: Path) -> None:
+def test_a_request_counts_once_per_key_and_runs_of_other_conditions_never_pool(tmp_path: Path) -> None:
     path = tmp_path / "a.duckdb"
     with Store(path) as store:
-        # Two runs of one key (they differ only in seed, which is not part of the key).
+        # At temperature 0 the seed only selects requests: the same identity, hence the same run.
         a = write_run(store, make_spec(seed=1), [Req("r0", "c0", {"answer": [1, 0, 0, 1]})])
-        b = write_run(store, make_spec(seed=2), [Req("r0", "c0", {"answer": [0, 0, 0, 2]}),
-                                                 Req("r1", "c1", {"answer": [3, 0, 0, 0]})])
+        assert make_spec(seed=2).run_id == a and make_spec(seed=1, selection={"max_requests": 2}).run_id == a
+        b = write_run(store, make_spec(max_new_tokens=128), [Req("r0", "c0", {"answer": [0, 0, 0, 2]}),
+                                                              Req("r1", "c1", {"answer": [3, 0, 0, 0]})])
         write_run(store, make_spec(temperature=0.7), [Req("r0", "c0", {"answer": [5, 0, 0, 0]})])
-    recs = _records(path)
-    assert len(recs) == 2
-    greedy = next(r for r in recs if r.temperature == 0.0)
-    assert greedy.histogram == (4, 0, 0, 3)
-    assert greedy.requests == 3 and greedy.conversations == 2  # c0 of both runs is one cluster
-    assert set(greedy.run_ids) == {a, b}
+    assert a != b
+    with pytest.raises(MixedConditions, match=r"max_new_tokens: 128 vs 256.*--where max_new_tokens="):
+        _records(path)
+    recs = _records(path, Filters(where_fields=(("max_new_tokens", "128"),)))
+    assert len(recs) == 1  # the temperature-0.7 run has the other budget
+    greedy = recs[0]
+    assert greedy.histogram == (3, 0, 0, 2) and greedy.requests == 2 and greedy.run_ids == (b,)
+    # At temperature > 0 the seed keys the random streams: another seed is another condition.
+    assert make_spec(temperature=0.7, seed=1).run_id != make_spec(temperature=0.7, seed=2).run_id
+
+
+def test_a_store_holding_a_request_in_two_runs_of_one_key_reads_it_once(tmp_path: Path) -> None:
+    """Stores written before identity v2 could hold one request in two runs that differ only by selection."""
+    path = tmp_path / "a.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(), [Req("r0", "c0", {"answer": [1, 0, 0, 1]}),
+                                       Req("r1", "c1", {"answer": [0, 2, 0, 0]})])
+        store.con.execute("UPDATE runs SET run_id = 'old' WHERE TRUE")
+        for table in ("requests", "segment_counts", "accept_counts"):
+            store.con.execute(f"UPDATE {table} SET run_id = 'old' WHERE TRUE")
+        write_run(store, make_spec(), [Req("r0", "c0", {"answer": [1, 0, 0, 1]})])
+    rec = _records(path)[0]
+    assert rec.requests == 2 and rec.histogram == (1, 2, 0, 1)
 
 
 def test_censored_steps_are_reported_not_counted_and_expected_al_is_beside_realised(tmp_path: Path) -> None:
@@ -91,7 +109,7 @@ def test_censored_steps_are_reported_not_counted_and_expected_al_is_beside_reali
     assert greedy.expected_acceptance_length is None
 
 
-def test_filters_are_sql_and_keys_of_runs_pool_the_whole_key(db: Path) -> None:
+def test_filters_are_sql_and_run_ids_select_runs(db: Path) -> None:
     recs = _records(db, Filters(speculators=("ngram",), draft_lens=(3,), thinking=("on",)))
     assert [(r.draft_len, r.thinking) for r in recs] == [(3, "on")]
     assert _records(db, Filters(datasets=("other",))) == []
@@ -100,7 +118,7 @@ def test_filters_are_sql_and_keys_of_runs_pool_the_whole_key(db: Path) -> None:
     entries = catalog(con, Filters(targets=("smollm2-135m-instruct",)))
     con.close()
     assert [e.draft_len for e in entries] == [2]
-    only = _records(db, Filters(keys_of_runs=(run_id,)))
+    only = _records(db, Filters(run_ids=(run_id,)))
     assert [r.draft_len for r in only] == [1] and only[0].run_ids == (run_id,)
 
 

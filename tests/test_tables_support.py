@@ -21,16 +21,20 @@ def make_spec(
     dataset: str = "mini-swe-agent",
     seed: int = 0,
     target_id: str | None = None,
+    **conditions: object,
 ) -> RunSpec:
-    """A complete RunSpec; only the key fields vary between tests."""
-    return RunSpec(
+    """A complete RunSpec; the key fields vary between tests, and any other field by keyword."""
+    fields = dict(
         target=target, target_id=target_id or target, target_hash="t" * 8, speculator=speculator,
         speculator_kind=speculator.split(":")[0], speculator_params={"n": 3}, draft_id=None, draft_hash=None,
         draft_len=draft_len, thinking=thinking, temperature=temperature, top_p=None, top_k=None,
         dataset=dataset, dataset_format="mini-swe-agent", dataset_fingerprint="fp-" + dataset,
         selection={"limit": 10}, context_tokens=4096, max_new_tokens=256, engine="greedy", dtype="float32",
-        device="cpu", seed=seed, versions={"spec-calibrate": "0.1.0"}, git_commit="abc123",
+        device="cpu", seed=seed, sampling_seed=seed if temperature > 0 else None,
+        versions={"spec-calibrate": "0.1.0"}, git_commit="abc123",
     )
+    fields.update(conditions)
+    return RunSpec(**fields)
 
 
 @dataclass

@@ -25,6 +25,10 @@ from collections.abc import Callable, Sequence
 
 from calibrate.replay.counts import StepCounts
 
+# Version of this rule, recorded with every run (a run's counts mean what the rule of its version says).
+# 1: the prefill's token was a step; 2: it is a token, not a step (decode-step AL).
+STEP_RULE_VERSION = 2
+
 
 def step_accepted(visible_run: int, k: int, remaining: int, ended: bool) -> int | None:
     """Accepted drafts of one step, or None when the budget censored it."""

@@ -198,7 +198,7 @@ def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool =
     """Print the acceptance table of `db` (only the keys of `run_ids` when given: what a run just measured)."""
     con = connect(db, read_only=True)
     try:
-        filters = query.Filters(keys_of_runs=tuple(run_ids) if run_ids is not None else None)
+        filters = query.Filters(run_ids=tuple(run_ids) if run_ids is not None else None)
         records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
     finally:
         con.close()

@@ -1,15 +1,18 @@
 """From the DuckDB counts to `AcceptanceRecord`s: SQL groups and sums, `stats` computes.
 
-Runs with the same key (target, speculator, k, thinking, sampling, dataset) are one population: their
-requests are pooled, and requests of the same conversation (in any of those runs) form one bootstrap
-cluster. SQL does every grouping (keys, per-segment and overall sums via GROUPING SETS, per-request
+Runs with the same key (target, speculator, k, thinking, sampling, dataset) are one population only when
+they were measured under the same conditions (`calibrate.tables.store`: budgets, dtype, engine, model and
+dataset hashes, ...): a key whose runs differ there is refused (`MixedConditions`, naming the fields), and
+`Filters.where` picks one. Within a key each request counts once (a store written before run identity v2
+may hold a request in several runs of one key: one copy is read), and requests of the same conversation
+form one bootstrap cluster. SQL does every grouping (keys, per-segment and overall sums via GROUPING SETS, per-request
 histograms); Python only scatters the per-request rows into arrays for `stats.summarize`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -19,12 +22,20 @@ import numpy as np
 from calibrate.replay.counts import SEGMENTS
 from calibrate.tables import stats
 from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
+from calibrate.tables.store import CONDITION_FIELDS, RunSpec
 
 SEGMENT_ORDER = (SEGMENT_ALL, *SEGMENTS)
 
 DEFAULT_BOOT = 2000
 DEFAULT_SEED = 0
 DEFAULT_LEVEL = 0.95
+
+
+RUN_COLUMNS = (*(f.name for f in fields(RunSpec)), "run_id", "status")
+
+
+class MixedConditions(LookupError):
+    """Runs of one key measured under different conditions: they never pool; the message names the fields."""
 
 
 @dataclass(frozen=True)
@@ -37,8 +48,9 @@ class Filters:
     thinking: tuple[str, ...] | None = None
     temperatures: tuple[float, ...] | None = None
     datasets: tuple[str, ...] | None = None
-    # Keys that any of these runs belongs to (every run of such a key is pooled, not only these).
-    keys_of_runs: tuple[str, ...] | None = None
+    run_ids: tuple[str, ...] | None = None  # exactly these runs (what one invocation measured)
+    # (runs column, value as text): `--where max_new_tokens=256` picks one condition among several
+    where_fields: tuple[tuple[str, str], ...] = ()
 
     def where(self) -> tuple[str, list[Any]]:
         """A WHERE clause over `runs` and its parameters (values are bound, never pasted into SQL)."""
@@ -46,6 +58,7 @@ class Filters:
         for column, values in (
             ("target", self.targets), ("speculator", self.speculators), ("draft_len", self.draft_lens),
             ("thinking", self.thinking), ("temperature", self.temperatures), ("dataset", self.datasets),
+            ("run_id", self.run_ids),
         ):
             if values is None:
                 continue
@@ -54,12 +67,62 @@ class Filters:
                 continue
             clauses.append(f"{column} IN ({', '.join('?' for _ in values)})")
             params.extend(values)
-        if self.keys_of_runs is not None:
-            same_key = " AND ".join(f"mine.{c} IS NOT DISTINCT FROM runs.{c}" for c in KEY_FIELDS)
-            marks = ", ".join("?" for _ in self.keys_of_runs) or "NULL"
-            clauses.append(f"EXISTS (SELECT 1 FROM runs AS mine WHERE mine.run_id IN ({marks}) AND {same_key})")
-            params.extend(self.keys_of_runs)
+        for column, value in self.where_fields:
+            if column not in RUN_COLUMNS:
+                raise ValueError(f"--where {column}=...: no such run field; fields: {', '.join(RUN_COLUMNS)}")
+            if value.lower() in ("none", "null", ""):
+                clauses.append(f"{column} IS NULL")
+            else:
+                clauses.append(f"CAST({column} AS VARCHAR) = ?")
+                params.append(value)
         return (" AND ".join(clauses) or "TRUE"), params
+
+
+def parse_where(items: Sequence[str] | None) -> tuple[tuple[str, str], ...]:
+    """`FIELD=VALUE` strings (CLI --where) -> pairs; a malformed one is a ValueError naming it."""
+    out = []
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--where {item!r}: expected FIELD=VALUE (e.g. max_new_tokens=256)")
+        out.append((name.strip(), value.strip()))
+    return tuple(out)
+
+
+def check_conditions(con: duckdb.DuckDBPyConnection, filters: Filters = Filters()) -> None:
+    """Raise MixedConditions when some key's runs were measured under different conditions."""
+    present = _columns(con, "runs")
+    cols = [c for c in CONDITION_FIELDS if c in present]
+    where, params = filters.where()
+    rows = con.execute(
+        f"SELECT {_KEY_COLS}, run_id, {', '.join(cols)} FROM runs WHERE {where} ORDER BY run_id", params
+    ).fetchall()
+    by_key: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    n = len(KEY_FIELDS)
+    for row in rows:
+        by_key.setdefault(tuple(row[:n]), []).append(row[n:])
+    for key, runs in by_key.items():
+        differing = [c for i, c in enumerate(cols) if len({r[1 + i] for r in runs}) > 1]
+        if not differing:
+            continue
+        shown = "; ".join(
+            f"{c}: " + " vs ".join(sorted({_text(r[1 + cols.index(c)]) for r in runs})) for c in differing)
+        first = differing[0]
+        example = _text(runs[0][1 + cols.index(first)])
+        named = " | ".join(f"{f}={v}" for f, v in zip(KEY_FIELDS, key) if v is not None)
+        raise MixedConditions(
+            f"{named} was measured under different conditions ({shown}; runs {', '.join(r[0] for r in runs)}); "
+            f"such runs never pool: pick one with --where {first}={example}"
+        )
+
+
+def _text(value: Any) -> str:
+    return "none" if value is None else str(value)
+
+
+def _columns(con: duckdb.DuckDBPyConnection, table: str) -> set[str]:
+    return {c for (c,) in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]).fetchall()}
 
 
 @dataclass(frozen=True)
@@ -109,10 +172,14 @@ def load_records(
     level: float = DEFAULT_LEVEL,
 ) -> list[AcceptanceRecord]:
     """One record per key (segment 'all'), and per key and segment when `segments`; sorted by key."""
+    check_conditions(con, filters)
     where, params = filters.where()
+    # `chosen`: one (run, request) per key and request id, so a request never counts twice in a pool.
     keyed = (
         f"WITH keyed AS (SELECT run_id, dense_rank() OVER (ORDER BY {_KEY_COLS}) - 1 AS key_ix "
-        f"FROM runs WHERE {where})"
+        f"FROM runs WHERE {where}), "
+        "chosen AS (SELECT run_id, request_id FROM requests JOIN keyed USING (run_id) "
+        "QUALIFY row_number() OVER (PARTITION BY key_ix, request_id ORDER BY run_id) = 1)"
     )
     keys = con.execute(
         f"""{keyed}
@@ -134,8 +201,7 @@ def load_records(
         f"CASE WHEN GROUPING(segment) = 1 THEN '{SEGMENT_ALL}' ELSE segment END" if segments else f"'{SEGMENT_ALL}'"
     )
     # A store written before drafts were counted, opened read-only, has not been migrated: those are NULL.
-    present = {c for (c,) in con.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'segment_counts'").fetchall()}
+    present = _columns(con, "segment_counts")
     drafted, empty = (
         f"CASE WHEN bool_and({col} IS NOT NULL) THEN sum({col}) END" if col in present else "NULL"
         for col in ("drafted_tokens", "empty_steps")
@@ -146,7 +212,7 @@ def load_records(
                sum(tokens), sum(censored_steps), sum(expected_accepted),
                sum(steps) FILTER (WHERE expected_accepted IS NOT NULL),
                {drafted}, {empty}
-        FROM segment_counts JOIN keyed USING (run_id)
+        FROM segment_counts JOIN chosen USING (run_id, request_id) JOIN keyed USING (run_id)
         GROUP BY GROUPING SETS ({seg_sets})""",
         params,
     ).fetchall()
@@ -161,7 +227,8 @@ def load_records(
         per_request AS (
             SELECT key_ix, {seg_expr} AS seg,
                    run_id, request_id, conversation_id, accepted, sum(a.steps) AS n
-            FROM accept_counts a JOIN requests r USING (run_id, request_id) JOIN keyed USING (run_id)
+            FROM accept_counts a JOIN requests r USING (run_id, request_id)
+                 JOIN chosen USING (run_id, request_id) JOIN keyed USING (run_id)
             GROUP BY GROUPING SETS ({req_sets})
         )
         SELECT key_ix, seg,

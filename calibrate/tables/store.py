@@ -1,18 +1,35 @@
 """DuckDB storage of raw acceptance counts with full provenance.
 
 Layout (one row each):
-- `runs`: one per (target, speculator, k, thinking, sampling, dataset selection, engine, ...): the run's
-  identity, hashed into `run_id`, plus provenance that is recorded but not part of the identity
-  (package versions, git commit, times, status). Re-running the same configuration gives the same run_id,
-  which is how a run resumes.
+- `runs`: one per run identity, hashed into `run_id`, plus provenance recorded beside it.
 - `requests`: one per (run, request): conversation id (for clustered CIs), prompt and truncation sizes.
 - `segment_counts`: one per (run, request, segment): tokens, steps, censored steps, expected acceptance,
   drafts proposed and steps that proposed none.
 - `accept_counts`: one per (run, request, segment, accepted) with steps > 0: the histogram itself.
 - `problems`: rows of the dataset that were skipped, and why.
+- `store_meta`: the identity version the store was written with.
+
+Run identity (`RunSpec`, each field tagged with its role):
+- key: what a table row is named by (target, speculator, k, thinking, temperature, top-p, top-k, dataset;
+  `calibrate.tables.records.KEY_FIELDS`);
+- conditions: everything else that can change a count: the target's and draft's content hashes, the
+  speculator's parameters, the dataset's content fingerprint, the context and new-token budgets, dtype,
+  engine, the step-rule version (`calibrate.replay.steps.STEP_RULE_VERSION`) and the sampling seed;
+- provenance: recorded, never part of the identity: the selection (max_requests, strategy and the seed
+  that picked the requests), resolved model ids, device, dataset format, package versions, git commit.
+`run_id` hashes key + conditions. So a request measured under the same conditions is the same measurement
+whatever selection asked for it: a later invocation that selects it again (fewer or more requests, another
+selection seed) finds it done and reuses it; nothing is measured twice into one pool. `seed` is the
+selection seed; at temperature > 0 it also keys the sampled loop's random streams, so the runner records it
+as the condition `sampling_seed` there (None at temperature 0, where no draw is made). Adding a condition
+is one field line here, tagged `_condition(...)`: the column, its migration (ADD COLUMN on open, NULL
+for runs written before) and the identity follow. Runs of one key whose conditions differ never pool:
+`calibrate.tables.query` refuses them, naming the fields that differ.
 
 A request is written for every run of its generation in one transaction, so a run interrupted at any
-point holds only whole requests, and resuming skips exactly those.
+point holds only whole requests, and resuming skips exactly those. A store written before this identity
+(v1, where the selection was part of the run id and a request could be counted twice) is still read, one
+copy of each request per key, but is not written to: measure into a new store.
 """
 
 from __future__ import annotations
@@ -20,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -28,40 +45,16 @@ from typing import Any
 import duckdb
 
 from calibrate.data.conversation import Problem
+from calibrate.errors import StoreBusy, StoreError
 from calibrate.replay.counts import RequestOutcome, StepCounts
+from calibrate.replay.steps import STEP_RULE_VERSION
+
+IDENTITY_VERSION = "2"
+KEY, CONDITION, PROVENANCE = "key", "condition", "provenance"
+TABLES = ("runs", "requests", "segment_counts", "accept_counts", "problems")
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id VARCHAR PRIMARY KEY,
-    target VARCHAR NOT NULL,
-    target_id VARCHAR NOT NULL,
-    target_hash VARCHAR,
-    speculator VARCHAR NOT NULL,
-    speculator_kind VARCHAR NOT NULL,
-    speculator_params VARCHAR,
-    draft_id VARCHAR,
-    draft_hash VARCHAR,
-    draft_len INTEGER NOT NULL,
-    thinking VARCHAR NOT NULL,
-    temperature DOUBLE NOT NULL,
-    top_p DOUBLE,
-    top_k INTEGER,
-    dataset VARCHAR NOT NULL,
-    dataset_format VARCHAR,
-    dataset_fingerprint VARCHAR,
-    selection VARCHAR,
-    context_tokens INTEGER,
-    max_new_tokens INTEGER,
-    engine VARCHAR NOT NULL,
-    dtype VARCHAR,
-    device VARCHAR,
-    seed BIGINT,
-    versions VARCHAR,
-    git_commit VARCHAR,
-    started_at TIMESTAMP,
-    finished_at TIMESTAMP,
-    status VARCHAR
-);
+CREATE TABLE IF NOT EXISTS store_meta (name VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS requests (
     run_id VARCHAR NOT NULL,
     request_id VARCHAR NOT NULL,
@@ -104,67 +97,161 @@ CREATE TABLE IF NOT EXISTS problems (
 );
 """
 
-# Fields of RunSpec that are provenance only: they never change what a run measures.
-_NOT_IDENTITY = ("versions", "git_commit")
+
+def _key(sql: str) -> Any:
+    return field(metadata={"role": KEY, "sql": sql})
 
 
-@dataclass(frozen=True)
+def _condition(sql: str, **default: Any) -> Any:
+    return field(metadata={"role": CONDITION, "sql": sql}, **default)
+
+
+def _provenance(sql: str, **default: Any) -> Any:
+    return field(metadata={"role": PROVENANCE, "sql": sql}, **default)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunSpec:
-    """Everything that defines what a run measures (hashed into run_id) plus recorded provenance."""
+    """A run's identity (key + conditions, hashed into run_id) and its provenance; see the module docstring."""
 
-    target: str
-    target_id: str
-    target_hash: str | None
-    speculator: str
-    speculator_kind: str
-    speculator_params: dict[str, Any]
-    draft_id: str | None
-    draft_hash: str | None
-    draft_len: int
-    thinking: str
-    temperature: float
-    top_p: float | None
-    top_k: int | None
-    dataset: str
-    dataset_format: str
-    dataset_fingerprint: str
-    selection: dict[str, Any]
-    context_tokens: int
-    max_new_tokens: int
-    engine: str
-    dtype: str
-    device: str
-    seed: int
-    versions: dict[str, str] = field(default_factory=dict)
-    git_commit: str | None = None
+    # key: what a table row is named by
+    target: str = _key("VARCHAR")
+    speculator: str = _key("VARCHAR")
+    draft_len: int = _key("INTEGER")
+    thinking: str = _key("VARCHAR")
+    temperature: float = _key("DOUBLE")
+    top_p: float | None = _key("DOUBLE")
+    top_k: int | None = _key("INTEGER")
+    dataset: str = _key("VARCHAR")
+    # conditions: everything else that can change a count
+    target_hash: str | None = _condition("VARCHAR")
+    speculator_params: dict[str, Any] = _condition("JSON")
+    draft_hash: str | None = _condition("VARCHAR")
+    dataset_fingerprint: str = _condition("VARCHAR")
+    context_tokens: int = _condition("INTEGER")
+    max_new_tokens: int = _condition("INTEGER")
+    dtype: str = _condition("VARCHAR")
+    engine: str = _condition("VARCHAR")
+    step_rule: int = _condition("INTEGER", default=STEP_RULE_VERSION)
+    sampling_seed: int | None = _condition("BIGINT", default=None)  # the seed at temperature > 0, else None
+    # provenance: recorded, not identity
+    target_id: str = _provenance("VARCHAR")
+    speculator_kind: str = _provenance("VARCHAR")
+    draft_id: str | None = _provenance("VARCHAR")
+    dataset_format: str = _provenance("VARCHAR")
+    selection: dict[str, Any] = _provenance("JSON")
+    device: str = _provenance("VARCHAR")
+    seed: int = _provenance("BIGINT")  # the selection seed
+    versions: dict[str, str] = _provenance("JSON", default_factory=dict)
+    git_commit: str | None = _provenance("VARCHAR", default=None)
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that define what was measured, as stored (JSON fields encoded)."""
+        row = self.row()
+        return {f.name: row[f.name] for f in fields(self) if f.metadata["role"] != PROVENANCE}
+
+    def row(self) -> dict[str, Any]:
+        """Column -> value for the runs table."""
+        return {f.name: _column_value(f, getattr(self, f.name)) for f in fields(self)}
 
     @property
     def run_id(self) -> str:
-        ident = {k: v for k, v in asdict(self).items() if k not in _NOT_IDENTITY}
-        blob = json.dumps(ident, sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        blob = json.dumps({"identity": IDENTITY_VERSION, **self.identity()}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _column_value(f: Any, value: Any) -> Any:
+    if f.metadata["sql"] == "JSON":
+        return json.dumps(value, sort_keys=True, default=str)
+    return value
+
+
+def fields_of(role: str) -> tuple[str, ...]:
+    """RunSpec field names with one role (KEY, CONDITION, PROVENANCE), in declaration order."""
+    return tuple(f.name for f in fields(RunSpec) if f.metadata["role"] == role)
+
+
+CONDITION_FIELDS = fields_of(CONDITION)
+
+
+def _runs_ddl() -> str:
+    """The runs table from RunSpec's fields; ADD COLUMN migrates a store written before a field existed."""
+    sql = {f.name: "VARCHAR" if f.metadata["sql"] == "JSON" else f.metadata["sql"] for f in fields(RunSpec)}
+    cols = ["run_id VARCHAR PRIMARY KEY", *(f"{name} {kind}" for name, kind in sql.items()),
+            "started_at TIMESTAMP", "finished_at TIMESTAMP", "status VARCHAR"]
+    create = "CREATE TABLE IF NOT EXISTS runs (\n    " + ",\n    ".join(cols) + "\n);"
+    alters = "".join(f"\nALTER TABLE runs ADD COLUMN IF NOT EXISTS {name} {kind};" for name, kind in sql.items())
+    return create + alters
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Open (and if writable, initialise) a store; a clear error when another process holds the write lock."""
+    """Open a store (initialised / migrated when writable). Every failure is one message naming the file:
+    StoreBusy when another process holds the write lock, StoreError when it is no readable calibrate store,
+    FileNotFoundError when a store to read does not exist."""
     path = Path(path)
+    if path.is_dir():
+        raise StoreError(f"{path} is a directory, not a store (give a .duckdb file path)")
     if read_only and not path.exists():
         raise FileNotFoundError(f"no acceptance database at {path}")
     if not read_only:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the store {path}: {exc.strerror or exc}") from None
     try:
         con = duckdb.connect(str(path), read_only=read_only)
-    except duckdb.IOException as exc:
+    except duckdb.Error as exc:
         if "lock" in str(exc).lower():
-            raise RuntimeError(
+            raise StoreBusy(
                 f"{path} is locked by another process (a `calibrate run` writing it?). DuckDB allows one "
                 "writer and no concurrent readers of a file being written: wait for the run to finish, or "
                 "read an exported table (`calibrate export --to json`) instead."
-            ) from exc
+            ) from None
+        raise StoreError(f"{path}: not a readable DuckDB store ({_first_line(exc)})") from None
+    try:
+        _check_store(con, path, read_only)
+    except BaseException:
+        con.close()
         raise
-    if not read_only:
-        con.execute(SCHEMA)
     return con
+
+
+def _check_store(con: duckdb.DuckDBPyConnection, path: Path, read_only: bool) -> None:
+    """Refuse what is not a calibrate store (or one too old to write to); initialise a writable one."""
+    try:
+        tables = {name for (name,) in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
+        if read_only:
+            missing = [t for t in TABLES if t not in tables and t != "problems"]
+            if missing:
+                raise StoreError(f"{path} is a DuckDB file but not a calibrate store (no {', '.join(missing)} table)")
+            return
+        if tables and "runs" not in tables:
+            raise StoreError(f"{path} is a DuckDB file but not a calibrate store (it has no runs table); "
+                             "give a new --db path")
+        if "runs" in tables and _identity_version(con, tables) != IDENTITY_VERSION:
+            if con.execute("SELECT count(*) FROM runs").fetchone()[0]:
+                raise StoreError(
+                    f"{path} was written by an older calibrate (run identity v1, where a request measured "
+                    "again under another selection was counted twice); `calibrate run` does not add to it: "
+                    "measure into a new --db (show / export / lookup still read this one, each request once)"
+                )
+        con.execute(SCHEMA + _runs_ddl())
+        con.execute("INSERT OR REPLACE INTO store_meta VALUES ('identity', ?)", [IDENTITY_VERSION])
+    except duckdb.Error as exc:
+        raise StoreError(f"{path}: not a readable calibrate store ({_first_line(exc)})") from None
+
+
+def _identity_version(con: duckdb.DuckDBPyConnection, tables: set[str]) -> str | None:
+    if "store_meta" not in tables:
+        return None
+    row = con.execute("SELECT value FROM store_meta WHERE name = 'identity'").fetchone()
+    return row[0] if row else None
 
 
 class Store:
@@ -184,19 +271,21 @@ class Store:
         self.close()
 
     def begin_run(self, spec: RunSpec) -> str:
-        """Insert the run row, or mark an existing one as running again (resume). Returns run_id."""
+        """Insert the run row, or mark an existing one (same identity) as running again. Returns run_id.
+
+        An existing run keeps its counts; its provenance becomes this invocation's (selection, versions, ...).
+        """
         run_id = spec.run_id
         now = datetime.now(timezone.utc).replace(tzinfo=None)
+        row = spec.row()
         exists = self.con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone()
         if exists:
+            names = fields_of(PROVENANCE)
             self.con.execute(
-                "UPDATE runs SET status = 'running', versions = ?, git_commit = ? WHERE run_id = ?",
-                [json.dumps(spec.versions, sort_keys=True), spec.git_commit, run_id],
+                f"UPDATE runs SET status = 'running', {', '.join(f'{n} = ?' for n in names)} WHERE run_id = ?",
+                [*(row[n] for n in names), run_id],
             )
             return run_id
-        row = asdict(spec)
-        for key in ("speculator_params", "selection", "versions"):
-            row[key] = json.dumps(row[key], sort_keys=True, default=str)
         row.update(run_id=run_id, started_at=now, finished_at=None, status="running")
         cols = list(row)
         self.con.execute(

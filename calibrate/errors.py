@@ -1,0 +1,62 @@
+"""What a failure means to the caller: one place for the exit codes of every `calibrate` command.
+
+    0  done
+    1  the input was read, but holds no answer: a model, speculator, k or mode that was not measured, an
+       ambiguous name, a dataset with nothing usable, nothing to export
+    2  bad input: a usage error, an invalid config or option value, a file, store, table, dataset or model
+       that cannot be read or found
+    3  busy: the store is being written by another process (try again when that run ends)
+  130  interrupted (Ctrl-C); what was committed stays and a re-run resumes from it
+
+Library code raises ordinary exceptions (LookupError for "no answer", ValueError / OSError for bad input,
+`StoreBusy` for a locked store); `exit_code` maps them, and the CLI prints one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    NO_ANSWER = 1
+    BAD_INPUT = 2
+    BUSY = 3
+    INTERRUPTED = 130
+
+
+EXIT_CODES_HELP = (
+    "Exit status: 0 done; 1 no answer (not measured, ambiguous, nothing usable); 2 bad input (usage, config, "
+    "option value, unreadable file, store, table, dataset or model); 3 store busy (another run writes it); "
+    "130 interrupted."
+)
+
+
+class StoreBusy(RuntimeError):
+    """Another process holds the store's write lock."""
+
+
+class StoreError(ValueError):
+    """A store that cannot be opened or read: the message names the file."""
+
+
+def exit_code(exc: BaseException) -> ExitCode | None:
+    """The exit status an exception means, or None for a bug (which should show its traceback)."""
+    import duckdb
+
+    if isinstance(exc, KeyboardInterrupt):
+        return ExitCode.INTERRUPTED
+    if isinstance(exc, StoreBusy):
+        return ExitCode.BUSY
+    if isinstance(exc, LookupError) and not isinstance(exc, (KeyError, IndexError)):
+        return ExitCode.NO_ANSWER
+    if isinstance(exc, (ValueError, OSError, duckdb.Error, UnicodeError)):
+        return ExitCode.BAD_INPUT
+    return None
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of an exception on one line (the CLI's stderr is read by scripts and people alike)."""
+    text = str(exc.args[0]) if isinstance(exc, LookupError) and exc.args else str(exc)
+    text = text or type(exc).__name__
+    return "; ".join(part.strip() for part in text.splitlines() if part.strip())
