@@ -8,16 +8,21 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from calibrate.errors import EXIT_CODES_HELP, cli_errors
+
+# Plain help (no rich markup): markup would eat the [dataset] / [[pairs]] table names of the help texts.
 app = typer.Typer(
-    help="Measure speculative-decoding acceptance length on real agentic coding traffic.",
+    help="Measure speculative-decoding acceptance length on real agentic coding traffic.\n\n" + EXIT_CODES_HELP,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 DEFAULT_DB = Path("tables/acceptance.duckdb")
 
 
 @app.command()
+@cli_errors
 def run(
     config: Path = typer.Argument(..., help="Sweep config (TOML): [dataset], [run], [[pairs]], [sweep]."),
     db: Path = typer.Option(DEFAULT_DB, "--db", help="DuckDB file to write (created if missing)."),
@@ -25,16 +30,12 @@ def run(
     show: bool = typer.Option(True, "--show/--no-show", help="Print the acceptance table when done."),
 ) -> None:
     """Replay the dataset through every target + speculator pair and store acceptance counts (resumable)."""
-    from calibrate.config import ConfigError, load_config
+    from calibrate.config import load_config
     from calibrate.runner import execute
 
     console = Console(stderr=True)
-    try:
-        cfg = load_config(config, {"dataset": {"max_requests": max_requests}})
-        summary = execute(cfg, db, console=console)
-    except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    cfg = load_config(config, {"dataset": {"max_requests": max_requests}})
+    summary = execute(cfg, db, console=console)
     console.print(
         f"measured {summary.measured} request(s) ({summary.resumed} already in {db}), "
         f"{summary.tokens} target tokens in {summary.seconds:.1f} s; {len(summary.run_ids)} run(s)"

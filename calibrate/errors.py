@@ -14,7 +14,10 @@ Library code raises ordinary exceptions (LookupError for "no answer", ValueError
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import IntEnum
+from functools import wraps
+from typing import Any
 
 
 class ExitCode(IntEnum):
@@ -60,3 +63,28 @@ def one_line(exc: BaseException) -> str:
     text = str(exc.args[0]) if isinstance(exc, LookupError) and exc.args else str(exc)
     text = text or type(exc).__name__
     return "; ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a CLI command: a known failure is one `error: ...` line on stderr and its exit status (above);
+    anything else is a bug and keeps its traceback."""
+    import click
+    import typer
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
+            raise
+        except KeyboardInterrupt:
+            typer.echo("interrupted: what was committed is kept; the same command resumes from it", err=True)
+            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+        except Exception as exc:
+            code = exit_code(exc)
+            if code is None:
+                raise
+            typer.echo(f"error: {one_line(exc)}", err=True)
+            raise typer.Exit(int(code)) from None
+
+    return wrapper

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from calibrate.hub import hub_reachable, looks_like_path
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 _SAMPLE = 1 << 20  # bytes hashed from the start, middle and end of each weight file
@@ -34,6 +36,27 @@ def resolve(name: str) -> str:
     if local.is_dir():
         return str(local)
     return name
+
+
+def hub_access(name: str, where: str) -> dict[str, Any]:
+    """from_pretrained kwargs for a name that is not local: none when the hub answers, else cache only.
+
+    A name written as a path that does not exist fails at once, and an unreachable hub is asked nothing
+    (huggingface_hub would retry for about 50 s): only its local cache is looked in.
+    """
+    if where != name or Path(where).exists():
+        return {}
+    if looks_like_path(name):
+        raise FileNotFoundError(f"model {name!r}: no such file or folder")
+    return {} if hub_reachable() else {"local_files_only": True}
+
+
+def _not_found(name: str, where: str, access: dict[str, Any], what: str, exc: Exception) -> ValueError:
+    if where != name or Path(where).exists():
+        return ValueError(f"model {name!r}: cannot load {what} from {where!r}: {exc}")
+    hub = ("the Hugging Face hub is unreachable (offline) and its local cache lacks it"
+           if access.get("local_files_only") else "the Hugging Face hub has no such model (or refused access)")
+    return ValueError(f"model {name!r}: not a path, not a built test model in {built_models_dir()}, and {hub}")
 
 
 def resolve_dtype(dtype: str) -> torch.dtype:
@@ -114,11 +137,13 @@ def load_tokenizer(name: str) -> Any:
     """The tokenizer (and chat template) alone: cheap, so configs can be checked before weights load."""
     from transformers import AutoTokenizer
 
-    where, extra = _split_gguf(resolve(name))
+    model_id = resolve(name)
+    access = hub_access(name, model_id)
+    where, extra = _split_gguf(model_id)
     try:
-        return AutoTokenizer.from_pretrained(where, **extra)
-    except OSError as exc:
-        raise ValueError(f"model {name!r}: cannot load its tokenizer from {where!r}: {exc}") from exc
+        return AutoTokenizer.from_pretrained(where, **extra, **access)
+    except (OSError, ValueError) as exc:
+        raise _not_found(name, model_id, access, "its tokenizer", exc) from exc
 
 
 def load_model(name: str, dtype: str = "bfloat16", device: str = "auto") -> LoadedModel:
@@ -128,14 +153,12 @@ def load_model(name: str, dtype: str = "bfloat16", device: str = "auto") -> Load
     model_id = resolve(name)
     torch_dtype = resolve_dtype(dtype)
     device = resolve_device(device)
+    access = hub_access(name, model_id)
     where, extra = _split_gguf(model_id)
     try:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra)
-    except OSError as exc:
-        raise ValueError(
-            f"model {name!r}: cannot load weights from {where!r} (not a folder, a .gguf file, or a reachable "
-            f"hub id): {exc}"
-        ) from exc
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra, **access)
+    except (OSError, ValueError) as exc:
+        raise _not_found(name, model_id, access, "its weights (not a folder, a .gguf file, or a hub id)", exc) from exc
     model = model.to(device).eval()
     fp = fingerprint(model_id)
     revision = getattr(model.config, "_commit_hash", None)

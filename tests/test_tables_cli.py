@@ -66,7 +66,7 @@ def test_show_segments_csv_and_table(app: typer.Typer, db: Path) -> None:
 def test_show_uses_the_default_database(app: typer.Typer, db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     res = invoke(app, "show")
-    assert res.exit_code == 1 and "tables/acceptance.duckdb" in res.output
+    assert res.exit_code == 2 and "tables/acceptance.duckdb" in res.output
     (tmp_path / "tables").mkdir()
     (tmp_path / "tables" / "acceptance.duckdb").write_bytes(db.read_bytes())
     assert invoke(app, "show", "--format", "json").exit_code == 0
@@ -84,11 +84,11 @@ def test_export_commands(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     res = invoke(app, "export", "--to", "parquet", "--db", str(db), "--out", str(tmp_path / "t.parquet"))
     assert res.exit_code == 0 and (tmp_path / "t.parquet").stat().st_size > 0
     res = invoke(app, "export", "--to", "sglang", "--db", str(db), "--model", "nobody")
-    assert res.exit_code == 2 and "no model matching 'nobody'" in res.output
+    assert res.exit_code == 1 and "no model matching 'nobody'" in res.output
     res = invoke(app, "export", "--to", "sglang", "--db", str(db), "--speculator", "draft:Qwen/Qwen2.5-Coder-0.5B-Instruct")
     assert res.exit_code == 0 and res.output.count("SGLANG_SIMULATE_ACC_LEN=") == 1
     res = invoke(app, "export", "--to", "sglang", "--db", str(db), "--model", "smollm2-135m-instruct", "--speculator", "eagle3")
-    assert res.exit_code == 2 and "speculator 'eagle3' not measured; measured: ngram" in res.output
+    assert res.exit_code == 1 and "speculator 'eagle3' not measured; measured: ngram" in res.output
 
 
 def test_lookup_formats(app: typer.Typer, db: Path) -> None:
@@ -116,14 +116,14 @@ def test_lookup_sglang_env_can_be_evaled_or_used_as_env_file(app: typer.Typer, d
 
 def test_lookup_failures_exit_nonzero_with_what_exists(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     res = invoke(app, "lookup", "--model", Q, "--speculator", "ngram", "-k", "4", "--thinking", "off", "--table", str(db))
-    assert res.exit_code == 2 and "measured k: 1, 3" in res.output
+    assert res.exit_code == 1 and "measured k: 1, 3" in res.output
     res = invoke(app, "lookup", "--model", Q, "--speculator", "ngram", "-k", "4", "--thinking", "off", "--table", str(db),
                  "--extrapolate", "--format", "sglang-env")
     assert res.exit_code == 0 and "EXTRAPOLATED" in res.output and "note: k=4 is extrapolated" in res.output
     res = invoke(app, "lookup", "--model", Q, "-k", "3", "--thinking", "off", "--table", str(tmp_path / "none.duckdb"))
-    assert res.exit_code == 1 and "no acceptance database" in res.output
+    assert res.exit_code == 2 and "no acceptance database" in res.output
     res = invoke(app, "lookup", "--model", Q, "--table", str(db))
-    assert res.exit_code == 1 and "missing --draft-len, --thinking" in res.output
+    assert res.exit_code == 2 and "missing --draft-len, --thinking" in res.output
 
 
 def test_lookup_from_runner_environment(app: typer.Typer, db: Path) -> None:
@@ -137,14 +137,14 @@ def test_lookup_from_runner_environment(app: typer.Typer, db: Path) -> None:
     res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), env={**env, "FRAMEWORK": "vllm"})
     assert json.loads(res.output)["num_speculative_tokens"] == 3
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "MODEL_PREFIX": "smollm2"})
-    assert res.exit_code == 2 and "k=3 not measured for smollm2-135m-instruct with ngram" in res.output
+    assert res.exit_code == 1 and "k=3 not measured for smollm2-135m-instruct with ngram" in res.output
     assert "measured k: 2" in res.output
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "MODEL_PREFIX": "qwen2.5"})
-    assert res.exit_code == 2 and "several speculators" in res.output
+    assert res.exit_code == 1 and "several speculators" in res.output
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "FRAMEWORK": "tgi"})
-    assert res.exit_code == 1 and "FRAMEWORK='tgi'" in res.output and "dynamo-sglang" in res.output
+    assert res.exit_code == 2 and "FRAMEWORK='tgi'" in res.output and "dynamo-sglang" in res.output
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "NUM_SPEC_TOKENS": ""})
-    assert res.exit_code == 1 and "needs NUM_SPEC_TOKENS" in res.output
+    assert res.exit_code == 2 and "needs NUM_SPEC_TOKENS" in res.output
 
 
 def test_report_writes_pngs(app: typer.Typer, db: Path, tmp_path: Path) -> None:

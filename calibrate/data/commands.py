@@ -1,7 +1,7 @@
 """`calibrate datasets ...`: look at a dataset before replaying it (the CLI adds `datasets_app` by name).
 
-Exit codes: 0 when the source has something to replay, 1 when nothing usable was found in it, 2 when the
-source itself (or the tokenizer) cannot be opened.
+Exit codes (`calibrate.errors`): 0 when the source has something to replay, 1 when nothing usable was
+found in it, 2 when the source itself (or the tokenizer) cannot be opened.
 """
 
 from __future__ import annotations
@@ -12,10 +12,14 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-datasets_app = typer.Typer(help="Inspect agentic coding datasets and the known public sets.", no_args_is_help=True)
+from calibrate.errors import cli_errors
+
+datasets_app = typer.Typer(help="Inspect agentic coding datasets and the known public sets.", no_args_is_help=True,
+                           rich_markup_mode=None)
 
 
 @datasets_app.command("inspect")
+@cli_errors
 def inspect_command(
     source: str = typer.Argument(..., help="File (.json/.jsonl/.parquet), folder, data/datasets.toml name, or HF id."),
     format: Optional[str] = typer.Option(None, "--format", help="Adapter name or alias (detected when omitted)."),
@@ -32,23 +36,14 @@ def inspect_command(
     from calibrate.data.inspect import inspect_source, print_report
 
     console = Console()
-    err = Console(stderr=True)
     tok = None
-    if tokenizer is not None:
-        from transformers import AutoTokenizer
+    if tokenizer is not None:  # names resolve as in configs: a path, $CALIBRATE_TEST_MODELS/<name>, a hub id
+        from calibrate.models import load_tokenizer
 
-        try:
-            tok = AutoTokenizer.from_pretrained(tokenizer)
-        except (OSError, ValueError) as exc:
-            err.print(f"[red]error:[/red] cannot load tokenizer {tokenizer!r}: {exc}")
-            raise typer.Exit(2) from None
-    try:
-        name = Path(tokenizer).name if tokenizer else "tokenizer"
-        report = inspect_source(source, format, limit=limit, tokenizer=tok, tokenizer_name=name,
-                                split=split, revision=revision, subset=subset, sample=sample, seed=seed)
-    except (FileNotFoundError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        tok = load_tokenizer(tokenizer)
+    name = Path(tokenizer).name if tokenizer else "tokenizer"
+    report = inspect_source(source, format, limit=limit, tokenizer=tok, tokenizer_name=name,
+                            split=split, revision=revision, subset=subset, sample=sample, seed=seed)
     print_report(report, console)
     if not report.usable:
         raise typer.Exit(1)

@@ -14,6 +14,7 @@ from pathlib import Path
 from calibrate.data.conversation import Conversation, LoadResult, Problem
 from calibrate.data.formats import ADAPTERS, RowError, canonical_format, detect_format, row_id
 from calibrate.data.manifests import find_manifest_entry
+from calibrate.hub import hub_reachable, looks_like_path
 from calibrate.data.sources import HUB_PREFIX, RawRow, folder_files, iter_file_rows, iter_hub_rows
 
 DETECT_ROWS = 8  # rows looked at to detect a file's format
@@ -132,7 +133,10 @@ def _resolve(source: str, *, split: str | None, revision: str | None, subset: st
     if entry is not None:
         group = _hub_group(entry.hf_id, split or entry.split, revision or entry.revision, subset or entry.subset)
         return [group], entry.format
-    if _looks_like_hub_id(source):
+    if _looks_like_hub_id(source) and not looks_like_path(source):
+        if not hub_reachable():  # streaming needs the hub; do not let huggingface_hub retry for ~50 s
+            raise FileNotFoundError(f"dataset source {source!r} is not a file or folder here, nor a name in "
+                                    "data/datasets.toml, and the Hugging Face hub is unreachable (offline)")
         return [_hub_group(source, split, revision, subset)], None
     raise FileNotFoundError(f"dataset source {source!r} is neither a file, a folder, a name in data/datasets.toml "
                             "nor a Hugging Face id (org/name)")

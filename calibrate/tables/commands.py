@@ -1,7 +1,8 @@
 """CLI commands over the acceptance tables: show, export, lookup, report (`register` adds them to the app).
 
-Errors are one line on stderr naming what exists, with a non-zero exit: 2 when the table has no (or no
-unique) answer, 1 for anything else (no database, a locked one, a bad option).
+Errors are one line on stderr naming what exists, with the exit status of `calibrate.errors` (1 when the
+table has no, or no unique, answer; 2 for bad input: no database, a corrupt one, a bad option; 3 when
+another process holds the store).
 """
 
 from __future__ import annotations
@@ -9,18 +10,20 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from enum import Enum
-from functools import wraps
 from pathlib import Path
 from typing import Any, Optional
 
+import duckdb
 import typer
 
+from calibrate.errors import cli_errors
 from calibrate.tables import exports, query
 from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.lookup import lookup as lookup_record
 from calibrate.tables.records import AcceptanceRecord
+from calibrate.errors import StoreError
 from calibrate.tables.store import connect
 
 SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
@@ -70,28 +73,9 @@ class LookupFormat(str, Enum):
     llamacpp_args = "llamacpp-args"
 
 
-def _fail(message: str, code: int) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
-
-
-def _errors_exit(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the library's exceptions into one stderr line and an exit status (no traceback for users)."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except LookupError as exc:
-            raise _fail(str(exc.args[0] if exc.args else exc), 2) from exc
-        except (ValueError, FileNotFoundError, RuntimeError) as exc:
-            raise _fail(str(exc), 1) from exc
-
-    return wrapper
-
-
 def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_len: list[int] | None,
-             thinking: str | None, dataset: list[str] | None, temperature: list[float] | None) -> query.Filters:
+             thinking: str | None, dataset: list[str] | None, temperature: list[float] | None,
+             where: list[str] | None = None) -> query.Filters:
     """CLI filter options -> Filters; model and speculator names are resolved like lookup resolves them."""
     entries = query.catalog(con)
     targets = None
@@ -114,6 +98,7 @@ def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_le
         thinking=(normalize_thinking(thinking),) if thinking else None,
         temperatures=tuple(temperature) if temperature else None,
         datasets=tuple(dataset) if dataset else None,
+        where_fields=query.parse_where(where),
     )
 
 
@@ -121,8 +106,16 @@ def _load(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int)
     con = connect(db, read_only=True)
     try:
         return query.load_records(con, _filters(con, *filters_args), segments=segments, n_boot=n_boot, seed=seed)
+    except duckdb.Error as exc:  # a block that fails to read only now (the header opened fine)
+        raise StoreError(f"{db}: cannot read the store ({str(exc).strip().splitlines()[0]})") from None
     finally:
         con.close()
+
+
+def interrupted(record: AcceptanceRecord) -> bool:
+    """Whether a run behind the record stopped before finishing (killed runs stay 'running'; a running one
+    holds the store's lock, so a reader never sees it)."""
+    return any(status != "finished" for status in record.statuses)
 
 
 def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[str, Any]]:
@@ -137,6 +130,8 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
             row["expected_acceptance_length"] = r.expected_acceptance_length
         if r.empty_steps:  # model-free drafters: what vLLM would log, over the steps that drafted
             row["drafted_acceptance_length"] = r.drafted_acceptance_length
+        if interrupted(r):
+            row["interrupted"] = True
         rows.append(row)
     return rows
 
@@ -163,7 +158,7 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool) -> None:
             del cells[col]
     if segments:
         cells["segment"] = [r.segment for r in records]
-    cells["reqs"] = [str(r.requests) for r in records]
+    cells["reqs"] = [f"{r.requests}*" if interrupted(r) else str(r.requests) for r in records]
     cells["steps"] = [str(r.steps) for r in records]
     cells["AL"] = [f"{r.acceptance_length:.3f}" for r in records]
     cells["95% CI"] = [f"{r.ci_low:.3f}-{r.ci_high:.3f}" for r in records]
@@ -180,6 +175,8 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool) -> None:
     if "drafted AL" in cells:
         caption += ("\n" if caption else "") + ("drafted AL: over the steps that proposed drafts, as vLLM logs it; "
                                                  "AL counts every target pass")
+    if any(interrupted(r) for r in records):
+        caption += ("\n" if caption else "") + "* a run was interrupted: the same `calibrate run` resumes it"
     table = Table(title="Acceptance length: pooled AL, 95% CI (bootstrap over conversations), macro AL",
                   caption=caption or None, box=box.SIMPLE_HEAD, pad_edge=False)
     shown = [c for c in cells if c not in constant]
@@ -195,7 +192,7 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool) -> None:
 
 def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool = False,
                 n_boot: int = query.DEFAULT_BOOT, seed: int = query.DEFAULT_SEED) -> None:
-    """Print the acceptance table of `db` (only the keys of `run_ids` when given: what a run just measured)."""
+    """Print the acceptance table of `db` (only the runs `run_ids` when given: what a run just measured)."""
     con = connect(db, read_only=True)
     try:
         filters = query.Filters(run_ids=tuple(run_ids) if run_ids is not None else None)
@@ -233,9 +230,11 @@ def register(app: typer.Typer) -> None:
     temp_opt = typer.Option(None, "--temperature", help="Sampling temperature (repeatable).")
     boot_opt = typer.Option(query.DEFAULT_BOOT, "--bootstrap", help="Bootstrap replicates for the CIs.")
     seed_opt = typer.Option(query.DEFAULT_SEED, "--seed", help="Bootstrap seed (same data, same CI).")
+    where_opt = typer.Option(None, "--where", help="FIELD=VALUE on a run field (repeatable), e.g. max_new_tokens=256: "
+                             "picks one of several conditions a key was measured under.")
 
     @app.command()
-    @_errors_exit
+    @cli_errors
     def show(
         db: Path = db_opt,
         format: ShowFormat = typer.Option(ShowFormat.table, "--format", help="table (rich), json or csv."),
@@ -249,9 +248,11 @@ def register(app: typer.Typer) -> None:
         temperature: Optional[list[float]] = temp_opt,
         bootstrap: int = boot_opt,
         seed: int = seed_opt,
+        where: Optional[list[str]] = where_opt,
     ) -> None:
         """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
-        records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature), segments, bootstrap, seed)
+        records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), segments, bootstrap,
+                        seed)
         if format is ShowFormat.table:
             if not records:
                 typer.echo(f"no measurements in {db}")
@@ -263,7 +264,7 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(_csv_text(show_rows(records, segments)))
 
     @app.command()
-    @_errors_exit
+    @cli_errors
     def export(
         to: ExportFormat = typer.Option(..., "--to", help="Consumer format."),
         db: Path = db_opt,
@@ -280,16 +281,17 @@ def register(app: typer.Typer) -> None:
         temperature: Optional[list[float]] = temp_opt,
         bootstrap: int = boot_opt,
         seed: int = seed_opt,
+        where: Optional[list[str]] = where_opt,
     ) -> None:
         """Export the acceptance table for an engine, InferenceX, or as a full CSV / Parquet / JSON table."""
         full = to.value in exports.TABLE_FORMATS
-        records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature), full, bootstrap, seed)
+        records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), full, bootstrap, seed)
         text = exports.export(records, to.value, out, mode=mode.value, token_mode=token_mode)
         if text is not None:
             sys.stdout.write(text)
 
     @app.command()
-    @_errors_exit
+    @cli_errors
     def lookup(
         model: Optional[str] = typer.Option(None, "--model", help="Target as users write it (HF id or its last part)."),
         speculator: Optional[str] = typer.Option(None, "--speculator", help="Speculator label; omit if only one."),
@@ -342,7 +344,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
 
     @app.command()
-    @_errors_exit
+    @cli_errors
     def report(
         db: Path = db_opt,
         out: Path = typer.Option(Path("tables") / "report", "--out", help="Folder for the PNG plots."),
@@ -353,11 +355,12 @@ def register(app: typer.Typer) -> None:
         temperature: Optional[list[float]] = temp_opt,
         bootstrap: int = boot_opt,
         seed: int = seed_opt,
+        where: Optional[list[str]] = where_opt,
     ) -> None:
         """Plot AL vs k per speculator and thinking mode, and the unconditional rate per position (PNG)."""
         from calibrate.tables.report import plot
 
-        records = _load(db, (model, speculator, None, thinking, dataset, temperature), False, bootstrap, seed)
+        records = _load(db, (model, speculator, None, thinking, dataset, temperature, where), False, bootstrap, seed)
         for path in plot(records, out):
             typer.echo(str(path))
 

@@ -9,6 +9,8 @@ measured per-position curve only when the caller asks for it (`extrapolate=True`
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -101,24 +103,91 @@ class ExportedTable:
 
 
 def read_exported(path: str | Path) -> list[AcceptanceRecord]:
-    """Records of an exported JSON (the export's envelope, or a bare list) or Parquet table."""
+    """Records of an exported JSON (the export's envelope, or a bare list) or Parquet table, validated:
+    anything that is not such a table, or a record whose numbers cannot be (AL outside [1, k+1], a histogram
+    that is not k+1 counts summing to the steps, ...), is a ValueError naming the file, record and field."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no acceptance table at {path}")
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not an acceptance table")
+    rows = _exported_rows(path)
+    records = []
+    for i, row in enumerate(rows):
+        where = f"{path} record {i}"
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: a {type(row).__name__}, not an object")
+        try:
+            record = AcceptanceRecord.from_dict(row)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        problem = record_problem(record)
+        if problem:
+            raise ValueError(f"{where} ({record.target} | {record.speculator} | k={record.draft_len}): {problem}")
+        records.append(record)
+    return records
+
+
+def _exported_rows(path: Path) -> list:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(path).to_pylist()
-    elif path.suffix == ".json":
-        data = json.loads(path.read_text())
-        if isinstance(data, dict):
-            if data.get("schema") != EXPORT_SCHEMA:
-                raise ValueError(f"{path} is not a calibrate acceptance table (schema {data.get('schema')!r})")
-            data = data["records"]
-        rows = data
-    else:
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... for a file that is no Parquet
+            raise ValueError(f"{path}: not a readable Parquet table ({type(exc).__name__}: {exc})") from None
+    if path.suffix != ".json":
         raise ValueError(f"cannot read {path}: a table is a .duckdb store or an exported .json / .parquet")
-    return [AcceptanceRecord.from_dict(row) for row in rows]
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a JSON acceptance table ({exc})") from None
+    if isinstance(data, dict):
+        if data.get("schema") != EXPORT_SCHEMA:
+            raise ValueError(f"{path} is not a calibrate acceptance table (schema {data.get('schema')!r}, "
+                             f"expected {EXPORT_SCHEMA!r})")
+        data = data.get("records")
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: field 'records' is a {type(data).__name__}, not a list of records")
+    return data
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def record_problem(r: AcceptanceRecord) -> str | None:
+    """What makes a record's numbers impossible, or None. The checks follow DESIGN's words: AL is tokens per
+    step, so 1 <= AL <= k + 1; a histogram has k + 1 bins summing to the steps; rates lie in [0, 1]."""
+    for name in ("target", "speculator", "thinking", "dataset", "segment"):
+        if not isinstance(getattr(r, name), str):
+            return f"field {name} is a {type(getattr(r, name)).__name__}, not text"
+    if r.segment not in query.SEGMENT_ORDER:
+        return f"field segment {r.segment!r} is none of {', '.join(query.SEGMENT_ORDER)}"
+    if r.draft_len < 1:
+        return f"field draft_len {r.draft_len} is not a positive draft length"
+    if not _real(r.temperature) or r.temperature < 0:
+        return f"field temperature {r.temperature!r} is not a temperature >= 0"
+    k = r.draft_len
+    if not _real(r.acceptance_length) or not 1 - 1e-9 <= r.acceptance_length <= k + 1 + 1e-9:
+        return f"field acceptance_length {r.acceptance_length!r} is not a number in [1, k+1 = {k + 1}]"
+    rates = r.unconditional_rates
+    if len(rates) != k or not all(_real(x) and -1e-9 <= x <= 1 + 1e-9 for x in rates):
+        return f"field unconditional_rates must be {k} numbers in [0, 1], got {list(rates)!r}"
+    if r.extrapolated:
+        return None
+    hist = r.histogram
+    if len(hist) != k + 1 or any(n < 0 for n in hist) or sum(hist) != r.steps or r.steps < 1:
+        return f"field histogram must be {k + 1} counts summing to steps ({r.steps}), got {list(hist)!r}"
+    al = 1 + sum(a * n for a, n in enumerate(hist)) / r.steps
+    if abs(al - r.acceptance_length) > 1e-6:
+        return f"field acceptance_length {r.acceptance_length} disagrees with its histogram (AL {al:.6f})"
+    for low, high in ((r.ci_low, r.ci_high), (r.macro_ci_low, r.macro_ci_high)):
+        if low is not None and high is not None and not (_real(low) and _real(high) and low <= high):
+            return f"a confidence interval is not an ordered pair of numbers ({low!r}, {high!r})"
+    if r.requests < 1 or r.conversations < 1 or r.conversations > r.requests:
+        return f"fields requests ({r.requests}) / conversations ({r.conversations}) are not a sample"
+    return None
 
 
 def open_table(table: str | Path | None = None) -> Table:
@@ -268,6 +337,26 @@ def resolve(
     return next(e for e in rows if e.draft_len == base_k), draft_len
 
 
+def _check_arguments(model: object, speculator: object, draft_len: object, thinking: object, dataset: object,
+                     temperature: object, segment: object, table: object) -> None:
+    """Python callers get a TypeError naming the argument, not a failure deep inside (or a wrong match)."""
+    for name, value, allowed, what in (
+        ("model", model, (str,), "a str"), ("speculator", speculator, (str, type(None)), "a str or None"),
+        ("thinking", thinking, (str,), "a str ('on' / 'off')"), ("dataset", dataset, (str, type(None)), "a str or None"),
+        ("segment", segment, (str,), "a str"),
+    ):
+        if not isinstance(value, allowed):
+            raise TypeError(f"lookup: {name} must be {what}, got {type(value).__name__} {value!r}")
+    if isinstance(draft_len, bool) or not isinstance(draft_len, int):
+        raise TypeError(f"lookup: draft_len must be an int, got {type(draft_len).__name__} {draft_len!r}")
+    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
+        raise TypeError(f"lookup: temperature must be a number or None, got {type(temperature).__name__}")
+    if table is not None and not hasattr(table, "catalog") and not isinstance(table, (str, os.PathLike)):
+        raise TypeError(f"lookup: table must be a path or an opened Table, got {type(table).__name__}")
+    if segment not in query.SEGMENT_ORDER:
+        raise ValueError(f"unknown segment {segment!r} (expected one of {', '.join(query.SEGMENT_ORDER)})")
+
+
 def lookup(
     model: str,
     speculator: str | None,
@@ -287,6 +376,7 @@ def lookup(
     default tables/acceptance.duckdb. `speculator=None` means the model's only speculator. Raises
     NotMeasured / AmbiguousMatch (both LookupError) with what the table does have.
     """
+    _check_arguments(model, speculator, draft_len, thinking, dataset, temperature, segment, table)
     source = table if hasattr(table, "catalog") else open_table(table)  # type: ignore[arg-type]
     entry, target_k = resolve(
         source.catalog(), model, speculator, draft_len, thinking, dataset=dataset, temperature=temperature,
