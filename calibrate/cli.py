@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from calibrate.errors import EXIT_CODES_HELP, cli_errors
 
@@ -35,13 +36,15 @@ def run(
 
     console = Console(stderr=True)
     cfg = load_config(config, {"dataset": {"max_requests": max_requests}})
+    for warning in cfg.warnings():
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     summary = execute(cfg, db, console=console)
     console.print(
         f"measured {summary.measured} request(s) ({summary.resumed} already in {db}), "
         f"{summary.tokens} target tokens in {summary.seconds:.1f} s; {len(summary.run_ids)} run(s)"
     )
     for problem in summary.problems[:10]:
-        console.print(f"[yellow]skipped[/yellow] {problem}")
+        console.print(f"[yellow]skipped[/yellow] {escape(str(problem))}")
     if len(summary.problems) > 10:
         console.print(f"[yellow]... and {len(summary.problems) - 10} more skipped rows[/yellow]")
     if show:

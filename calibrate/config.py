@@ -11,6 +11,7 @@ runs for hours must fail in the first second.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -19,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinity are refused for every float: a NaN temperature would be stored and exported as a key.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DatasetConfig(_Strict):
@@ -37,9 +39,12 @@ class DatasetConfig(_Strict):
     max_new_tokens: int = Field(default=256, gt=0)
 
 
+DEVICE_PATTERN = r"^(auto|cpu|mps|cuda(:[0-9]+)?)$"
+
+
 class RunConfig(_Strict):
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    device: str = "auto"
+    device: str = Field(default="auto", pattern=DEVICE_PATTERN)  # availability is checked before models load
     batch_size: int = Field(default=4, gt=0)
     engine: Literal["auto", "replay", "loop"] = "auto"
     verify_backend: Literal["auto", "triton", "reference"] = "auto"
@@ -115,8 +120,8 @@ class SweepConfig(_Strict):
     @field_validator("temperature")
     @classmethod
     def _non_negative(cls, value: list[float]) -> list[float]:
-        if any(t < 0 for t in value):
-            raise ValueError("temperature must be >= 0")
+        if any(not math.isfinite(t) or t < 0 for t in value):
+            raise ValueError("temperature must be a finite number >= 0")
         return value
 
 
@@ -125,6 +130,18 @@ class Config(_Strict):
     run: RunConfig = Field(default_factory=RunConfig)
     pairs: list[PairConfig] = Field(min_length=1)
     sweep: SweepConfig
+
+    def warnings(self) -> list[str]:
+        """Settings that run but probably do not measure what was meant (printed before the run starts)."""
+        out = []
+        too_long = [k for k in self.sweep.draft_lengths if k >= self.dataset.max_new_tokens]
+        if too_long:
+            out.append(f"sweep.draft_lengths {too_long} >= dataset.max_new_tokens ({self.dataset.max_new_tokens}): "
+                       "no step can check all k drafts before the budget ends, so those steps are censored")
+        return out
+
+
+TABLES = ("dataset", "run", "sweep")  # the single tables ([[pairs]] is a list of them)
 
 
 class ConfigError(ValueError):
@@ -157,6 +174,13 @@ def format_errors(path: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a name the filesystem cannot hold (NUL, too long) is no file here
+        return False
+
+
 def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     """Read and validate a config; `overrides` (e.g. {"dataset": {"max_requests": 4}}) win over the file.
 
@@ -165,17 +189,27 @@ def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = 
     """
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file (TOML)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the config ({exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    for table in TABLES:
+        if table in raw and not isinstance(raw[table], dict):
+            raise ConfigError(f"{path}: [{table}] must be a table (a [{table}] header with keys under it), got "
+                              f"{table} = {raw[table]!r}")
+    if "pairs" in raw and not (isinstance(raw["pairs"], list) and all(isinstance(p, dict) for p in raw["pairs"])):
+        raise ConfigError(f"{path}: pairs must be [[pairs]] tables, got pairs = {raw['pairs']!r}")
     for table, values in (overrides or {}).items():
         raw.setdefault(table, {}).update({k: v for k, v in values.items() if v is not None})
     source = raw.get("dataset", {}).get("source")
     if isinstance(source, str):
         raw["dataset"].setdefault("name", source)  # a label that does not depend on where the repo lives
-        if not Path(source).is_absolute() and (path.parent / source).exists():
+        if not Path(source).is_absolute() and _exists(path.parent / source):
             raw["dataset"]["source"] = str((path.parent / source).resolve())
     try:
         return Config.model_validate(raw)

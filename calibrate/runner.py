@@ -27,7 +27,7 @@ from calibrate.data import (
     select_requests,
 )
 from calibrate.data.conversation import Problem, ReplayRequest
-from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
+from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer, resolve_device
 from calibrate.replay.counts import RequestOutcome, StepCounts
 from calibrate.replay.greedy import generate_greedy, score_replay
 from calibrate.replay.sampled import run_sampled
@@ -82,6 +82,7 @@ def git_commit() -> str | None:
 def prepare(config: Config) -> Prepared:
     """Load the dataset, cut and select requests, and check every target's template can render them."""
     ds = config.dataset
+    resolve_device(config.run.device)  # "cuda" on a machine without one fails now, not after the data
     loaded = load_conversations(ds.source, ds.format, split=ds.split, revision=ds.revision, subset=ds.subset)
     if not loaded.conversations:
         shown = "; ".join(str(p) for p in loaded.problems[:5]) or "no rows"

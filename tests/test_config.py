@@ -57,7 +57,7 @@ def test_override_wins(tmp_path):
         (("max_n = 3", "max_n = 3, min_n = 5"), "min_n (5) must not exceed max_n (3)"),
         (('kind = "ngram"', 'kind = "medusa"'), "unknown speculator kind 'medusa'"),
         (('thinking = ["off"]', 'thinking = ["maybe"]'), "sweep.thinking[0]"),
-        (("temperature = 0.0", "temperature = -1.0"), "temperature must be >= 0"),
+        (("temperature = 0.0", "temperature = -1.0"), "temperature must be a finite number >= 0"),
         (("draft_lengths = [4, 1, 2, 2]", "draft_lengths = [0]"), "draft lengths must be >= 1"),
         (('target = "qwen2.5-coder-1.5b-instruct"\n', ""), "pairs[0].target: Field required"),
         (('model = "qwen2.5-coder-0.5b-instruct"', 'modle = "x"'), "pairs[0].speculators[0].modle: unknown key"),

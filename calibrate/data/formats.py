@@ -359,6 +359,22 @@ ADAPTERS: dict[str, Adapter] = {
 }
 
 
+# Row fields beside the messages that carry what a chat template renders (tool schemas, a ShareGPT system
+# prompt), and the formats whose adapter reads each. A format forced on data whose row has such a field its
+# adapter does not read would drop it without a word, so the loader refuses that format (`dropped_fields`).
+CARRIED_BY: dict[str, tuple[str, ...]] = {
+    "tools": ("openai", "openhands-text", "mini-coder", "sharegpt"),
+    "available_tools": ("toucan",),
+    "system": ("sharegpt",),
+}
+
+
+def dropped_fields(row: Mapping[str, Any], fmt: str) -> list[str]:
+    """The fields of `row` (non-empty) that the `fmt` adapter never reads."""
+    return [name for name, formats in CARRIED_BY.items()
+            if fmt not in formats and row.get(name) not in (None, "", [], {}, "[]")]
+
+
 # --------------------------------------------------------------------------------------------- detection
 
 

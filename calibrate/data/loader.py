@@ -8,11 +8,12 @@ name) raises, with a message that names it.
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from calibrate.data.conversation import Conversation, LoadResult, Problem
-from calibrate.data.formats import ADAPTERS, RowError, canonical_format, detect_format, row_id
+from calibrate.data.formats import ADAPTERS, RowError, canonical_format, detect_format, dropped_fields, row_id
 from calibrate.data.manifests import find_manifest_entry
 from calibrate.hub import hub_reachable, looks_like_path
 from calibrate.data.sources import HUB_PREFIX, RawRow, folder_files, iter_file_rows, iter_hub_rows
@@ -64,6 +65,8 @@ def load_conversations(
         if group_fmt not in formats_seen:
             formats_seen.append(group_fmt)
         for raw in group_rows:
+            if fmt is not None and raw.data is not None and (detected := _detect([raw])) != fmt:
+                _refuse_dropping(raw, fmt, detected)  # a named format must not drop what the data holds
             conv = convert_row(raw, group_fmt, result.problems, seen_ids)
             if conv is None:
                 continue
@@ -73,6 +76,41 @@ def load_conversations(
                 return result
     result.format = ", ".join(formats_seen)
     return result
+
+
+def _refuse_dropping(raw: RawRow, fmt: str, detected: str | None) -> None:
+    """A format named for data it cannot fully read is refused, naming what it would drop."""
+    dropped = dropped_fields(raw.data or {}, fmt)
+    if dropped:
+        hint = f"the data looks like {detected!r}: name that format or leave `format` out" if detected else \
+            "leave `format` out to detect it"
+        raise ValueError(f"{raw.source} row {raw.row}: format {fmt!r} cannot carry field "
+                         f"{' and '.join(repr(f) for f in dropped)} of this data, which it would drop; {hint}")
+
+
+def unicode_problem(conv: Conversation) -> tuple[str, str] | None:
+    """(field, reason) for text that is not valid Unicode (a lone surrogate such as "\\ud83d", valid JSON
+    but no character): no tokenizer can encode it, so such a row is a problem, not a crash."""
+    def bad(text: str | None) -> bool:
+        if not text:
+            return False
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+
+    for i, m in enumerate(conv.messages):
+        for name, text in (("content", m.content), ("reasoning", m.reasoning), ("name", m.name),
+                           ("tool_call_id", m.tool_call_id),
+                           ("tool_calls", json.dumps([c.to_openai() for c in m.tool_calls], ensure_ascii=False))):
+            if bad(text):
+                return f"messages[{i}].{name}", "text holds a lone surrogate (not valid Unicode; no tokenizer encodes it)"
+    if bad(json.dumps(list(conv.tools), ensure_ascii=False, default=str)):
+        return "tools", "tool schemas hold a lone surrogate (not valid Unicode)"
+    if bad(conv.id):
+        return "id", "the row id holds a lone surrogate (not valid Unicode)"
+    return None
 
 
 def convert_row(raw: RawRow, fmt: str, problems: list[Problem], seen_ids: set[str]) -> Conversation | None:
@@ -92,6 +130,10 @@ def convert_row(raw: RawRow, fmt: str, problems: list[Problem], seen_ids: set[st
         # Safety net so one odd row cannot stop a run; adapters are meant to raise RowError only (a
         # property test checks that on random JSON), so this names the exception to make a bug visible.
         problems.append(Problem(raw.source, f"adapter error {type(exc).__name__}: {exc}", row=raw.row))
+        return None
+    bad_text = unicode_problem(conv)
+    if bad_text is not None:
+        problems.append(Problem(raw.source, bad_text[1], row=raw.row, field=bad_text[0]))
         return None
     seen_ids.add(conv_id)
     return conv
