@@ -1,0 +1,302 @@
+"""Issue 14: every request counted once, every bad input a one-line error (regressions, end to end).
+
+The runs here use a tiny random Llama saved to disk with SmolLM2's tokenizer and chat template (so
+`calibrate run` loads it like any model folder): seconds per run on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from calibrate.cli import app
+from calibrate.config import ConfigError, load_config
+from calibrate.errors import ExitCode
+from calibrate.tables.store import RunSpec, Store, connect
+from tests.conftest import real_model, tiny_llama
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "data" / "quickstart" / "conversations.jsonl"
+runner = CliRunner()
+Q = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory) -> Path:
+    """A random 2-layer Llama with SmolLM2's real tokenizer, saved as a model folder."""
+    smollm = real_model("smollm2-135m-instruct")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm)
+    folder = tmp_path_factory.mktemp("tiny") / "tiny-smol"
+    model = tiny_llama(vocab_size=len(tok), seed=3)
+    model.config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (smollm / name).exists():
+            shutil.copy(smollm / name, folder / name)
+    return folder
+
+
+def write_config(path: Path, target: Path, *, max_requests: int = 3, max_new_tokens: int = 12,
+                 temperature: str = "[0.0]", extra: str = "") -> Path:
+    path.write_text(f"""
+[dataset]
+source = "{QUICKSTART}"
+name = "quickstart"
+max_requests = {max_requests}
+context_tokens = 256
+max_new_tokens = {max_new_tokens}
+
+[run]
+dtype = "float32"
+device = "cpu"
+batch_size = 1
+{extra}
+
+[[pairs]]
+target = "{target}"
+speculators = [{{ kind = "ngram" }}, {{ kind = "draft", model = "{target}" }}]
+
+[sweep]
+draft_lengths = [1, 3]
+temperature = {temperature}
+""")
+    return path
+
+
+def shown(db: Path, *extra: str) -> list[dict]:
+    res = invoke("show", "--db", str(db), "--format", "json", *extra)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+# -- item 1: run identity -----------------------------------------------------------------------------------
+
+def test_a_smaller_selection_reuses_what_was_measured(tmp_path: Path, tiny_folder: Path) -> None:
+    config = write_config(tmp_path / "c.toml", tiny_folder)
+    db = tmp_path / "a.duckdb"
+    first = invoke("run", str(config), "--db", str(db), "--no-show")
+    assert first.exit_code == 0, first.output
+    before = shown(db)
+    again = invoke("run", str(config), "--db", str(db), "--max-requests", "2", "--no-show")
+    assert again.exit_code == 0, again.output
+    assert "measured 0 request(s) (2 already in" in again.output.replace("\n", " ")
+    assert shown(db) == before and {r["requests"] for r in before} == {3}
+    # More requests than before: only the new one is measured, into the same runs.
+    more = invoke("run", str(config), "--db", str(db), "--max-requests", "4", "--no-show")
+    assert "measured 1 request(s) (3 already in" in more.output.replace("\n", " ")
+    assert {r["requests"] for r in shown(db)} == {4}
+    con = connect(db, read_only=True)
+    assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 4  # 2 speculators x 2 k, one run each
+    con.close()
+
+
+def test_other_conditions_never_pool(tmp_path: Path, tiny_folder: Path) -> None:
+    db = tmp_path / "a.duckdb"
+    for tokens in (12, 8):
+        config = write_config(tmp_path / f"c{tokens}.toml", tiny_folder, max_requests=2, max_new_tokens=tokens)
+        assert invoke("run", str(config), "--db", str(db), "--no-show").exit_code == 0
+    res = invoke("show", "--db", str(db))
+    assert res.exit_code == ExitCode.NO_ANSWER
+    assert "max_new_tokens: 12 vs 8" in res.output and "--where max_new_tokens=" in res.output
+    rows = shown(db, "--where", "max_new_tokens=8")
+    assert {r["requests"] for r in rows} == {2}
+
+
+def test_a_store_of_identity_v1_is_read_but_not_written(tmp_path: Path) -> None:
+    from tests.test_tables_support import Req, make_spec, write_run
+
+    db = tmp_path / "old.duckdb"
+    with Store(db) as store:
+        write_run(store, make_spec(), [Req("r0", "c0", {"answer": [1, 0, 0, 1]})])
+        store.con.execute("DROP TABLE store_meta")
+    with pytest.raises(ValueError, match="older calibrate.*new --db"):
+        Store(db)
+    assert [r["requests"] for r in shown(db)] == [1]
+
+
+def test_sampling_seed_is_a_condition_only_when_sampling() -> None:
+    from tests.test_tables_support import make_spec
+
+    assert make_spec(seed=1).run_id == make_spec(seed=2).run_id
+    assert make_spec(temperature=0.5, seed=1).run_id != make_spec(temperature=0.5, seed=2).run_id
+    assert set(RunSpec.__dataclass_fields__) >= {"max_new_tokens", "context_tokens", "dtype", "engine", "step_rule"}
+
+
+# -- items 4, 5, 9: errors and refused values ---------------------------------------------------------------
+
+@pytest.mark.parametrize("bad, message", [
+    ('temperature = [nan]', "temperature"),
+    ('temperature = [inf]', "temperature"),
+])
+def test_non_finite_temperatures_are_refused(tmp_path: Path, bad: str, message: str) -> None:
+    config = write_config(tmp_path / "c.toml", tmp_path, temperature=bad.split("= ")[1])
+    with pytest.raises(ConfigError, match=message):
+        load_config(config)
+
+
+def test_device_is_checked_before_anything_loads(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.toml", tmp_path).read_text().replace('device = "cpu"', 'device = "tpu9"')
+    (tmp_path / "d.toml").write_text(config)
+    res = invoke("run", str(tmp_path / "d.toml"), "--db", str(tmp_path / "x.duckdb"))
+    assert res.exit_code == ExitCode.BAD_INPUT and "run.device" in res.output and "tpu9" in res.output
+    assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_k_beyond_the_token_budget_warns(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path / "c.toml", tmp_path, max_new_tokens=2))
+    assert any("max_new_tokens" in w and "[3]" in w for w in config.warnings())
+
+
+@pytest.mark.parametrize("text, message", [
+    ('dataset = "foo.jsonl"\n', "[dataset] must be a table"),
+    ('pairs = "x"\n', "pairs must be [[pairs]] tables"),
+    ('[dataset]\nsource = "x"\n[dataset2]\n', "unknown key"),
+])
+def test_config_shapes_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    res = invoke("run", str(path), "--db", str(tmp_path / "x.duckdb"))
+    assert res.exit_code == ExitCode.BAD_INPUT, res.output
+    assert message in res.output and str(path) in res.output and "Traceback" not in res.output
+
+
+def test_a_config_path_that_is_a_directory(tmp_path: Path) -> None:
+    res = invoke("run", str(tmp_path))
+    assert res.exit_code == ExitCode.BAD_INPUT and "is a directory" in res.output
+
+
+def test_bad_stores_are_one_line_errors(tmp_path: Path) -> None:
+    from tests.test_tables_support import basic_store
+
+    good = basic_store(tmp_path / "good.duckdb").read_bytes()
+    cases = {
+        "empty.duckdb": b"",
+        "text.duckdb": b"hello\n" * 100,
+        "truncated.duckdb": good[: len(good) // 3],
+    }
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "dir.duckdb").mkdir()
+    (tmp_path / "file").write_text("x")
+    for db in [*(tmp_path / n for n in cases), tmp_path / "dir.duckdb"]:
+        res = invoke("show", "--db", str(db))
+        assert res.exit_code == ExitCode.BAD_INPUT, (db, res.output)
+        assert str(db) in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    with pytest.raises(ValueError, match="cannot create the store"):
+        Store(tmp_path / "file" / "under.duckdb")
+
+
+def test_exported_tables_are_validated_when_read(tmp_path: Path) -> None:
+    from tests.test_tables_support import basic_store
+
+    db = basic_store(tmp_path / "a.duckdb")
+    table = tmp_path / "t.json"
+    assert invoke("export", "--to", "json", "--db", str(db), "--out", str(table)).exit_code == 0
+    doc = json.loads(table.read_text())
+    k1 = next(i for i, r in enumerate(doc["records"]) if r["draft_len"] == 1 and r["segment"] == "all")
+
+    def lookup_with(edit) -> str:
+        broken = json.loads(table.read_text())
+        edit(broken)
+        path = tmp_path / "broken.json"
+        path.write_text(json.dumps(broken))
+        record = broken["records"][k1] if isinstance(broken, dict) and "records" in broken else {}
+        res = invoke("lookup", "--table", str(path), "--model", record.get("target", Q), "-k", "1",
+                     "--thinking", record.get("thinking", "off"))
+        assert res.exit_code == ExitCode.BAD_INPUT, res.output
+        assert str(path) in res.output and "Traceback" not in res.output
+        return res.output
+
+    assert "acceptance_length 99.0" in lookup_with(lambda d: d["records"][k1].update(acceptance_length=99.0))
+    assert "acceptance_length" in lookup_with(lambda d: d["records"][k1].update(acceptance_length="1.5"))
+    assert "histogram" in lookup_with(lambda d: d["records"][k1].update(histogram=[1, 2, 3]))
+    assert "records" in lookup_with(lambda d: d.pop("records"))
+    assert "schema" in lookup_with(lambda d: d.update(schema="something-else"))
+    text = tmp_path / "notes.txt"
+    text.write_text("not a table")
+    res = invoke("lookup", "--table", str(text), "--model", "x", "-k", "1", "--thinking", "off")
+    assert res.exit_code == ExitCode.BAD_INPUT and str(text) in res.output
+
+
+def test_segment_and_argument_types_are_checked(tmp_path: Path) -> None:
+    from calibrate import lookup
+    from tests.test_tables_support import basic_store
+
+    db = basic_store(tmp_path / "a.duckdb")
+    res = invoke("lookup", "--table", str(db), "--model", Q, "-k", "1", "--thinking", "off", "--segment", "bogus")
+    assert res.exit_code == ExitCode.BAD_INPUT and "unknown segment 'bogus'" in res.output
+    with pytest.raises(TypeError, match="draft_len must be an int"):
+        lookup(Q, "ngram", "3", "off", table=db)
+    with pytest.raises(TypeError, match="model must be a str"):
+        lookup(None, "ngram", 3, "off", table=db)
+    with pytest.raises(TypeError, match="table must be a path"):
+        lookup(Q, "ngram", 3, "off", table=42)
+
+
+def test_help_shows_table_names_and_exit_codes() -> None:
+    res = runner.invoke(app, ["run", "--help"], terminal_width=200)
+    assert "[dataset], [run], [[pairs]], [sweep]" in res.output
+    top = runner.invoke(app, ["--help"], terminal_width=200)
+    assert "Exit status: 0 done; 1 no answer" in top.output.replace("\n", " ").replace("  ", " ")
+
+
+def test_show_marks_interrupted_runs(tmp_path: Path) -> None:
+    from tests.test_tables_support import Req, make_spec, write_run
+
+    db = tmp_path / "a.duckdb"
+    with Store(db) as store:
+        write_run(store, make_spec(), [Req("r0", "c0", {"answer": [1, 0, 0, 1]})], finish=False)
+    assert shown(db)[0]["interrupted"] is True
+    table = runner.invoke(app, ["show", "--db", str(db)], terminal_width=160)
+    assert "1*" in table.output and "interrupted" in table.output
+
+
+# -- items 2, 3, 8: data rows and names ----------------------------------------------------------------------
+
+def test_a_lone_surrogate_is_a_problem_of_its_row(tmp_path: Path) -> None:
+    from calibrate.data import load_conversations
+
+    rows = [json.loads(line) for line in QUICKSTART.read_text().splitlines()[:3]]
+    rows[1]["messages"][1]["content"] = "fix \ud83d this"
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = load_conversations(str(path))
+    assert len(loaded.conversations) == 2
+    (problem,) = loaded.problems
+    assert problem.row == 1 and problem.field == "messages[1].content" and "surrogate" in problem.reason
+    res = runner.invoke(app, ["datasets", "inspect", str(path)], terminal_width=200)
+    assert res.exit_code == 0 and "surrogate" in res.output
+
+
+@pytest.mark.parametrize("forced", ["mini-swe-agent", "toucan"])
+def test_a_format_that_would_drop_tools_is_refused(forced: str) -> None:
+    res = runner.invoke(app, ["datasets", "inspect", str(QUICKSTART), "--format", forced], terminal_width=200)
+    assert res.exit_code == ExitCode.BAD_INPUT
+    assert f"format '{forced}' cannot carry field 'tools'" in res.output and str(QUICKSTART) in res.output
+
+
+def test_names_resolve_offline_and_fail_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    real_model("smollm2-135m-instruct")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    res = runner.invoke(app, ["datasets", "inspect", str(QUICKSTART), "--tokenizer", "smollm2-135m-instruct"],
+                        terminal_width=200)
+    assert res.exit_code == 0, res.output
+    start = time.perf_counter()
+    res = runner.invoke(app, ["datasets", "inspect", str(QUICKSTART), "--tokenizer", "smollm2-135m-instrct"],
+                        terminal_width=200)
+    assert res.exit_code == ExitCode.BAD_INPUT and "smollm2-135m-instrct" in res.output and "unreachable" in res.output
+    res = runner.invoke(app, ["datasets", "inspect", "data/quickstrat"], terminal_width=200)
+    assert res.exit_code == ExitCode.BAD_INPUT and "data/quickstrat" in res.output
+    assert time.perf_counter() - start < 20
