@@ -47,7 +47,9 @@ def tiny_folder(tmp_path_factory) -> Path:
 
 
 def write_config(path: Path, target: Path, *, max_requests: int = 3, max_new_tokens: int = 12,
-                 temperature: str = "[0.0]", extra: str = "") -> Path:
+                 temperature: str = "[0.0]", extra: str = "", draft_lengths: str = "[1, 3]",
+                 speculators: str | None = None) -> Path:
+    speculators = speculators or f'[{{ kind = "ngram" }}, {{ kind = "draft", model = "{target}" }}]'
     path.write_text(f"""
 [dataset]
 source = "{QUICKSTART}"
@@ -64,10 +66,10 @@ batch_size = 1
 
 [[pairs]]
 target = "{target}"
-speculators = [{{ kind = "ngram" }}, {{ kind = "draft", model = "{target}" }}]
+speculators = {speculators}
 
 [sweep]
-draft_lengths = [1, 3]
+draft_lengths = {draft_lengths}
 temperature = {temperature}
 """)
     return path
