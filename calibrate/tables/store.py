@@ -206,7 +206,8 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
     try:
         con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as exc:
-        if "lock" in str(exc).lower():
+        text = str(exc).lower()
+        if "could not set lock" in text or "conflicting lock" in text:  # not "block": a corrupt block is no lock
             raise StoreBusy(
                 f"{path} is locked by another process (a `calibrate run` writing it?). DuckDB allows one "
                 "writer and no concurrent readers of a file being written: wait for the run to finish, or "
