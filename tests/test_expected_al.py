@@ -7,6 +7,7 @@ can, so there the expectation must equal the realised count exactly, EOS-ended s
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from calibrate.replay.sampled import before_eos, run_sampled
@@ -47,3 +48,68 @@ def test_self_speculation_expected_equals_realised_with_draft_eos() -> None:
             assert abs(expected - realised) < 1e-3, (k, counts.hist.tolist(), expected)
             eos_mid_block += res.finish_reason[k] == "eos" and counts.hist[:k].sum() > 0
     assert eos_mid_block > 0  # the case that was biased (expected 15 vs realised 13 before the clip) occurs
+
+
+def _per_request(results, k: int) -> list[tuple[int, float, int]]:
+    """(realised accepted drafts, expected accepted drafts, steps) per request at draft length k."""
+    out = []
+    for res in results:
+        counts = res.counts[k]
+        realised = int((counts.hist * torch.arange(k + 1).numpy()).sum())
+        expected = sum(s.expected_accepted or 0.0 for s in counts.segments.values())
+        out.append((realised, expected, int(counts.hist.sum())))
+    return out
+
+
+PROMPTS = [
+    [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}],
+    [{"role": "user", "content": "In bash, how do I list the 5 largest files under the current directory?"}],
+    [{"role": "user", "content": "Say hello."}],
+    [{"role": "user", "content": "Fix the off-by-one error: for i in range(1, len(xs)): print(xs[i])"}],
+]
+
+
+def _prompts(tokenizer) -> list[list[int]]:
+    out = []
+    for m in PROMPTS:
+        ids = tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False)
+        out.append(list(ids["input_ids"]) if isinstance(ids, dict) else list(ids))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_self_speculation_on_smollm_expected_equals_realised(smollm) -> None:
+    """The issue's recipe (SmolLM2-135M as its own draft, T = 0.8, k = 1, fp32): was 11.9999 vs 11."""
+    from calibrate.models import load_model
+
+    model = load_model(str(smollm), dtype="float32", device="cpu")
+    results = run_sampled(model.model, model.model, _prompts(model.tokenizer), draft_lens=[1], temperature=0.8,
+                          max_new_tokens=32, eos_token_ids=model.eos_token_ids, seed=0, batch_size=4)
+    for k in (1,):
+        for realised, expected, _ in _per_request(results, k):
+            # p and q come from two passes of one model (incremental vs block): equal up to float rounding
+            assert abs(expected - realised) < 0.01, (k, realised, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_expected_and_realised_agree_in_mean_on_the_real_pair(qwen_target, qwen_draft) -> None:
+    """Qwen2.5-Coder 1.5B with its 0.5B sibling at T = 0.8: the mean difference per step is within 3
+    standard errors of zero (the expectation is unbiased; it only has lower variance)."""
+    import numpy as np
+
+    from calibrate.models import load_model
+
+    target = load_model(str(qwen_target), dtype="float32", device="cpu")
+    draft = load_model(str(qwen_draft), dtype="float32", device="cpu")
+    rows = []
+    for seed in (0, 1):
+        results = run_sampled(target.model, draft.model, _prompts(target.tokenizer), draft_lens=[3],
+                              temperature=0.8, max_new_tokens=24, eos_token_ids=target.eos_token_ids, seed=seed,
+                              batch_size=4)
+        rows += _per_request(results, 3)
+    realised, expected, steps = (np.array(x, dtype=float) for x in zip(*rows))
+    diff = (realised - expected) / np.maximum(steps, 1)  # per-step difference of each request
+    se = diff.std(ddof=1) / np.sqrt(len(diff))
+    assert abs(diff.mean()) <= 3 * se + 1e-9, (diff.mean(), se)
