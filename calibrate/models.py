@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from calibrate.dtypes import choose_dtype
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 _SAMPLE = 1 << 20  # bytes hashed from the start, middle and end of each weight file
@@ -121,13 +123,14 @@ def load_tokenizer(name: str) -> Any:
         raise ValueError(f"model {name!r}: cannot load its tokenizer from {where!r}: {exc}") from exc
 
 
-def load_model(name: str, dtype: str = "bfloat16", device: str = "auto") -> LoadedModel:
-    """Load weights and tokenizer; errors name the model."""
+def load_model(name: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
+    """Load weights and tokenizer; errors name the model. "auto" dtype: see `calibrate.dtypes.choose_dtype`."""
     from transformers import AutoModelForCausalLM
 
     model_id = resolve(name)
-    torch_dtype = resolve_dtype(dtype)
     device = resolve_device(device)
+    dtype = choose_dtype(dtype, device).dtype
+    torch_dtype = resolve_dtype(dtype)
     where, extra = _split_gguf(model_id)
     try:
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra)

@@ -27,7 +27,8 @@ from calibrate.data import (
     select_requests,
 )
 from calibrate.data.conversation import Problem, ReplayRequest
-from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
+from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
+from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer, resolve_device
 from calibrate.replay.counts import RequestOutcome, StepCounts
 from calibrate.replay.greedy import generate_greedy, score_replay
 from calibrate.replay.sampled import run_sampled
@@ -46,6 +47,7 @@ class Prepared:
     selection: dict[str, Any]
     fingerprint: str
     dataset_format: str
+    dtype: DtypeChoice  # resolved once for the run's device, so every model and run row agrees
     problems: list[Problem] = field(default_factory=list)
 
 
@@ -98,16 +100,18 @@ def prepare(config: Config) -> Prepared:
         for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
             render_prompt(requests[0], tokenizer, thinking=thinking, context_tokens=ds.context_tokens,
                           model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
+    dtype = choose_dtype(config.run.dtype, resolve_device(config.run.device))
     return Prepared(requests=requests, selection=selection, fingerprint=dataset_fingerprint(loaded),
-                    dataset_format=loaded.format, problems=loaded.problems)
+                    dataset_format=loaded.format, dtype=dtype, problems=loaded.problems)
 
 
-def build_speculators(pair: PairConfig, config: Config, drafts: dict[str, LoadedModel]) -> list[Speculator]:
+def build_speculators(pair: PairConfig, config: Config, drafts: dict[str, LoadedModel],
+                      dtype: str) -> list[Speculator]:
     out: list[Speculator] = []
     for spec in pair.speculators:
         if spec.kind == "draft":
             if spec.model not in drafts:
-                drafts[spec.model] = load_model(spec.model, config.run.dtype, config.run.device)
+                drafts[spec.model] = load_model(spec.model, dtype, config.run.device)
             out.append(DraftModelSpeculator(drafts[spec.model], batch_size=config.run.batch_size))
         elif spec.kind == "ngram":
             out.append(NgramSpeculator(max_n=spec.max_n, min_n=spec.min_n))
@@ -134,7 +138,8 @@ def run_specs(config: Config, prepared: Prepared, target: LoadedModel, speculato
                 dataset=ds.name or ds.source, dataset_format=prepared.dataset_format,
                 dataset_fingerprint=prepared.fingerprint, selection=prepared.selection,
                 context_tokens=ds.context_tokens, max_new_tokens=ds.max_new_tokens, engine=engine,
-                dtype=config.run.dtype, device=target.device, seed=ds.seed, versions=versions, git_commit=commit,
+                dtype=prepared.dtype.dtype, device=target.device, seed=ds.seed, versions=versions,
+                git_commit=commit, dtype_reason=prepared.dtype.reason,
             )
     return out
 
@@ -151,13 +156,14 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
     """Run every (pair, thinking, temperature) of the sweep into the store at `db`."""
     console = console or Console(stderr=True)
     prepared = prepare(config)
+    _announce_dtype(prepared.dtype, resolve_device(config.run.device), console)
     summary = RunSummary(problems=prepared.problems)
     started = time.perf_counter()
     drafts: dict[str, LoadedModel] = {}
     with Store(db) as store:
         for pair in config.pairs:
-            target = load_model(pair.target, config.run.dtype, config.run.device)
-            speculators = build_speculators(pair, config, drafts)
+            target = load_model(pair.target, prepared.dtype.dtype, config.run.device)
+            speculators = build_speculators(pair, config, drafts, prepared.dtype.dtype)
             for thinking in config.sweep.thinking:
                 prompts = [
                     render_prompt(r, target.tokenizer, thinking=thinking, context_tokens=config.dataset.context_tokens,
@@ -169,6 +175,13 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
                                summary, console)
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _announce_dtype(choice: DtypeChoice, device: str, console: Console) -> None:
+    console.print(f"dtype {choice.dtype} on {device} ({choice.reason})")
+    warning = slow_bf16_warning(choice, device)
+    if warning:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
 
 
 def _engine_for(config: Config, temperature: float) -> str:

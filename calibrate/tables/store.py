@@ -60,8 +60,10 @@ CREATE TABLE IF NOT EXISTS runs (
     git_commit VARCHAR,
     started_at TIMESTAMP,
     finished_at TIMESTAMP,
-    status VARCHAR
+    status VARCHAR,
+    dtype_reason VARCHAR  -- why `dtype` was chosen (provenance: "auto: CPU has avx512_bf16", ...)
 );
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS dtype_reason VARCHAR;
 CREATE TABLE IF NOT EXISTS requests (
     run_id VARCHAR NOT NULL,
     request_id VARCHAR NOT NULL,
@@ -105,7 +107,7 @@ CREATE TABLE IF NOT EXISTS problems (
 """
 
 # Fields of RunSpec that are provenance only: they never change what a run measures.
-_NOT_IDENTITY = ("versions", "git_commit")
+_NOT_IDENTITY = ("versions", "git_commit", "dtype_reason")
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ class RunSpec:
     seed: int
     versions: dict[str, str] = field(default_factory=dict)
     git_commit: str | None = None
+    dtype_reason: str | None = None
 
     @property
     def run_id(self) -> str:
