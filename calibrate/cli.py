@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -23,15 +24,19 @@ def run(
     db: Path = typer.Option(DEFAULT_DB, "--db", help="DuckDB file to write (created if missing)."),
     max_requests: Optional[int] = typer.Option(None, "--max-requests", help="Override [dataset] max_requests."),
     show: bool = typer.Option(True, "--show/--no-show", help="Print the acceptance table when done."),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="Keep third-party progress bars, log lines and warnings (hidden by default)."),
 ) -> None:
     """Replay the dataset through every target + speculator pair and store acceptance counts (resumable)."""
     from calibrate.config import ConfigError, load_config
+    from calibrate.quiet import quiet_third_party
     from calibrate.runner import execute
 
-    console = Console(stderr=True)
+    console = Console(file=sys.stderr)  # bound now: quiet_third_party sends sys.stderr itself to /dev/null
     try:
         cfg = load_config(config, {"dataset": {"max_requests": max_requests}})
-        summary = execute(cfg, db, console=console)
+        with quiet_third_party(enabled=not verbose):
+            summary = execute(cfg, db, console=console)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

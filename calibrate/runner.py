@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from calibrate.config import Config, PairConfig
 from calibrate.data import (
@@ -29,6 +28,7 @@ from calibrate.data import (
 from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
 from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer, resolve_device
+from calibrate.progress import RunProgress
 from calibrate.replay.counts import RequestOutcome, StepCounts
 from calibrate.replay.greedy import generate_greedy, score_replay
 from calibrate.replay.sampled import run_sampled
@@ -144,14 +144,6 @@ def run_specs(config: Config, prepared: Prepared, target: LoadedModel, speculato
     return out
 
 
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
-        TextColumn("{task.fields[rate]:>7.1f} tok/s"), TimeElapsedColumn(), TextColumn("ETA"),
-        TimeRemainingColumn(), console=console, transient=False,
-    )
-
-
 def execute(config: Config, db: str | Path, console: Console | None = None) -> RunSummary:
     """Run every (pair, thinking, temperature) of the sweep into the store at `db`."""
     console = console or Console(stderr=True)
@@ -178,10 +170,10 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
 
 
 def _announce_dtype(choice: DtypeChoice, device: str, console: Console) -> None:
-    console.print(f"dtype {choice.dtype} on {device} ({choice.reason})")
+    console.print(f"dtype {choice.dtype} on {device} ({choice.reason})", highlight=False, soft_wrap=True)
     warning = slow_bf16_warning(choice, device)
     if warning:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
 
 
 def _engine_for(config: Config, temperature: float) -> str:
@@ -223,10 +215,7 @@ def _measure(config: Config, store: Store, prepared: Prepared, target: LoadedMod
     """Measure the pending requests batch by batch; each batch is committed for all runs at once."""
     label = f"{target.name} thinking={thinking} T={temperature:g}"
     batch = config.run.batch_size
-    with _progress(console) as progress:
-        task = progress.add_task(label, total=len(prepared.requests), completed=len(prepared.requests) - len(pending),
-                                 rate=0.0)
-        t0, tokens = time.perf_counter(), 0
+    with RunProgress(console, label, len(prepared.requests), len(prepared.requests) - len(pending)) as progress:
         for start in range(0, len(pending), batch):
             idx = pending[start:start + batch]
             if engine == "replay":
@@ -249,10 +238,9 @@ def _measure(config: Config, store: Store, prepared: Prepared, target: LoadedMod
             ]
             store.write_requests(batch_rows)
             generated = sum(max((m.generated_tokens for m in per_run.values()), default=0) for *_, per_run in rows)
-            tokens += generated
             summary.tokens += generated
             summary.measured += len(idx)
-            progress.update(task, advance=len(idx), rate=tokens / max(time.perf_counter() - t0, 1e-9))
+            progress.advance(len(idx), generated)
 
 
 @dataclass(frozen=True)
