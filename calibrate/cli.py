@@ -42,7 +42,8 @@ def run(
         raise typer.Exit(2) from None
     console.print(
         f"measured {summary.measured} request(s) ({summary.resumed} already in {db}), "
-        f"{summary.tokens} target tokens in {summary.seconds:.1f} s; {len(summary.run_ids)} run(s)"
+        f"{summary.tokens} target tokens in {summary.seconds:.1f} s; {len(summary.run_ids)} run(s)",
+        soft_wrap=True,
     )
     for problem in summary.problems[:10]:
         console.print(f"[yellow]skipped[/yellow] {problem}")

@@ -154,6 +154,7 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
     drafts: dict[str, LoadedModel] = {}
     with Store(db) as store:
         for pair in config.pairs:
+            console.print(f"loading {pair.target} and its speculators", highlight=False, soft_wrap=True)
             target = load_model(pair.target, prepared.dtype.dtype, config.run.device)
             speculators = build_speculators(pair, config, drafts, prepared.dtype.dtype)
             for thinking in config.sweep.thinking:
