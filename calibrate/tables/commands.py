@@ -141,6 +141,10 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
     return rows
 
 
+# Headers of the 80-column table (`--wide` keeps the long ones); the caption explains the short ones.
+NARROW_HEADERS = {"drafted AL": "drafted", "expected": "E[AL]"}
+
+
 def short_labels(labels: Sequence[str], longest: int = 10) -> dict[str, str]:
     """Speculator label -> a form that fits a narrow column: a label longer than `longest` becomes its kind
     (`draft` for `draft:qwen2.5-coder-0.5b-instruct`), numbered when several of a kind need it (`ngram#2`)."""
@@ -204,18 +208,24 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
     caption = ", ".join(f"{c} {cells[c][0]}" for c in constant)
     legend = [f"{brief} = {label}" for label, brief in short.items() if brief != label]
     if legend:
-        caption += ("\n" if caption else "") + "; ".join(legend)
+        caption += ("\n" if caption else "") + "\n".join(legend)
     if "drafted AL" in cells:
-        caption += ("\n" if caption else "") + ("drafted AL: over the steps that proposed drafts, as vLLM logs it; "
-                                                 "AL counts every target pass")
-    table = Table(title="Acceptance length: pooled AL, 95% CI (bootstrap by conversation), macro AL",
-                  caption=caption or None, box=box.SIMPLE_HEAD, pad_edge=False)
+        caption += ("\n" if caption else "") + ("drafted: the drafted AL, over the steps that proposed drafts, as "
+                                                 "vLLM logs it; AL counts every target pass")
+    if "expected" in cells and not wide:
+        caption += ("\n" if caption else "") + "E[AL]: the analytic expected AL (same mean, lower variance)"
+    table = Table(title="Acceptance length: pooled AL, 95% CI, macro AL",
+                  caption=caption or None, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+                  padding=(0, 1, 0, 0))
     shown = [c for c in cells if c not in constant]
     for col in shown:
-        if col in ("target", "speculator", "dataset", "segment"):
-            table.add_column(col, overflow="fold")
+        header = col if wide else NARROW_HEADERS.get(col, col)
+        if col in ("speculator", "segment") and not wide:  # short by now: never fold a label mid-word
+            table.add_column(header, no_wrap=True)
+        elif col in ("target", "speculator", "dataset", "segment"):
+            table.add_column(header, overflow="fold")
         else:
-            table.add_column(col, justify="right", no_wrap=True)
+            table.add_column(header, justify="right", no_wrap=True)
     for i in range(len(records)):
         table.add_row(*(cells[c][i] for c in shown))
     console = Console()
