@@ -23,8 +23,9 @@ models: install
 	$(PY) $(SHARED)/models/fetch-test-models.py
 	$(PY) $(SHARED)/models/fetch-test-models.py --dest $(CALIBRATE_TEST_MODELS)/gguf --only smollm2-135m-instruct --keep-gguf
 
+# The run alone is timed (setup above is not); a second `make quickstart` resumes and measures nothing.
 quickstart: models
-	$(VENV)/bin/calibrate run examples/quickstart.toml --db tables/quickstart.duckdb
+	time $(VENV)/bin/calibrate run examples/quickstart.toml --db tables/quickstart.duckdb
 
 test: models
 	$(PY) -m pytest -q

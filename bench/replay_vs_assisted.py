@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--context-tokens", type=int, default=1024)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto", help="auto: bf16 where native, else fp32 (calibrate.dtypes)")
     ap.add_argument("--source", default=str(SAMPLE / "original"))
     args = ap.parse_args()
     console = Console()
@@ -88,7 +88,7 @@ def main() -> None:
             diverged.append(f"token {j}: greedy {want[j]} vs assisted {out[j]}, logit gap {gap:.3f}")
     t_assisted = time.perf_counter() - t0
 
-    table = Table(title=f"{len(prompts)} requests, {args.max_new_tokens} new tokens, {args.dtype}, "
+    table = Table(title=f"{len(prompts)} requests, {args.max_new_tokens} new tokens, {target.dtype}, "
                         f"{torch.get_num_threads()} threads")
     for col in ("what", "wall s", "tokens"):
         table.add_column(col, justify="right" if col != "what" else "left")
@@ -101,7 +101,7 @@ def main() -> None:
     console.print(f"8*b/a = {8 * t_assisted / t_replay:.2f}   (eight assisted runs, one per k, over replay-once)")
     console.print(f"assisted output == target greedy tokens: {same}/{len(prompts)} requests")
     for line in diverged:
-        console.print(f"  diverged at {line} (a near-tie that {args.dtype} rounding decides)")
+        console.print(f"  diverged at {line} (a near-tie that {target.dtype} rounding decides)")
     console.print(f"replay responses == plain greedy responses: "
                   f"{sum(a.tokens == b.tokens for a, b in zip(responses, plain))}/{len(prompts)}")
     for k in (1, 4, 8):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -29,19 +30,24 @@ def run(
     db: Path = typer.Option(DEFAULT_DB, "--db", help="DuckDB file to write (created if missing)."),
     max_requests: Optional[int] = typer.Option(None, "--max-requests", help="Override [dataset] max_requests."),
     show: bool = typer.Option(True, "--show/--no-show", help="Print the acceptance table when done."),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="Keep third-party progress bars, log lines and warnings (hidden by default)."),
 ) -> None:
     """Replay the dataset through every target + speculator pair and store acceptance counts (resumable)."""
     from calibrate.config import load_config
+    from calibrate.quiet import quiet_third_party
     from calibrate.runner import execute
 
-    console = Console(stderr=True)
+    console = Console(file=sys.stderr)  # bound now: quiet_third_party sends sys.stderr itself to /dev/null
     cfg = load_config(config, {"dataset": {"max_requests": max_requests}})
     for warning in cfg.warnings():
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
-    summary = execute(cfg, db, console=console)
+    with quiet_third_party(enabled=not verbose):
+        summary = execute(cfg, db, console=console)
     console.print(
         f"measured {summary.measured} request(s) ({summary.resumed} already in {db}), "
-        f"{summary.tokens} target tokens in {summary.seconds:.1f} s; {len(summary.run_ids)} run(s)"
+        f"{summary.tokens} target tokens in {summary.seconds:.1f} s; {len(summary.run_ids)} run(s)",
+        soft_wrap=True,
     )
     for problem in summary.problems[:10]:
         console.print(f"[yellow]skipped[/yellow] {escape(str(problem))}")

@@ -12,11 +12,16 @@ runs for hours must fail in the first second.
 from __future__ import annotations
 
 import math
-import tomllib
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 
 class _Strict(BaseModel):
@@ -38,12 +43,19 @@ class DatasetConfig(_Strict):
     context_tokens: int = Field(default=8192, gt=0)
     max_new_tokens: int = Field(default=256, gt=0)
 
+    @model_validator(mode="after")
+    def _all_means_all(self) -> DatasetConfig:
+        if self.selection == "all" and self.max_requests is not None:
+            raise ValueError(f"max_requests ({self.max_requests}) cannot apply with selection = \"all\", which "
+                             "replays every turn: drop one of them")
+        return self
+
 
 DEVICE_PATTERN = r"^(auto|cpu|mps|cuda(:[0-9]+)?)$"
 
 
 class RunConfig(_Strict):
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 where native, else fp32
     device: str = Field(default="auto", pattern=DEVICE_PATTERN)  # availability is checked before models load
     batch_size: int = Field(default=4, gt=0)
     engine: Literal["auto", "replay", "loop"] = "auto"

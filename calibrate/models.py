@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from calibrate.dtypes import choose_dtype
 from calibrate.hub import hub_reachable, looks_like_path
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -146,14 +147,15 @@ def load_tokenizer(name: str) -> Any:
         raise _not_found(name, model_id, access, "its tokenizer", exc) from exc
 
 
-def load_model(name: str, dtype: str = "bfloat16", device: str = "auto") -> LoadedModel:
-    """Load weights and tokenizer; errors name the model."""
+def load_model(name: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
+    """Load weights and tokenizer; errors name the model. "auto" dtype: see `calibrate.dtypes.choose_dtype`."""
     from transformers import AutoModelForCausalLM
 
     model_id = resolve(name)
-    torch_dtype = resolve_dtype(dtype)
     device = resolve_device(device)
     access = hub_access(name, model_id)
+    dtype = choose_dtype(dtype, device).dtype
+    torch_dtype = resolve_dtype(dtype)
     where, extra = _split_gguf(model_id)
     try:
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra, **access)

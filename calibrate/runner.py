@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from calibrate.config import Config, PairConfig
 from calibrate.data import (
@@ -27,7 +26,9 @@ from calibrate.data import (
     select_requests,
 )
 from calibrate.data.conversation import Problem, ReplayRequest
+from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
 from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer, resolve_device
+from calibrate.progress import RunProgress
 from calibrate.replay.counts import RequestOutcome, StepCounts
 from calibrate.replay.greedy import generate_greedy, score_replay
 from calibrate.replay.sampled import run_sampled
@@ -47,6 +48,7 @@ class Prepared:
     selection: dict[str, Any]
     fingerprint: str
     dataset_format: str
+    dtype: DtypeChoice  # resolved once for the run's device, so every model and run row agrees
     problems: list[Problem] = field(default_factory=list)
 
 
@@ -100,16 +102,18 @@ def prepare(config: Config) -> Prepared:
         for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
             render_prompt(requests[0], tokenizer, thinking=thinking, context_tokens=ds.context_tokens,
                           model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
+    dtype = choose_dtype(config.run.dtype, resolve_device(config.run.device))
     return Prepared(requests=requests, selection=selection, fingerprint=dataset_fingerprint(loaded),
-                    dataset_format=loaded.format, problems=loaded.problems)
+                    dataset_format=loaded.format, dtype=dtype, problems=loaded.problems)
 
 
-def build_speculators(pair: PairConfig, config: Config, drafts: dict[str, LoadedModel]) -> list[Speculator]:
+def build_speculators(pair: PairConfig, config: Config, drafts: dict[str, LoadedModel],
+                      dtype: str) -> list[Speculator]:
     out: list[Speculator] = []
     for spec in pair.speculators:
         if spec.kind == "draft":
             if spec.model not in drafts:
-                drafts[spec.model] = load_model(spec.model, config.run.dtype, config.run.device)
+                drafts[spec.model] = load_model(spec.model, dtype, config.run.device)
             out.append(DraftModelSpeculator(drafts[spec.model], batch_size=config.run.batch_size))
         elif spec.kind == "ngram":
             out.append(NgramSpeculator(max_n=spec.max_n, min_n=spec.min_n))
@@ -138,34 +142,28 @@ def run_specs(config: Config, prepared: Prepared, target: LoadedModel, speculato
                 top_k=config.sweep.top_k if temperature > 0 else None, dataset=ds.name or ds.source,
                 target_hash=target.fingerprint, speculator_params=spec.params, draft_hash=draft_hash,
                 dataset_fingerprint=prepared.fingerprint, context_tokens=ds.context_tokens,
-                max_new_tokens=ds.max_new_tokens, dtype=config.run.dtype, engine=engine,
+                max_new_tokens=ds.max_new_tokens, dtype=prepared.dtype.dtype, engine=engine,
                 step_rule=STEP_RULE_VERSION, sampling_seed=ds.seed if temperature > 0 else None,
                 target_id=target.model_id, speculator_kind=spec.kind, draft_id=draft_id,
                 dataset_format=prepared.dataset_format, selection=prepared.selection, device=target.device,
-                seed=ds.seed, versions=versions, git_commit=commit,
+                seed=ds.seed, versions=versions, git_commit=commit, dtype_reason=prepared.dtype.reason,
             )
     return out
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
-        TextColumn("{task.fields[rate]:>7.1f} tok/s"), TimeElapsedColumn(), TextColumn("ETA"),
-        TimeRemainingColumn(), console=console, transient=False,
-    )
 
 
 def execute(config: Config, db: str | Path, console: Console | None = None) -> RunSummary:
     """Run every (pair, thinking, temperature) of the sweep into the store at `db`."""
     console = console or Console(stderr=True)
     prepared = prepare(config)
+    _announce_dtype(prepared.dtype, resolve_device(config.run.device), console)
     summary = RunSummary(problems=prepared.problems)
     started = time.perf_counter()
     drafts: dict[str, LoadedModel] = {}
     with Store(db) as store:
         for pair in config.pairs:
-            target = load_model(pair.target, config.run.dtype, config.run.device)
-            speculators = build_speculators(pair, config, drafts)
+            console.print(f"loading {pair.target} and its speculators", highlight=False, soft_wrap=True)
+            target = load_model(pair.target, prepared.dtype.dtype, config.run.device)
+            speculators = build_speculators(pair, config, drafts, prepared.dtype.dtype)
             for thinking in config.sweep.thinking:
                 prompts = [
                     render_prompt(r, target.tokenizer, thinking=thinking, context_tokens=config.dataset.context_tokens,
@@ -177,6 +175,13 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
                                summary, console)
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _announce_dtype(choice: DtypeChoice, device: str, console: Console) -> None:
+    console.print(f"dtype {choice.dtype} on {device} ({choice.reason})", highlight=False, soft_wrap=True)
+    warning = slow_bf16_warning(choice, device)
+    if warning:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
 
 
 def _engine_for(config: Config, temperature: float) -> str:
@@ -218,10 +223,7 @@ def _measure(config: Config, store: Store, prepared: Prepared, target: LoadedMod
     """Measure the pending requests batch by batch; each batch is committed for all runs at once."""
     label = f"{target.name} thinking={thinking} T={temperature:g}"
     batch = config.run.batch_size
-    with _progress(console) as progress:
-        task = progress.add_task(label, total=len(prepared.requests), completed=len(prepared.requests) - len(pending),
-                                 rate=0.0)
-        t0, tokens = time.perf_counter(), 0
+    with RunProgress(console, label, len(prepared.requests), len(prepared.requests) - len(pending)) as progress:
         for start in range(0, len(pending), batch):
             idx = pending[start:start + batch]
             if engine == "replay":
@@ -244,10 +246,9 @@ def _measure(config: Config, store: Store, prepared: Prepared, target: LoadedMod
             ]
             store.write_requests(batch_rows)
             generated = sum(max((m.generated_tokens for m in per_run.values()), default=0) for *_, per_run in rows)
-            tokens += generated
             summary.tokens += generated
             summary.measured += len(idx)
-            progress.update(task, advance=len(idx), rate=tokens / max(time.perf_counter() - t0, 1e-9))
+            progress.advance(len(idx), generated)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ def test_good_config_normalises(tmp_path):
     # a relative source beside the config resolves against the config's folder
     assert Path(cfg.dataset.source) == (tmp_path / "conversations.jsonl").resolve()
     assert cfg.dataset.name == "conversations.jsonl"  # the label stays as written
-    assert cfg.run.dtype == "bfloat16"
+    assert cfg.run.dtype == "auto"  # bf16 only where the device computes it natively (calibrate.dtypes)
 
 
 def test_override_wins(tmp_path):
@@ -70,6 +70,13 @@ def test_errors_name_the_key(tmp_path, edit, message):
         load_config(write(tmp_path, GOOD.replace(old, new)))
     assert message in str(err.value)
     assert "sweep.toml" in str(err.value)
+
+
+def test_max_requests_with_selection_all_is_an_error(tmp_path):
+    text = GOOD.replace("max_requests = 4", 'selection = "all"')
+    assert load_config(write(tmp_path, text)).dataset.selection == "all"
+    with pytest.raises(ConfigError, match='max_requests \\(4\\) cannot apply with selection = "all"'):
+        load_config(write(tmp_path, text), {"dataset": {"max_requests": 4}})  # as `--max-requests 4` passes it
 
 
 def test_not_toml_and_missing_file(tmp_path):

@@ -171,7 +171,7 @@ def test_show_table_tells_apart_runs_that_differ_only_in_top_p(app: typer.Typer,
     header = next(line for line in res.output.splitlines() if "speculator" in line)
     assert "top_p" in header and "top_k" not in header
     rows = [line.split() for line in res.output.splitlines() if line.strip().startswith("ngram")]
-    assert sorted((r[3], r[6]) for r in rows) == [("0.5", "1.250"), ("0.9", "1.750")]
+    assert sorted((r[2], r[5]) for r in rows) == [("0.5", "1.250"), ("0.9", "1.750")]  # think "off" in the caption
     plain = CliRunner().invoke(app, ["show", "--db", str(db_of_greedy(tmp_path))], terminal_width=200)
     assert "top_p" not in plain.output
 
@@ -193,8 +193,45 @@ def test_show_adds_drafted_al_when_some_steps_proposed_nothing(app: typer.Typer,
     res = CliRunner().invoke(app, ["show", "--db", str(db), "--bootstrap", "50"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "drafted AL" in res.output and "as vLLM logs it" in res.output
-    row = next(line.split() for line in res.output.splitlines() if " ngram " in line)
+    row = next(line.split() for line in res.output.splitlines() if line.split()[:1] == ["ngram"])
     assert row[-1] == "1.500"  # 1 + 1 accepted / 2 drafted steps; AL over all 4 passes is 1.25
     rows = json.loads(CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json"]).output)
     assert rows[0]["drafted_acceptance_length"] == pytest.approx(1.5)
     assert rows[0]["acceptance_length"] == pytest.approx(1.25)
+
+
+def test_show_fits_80_columns_with_a_legend_and_wide_keeps_labels(app: typer.Typer, tmp_path: Path) -> None:
+    """The quickstart's labels in a terminal of 80 columns: no label folded over lines, the long ones in a legend."""
+    from test_tables_support import Req, make_spec, write_run
+
+    from calibrate.tables.store import Store
+
+    db = tmp_path / "labels.duckdb"
+    long_draft = "draft:qwen2.5-coder-0.5b-instruct"
+    with Store(db) as store:
+        for label in (long_draft, "ngram", "ngram:max_n=3,min_n=2", "suffix"):
+            for k in (1, 8):
+                write_run(store, make_spec(speculator=label, draft_len=k, dataset="data/quickstart/conversations.jsonl"),
+                          [Req("r0", "c0", {"answer": [1] * (k + 1)}, empty={"answer": 1}),
+                           Req("r1", "c1", {"answer": [2] + [0] * k})])
+    res = CliRunner().invoke(app, ["show", "--db", str(db), "--bootstrap", "50"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    firsts = {line.split()[0] for line in lines if line.strip() and line.split()[0] in ("draft", "ngram", "ngram#1", "suffix")}
+    assert firsts == {"draft", "ngram", "ngram#1", "suffix"}
+    words = " ".join(res.output.split())  # the caption may wrap anywhere
+    assert "draft = draft:qwen2.5-coder-0.5b-instruct" in words and "ngram#1 = ngram:max_n=3,min_n=2" in words
+    wide = CliRunner().invoke(app, ["show", "--db", str(db), "--bootstrap", "50", "--wide"], env={"COLUMNS": "80"})
+    assert wide.exit_code == 0, wide.output
+    assert any(line.split()[:2] == [long_draft, "1"] for line in wide.output.splitlines() if line.strip())
+    assert "draft = " not in wide.output
+
+
+def test_short_labels_stay_distinct() -> None:
+    from calibrate.tables.commands import short_labels
+
+    assert short_labels(["ngram", "suffix"]) == {"ngram": "ngram", "suffix": "suffix"}
+    got = short_labels(["draft:qwen2.5-coder-0.5b-instruct", "draft:qwen2.5-coder-1.5b-instruct", "draft#1x"])
+    assert got["draft:qwen2.5-coder-0.5b-instruct"] == "draft#1" and got["draft:qwen2.5-coder-1.5b-instruct"] == "draft#2"
+    assert len(set(got.values())) == 3

@@ -21,7 +21,7 @@ datasets_app = typer.Typer(help="Inspect agentic coding datasets and the known p
 @datasets_app.command("inspect")
 @cli_errors
 def inspect_command(
-    source: str = typer.Argument(..., help="File (.json/.jsonl/.parquet), folder, data/datasets.toml name, or HF id."),
+    source: str = typer.Argument(..., help="File (.json/.jsonl/.parquet), folder, calibrate/data/datasets.toml name, or HF id."),
     format: Optional[str] = typer.Option(None, "--format", help="Adapter name or alias (detected when omitted)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Read at most this many conversations."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer",
@@ -51,7 +51,7 @@ def inspect_command(
 
 @datasets_app.command("list")
 def list_command() -> None:
-    """The known public datasets of data/datasets.toml (usable as `source = "<name>"`)."""
+    """The known public datasets of calibrate/data/datasets.toml (usable as `source = "<name>"`)."""
     from rich.table import Table
 
     from calibrate.data.manifests import DEFAULT_MANIFEST, load_manifest

@@ -35,7 +35,7 @@ def load_conversations(
 ) -> LoadResult:
     """Load `source` into normalised conversations.
 
-    `source` is a file (.json, .jsonl, .parquet), a folder of them, a name from data/datasets.toml, or a
+    `source` is a file (.json, .jsonl, .parquet), a folder of them, a name from calibrate/data/datasets.toml, or a
     Hugging Face dataset id (org/name; `split`, `revision`, `subset` apply). A `hf:` prefix sends a path
     through `datasets.load_dataset` even when it is local (a folder in the hub's layout). `format` names
     the adapter (or an alias); otherwise it is detected per file. `limit` caps the conversations loaded,
@@ -180,7 +180,7 @@ def _resolve(source: str, *, split: str | None, revision: str | None, subset: st
             raise FileNotFoundError(f"dataset source {source!r} is not a file or folder here, nor a name in "
                                     "data/datasets.toml, and the Hugging Face hub is unreachable (offline)")
         return [_hub_group(source, split, revision, subset)], None
-    raise FileNotFoundError(f"dataset source {source!r} is neither a file, a folder, a name in data/datasets.toml "
+    raise FileNotFoundError(f"dataset source {source!r} is neither a file, a folder, a name in calibrate/data/datasets.toml "
                             "nor a Hugging Face id (org/name)")
 
 

@@ -1,6 +1,6 @@
-"""Dataset manifests: data/datasets.toml names known public sets so a config can say `source = "swe-gym-openhands"`.
+"""Dataset manifests: calibrate/data/datasets.toml names known public sets so a config can say `source = "swe-gym-openhands"`.
 
-The manifest lives in the repository's top-level `data/` folder (beside the package), is read on demand
+The manifest ships inside the package (beside this module, so a wheel install finds it), is read on demand
 (no module-level cache: tests and users may point at another file), and is validated when read so a typo
 in an entry is an error naming the entry, not a failure deep inside a run.
 """
@@ -17,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-DEFAULT_MANIFEST = Path(__file__).resolve().parents[2] / "data" / "datasets.toml"
+DEFAULT_MANIFEST = Path(__file__).resolve().with_name("datasets.toml")
 REQUIRED = ("hf_id", "format", "split", "licence", "has_reasoning", "notes")
 
 
@@ -37,7 +37,7 @@ class DatasetEntry:
 
 
 def load_manifest(path: str | Path | None = None) -> dict[str, DatasetEntry]:
-    """All entries of a manifest file (the repository's data/datasets.toml by default)."""
+    """All entries of a manifest file (the package's datasets.toml by default)."""
     from calibrate.data.formats import canonical_format
 
     path = Path(path) if path is not None else DEFAULT_MANIFEST

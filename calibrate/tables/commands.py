@@ -136,16 +136,45 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
     return rows
 
 
-def _render_table(records: Sequence[AcceptanceRecord], segments: bool) -> None:
-    """A rich table for humans. Columns whose value is the same on every row move to the caption, and a
-    target shows its last path part (json / csv keep everything), so it fits a normal terminal."""
+# Headers of the 80-column table (`--wide` keeps the long ones); the caption explains the short ones.
+NARROW_HEADERS = {"drafted AL": "drafted", "expected": "E[AL]"}
+
+
+def short_labels(labels: Sequence[str], longest: int = 10) -> dict[str, str]:
+    """Speculator label -> a form that fits a narrow column: a label longer than `longest` becomes its kind
+    (`draft` for `draft:qwen2.5-coder-0.5b-instruct`), numbered when several of a kind need it (`ngram#2`)."""
+    unique = list(dict.fromkeys(labels))
+    out = {label: label for label in unique}
+    by_kind: dict[str, list[str]] = {}
+    for label in unique:
+        if len(label) > longest:
+            by_kind.setdefault(label.split(":", 1)[0], []).append(label)
+    for kind, long in by_kind.items():
+        if len(long) == 1 and kind not in out:
+            out[long[0]] = kind
+        else:
+            taken = set(out.values())
+            n = 1
+            for label in long:
+                while f"{kind}#{n}" in taken:
+                    n += 1
+                out[label] = f"{kind}#{n}"
+                taken.add(out[label])
+    return out
+
+
+def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: bool = False) -> None:
+    """A rich table for humans, narrow enough for 80 columns: columns whose value is the same on every row
+    move to the caption, a target shows its last path part, and a long speculator label its short form with
+    a legend (json / csv, and `wide`, keep the full labels)."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
+    short = {r.speculator: r.speculator for r in records} if wide else short_labels([r.speculator for r in records])
     cells: dict[str, list[str]] = {
         "target": [r.target.rstrip("/").rsplit("/", 1)[-1] for r in records],
-        "speculator": [r.speculator for r in records],
+        "speculator": [short[r.speculator] for r in records],
         "k": [str(r.draft_len) for r in records],
         "think": [r.thinking for r in records],
         "temperature": [f"{r.temperature:g}" for r in records],
@@ -169,25 +198,40 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool) -> None:
     if any(r.empty_steps for r in records):
         cells["drafted AL"] = ["-" if r.drafted_acceptance_length is None else f"{r.drafted_acceptance_length:.3f}"
                                for r in records]
-    constant = [c for c in ("target", "temperature", "top_p", "top_k", "dataset")
+    constant = [c for c in ("target", "think", "temperature", "top_p", "top_k", "dataset")
                 if c in cells and len(set(cells[c])) == 1]
     caption = ", ".join(f"{c} {cells[c][0]}" for c in constant)
+    legend = [f"{brief} = {label}" for label, brief in short.items() if brief != label]
+    if legend:
+        caption += ("\n" if caption else "") + "\n".join(legend)
     if "drafted AL" in cells:
-        caption += ("\n" if caption else "") + ("drafted AL: over the steps that proposed drafts, as vLLM logs it; "
-                                                 "AL counts every target pass")
+        caption += ("\n" if caption else "") + ("drafted: the drafted AL, over the steps that proposed drafts, as "
+                                                 "vLLM logs it; AL counts every target pass")
+    if "expected" in cells and not wide:
+        caption += ("\n" if caption else "") + "E[AL]: the analytic expected AL (same mean, lower variance)"
     if any(interrupted(r) for r in records):
         caption += ("\n" if caption else "") + "* a run was interrupted: the same `calibrate run` resumes it"
-    table = Table(title="Acceptance length: pooled AL, 95% CI (bootstrap over conversations), macro AL",
-                  caption=caption or None, box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title="Acceptance length: pooled AL, 95% CI, macro AL",
+                  caption=caption or None, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+                  padding=(0, 1, 0, 0))
     shown = [c for c in cells if c not in constant]
     for col in shown:
-        if col in ("target", "speculator", "dataset", "segment"):
-            table.add_column(col, overflow="fold")
+        header = col if wide else NARROW_HEADERS.get(col, col)
+        if col in ("speculator", "segment") and not wide:  # short by now: never fold a label mid-word
+            table.add_column(header, no_wrap=True)
+        elif col in ("target", "speculator", "dataset", "segment"):
+            table.add_column(header, overflow="fold")
         else:
-            table.add_column(col, justify="right", no_wrap=True)
+            table.add_column(header, justify="right", no_wrap=True)
     for i in range(len(records)):
         table.add_row(*(cells[c][i] for c in shown))
-    Console().print(table)
+    console = Console()
+    if wide:  # as wide as the table wants, whatever the terminal: a pipe to a file or `less -S` reads it
+        from rich.measure import Measurement
+
+        needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
+        console = Console(width=max(console.width, needed))
+    console.print(table)
 
 
 def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool = False,
@@ -249,6 +293,7 @@ def register(app: typer.Typer) -> None:
         bootstrap: int = boot_opt,
         seed: int = seed_opt,
         where: Optional[list[str]] = where_opt,
+        wide: bool = typer.Option(False, "--wide", help="Table: full speculator labels, however wide."),
     ) -> None:
         """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
         records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), segments, bootstrap,
@@ -257,7 +302,7 @@ def register(app: typer.Typer) -> None:
             if not records:
                 typer.echo(f"no measurements in {db}")
                 return
-            _render_table(records, segments)
+            _render_table(records, segments, wide)
         elif format is ShowFormat.json:
             typer.echo(json.dumps(show_rows(records, segments), indent=2))
         else:

@@ -144,6 +144,7 @@ class RunSpec:
     seed: int = _provenance("BIGINT")  # the selection seed
     versions: dict[str, str] = _provenance("JSON", default_factory=dict)
     git_commit: str | None = _provenance("VARCHAR", default=None)
+    dtype_reason: str | None = _provenance("VARCHAR", default=None)  # why `dtype` was chosen ("auto: ...")
 
     def identity(self) -> dict[str, Any]:
         """The fields that define what was measured, as stored (JSON fields encoded)."""

@@ -1,0 +1,88 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Compare speculators, draft lengths and segments, with their uncertainty
+#
+# Acceptance differs by speculator, by k, and by what the target is writing (thinking, answer text, tool
+# calls). Every AL here carries a 95% bootstrap CI clustered by conversation: turns of one conversation are
+# not independent, so a CI that ignored that would be too narrow. Two speculators differ only where their
+# CIs say so.
+
+# %%
+import os
+from pathlib import Path
+
+DB = Path(os.environ.get("CALIBRATE_NOTEBOOK_DB", "../tables/quickstart.duckdb"))
+PLOTS = Path(os.environ.get("CALIBRATE_NOTEBOOK_OUT", "../tables")) / "notebook-plots"
+PLOTS.mkdir(parents=True, exist_ok=True)
+
+# %%
+from calibrate.tables import query
+from calibrate.tables.store import connect
+
+con = connect(DB, read_only=True)
+try:
+    overall = query.load_records(con, n_boot=300)
+    by_segment = query.load_records(con, segments=True, n_boot=300)
+finally:
+    con.close()
+speculators = sorted({r.speculator for r in overall})
+print(f"{len(overall)} keys; speculators: {speculators}")
+
+# %% [markdown]
+# ## AL against k, per speculator
+# A draft model's AL keeps rising with k while model-free speculators (n-gram, suffix) flatten: they often
+# have nothing more to propose.
+
+# %%
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(7, 4))
+for spec in speculators:
+    rows = sorted((r for r in overall if r.speculator == spec), key=lambda r: r.draft_len)
+    ks = [r.draft_len for r in rows]
+    al = [r.acceptance_length for r in rows]
+    err = [[r.acceptance_length - r.ci_low for r in rows], [r.ci_high - r.acceptance_length for r in rows]]
+    ax.errorbar(ks, al, yerr=err, marker="o", capsize=3, label=spec)
+ax.set_xlabel("draft length k")
+ax.set_ylabel("pooled AL (95% CI)")
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(PLOTS / "compare_al_vs_k.png", dpi=100)
+plt.show()
+
+# %% [markdown]
+# ## Which differences are real
+# At each k, the best speculator and whether its CI clears the runner-up's.
+
+# %%
+for k in sorted({r.draft_len for r in overall}):
+    ranked = sorted((r for r in overall if r.draft_len == k), key=lambda r: -r.acceptance_length)
+    if len(ranked) < 2:
+        continue
+    best, second = ranked[0], ranked[1]
+    verdict = "clearly ahead" if best.ci_low > second.ci_high else "CIs overlap: not distinguishable here"
+    print(f"k={k}: {best.speculator} {best.acceptance_length:.3f} [{best.ci_low:.3f}, {best.ci_high:.3f}] vs "
+          f"{second.speculator} {second.acceptance_length:.3f} [{second.ci_low:.3f}, {second.ci_high:.3f}]: {verdict}")
+
+# %% [markdown]
+# ## By segment
+# Tool calls quote file names and earlier output, so prompt lookup often accepts more there than in prose.
+
+# %%
+print(f"{'speculator':<36} {'k':>2} {'segment':<10} {'steps':>6} {'AL':>6}  95% CI")
+for r in sorted(by_segment, key=lambda r: (r.speculator, r.draft_len, r.segment)):
+    if r.segment == "all" or r.ci_low is None:
+        continue
+    print(f"{r.speculator:<36} {r.draft_len:>2} {r.segment:<10} {r.steps:>6} {r.acceptance_length:6.3f}  "
+          f"[{r.ci_low:.3f}, {r.ci_high:.3f}]")
+segments_seen = {r.segment for r in by_segment}
+assert "all" in segments_seen and len(segments_seen) >= 2, segments_seen

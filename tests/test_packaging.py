@@ -1,0 +1,54 @@
+"""What a wheel install needs: every imported distribution declared, and the data files shipped in the package."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _declared() -> set[str]:
+    project = PYPROJECT["project"]
+    specs = list(project["dependencies"]) + [s for extra in project["optional-dependencies"].values() for s in extra]
+    return {re.split(r"[<>=!~;\[ ]", s, maxsplit=1)[0].lower().replace("_", "-") for s in specs}
+
+
+def _imported_top_levels() -> set[str]:
+    names: set[str] = set()
+    for path in (ROOT / "calibrate").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"calibrate", "tomli"}  # tomli: declared for 3.10 only
+
+
+def test_every_imported_distribution_is_declared() -> None:
+    dists = metadata.packages_distributions()
+    missing = {}
+    for module in _imported_top_levels():
+        for dist in dists.get(module, [module]):
+            if dist.lower().replace("_", "-") not in _declared():
+                missing[module] = dist
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+    assert any(s.startswith("tomli") and "python_version < '3.11'" in s for s in PYPROJECT["project"]["dependencies"])
+
+
+def test_the_dataset_manifest_ships_inside_the_package() -> None:
+    import calibrate.data
+    from calibrate.data.manifests import DEFAULT_MANIFEST, load_manifest
+
+    assert DEFAULT_MANIFEST.parent == Path(calibrate.data.__file__).parent
+    assert "datasets.toml" in PYPROJECT["tool"]["setuptools"]["package-data"]["calibrate.data"]
+    assert "swe-gym-openhands" in load_manifest()
