@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from calibrate.speculators.ngram import VLLM_DEFAULT_LOOKUP
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -51,15 +53,35 @@ class DraftSpeculatorConfig(_Strict):
 
 
 class NgramSpeculatorConfig(_Strict):
+    """vLLM's n-gram proposer; keys and defaults as vLLM's speculative config spells them (both lengths 5
+    when neither is given, one copies the other when only one is)."""
+
     kind: Literal["ngram"]
-    max_n: int = Field(default=4, gt=0)
-    min_n: int = Field(default=1, gt=0)
+    prompt_lookup_max: int | None = Field(default=None, gt=0)
+    prompt_lookup_min: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and ({"max_n", "min_n"} & data.keys()):
+            raise ValueError("ngram's keys are vLLM's prompt_lookup_max / prompt_lookup_min (max_n / min_n were "
+                             "renamed when n-gram took vLLM's semantics)")
+        return data
 
     @model_validator(mode="after")
     def _order(self) -> NgramSpeculatorConfig:
-        if self.min_n > self.max_n:
-            raise ValueError(f"min_n ({self.min_n}) must not exceed max_n ({self.max_n})")
+        if self.lookup_min > self.lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.lookup_min}) must not exceed "
+                             f"prompt_lookup_max ({self.lookup_max})")
         return self
+
+    @property
+    def lookup_max(self) -> int:
+        return self.prompt_lookup_max or self.prompt_lookup_min or VLLM_DEFAULT_LOOKUP
+
+    @property
+    def lookup_min(self) -> int:
+        return self.prompt_lookup_min or self.prompt_lookup_max or VLLM_DEFAULT_LOOKUP
 
 
 class SuffixSpeculatorConfig(_Strict):

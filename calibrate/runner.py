@@ -110,7 +110,7 @@ def build_speculators(pair: PairConfig, config: Config, drafts: dict[str, Loaded
                 drafts[spec.model] = load_model(spec.model, config.run.dtype, config.run.device)
             out.append(DraftModelSpeculator(drafts[spec.model], batch_size=config.run.batch_size))
         elif spec.kind == "ngram":
-            out.append(NgramSpeculator(max_n=spec.max_n, min_n=spec.min_n))
+            out.append(NgramSpeculator(prompt_lookup_max=spec.lookup_max, prompt_lookup_min=spec.lookup_min))
         else:
             out.append(SuffixSpeculator(max_depth=spec.max_depth, max_spec_factor=spec.max_spec_factor,
                                         max_spec_offset=spec.max_spec_offset, min_token_prob=spec.min_token_prob,
