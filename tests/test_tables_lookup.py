@@ -46,15 +46,20 @@ def test_record_contents_and_engine_renderings(tables: dict[str, Path]) -> None:
     assert r.acceptance_length == pytest.approx(stats.acceptance_length([6, 2, 2, 5])) == pytest.approx(2.4)
     assert r.ci_low <= r.acceptance_length <= r.ci_high
     assert not r.extrapolated and r.extrapolation_method is None
-    assert r.sglang_env() == "SGLANG_SIMULATE_ACC_LEN=2.40\nSGLANG_SIMULATE_ACC_METHOD=match-expected\n"
-    assert r.trtllm_env() == "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.40\n"
-    assert r.atom_args() == ["--spec-decode-acceptance-length", "2.40"]
-    assert r.atom_args("rate") == ["--spec-decode-acceptance-rate", "0.4667"]
+    assert r.sglang_env() == (
+        "SGLANG_SIMULATE_ACC_LEN=2.40\nSGLANG_SIMULATE_ACC_METHOD=match-expected\n"
+        "SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token\n"
+        'SGLANG_SPECULATIVE_ARGS="--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"\n'
+    )
+    assert r.sglang_env("fixed").splitlines()[2] == "SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed"
+    assert r.trtllm_env().splitlines()[0] == "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.4"
+    assert r.atom_args() == ["--num-speculative-tokens", "3", "--spec-decode-acceptance-length", "2.40"]
+    assert r.atom_args("rate") == ["--num-speculative-tokens", "3", "--spec-decode-acceptance-rate", "0.4667"]
     assert r.vllm_speculative_config() == {
         "num_speculative_tokens": 3, "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.4,
     }
     assert r.vllm_speculative_config("rates")["synthetic_acceptance_rates"] == [0.6, 0.4667, 0.3333]
-    assert r.llamacpp_args("rates") == ["--spec-synth-rates", "0.6000,0.4667,0.3333"]
+    assert r.llamacpp_args("rates") == ["--spec-draft-n-max", "3", "--spec-synth-rates", "0.6000,0.4667,0.3333"]
     with pytest.raises(AttributeError):
         r.acceptance_length = 3.0  # type: ignore[misc]  # frozen
 
