@@ -45,6 +45,10 @@ class RunConfig(_Strict):
     batch_size: int = Field(default=4, gt=0)
     engine: Literal["auto", "replay", "loop"] = "auto"
     verify_backend: Literal["auto", "triton", "reference"] = "auto"
+    # Verification rule at temperature > 0 (calibrate.replay.sampled.VERIFICATION_RULES): "probabilistic"
+    # samples drafts from q and accepts with min(1, p/q); "target-only" drafts greedily and accepts with
+    # p_target(draft) (vLLM v1's model runner, SGLang's EAGLE). Part of the run's identity.
+    verification: Literal["probabilistic", "target-only"] = "probabilistic"
 
 
 class DraftSpeculatorConfig(_Strict):
@@ -57,31 +61,26 @@ class NgramSpeculatorConfig(_Strict):
     when neither is given, one copies the other when only one is)."""
 
     kind: Literal["ngram"]
-    prompt_lookup_max: int | None = Field(default=None, gt=0)
-    prompt_lookup_min: int | None = Field(default=None, gt=0)
+    prompt_lookup_max: int = Field(gt=0)
+    prompt_lookup_min: int = Field(gt=0)
 
     @model_validator(mode="before")
     @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        if isinstance(data, dict) and ({"max_n", "min_n"} & data.keys()):
+    def _vllm_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if {"max_n", "min_n"} & data.keys():
             raise ValueError("ngram's keys are vLLM's prompt_lookup_max / prompt_lookup_min (max_n / min_n were "
                              "renamed when n-gram took vLLM's semantics)")
-        return data
+        given = data.get("prompt_lookup_max", data.get("prompt_lookup_min", VLLM_DEFAULT_LOOKUP))
+        return {"prompt_lookup_max": given, "prompt_lookup_min": given, **data}
 
     @model_validator(mode="after")
     def _order(self) -> NgramSpeculatorConfig:
-        if self.lookup_min > self.lookup_max:
-            raise ValueError(f"prompt_lookup_min ({self.lookup_min}) must not exceed "
-                             f"prompt_lookup_max ({self.lookup_max})")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
+                             f"prompt_lookup_max ({self.prompt_lookup_max})")
         return self
-
-    @property
-    def lookup_max(self) -> int:
-        return self.prompt_lookup_max or self.prompt_lookup_min or VLLM_DEFAULT_LOOKUP
-
-    @property
-    def lookup_min(self) -> int:
-        return self.prompt_lookup_min or self.prompt_lookup_max or VLLM_DEFAULT_LOOKUP
 
 
 class SuffixSpeculatorConfig(_Strict):

@@ -38,7 +38,7 @@ def test_good_config_normalises(tmp_path):
     assert cfg.sweep.draft_lengths == [1, 2, 4]
     assert cfg.sweep.temperature == [0.0]
     ngram = cfg.pairs[0].speculators[1]  # vLLM: the unset length copies the set one
-    assert (ngram.lookup_max, ngram.lookup_min) == (3, 3)
+    assert (ngram.prompt_lookup_max, ngram.prompt_lookup_min) == (3, 3)
     # a relative source beside the config resolves against the config's folder
     assert Path(cfg.dataset.source) == (tmp_path / "conversations.jsonl").resolve()
     assert cfg.dataset.name == "conversations.jsonl"  # the label stays as written
@@ -77,9 +77,9 @@ def test_errors_name_the_key(tmp_path, edit, message):
 
 def test_ngram_defaults_are_vllms(tmp_path):
     cfg = load_config(write(tmp_path, GOOD.replace("prompt_lookup_max = 3", "prompt_lookup_min = 2")))
-    assert (cfg.pairs[0].speculators[1].lookup_max, cfg.pairs[0].speculators[1].lookup_min) == (2, 2)
+    assert (cfg.pairs[0].speculators[1].prompt_lookup_max, cfg.pairs[0].speculators[1].prompt_lookup_min) == (2, 2)
     cfg = load_config(write(tmp_path, GOOD.replace(", prompt_lookup_max = 3", "")))
-    assert (cfg.pairs[0].speculators[1].lookup_max, cfg.pairs[0].speculators[1].lookup_min) == (5, 5)
+    assert (cfg.pairs[0].speculators[1].prompt_lookup_max, cfg.pairs[0].speculators[1].prompt_lookup_min) == (5, 5)
 
 
 def test_not_toml_and_missing_file(tmp_path):

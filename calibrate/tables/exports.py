@@ -57,6 +57,8 @@ def _sampling(r: AcceptanceRecord) -> str:
         parts.append(f"top_p={r.top_p:g}")
     if r.top_k is not None:
         parts.append(f"top_k={r.top_k}")
+    if r.verifications:
+        parts.append(f"verification={'+'.join(r.verifications)}")
     return " ".join(parts)
 
 

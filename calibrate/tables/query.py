@@ -114,6 +114,11 @@ def load_records(
         f"WITH keyed AS (SELECT run_id, dense_rank() OVER (ORDER BY {_KEY_COLS}) - 1 AS key_ix "
         f"FROM runs WHERE {where})"
     )
+    # A store from before the verification rule was recorded, opened read-only, lacks the column.
+    run_columns = {c for (c,) in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs'").fetchall()}
+    rules = ("list_sort(list_distinct(list(verification) FILTER (WHERE verification IS NOT NULL)))"
+             if "verification" in run_columns else "[]")
     keys = con.execute(
         f"""{keyed}
         SELECT key_ix, {_KEY_COLS},
@@ -122,7 +127,7 @@ def load_records(
                list_sort(list_distinct(list(engine))), list_sort(list_distinct(list(dataset_fingerprint))),
                list_sort(list_distinct(list(status))), list_sort(list_distinct(list(git_commit))),
                list_sort(list_distinct(list(versions))), min(started_at), max(finished_at),
-               list_sort(list_distinct(list(target_hash)))
+               list_sort(list_distinct(list(target_hash))), {rules}
         FROM runs JOIN keyed USING (run_id)
         GROUP BY key_ix, {_KEY_COLS} ORDER BY key_ix""",
         params,
@@ -228,7 +233,7 @@ def _record(
     tokens, censored, expected_sum, expected_steps, drafted, empty = totals
     key = dict(zip(KEY_FIELDS, key_row[1:1 + len(KEY_FIELDS)]))
     (target_ids, kinds, draft_ids, run_ids, engines, fingerprints, statuses, commits, versions,
-     started, finished, target_hashes) = key_row[1 + len(KEY_FIELDS):]
+     started, finished, target_hashes, rules) = key_row[1 + len(KEY_FIELDS):]
     expected = (
         float(stats.expected_acceptance_length(expected_sum, expected_steps))
         if expected_sum is not None and expected_steps else None
@@ -266,6 +271,7 @@ def _record(
         target_ids=tuple(target_ids),
         target_hashes=tuple(h for h in target_hashes if h),
         truncated_requests=None if truncated is None else int(truncated),
+        verifications=tuple(rules or ()),
         speculator_kinds=tuple(kinds),
         draft_ids=tuple(draft_ids),
         run_ids=tuple(run_ids),

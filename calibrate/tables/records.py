@@ -107,6 +107,8 @@ class AcceptanceRecord:
     # Requests whose prompt was left-truncated to the context budget (None in older exports): model-free
     # drafters match against the context, so a mostly truncated run understates them.
     truncated_requests: int | None = None
+    # Verification rules of the runs at temperature > 0 ("probabilistic", "target-only"); () at temperature 0.
+    verifications: tuple[str, ...] = ()
 
     # ---- values -------------------------------------------------------------------------------------
     @property

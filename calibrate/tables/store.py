@@ -60,8 +60,10 @@ CREATE TABLE IF NOT EXISTS runs (
     git_commit VARCHAR,
     started_at TIMESTAMP,
     finished_at TIMESTAMP,
-    status VARCHAR
+    status VARCHAR,
+    verification VARCHAR  -- rule at temperature > 0 (NULL at 0, where both rules are greedy matching)
 );
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS verification VARCHAR;
 CREATE TABLE IF NOT EXISTS requests (
     run_id VARCHAR NOT NULL,
     request_id VARCHAR NOT NULL,
@@ -137,10 +139,14 @@ class RunSpec:
     seed: int
     versions: dict[str, str] = field(default_factory=dict)
     git_commit: str | None = None
+    # Verification rule at temperature > 0 ("probabilistic" | "target-only"); None at temperature 0.
+    verification: str | None = None
 
     @property
     def run_id(self) -> str:
         ident = {k: v for k, v in asdict(self).items() if k not in _NOT_IDENTITY}
+        if ident["verification"] in (None, "probabilistic"):  # the only rule before it was recorded: same ids
+            del ident["verification"]
         blob = json.dumps(ident, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
