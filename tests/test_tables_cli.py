@@ -220,3 +220,23 @@ def test_show_adds_drafted_al_when_some_steps_proposed_nothing(app: typer.Typer,
     rows = json.loads(CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json"]).output)
     assert rows[0]["drafted_acceptance_length"] == pytest.approx(1.5)
     assert rows[0]["acceptance_length"] == pytest.approx(1.25)
+
+
+def test_show_warns_when_most_requests_were_truncated(app: typer.Typer, tmp_path: Path) -> None:
+    from test_tables_support import Req, make_spec, write_run
+
+    from calibrate.tables.store import Store
+
+    path = tmp_path / "cut.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(), [Req("r0", "c0", {"answer": [1, 1, 1, 1]}, truncated_tokens=900),
+                                       Req("r1", "c1", {"answer": [1, 1, 1, 1]}, truncated_tokens=10),
+                                       Req("r2", "c2", {"answer": [1, 1, 1, 1]})])
+        write_run(store, make_spec(target="smollm2-135m-instruct"), [Req("r0", "c0", {"answer": [1, 1, 1, 1]},
+                                                                         truncated_tokens=5)])
+    res = invoke(app, "show", "--db", str(path), "--format", "json")
+    assert res.exit_code == 0
+    assert ("warning: Qwen/Qwen2.5-Coder-1.5B-Instruct on mini-swe-agent: 2 of 3 requests had their prompt "
+            "left-truncated") in res.stderr
+    assert "smollm2" in res.stderr  # 1 of 1
+    assert json.loads(res.stdout)[0]["requests"] == 3

@@ -188,6 +188,20 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool) -> None:
     Console().print(table)
 
 
+def truncation_warnings(records: Sequence[AcceptanceRecord]) -> list[str]:
+    """One line per (target, dataset) whose runs left-truncated most of their requests' prompts: n-gram and
+    suffix copy from the context, so their AL there understates what full prompts give."""
+    worst: dict[tuple[str, str], tuple[int, int]] = {}
+    for r in records:
+        if r.truncated_requests is not None and r.requests and r.truncated_requests > r.requests / 2:
+            key = (r.target, r.dataset)
+            worst[key] = max(worst.get(key, (0, 1)), (r.truncated_requests, r.requests), key=lambda t: t[0] / t[1])
+    return [f"{target} on {dataset}: {cut} of {total} requests had their prompt left-truncated to the context "
+            "budget; model-free speculators (n-gram, suffix) match against the context, so their AL is "
+            "understated (README: how much the prompt budget moves AL)"
+            for (target, dataset), (cut, total) in sorted(worst.items())]
+
+
 def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool = False,
                 n_boot: int = query.DEFAULT_BOOT, seed: int = query.DEFAULT_SEED) -> None:
     """Print the acceptance table of `db` (only the keys of `run_ids` when given: what a run just measured)."""
@@ -247,6 +261,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
         records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature), segments, bootstrap, seed)
+        for warning in truncation_warnings(records):
+            typer.echo(f"warning: {warning}", err=True)
         if format is ShowFormat.table:
             if not records:
                 typer.echo(f"no measurements in {db}")
