@@ -178,3 +178,22 @@ def test_exported_table_is_readable_while_a_run_holds_the_database(tables: dict[
         holder.stdin.close()
         holder.wait(timeout=30)
     assert lookup(Q, "ngram", 3, "off", table=db).value() == "2.40"  # and fine once the writer is gone
+
+
+@pytest.mark.parametrize(("prefix", "target"), [
+    ("dsv4", "deepseek-ai/DeepSeek-V4-Pro"),  # alias: the letters are not a prefix of the name
+    ("glm5.2", "zai-org/GLM-5.2-FP8"),  # punctuation ignored
+    ("kimik3", "moonshotai/Kimi-K3"),
+    ("minimaxm3", "MiniMaxAI/MiniMax-M3"),
+    ("qwen3.5", "Qwen/Qwen3.5-397B-A17B"),
+])
+def test_inferencex_model_prefixes_resolve(prefix: str, target: str) -> None:
+    from calibrate.tables.lookup import match_target
+    from calibrate.tables.query import CatalogEntry
+
+    names = ["deepseek-ai/DeepSeek-V4-Pro", "zai-org/GLM-5.2-FP8", "moonshotai/Kimi-K3", "MiniMaxAI/MiniMax-M3",
+             "Qwen/Qwen3.5-397B-A17B", "Qwen/Qwen2.5-Coder-1.5B-Instruct"]
+    entries = [CatalogEntry(n, "mtp", 3, "on", 0.0, None, None, "d", (n,)) for n in names]
+    assert match_target(prefix, entries, prefix=True) == target
+    with pytest.raises(NotMeasured):
+        match_target(prefix, entries)  # only runner prefixes match this loosely
