@@ -2,7 +2,9 @@
 
 Every number comes from a record's own rendering methods, so the formats agree with each other by
 construction: the InferenceX golden value, SGLANG_SIMULATE_ACC_LEN, vLLM's synthetic_acceptance_length,
-ATOM's and llama.cpp's length are one rounded AL; TensorRT-LLM gets that AL - 1; rates sum to AL - 1.
+ATOM's and llama.cpp's length are one rounded AL (the drafted AL for n-gram / suffix: see
+AcceptanceRecord.exported_length); TensorRT-LLM gets that AL - 1; rates sum to AL - 1. The formats are one
+registry, FORMATS, at the end of this module.
 """
 
 from __future__ import annotations
