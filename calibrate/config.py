@@ -22,6 +22,7 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
+from calibrate.speculators.ngram import VLLM_DEFAULT_LOOKUP
 
 
 class _Strict(BaseModel):
@@ -60,6 +61,10 @@ class RunConfig(_Strict):
     batch_size: int = Field(default=4, gt=0)
     engine: Literal["auto", "replay", "loop"] = "auto"
     verify_backend: Literal["auto", "triton", "reference"] = "auto"
+    # Verification rule at temperature > 0 (calibrate.replay.sampled.VERIFICATION_RULES): "probabilistic"
+    # samples drafts from q and accepts with min(1, p/q); "target-only" drafts greedily and accepts with
+    # p_target(draft) (vLLM v1's model runner, SGLang's EAGLE). Part of the run's identity.
+    verification: Literal["probabilistic", "target-only"] = "probabilistic"
 
 
 class DraftSpeculatorConfig(_Strict):
@@ -68,14 +73,29 @@ class DraftSpeculatorConfig(_Strict):
 
 
 class NgramSpeculatorConfig(_Strict):
+    """vLLM's n-gram proposer; keys and defaults as vLLM's speculative config spells them (both lengths 5
+    when neither is given, one copies the other when only one is)."""
+
     kind: Literal["ngram"]
-    max_n: int = Field(default=4, gt=0)
-    min_n: int = Field(default=1, gt=0)
+    prompt_lookup_max: int = Field(gt=0)
+    prompt_lookup_min: int = Field(gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if {"max_n", "min_n"} & data.keys():
+            raise ValueError("ngram's keys are vLLM's prompt_lookup_max / prompt_lookup_min (max_n / min_n were "
+                             "renamed when n-gram took vLLM's semantics)")
+        given = data.get("prompt_lookup_max", data.get("prompt_lookup_min", VLLM_DEFAULT_LOOKUP))
+        return {"prompt_lookup_max": given, "prompt_lookup_min": given, **data}
 
     @model_validator(mode="after")
     def _order(self) -> NgramSpeculatorConfig:
-        if self.min_n > self.max_n:
-            raise ValueError(f"min_n ({self.min_n}) must not exceed max_n ({self.max_n})")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
+                             f"prompt_lookup_max ({self.prompt_lookup_max})")
         return self
 
 

@@ -116,7 +116,7 @@ def build_speculators(pair: PairConfig, config: Config, drafts: dict[str, Loaded
                 drafts[spec.model] = load_model(spec.model, dtype, config.run.device)
             out.append(DraftModelSpeculator(drafts[spec.model], batch_size=config.run.batch_size))
         elif spec.kind == "ngram":
-            out.append(NgramSpeculator(max_n=spec.max_n, min_n=spec.min_n))
+            out.append(NgramSpeculator(prompt_lookup_max=spec.prompt_lookup_max, prompt_lookup_min=spec.prompt_lookup_min))
         else:
             out.append(SuffixSpeculator(max_depth=spec.max_depth, max_spec_factor=spec.max_spec_factor,
                                         max_spec_offset=spec.max_spec_offset, min_token_prob=spec.min_token_prob,
@@ -147,6 +147,7 @@ def run_specs(config: Config, prepared: Prepared, target: LoadedModel, speculato
                 target_id=target.model_id, speculator_kind=spec.kind, draft_id=draft_id,
                 dataset_format=prepared.dataset_format, selection=prepared.selection, device=target.device,
                 seed=ds.seed, versions=versions, git_commit=commit, dtype_reason=prepared.dtype.reason,
+                verification=config.run.verification if temperature > 0 else None,
             )
     return out
 
@@ -300,7 +301,7 @@ def _loop_batch(config: Config, target: LoadedModel, speculators: Sequence[Specu
             temperature=temperature, top_p=config.sweep.top_p, top_k=config.sweep.top_k,
             max_new_tokens=config.dataset.max_new_tokens, eos_token_ids=target.eos_token_ids,
             seed=config.dataset.seed, segment_labeller=labeller, verify_backend=config.run.verify_backend,
-            batch_size=len(prompts), request_keys=keys,
+            batch_size=len(prompts), request_keys=keys, verification=config.run.verification,
         )
         for i, result in enumerate(results):
             per_request[i].update({

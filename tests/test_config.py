@@ -17,7 +17,7 @@ max_new_tokens = 16
 
 [[pairs]]
 target = "qwen2.5-coder-1.5b-instruct"
-speculators = [{ kind = "draft", model = "qwen2.5-coder-0.5b-instruct" }, { kind = "ngram", max_n = 3 }]
+speculators = [{ kind = "draft", model = "qwen2.5-coder-0.5b-instruct" }, { kind = "ngram", prompt_lookup_max = 3 }]
 
 [sweep]
 draft_lengths = [4, 1, 2, 2]
@@ -37,7 +37,8 @@ def test_good_config_normalises(tmp_path):
     cfg = load_config(write(tmp_path, GOOD))
     assert cfg.sweep.draft_lengths == [1, 2, 4]
     assert cfg.sweep.temperature == [0.0]
-    assert cfg.pairs[0].speculators[1].max_n == 3 and cfg.pairs[0].speculators[1].min_n == 1
+    ngram = cfg.pairs[0].speculators[1]  # vLLM: the unset length copies the set one
+    assert (ngram.prompt_lookup_max, ngram.prompt_lookup_min) == (3, 3)
     # a relative source beside the config resolves against the config's folder
     assert Path(cfg.dataset.source) == (tmp_path / "conversations.jsonl").resolve()
     assert cfg.dataset.name == "conversations.jsonl"  # the label stays as written
@@ -54,7 +55,9 @@ def test_override_wins(tmp_path):
     [
         (("max_requests = 4", "max_request = 4"), "dataset.max_request: unknown key"),
         (("max_requests = 4", "max_requests = -1"), "dataset.max_requests: Input should be greater than 0"),
-        (("max_n = 3", "max_n = 3, min_n = 5"), "min_n (5) must not exceed max_n (3)"),
+        (("prompt_lookup_max = 3", "prompt_lookup_max = 3, prompt_lookup_min = 5"),
+         "prompt_lookup_min (5) must not exceed prompt_lookup_max (3)"),
+        (("prompt_lookup_max = 3", "max_n = 3"), "renamed"),
         (('kind = "ngram"', 'kind = "medusa"'), "unknown speculator kind 'medusa'"),
         (('thinking = ["off"]', 'thinking = ["maybe"]'), "sweep.thinking[0]"),
         (("temperature = 0.0", "temperature = -1.0"), "temperature must be a finite number >= 0"),
@@ -77,6 +80,13 @@ def test_max_requests_with_selection_all_is_an_error(tmp_path):
     assert load_config(write(tmp_path, text)).dataset.selection == "all"
     with pytest.raises(ConfigError, match='max_requests \\(4\\) cannot apply with selection = "all"'):
         load_config(write(tmp_path, text), {"dataset": {"max_requests": 4}})  # as `--max-requests 4` passes it
+
+
+def test_ngram_defaults_are_vllms(tmp_path):
+    cfg = load_config(write(tmp_path, GOOD.replace("prompt_lookup_max = 3", "prompt_lookup_min = 2")))
+    assert (cfg.pairs[0].speculators[1].prompt_lookup_max, cfg.pairs[0].speculators[1].prompt_lookup_min) == (2, 2)
+    cfg = load_config(write(tmp_path, GOOD.replace(", prompt_lookup_max = 3", "")))
+    assert (cfg.pairs[0].speculators[1].prompt_lookup_max, cfg.pairs[0].speculators[1].prompt_lookup_min) == (5, 5)
 
 
 def test_not_toml_and_missing_file(tmp_path):

@@ -118,7 +118,7 @@ def test_loop_with_model_free_speculator_equals_plain_greedy(target, kind):
     from calibrate.speculators.ngram import NgramSpeculator
     from calibrate.speculators.suffix import SuffixSpeculator
 
-    speculator = NgramSpeculator(max_n=3, min_n=1) if kind == "ngram" else SuffixSpeculator(max_spec_factor=2.0)
+    speculator = NgramSpeculator(prompt_lookup_max=3, prompt_lookup_min=1) if kind == "ngram" else SuffixSpeculator(max_spec_factor=2.0)
     prompts = [[4, 5, 6, 7, 4, 5, 6, 7, 4, 5], [9, 9, 9, 9, 9]]
     results = run_sampled(target, speculator, prompts, draft_lens=[2, 4],
                           temperature=0.0, max_new_tokens=16, eos_token_ids={EOS}, seed=0, batch_size=2)
@@ -171,9 +171,10 @@ def test_first_token_follows_the_target_distribution(target, near_draft):
 
 
 @pytest.mark.slow
-def test_realised_and_expected_acceptance_agree(target, near_draft):
+@pytest.mark.parametrize("verification", ["probabilistic", "target-only"])
+def test_realised_and_expected_acceptance_agree(target, near_draft, verification):
     results = run_sampled(target, near_draft, PROMPTS * 4, draft_lens=[4], temperature=1.0, max_new_tokens=60,
-                          eos_token_ids=set(), seed=11, batch_size=12)
+                          eos_token_ids=set(), seed=11, batch_size=12, verification=verification)
     realised, expected = [], []
     for res in results:
         for seg in res.counts[4].segments.values():
@@ -252,3 +253,55 @@ def test_triton_backend_in_the_loop_matches_the_reference(target, near_draft):
     for a, b in zip(ref, fused):
         assert a.tokens[3] == b.tokens[3]
         assert a.counts[3].hist.tolist() == b.counts[3].hist.tolist()
+
+
+# -- verification rule: probabilistic (q from the drafter) vs target-only (greedy drafts, q one-hot) -------------
+
+def test_target_only_expectation_is_the_product_of_target_probabilities():
+    """Analytic: with q one-hot, draft i is accepted with p_target(d_i), so E[accepted] = sum_i prod_{j<=i} p(d_j);
+    the realised acceptance frequency over many uniforms agrees."""
+    from calibrate.kernels import verify_rejection
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 11, generator=g) * 2.0  # k = 2 drafts + the bonus row
+    drafts = torch.tensor([4, 7])
+    temperature = 0.8
+    p = torch.softmax(logits.double() / temperature, -1)
+    p0, p1 = float(p[0, 4]), float(p[1, 7])
+    n = 4000
+    out = verify_rejection(logits.repeat(n, 1), drafts.repeat(n), torch.full((n,), 2), backend="reference",
+                           draft_probs=None, temperature=temperature, request_ids=torch.arange(n))
+    assert out.expected_accepted[0].item() == pytest.approx(p0 + p0 * p1, rel=1e-5)
+    accepted = out.num_accepted.double()
+    assert accepted.mean().item() == pytest.approx(p0 + p0 * p1, abs=4 * accepted.std().item() / np.sqrt(n))
+    assert (accepted >= 1).double().mean().item() == pytest.approx(p0, abs=4 * np.sqrt(p0 * (1 - p0) / n))
+
+
+@pytest.mark.parametrize("verification", ["probabilistic", "target-only"])
+def test_both_verification_rules_keep_the_target_distribution(target, near_draft, verification):
+    """Chi-square on the first token a verification step emits (the second of the response): whatever the rule,
+    it follows the target's distribution given the first token."""
+    prompt, n, temperature = [3, 1, 4, 1, 5], 600, 1.0
+    results = run_sampled(target, near_draft, [prompt] * n, draft_lens=[2], temperature=temperature,
+                          max_new_tokens=2, eos_token_ids=set(), seed=5, batch_size=n, verification=verification)
+    pairs = np.array([r.tokens[2][:2] for r in results])
+    first = np.bincount(pairs[:, 0]).argmax()  # condition on the most frequent first token
+    second = pairs[pairs[:, 0] == first, 1]
+    assert second.size >= 60
+    with torch.no_grad():
+        p = torch.softmax(target(torch.tensor([prompt + [int(first)]])).logits[0, -1].double() / temperature, -1).numpy()
+    big = second.size * p >= 5
+    counts = np.array([(second == j).sum() for j in np.flatnonzero(big)] + [(~big[second]).sum()])
+    probs = np.append(p[big], p[~big].sum())
+    assert stats.chisquare(counts, counts.sum() * probs / probs.sum()).pvalue > 1e-3
+
+
+def test_target_only_drafts_greedily_and_differs_from_probabilistic(target, near_draft):
+    kw = dict(draft_lens=[3], temperature=1.0, max_new_tokens=24, eos_token_ids={EOS}, seed=4, batch_size=3)
+    greedy_drafts = run_sampled(target, near_draft, PROMPTS, verification="target-only", **kw)
+    sampled_drafts = run_sampled(target, near_draft, PROMPTS, **kw)
+    assert [r.tokens[3] for r in greedy_drafts] != [r.tokens[3] for r in sampled_drafts]
+    for res in greedy_drafts:  # the analytic expectation is recorded under this rule too
+        assert all(seg.expected_accepted is not None for seg in res.counts[3].segments.values())
+    with pytest.raises(ValueError, match="unknown verification rule 'greedy'"):
+        run_sampled(target, near_draft, PROMPTS, verification="greedy", **kw)

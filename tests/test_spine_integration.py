@@ -80,7 +80,7 @@ batch_size = 2
 
 [[pairs]]
 target = "{model}"
-speculators = [{{ kind = "ngram", max_n = 3 }}, {{ kind = "suffix" }}, {{ kind = "draft", model = "{model}" }}]
+speculators = [{{ kind = "ngram", prompt_lookup_max = 3, prompt_lookup_min = 1 }}, {{ kind = "suffix" }}, {{ kind = "draft", model = "{model}" }}]
 
 [sweep]
 draft_lengths = [1, 3]
@@ -156,7 +156,7 @@ def test_cli_run_prints_table_and_json(tmp_path, smollm, mini_swe_dir):
     shown = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json"])
     assert shown.exit_code == 0, shown.output
     rows = json.loads(shown.stdout)
-    assert {r["speculator"] for r in rows} == {"ngram:max_n=3", "suffix", f"draft:{smollm}"}
+    assert {r["speculator"] for r in rows} == {"ngram:prompt_lookup_max=3,prompt_lookup_min=1", "suffix", f"draft:{smollm}"}
     for row in rows:
         assert 1.0 <= row["acceptance_length"] <= row["draft_len"] + 1
         # self-speculation: the draft is the target

@@ -80,9 +80,9 @@ def test_trie_proposal_equals_brute_force(seq, data, depth, k, factor, offset, m
 
 
 def test_counts_beat_recency():
-    # After [1, 2]: 3 followed twice, 4 once and most recently. n-gram copies the latest; suffix the most frequent.
-    context = [1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 4, 0, 1, 2]
-    assert NgramSpeculator(max_n=2).propose(context, 1).tokens == [4]
+    # After [1, 2]: 4 followed once and first, 3 twice. n-gram (vLLM) copies the earliest; suffix the most frequent.
+    context = [1, 2, 4, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2]
+    assert NgramSpeculator(prompt_lookup_max=2, prompt_lookup_min=1).propose(context, 1).tokens == [4]
     assert SuffixSpeculator(min_token_prob=0.0).propose(context, 1).tokens == [3]
 
 
@@ -183,7 +183,7 @@ def test_names_carry_non_default_parameters():
 
     assert SuffixSpeculator().name == "suffix" and NgramSpeculator().name == "ngram"
     assert SuffixSpeculator(max_depth=32, max_spec_factor=2.0).name == "suffix:max_depth=32,max_spec_factor=2"
-    assert NgramSpeculator(max_n=3).name == "ngram:max_n=3"
+    assert NgramSpeculator(3, 3).name == "ngram:prompt_lookup_max=3,prompt_lookup_min=3"
     assert label("x", {"a": 0.25, "b": 1}, {"a": 0.1, "b": 1}) == "x:a=0.25"
 
 
@@ -194,7 +194,7 @@ def test_config_refuses_a_speculator_listed_twice(tmp_path):
 source = "data/quickstart"
 [[pairs]]
 target = "qwen2.5-coder-1.5b-instruct"
-speculators = [{ kind = "ngram", max_n = 3 }, { kind = "suffix" }, { kind = "ngram", max_n = 3, min_n = 1 }]
+speculators = [{ kind = "ngram", prompt_lookup_max = 3 }, { kind = "suffix" }, { kind = "ngram", prompt_lookup_max = 3, prompt_lookup_min = 3 }]
 [sweep]
 draft_lengths = [4]
 """)

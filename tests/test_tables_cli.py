@@ -76,10 +76,17 @@ def test_export_commands(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "golden"))
     assert res.exit_code == 0, res.output
     curve = yaml.safe_load((tmp_path / "golden" / "qwen2.5-coder-1.5b-instruct_ngram.yaml").read_text())
-    assert curve[Q]["thinking_off"] == {1: 1.45, 3: 2.4}
+    assert curve["qwen2.5-coder-1.5b-instruct"]["thinking_off"] == {1: 1.45, 3: 2.4}
+    assert "warning: ngram k=1: exported AL 1.45 is over drafted steps" in res.output  # on stderr
+    res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "named"),
+                 "--model", Q, "--speculator", "ngram", "--model-prefix", "qwen2.5c", "--method", "ngram")
+    assert res.exit_code == 0 and (tmp_path / "named" / "qwen2.5c_ngram.yaml").exists()
+    res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "clash"),
+                 "--model", Q, "--method", "mtp")
+    assert res.exit_code == 2 and "qwen2.5-coder-1.5b-instruct_mtp.yaml would hold several curves" in res.output
     res = invoke(app, "export", "--to", "vllm", "--db", str(db), "--vllm-mode", "rates", "--model", "qwen2.5-coder-1.5b-instruct",
                  "--speculator", "ngram", "--draft-len", "3", "--thinking", "off")
-    (row,) = json.loads(res.output)
+    (row,) = json.loads(res.stdout)
     assert row["speculative_config"]["synthetic_acceptance_rates"] == [0.6, 0.4667, 0.3333]
     res = invoke(app, "export", "--to", "parquet", "--db", str(db), "--out", str(tmp_path / "t.parquet"))
     assert res.exit_code == 0 and (tmp_path / "t.parquet").stat().st_size > 0
@@ -94,21 +101,28 @@ def test_export_commands(app: typer.Typer, db: Path, tmp_path: Path) -> None:
 def test_lookup_formats(app: typer.Typer, db: Path) -> None:
     base = ["lookup", "--model", "qwen2.5-coder-1.5b-instruct", "--speculator", "ngram", "-k", "3",
             "--thinking", "off", "--table", str(db)]
-    assert invoke(app, *base).output == "2.40\n"
-    assert json.loads(invoke(app, *base, "--format", "json").output)["histogram"] == [6, 2, 2, 5]
-    assert json.loads(invoke(app, *base, "--format", "vllm-config").output)["synthetic_acceptance_length"] == 2.4
-    assert invoke(app, *base, "--format", "trtllm-env").output.endswith("TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.40\n")
-    assert invoke(app, *base, "--format", "atom-args").output == "--spec-decode-acceptance-length 2.40\n"
-    assert invoke(app, *base, "--format", "llamacpp-args", "--mode", "rates").output == "--spec-synth-rates 0.6000,0.4667,0.3333\n"
+    assert invoke(app, *base).stdout == "2.40\n"
+    assert "warning: ngram k=3: exported AL 2.40 is over drafted steps" in invoke(app, *base).stderr
+    assert json.loads(invoke(app, *base, "--format", "json").stdout)["histogram"] == [6, 2, 2, 5]
+    assert json.loads(invoke(app, *base, "--format", "vllm-config").stdout)["synthetic_acceptance_length"] == 2.4
+    trt = invoke(app, *base, "--format", "trtllm-env")
+    assert "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.4\n" in trt.stdout and "two-model path" in trt.stderr
+    assert invoke(app, *base, "--format", "atom-args").stdout == (
+        "--num-speculative-tokens 3 --spec-decode-acceptance-length 2.40\n")
+    assert invoke(app, *base, "--format", "llamacpp-args", "--mode", "rates").stdout == (
+        "--spec-draft-n-max 3 --spec-synth-rates 0.6000,0.4667,0.3333\n")
 
 
 def test_lookup_sglang_env_can_be_evaled_or_used_as_env_file(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     base = ["lookup", "--model", Q, "--speculator", "ngram", "-k", "3", "--thinking", "on", "--table", str(db),
             "--format", "sglang-env"]
-    env_file = invoke(app, *base).output
+    env_file = invoke(app, *base).stdout
     lines = [line for line in env_file.splitlines() if not line.startswith("#")]
-    assert lines == ["SGLANG_SIMULATE_ACC_LEN=2.24", "SGLANG_SIMULATE_ACC_METHOD=match-expected"]
-    script = invoke(app, *base, "--shell").output
+    assert lines == ["SGLANG_SIMULATE_ACC_LEN=2.24", "SGLANG_SIMULATE_ACC_METHOD=match-expected",
+                     "SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token",
+                     'SGLANG_SPECULATIVE_ARGS="--speculative-num-steps 3 --speculative-eagle-topk 1 '
+                     '--speculative-num-draft-tokens 4"']
+    script = invoke(app, *base, "--shell").stdout
     out = subprocess.run(["bash", "-c", 'eval "$1"; bash -c \'echo "$SGLANG_SIMULATE_ACC_LEN $SGLANG_SIMULATE_ACC_METHOD"\'',
                           "_", script], capture_output=True, text=True, check=True).stdout
     assert out == "2.24 match-expected\n"  # exported, so the server process sees them
@@ -133,9 +147,17 @@ def test_lookup_from_runner_environment(app: typer.Typer, db: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "SGLANG_SIMULATE_ACC_LEN=2.40\n" in res.output
     res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), env={**env, "FRAMEWORK": "trt"})
-    assert res.output.endswith("TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.40\n")
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), env={**env, "FRAMEWORK": "vllm"})
-    assert json.loads(res.output)["num_speculative_tokens"] == 3
+    assert "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.4\n" in res.stdout
+    for framework in ("vllm", "llmd-vllm", "vllm-disagg"):
+        res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+                     env={**env, "FRAMEWORK": framework})
+        assert json.loads(res.stdout)["num_speculative_tokens"] == 3
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+                 env={**env, "FRAMEWORK": "sglang-disagg"})
+    assert "SGLANG_SIMULATE_ACC_LEN=2.40\n" in res.stdout
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+                 env={**env, "FRAMEWORK": "atom-disagg"})
+    assert res.stdout.startswith("--num-speculative-tokens 3 --spec-decode-acceptance-length 2.40")
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "MODEL_PREFIX": "smollm2"})
     assert res.exit_code == 1 and "k=3 not measured for smollm2-135m-instruct with ngram" in res.output
     assert "measured k: 2" in res.output
@@ -235,3 +257,23 @@ def test_short_labels_stay_distinct() -> None:
     got = short_labels(["draft:qwen2.5-coder-0.5b-instruct", "draft:qwen2.5-coder-1.5b-instruct", "draft#1x"])
     assert got["draft:qwen2.5-coder-0.5b-instruct"] == "draft#1" and got["draft:qwen2.5-coder-1.5b-instruct"] == "draft#2"
     assert len(set(got.values())) == 3
+
+
+def test_show_warns_when_most_requests_were_truncated(app: typer.Typer, tmp_path: Path) -> None:
+    from test_tables_support import Req, make_spec, write_run
+
+    from calibrate.tables.store import Store
+
+    path = tmp_path / "cut.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(), [Req("r0", "c0", {"answer": [1, 1, 1, 1]}, truncated_tokens=900),
+                                       Req("r1", "c1", {"answer": [1, 1, 1, 1]}, truncated_tokens=10),
+                                       Req("r2", "c2", {"answer": [1, 1, 1, 1]})])
+        write_run(store, make_spec(target="smollm2-135m-instruct"), [Req("r0", "c0", {"answer": [1, 1, 1, 1]},
+                                                                         truncated_tokens=5)])
+    res = invoke(app, "show", "--db", str(path), "--format", "json")
+    assert res.exit_code == 0
+    assert ("warning: Qwen/Qwen2.5-Coder-1.5B-Instruct on mini-swe-agent: 2 of 3 requests had their prompt "
+            "left-truncated") in res.stderr
+    assert "smollm2" in res.stderr  # 1 of 1
+    assert json.loads(res.stdout)[0]["requests"] == 3

@@ -16,7 +16,7 @@ import yaml
 from test_tables_support import Req, basic_store, make_spec, write_run
 
 from calibrate.tables import exports, stats
-from calibrate.tables.exports import Stamp
+from calibrate.tables.exports import ExportOptions, Stamp
 from calibrate.tables.lookup import read_exported
 from calibrate.tables.query import Filters, load_records
 from calibrate.tables.records import AcceptanceRecord
@@ -30,7 +30,7 @@ CASES = {
     "vllm_length.json": ("vllm", {"mode": "length"}),
     "vllm_rates.json": ("vllm", {"mode": "rates"}),
     "sglang.env": ("sglang", {}),
-    "sglang_token_mode.env": ("sglang", {"token_mode": True}),
+    "sglang_fixed.env": ("sglang", {"token_mode": "fixed"}),
     "trtllm.env": ("trtllm", {}),
     "atom_length.txt": ("atom", {"mode": "length"}),
     "atom_rate.txt": ("atom", {"mode": "rates"}),
@@ -70,7 +70,7 @@ def test_golden(name: str, overall: list[AcceptanceRecord], full: list[Acceptanc
     records = full if fmt in exports.TABLE_FORMATS else overall
     # Run times are the only provenance that changes between test runs (run ids are hashes of the spec).
     records = [replace(r, started_at="2026-01-01T00:00:00", finished_at="2026-01-01T00:01:00") for r in records]
-    text = exports.export(records, fmt, None, stamp=STAMP, **kw)
+    text = exports.export(records, fmt, None, stamp=STAMP, options=ExportOptions(**kw))
     path = GOLDEN / name
     if os.environ.get("UPDATE_GOLDEN"):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,17 +80,20 @@ def test_golden(name: str, overall: list[AcceptanceRecord], full: list[Acceptanc
 
 def test_inferencex_parses_as_golden_al_distribution(overall: list[AcceptanceRecord]) -> None:
     docs = exports.inferencex_documents(overall, STAMP)
-    assert set(docs) == {
-        "qwen2.5-coder-1.5b-instruct_draft-qwen2.5-coder-0.5b-instruct.yaml",
+    assert set(docs) == {  # {MODEL_PREFIX}_{method}.yaml; by default the prefix is the model's basename
+        "qwen2.5-coder-1.5b-instruct_draft_model.yaml",
         "qwen2.5-coder-1.5b-instruct_ngram.yaml",
         "smollm2-135m-instruct_ngram.yaml",
     }
-    text = docs["qwen2.5-coder-1.5b-instruct_ngram.yaml"]
+    text = docs["qwen2.5-coder-1.5b-instruct_draft_model.yaml"]
     for needle in ("dataset: mini-swe-agent", "sampling: temperature=0", "spec-calibrate 0.1.0", "2026-01-01"):
-        assert needle in text.split('"Qwen')[0]  # in the header comment
+        assert needle in text.split("\nqwen")[0]  # in the header comment
     data = yaml.safe_load(text)
-    assert data == {"Qwen/Qwen2.5-Coder-1.5B-Instruct": {"thinking_on": {3: 2.24}, "thinking_off": {1: 1.45, 3: 2.4}}}
-    assert re.search(r"^    3: 2\.40$", text, re.M)  # two decimals, always
+    # top key: the lowercased model basename, unquoted, as InferenceX's collector writes it
+    assert "\nqwen2.5-coder-1.5b-instruct:\n" in text
+    draft = [r for r in overall if r.speculator.startswith("draft") and r.target.startswith("Qwen")]
+    assert data == {"qwen2.5-coder-1.5b-instruct": {"thinking_off": {r.draft_len: r.al for r in draft}}}
+    assert re.search(r"^    \d: \d\.\d\d$", text, re.M)  # two decimals, always
     for doc in yaml.safe_load_all(exports.export(overall, "inferencex", None, stamp=STAMP)):
         (modes,) = doc.values()  # InferenceX reads one model per file
         for cells in modes.values():
@@ -104,7 +107,7 @@ def test_inferencex_to_folder_or_single_file(tmp_path: Path, overall: list[Accep
         exports.export(overall, "inferencex", tmp_path / "one.yaml", stamp=STAMP)
     one = [r for r in overall if r.target.startswith("smollm")]
     exports.export(one, "inferencex", tmp_path / "one.yaml", stamp=STAMP)
-    assert yaml.safe_load((tmp_path / "one.yaml").read_text()) == {"smollm2-135m-instruct": {"thinking_off": {2: 1.33}}}
+    assert yaml.safe_load((tmp_path / "one.yaml").read_text()) == {"smollm2-135m-instruct": {"thinking_off": {2: one[0].al}}}
 
 
 def test_inferencex_refuses_to_mix_datasets(tmp_path: Path) -> None:
@@ -119,14 +122,15 @@ def test_inferencex_refuses_to_mix_datasets(tmp_path: Path) -> None:
 
 
 def test_formats_agree_with_each_other(overall: list[AcceptanceRecord]) -> None:
-    vllm_len = json.loads(exports.export(overall, "vllm", None, mode="length"))
-    vllm_rates = json.loads(exports.export(overall, "vllm", None, mode="rates"))
+    rates_mode = ExportOptions(mode="rates")
+    vllm_len = json.loads(exports.export(overall, "vllm", None))
+    vllm_rates = json.loads(exports.export(overall, "vllm", None, options=rates_mode))
     sglang = exports.export(overall, "sglang", None)
     trt = exports.export(overall, "trtllm", None)
     atom_len = exports.export(overall, "atom", None)
-    atom_rate = exports.export(overall, "atom", None, mode="rates")
+    atom_rate = exports.export(overall, "atom", None, options=rates_mode)
     llama_len = exports.export(overall, "llamacpp", None)
-    llama_rates = exports.export(overall, "llamacpp", None, mode="rates")
+    llama_rates = exports.export(overall, "llamacpp", None, options=rates_mode)
     golden = {name: yaml.safe_load(text) for name, text in exports.inferencex_documents(overall, STAMP).items()}
 
     def values(text: str, pattern: str) -> list[str]:
@@ -149,13 +153,13 @@ def test_formats_agree_with_each_other(overall: list[AcceptanceRecord]) -> None:
         assert all(a >= b for a, b in zip(rates, rates[1:]))
         # rates sum to AL - 1, up to the 2-decimal rounding of AL and 4-decimal rounding of each rate
         assert sum(rates) == pytest.approx(al[i] - 1, abs=0.005 + r.draft_len * 5e-5)
-        assert sum(rates) == pytest.approx(r.acceptance_length - 1, abs=r.draft_len * 5e-5)
+        assert sum(rates) == pytest.approx(r.exported_length - 1, abs=r.draft_len * 5e-5)
         assert stats.acceptance_length_from_rates(r.unconditional_rates) == pytest.approx(r.acceptance_length)
         llama = [float(x) for x in values(llama_rates, r"--spec-synth-rates (\S+)")[i].split(",")]
         assert llama == rates
         assert float(values(atom_rate, r"rate (\S+)")[i]) * r.draft_len == pytest.approx(al[i] - 1, abs=r.draft_len * 5e-5)
-        curve = golden[f"{exports.slug(r.target)}_{exports.slug(r.speculator)}.yaml"]
-        assert curve[r.target][f"thinking_{r.thinking}"][r.draft_len] == al[i]
+        curve = golden[exports.inferencex_file_name(r, ExportOptions())]
+        assert curve[exports.basename_key(r.target)][f"thinking_{r.thinking}"][r.draft_len] == al[i]
 
 
 def test_json_and_parquet_parse_back_to_the_same_records(tmp_path: Path, full: list[AcceptanceRecord]) -> None:
@@ -190,3 +194,24 @@ def test_export_errors_name_the_problem(overall: list[AcceptanceRecord]) -> None
         exports.export(overall, "parquet", None)
     with pytest.raises(ValueError, match="formats: inferencex"):
         exports.export(overall, "yaml", None)
+
+
+def test_model_free_speculators_export_the_drafted_al_with_the_proposal_rate(tmp_path: Path) -> None:
+    """n-gram / suffix: engines get the AL over the steps that drafted (what they force, and what vLLM logs),
+    the proposal rate beside it, and a warning; a draft model keeps the AL over all steps."""
+    path = tmp_path / "mf.duckdb"
+    hist = [6, 2, 2, 5]  # 15 steps, 4 of them proposed nothing (in bin 0)
+    with Store(path) as store:
+        for spec in (make_spec(speculator="suffix"), make_spec(speculator="draft:d")):
+            write_run(store, spec, [Req("r0", "c0", {"answer": hist}, empty={"answer": 4})])
+    suffix, draft = sorted(_load(path, segments=False), key=lambda r: r.speculator != "suffix")
+    assert suffix.acceptance_length == pytest.approx(2.4)
+    assert suffix.drafted_acceptance_length == pytest.approx(1 + 21 / 11) and suffix.proposal_rate == pytest.approx(11 / 15)
+    assert suffix.value() == "2.91" and draft.value() == "2.40"
+    cfg = suffix.vllm_speculative_config("rates")
+    assert 1 + sum(cfg["synthetic_acceptance_rates"]) == pytest.approx(1 + 21 / 11, abs=3e-4)
+    assert cfg["synthetic_acceptance_rates"][0] == round(9 / 11, 4)  # P(>= 1 accepted | drafted)
+    (warning,) = exports.export_warnings([suffix, draft], "sglang")
+    assert warning.startswith("suffix k=3: exported AL 2.91 is over drafted steps (73% of steps drafted here; "
+                              "AL over all steps 2.40)")
+    assert exports.export_warnings([suffix], "json") == []  # the full table carries every figure itself

@@ -46,15 +46,20 @@ def test_record_contents_and_engine_renderings(tables: dict[str, Path]) -> None:
     assert r.acceptance_length == pytest.approx(stats.acceptance_length([6, 2, 2, 5])) == pytest.approx(2.4)
     assert r.ci_low <= r.acceptance_length <= r.ci_high
     assert not r.extrapolated and r.extrapolation_method is None
-    assert r.sglang_env() == "SGLANG_SIMULATE_ACC_LEN=2.40\nSGLANG_SIMULATE_ACC_METHOD=match-expected\n"
-    assert r.trtllm_env() == "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.40\n"
-    assert r.atom_args() == ["--spec-decode-acceptance-length", "2.40"]
-    assert r.atom_args("rate") == ["--spec-decode-acceptance-rate", "0.4667"]
+    assert r.sglang_env() == (
+        "SGLANG_SIMULATE_ACC_LEN=2.40\nSGLANG_SIMULATE_ACC_METHOD=match-expected\n"
+        "SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token\n"
+        'SGLANG_SPECULATIVE_ARGS="--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"\n'
+    )
+    assert r.sglang_env("fixed").splitlines()[2] == "SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed"
+    assert r.trtllm_env().splitlines()[0] == "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.4"
+    assert r.atom_args() == ["--num-speculative-tokens", "3", "--spec-decode-acceptance-length", "2.40"]
+    assert r.atom_args("rate") == ["--num-speculative-tokens", "3", "--spec-decode-acceptance-rate", "0.4667"]
     assert r.vllm_speculative_config() == {
         "num_speculative_tokens": 3, "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.4,
     }
     assert r.vllm_speculative_config("rates")["synthetic_acceptance_rates"] == [0.6, 0.4667, 0.3333]
-    assert r.llamacpp_args("rates") == ["--spec-synth-rates", "0.6000,0.4667,0.3333"]
+    assert r.llamacpp_args("rates") == ["--spec-draft-n-max", "3", "--spec-synth-rates", "0.6000,0.4667,0.3333"]
     with pytest.raises(AttributeError):
         r.acceptance_length = 3.0  # type: ignore[misc]  # frozen
 
@@ -173,3 +178,22 @@ def test_exported_table_is_readable_while_a_run_holds_the_database(tables: dict[
         holder.stdin.close()
         holder.wait(timeout=30)
     assert lookup(Q, "ngram", 3, "off", table=db).value() == "2.40"  # and fine once the writer is gone
+
+
+@pytest.mark.parametrize(("prefix", "target"), [
+    ("dsv4", "deepseek-ai/DeepSeek-V4-Pro"),  # alias: the letters are not a prefix of the name
+    ("glm5.2", "zai-org/GLM-5.2-FP8"),  # punctuation ignored
+    ("kimik3", "moonshotai/Kimi-K3"),
+    ("minimaxm3", "MiniMaxAI/MiniMax-M3"),
+    ("qwen3.5", "Qwen/Qwen3.5-397B-A17B"),
+])
+def test_inferencex_model_prefixes_resolve(prefix: str, target: str) -> None:
+    from calibrate.tables.lookup import match_target
+    from calibrate.tables.query import CatalogEntry
+
+    names = ["deepseek-ai/DeepSeek-V4-Pro", "zai-org/GLM-5.2-FP8", "moonshotai/Kimi-K3", "MiniMaxAI/MiniMax-M3",
+             "Qwen/Qwen3.5-397B-A17B", "Qwen/Qwen2.5-Coder-1.5B-Instruct"]
+    entries = [CatalogEntry(n, "mtp", 3, "on", 0.0, None, None, "d", (n,)) for n in names]
+    assert match_target(prefix, entries, prefix=True) == target
+    with pytest.raises(NotMeasured):
+        match_target(prefix, entries)  # only runner prefixes match this loosely

@@ -161,3 +161,19 @@ def test_a_store_written_before_drafts_were_counted_still_reads(tmp_path: Path) 
     assert rec.acceptance_length == pytest.approx(7 / 4)
     assert (rec.drafted_tokens, rec.empty_steps, rec.drafted_acceptance_length, rec.draft_acceptance_rate) == (
         None, None, None, None)
+
+
+def test_verification_rule_is_part_of_the_run_identity_and_named_in_records(tmp_path) -> None:
+    from dataclasses import replace
+
+    sampled = make_spec(temperature=0.7, verification="probabilistic")
+    target_only = replace(sampled, verification="target-only")
+    assert target_only.run_id != sampled.run_id
+    with Store(tmp_path / "v.duckdb") as store:
+        write_run(store, target_only, [Req("r0", "c0", {"answer": [1, 1, 1, 1]})])
+    con = connect(tmp_path / "v.duckdb", read_only=True)
+    try:
+        (record,) = load_records(con, n_boot=10)
+    finally:
+        con.close()
+    assert record.verifications == ("target-only",)

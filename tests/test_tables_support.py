@@ -47,6 +47,7 @@ class Req:
     censored: Mapping[str, int] = field(default_factory=dict)
     expected: Mapping[str, float] = field(default_factory=dict)
     empty: Mapping[str, int] = field(default_factory=dict)  # steps that proposed nothing (in bin 0)
+    truncated_tokens: int = 0  # prompt tokens dropped from the left to fit the context budget
 
 
 def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool = True) -> str:
@@ -67,7 +68,7 @@ def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool
             )
         outcome = RequestOutcome(
             request_id=req.request_id, conversation_id=req.conversation_id, turn=i, prompt_tokens=100,
-            truncated_tokens=0, generated_tokens=counts.tokens, finish_reason="eos",
+            truncated_tokens=req.truncated_tokens, generated_tokens=counts.tokens, finish_reason="eos",
         )
         batch.append((outcome, {run_id: counts}))
     store.write_requests(batch)

@@ -53,6 +53,15 @@ from calibrate.replay.steps import step_accepted
 from calibrate.speculators.base import Speculator
 
 
+# Verification rules at temperature > 0. Both emit exactly target-distributed tokens; they differ in AL.
+# - "probabilistic": drafts sampled from the drafter's q, accepted with min(1, p/q), residual max(p - q, 0)
+#   (Leviathan et al. 2023);
+# - "target-only": greedy (argmax) drafts, accepted with probability p_target(draft), i.e. q one-hot, residual
+#   p without the draft: vLLM v1's model runner (draft_probs None) and SGLang's EAGLE
+#   (tree_speculative_sampling_target_only). Its expected acceptance is the running product of p(d_i).
+VERIFICATION_RULES = ("probabilistic", "target-only")
+
+
 @dataclass
 class SampledResult:
     """One request's outcome, per draft length k (each k is its own generation at temperature > 0)."""
@@ -246,8 +255,10 @@ def _draft_with_speculator(speculator: Speculator, active: list[_Request], k: in
 def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module | None,
                requests: list[_Request], k: int, temperature: float, top_p: float | None, top_k: int | None,
                max_new_tokens: int, eos_token_ids: set[int], seed: int, verify_backend: str,
-               generator: torch.Generator) -> None:
+               generator: torch.Generator, verification: str = "probabilistic") -> None:
     """Run speculative decoding for one batch of requests at draft length k until each one finishes."""
+    # Target-only verification takes the drafter's greedy tokens and no q (one-hot): draft at temperature 0.
+    draft_temperature = 0.0 if verification == "target-only" else temperature
     tcache = _SlotCache(target, len(requests))
     dcache = _SlotCache(draft_model, len(requests)) if draft_model is not None else None
     # Prefill everything but the last prompt token: the loop invariant is "cache = context[:-pending]".
@@ -268,9 +279,9 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
         if prefill:
             drafts, probs = [[] for _ in active], None
         elif dcache is not None:
-            drafts, probs = _draft_with_model(dcache, active, k, temperature, seed, ids, positions, vocab)
+            drafts, probs = _draft_with_model(dcache, active, k, draft_temperature, seed, ids, positions, vocab)
         else:
-            drafts, probs = _draft_with_speculator(speculator, active, k, temperature, generator, vocab)
+            drafts, probs = _draft_with_speculator(speculator, active, k, draft_temperature, generator, vocab)
         proposed = [len(d) for d in drafts]
         drafts = [before_eos(d, eos_token_ids) for d in drafts]
 
@@ -340,8 +351,12 @@ def run_sampled(
     verify_backend: str = "auto",
     batch_size: int = 8,
     request_keys: Sequence[int] | None = None,
+    verification: str = "probabilistic",
 ) -> list[SampledResult]:
     """Run the speculative-decoding loop once per k over all prompts; see the module docstring.
+
+    `verification` is one of VERIFICATION_RULES (it matters only at temperature > 0, and only for drafters
+    that have a q: a deterministic drafter's q is one-hot under both rules).
 
     Returns one SampledResult per prompt, in order. `segment_labeller(tokens)` labels each generated
     token (thinking / answer / tool_call); a step belongs to the segment of its first emitted token;
@@ -351,6 +366,8 @@ def run_sampled(
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if verification not in VERIFICATION_RULES:
+        raise ValueError(f"unknown verification rule {verification!r} (known: {', '.join(VERIFICATION_RULES)})")
     if any(k < 1 for k in draft_lens):
         raise ValueError(f"draft lengths must be >= 1, got {list(draft_lens)}")
     if any(len(p) < 1 for p in prompts):
@@ -368,7 +385,7 @@ def run_sampled(
             batch = [_Request(index=i, key=keys[i], prompt=list(prompts[i]))
                      for i in range(start, min(start + batch_size, len(prompts)))]
             _run_batch(target_model, speculator, draft_model, batch, k, temperature, top_p, top_k,
-                       max_new_tokens, eos_token_ids, seed, verify_backend, generator)
+                       max_new_tokens, eos_token_ids, seed, verify_backend, generator, verification)
             for r in batch:
                 labels = segment_labeller(r.generated) if segment_labeller is not None else None
                 counts = StepCounts(draft_len=k)

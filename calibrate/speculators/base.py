@@ -39,8 +39,8 @@ class Proposal:
 def label(kind: str, params: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
     """A model-free speculator's name: its kind, plus each parameter that differs from its default.
 
-    Names key runs and table rows, so two configurations must never share one ('ngram' with max_n 3 and
-    with max_n 5 would otherwise pool into one AL); the default configuration keeps the bare kind.
+    Names key runs and table rows, so two configurations must never share one ('ngram' with prompt_lookup_max 3 and
+    with 5 would otherwise pool into one AL); the default configuration keeps the bare kind.
     """
     changed = [f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
                for key, value in params.items() if value != defaults[key]]

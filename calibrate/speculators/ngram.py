@@ -1,7 +1,17 @@
-"""N-gram (prompt lookup) drafter: copy what followed the latest earlier occurrence of the context's tail.
+"""N-gram (prompt lookup) drafter with vLLM's semantics (`method: "ngram"`).
 
 Agentic coding responses quote file contents, paths and tool output already in the prompt, which is why
-this model-free drafter matters there. Matching tries the longest tail first (max_n) down to min_n.
+this model-free drafter matters there. What vLLM's proposer does (`vllm/v1/spec_decode/ngram_proposer.py`,
+`_find_longest_matched_ngram_and_propose_tokens`, a KMP scan over the reversed context):
+
+- n is the LONGEST length in [prompt_lookup_min, prompt_lookup_max] whose last-n tokens occur earlier in
+  the context (an occurrence may overlap the tail, but must end before the last token);
+- among the occurrences of that n-gram it takes the EARLIEST;
+- it proposes the up-to-k tokens that follow it, fewer when the context ends sooner.
+
+Its speculative config defaults both lengths to 5 when neither is given and one to the other when only one
+is; `NgramSpeculatorConfig` does the same. vLLM also caps k at `max_model_len - len(context)`, a limit no
+replayed request reaches here.
 """
 
 from __future__ import annotations
@@ -15,32 +25,35 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from calibrate.speculators.base import Proposal, Speculator, label
 
+VLLM_DEFAULT_LOOKUP = 5  # vLLM SpeculativeConfig: prompt_lookup_min = prompt_lookup_max = 5 when both unset
 
-def ngram_proposal(context: Sequence[int], k: int, max_n: int, min_n: int) -> list[int]:
-    """Up to k tokens that followed the latest earlier occurrence of the last n tokens (n = max_n..min_n)."""
+
+def ngram_proposal(context: Sequence[int], k: int, prompt_lookup_max: int, prompt_lookup_min: int) -> list[int]:
+    """Up to k tokens that followed the earliest occurrence of the longest matching tail (vLLM's rule)."""
     seq = np.asarray(context, dtype=np.int64)
     length = seq.shape[0]
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        # Windows that start at 0..length-1-n, so that each has at least one token after it.
+    for n in range(min(prompt_lookup_max, length - 1), prompt_lookup_min - 1, -1):
+        # Windows starting at 0..length-1-n: each ends before the last token, so something follows it.
         windows = sliding_window_view(seq[:-1], n)
         hits = np.flatnonzero((windows == seq[length - n:]).all(axis=1))
         if hits.size:
-            start = int(hits[-1]) + n
+            start = int(hits[0]) + n
             return seq[start:start + k].tolist()
     return []
 
 
 class NgramSpeculator(Speculator):
-    """Prompt-lookup decoding (vLLM `method: ngram`, transformers `prompt_lookup_num_tokens`)."""
+    """Prompt-lookup decoding exactly as vLLM's `method: "ngram"` proposes (see the module docstring)."""
 
     kind = "ngram"
-    defaults = {"max_n": 4, "min_n": 1}
+    defaults = {"prompt_lookup_max": VLLM_DEFAULT_LOOKUP, "prompt_lookup_min": VLLM_DEFAULT_LOOKUP}
 
-    def __init__(self, max_n: int = 4, min_n: int = 1):
-        if not 1 <= min_n <= max_n:
-            raise ValueError(f"ngram needs 1 <= min_n <= max_n (got min_n={min_n}, max_n={max_n})")
-        self.max_n = max_n
-        self.min_n = min_n
+    def __init__(self, prompt_lookup_max: int = VLLM_DEFAULT_LOOKUP, prompt_lookup_min: int = VLLM_DEFAULT_LOOKUP):
+        if not 1 <= prompt_lookup_min <= prompt_lookup_max:
+            raise ValueError("ngram needs 1 <= prompt_lookup_min <= prompt_lookup_max "
+                             f"(got prompt_lookup_min={prompt_lookup_min}, prompt_lookup_max={prompt_lookup_max})")
+        self.prompt_lookup_max = prompt_lookup_max
+        self.prompt_lookup_min = prompt_lookup_min
 
     @property
     def name(self) -> str:
@@ -48,8 +61,8 @@ class NgramSpeculator(Speculator):
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"max_n": self.max_n, "min_n": self.min_n}
+        return {"prompt_lookup_max": self.prompt_lookup_max, "prompt_lookup_min": self.prompt_lookup_min}
 
     def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
                 generator: torch.Generator | None = None) -> Proposal:
-        return Proposal(tokens=ngram_proposal(context, k, self.max_n, self.min_n))
+        return Proposal(tokens=ngram_proposal(context, k, self.prompt_lookup_max, self.prompt_lookup_min))

@@ -22,19 +22,21 @@ from calibrate.errors import cli_errors
 from calibrate.tables import exports, query
 from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.lookup import lookup as lookup_record
-from calibrate.tables.records import AcceptanceRecord
 from calibrate.errors import StoreError
+from calibrate.tables.records import SGLANG_TOKEN_MODES, AcceptanceRecord
 from calibrate.tables.store import connect
 
 SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
              "acceptance_length", "ci_low", "ci_high", "macro_acceptance_length")
 
-# InferenceX's FRAMEWORK values (and the plain engine names) -> the lookup format that engine reads.
+# InferenceX's FRAMEWORK values (runners/launch_*.sh, benchmarks/*, .github/configs/*-master.yaml) and the
+# plain engine names -> the lookup format that engine reads. Disaggregated and orchestrated deployments run
+# the same engine underneath (llm-d serves vLLM, dynamo serves vLLM / SGLang / TensorRT-LLM).
 FRAMEWORK_FORMATS = {
-    "vllm": "vllm-config", "dynamo-vllm": "vllm-config",
-    "sglang": "sglang-env", "dynamo-sglang": "sglang-env",
+    "vllm": "vllm-config", "dynamo-vllm": "vllm-config", "vllm-disagg": "vllm-config", "llmd-vllm": "vllm-config",
+    "sglang": "sglang-env", "dynamo-sglang": "sglang-env", "sglang-disagg": "sglang-env",
     "trt": "trtllm-env", "trtllm": "trtllm-env", "dynamo-trt": "trtllm-env",
-    "atom": "atom-args",
+    "atom": "atom-args", "atom-disagg": "atom-args",
     "llamacpp": "llamacpp-args", "llama.cpp": "llamacpp-args",
 }
 FROM_ENV_VARIABLES = ("MODEL_PREFIX", "NUM_SPEC_TOKENS", "THINKING_MODE", "FRAMEWORK")
@@ -46,16 +48,9 @@ class ShowFormat(str, Enum):
     csv = "csv"
 
 
-class ExportFormat(str, Enum):
-    inferencex = "inferencex"
-    vllm = "vllm"
-    sglang = "sglang"
-    trtllm = "trtllm"
-    atom = "atom"
-    llamacpp = "llamacpp"
-    csv = "csv"
-    parquet = "parquet"
-    json = "json"
+# The export formats' registry (exports.FORMATS) is the one list; the CLI's choices are made from it.
+ExportFormat = Enum("ExportFormat", {name: name for name in exports.FORMATS}, type=str)
+TokenMode = Enum("TokenMode", {mode: mode for mode in SGLANG_TOKEN_MODES}, type=str)
 
 
 class Mode(str, Enum):
@@ -234,6 +229,20 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
     console.print(table)
 
 
+def truncation_warnings(records: Sequence[AcceptanceRecord]) -> list[str]:
+    """One line per (target, dataset) whose runs left-truncated most of their requests' prompts: n-gram and
+    suffix copy from the context, so their AL there understates what full prompts give."""
+    worst: dict[tuple[str, str], tuple[int, int]] = {}
+    for r in records:
+        if r.truncated_requests is not None and r.requests and r.truncated_requests > r.requests / 2:
+            key = (r.target, r.dataset)
+            worst[key] = max(worst.get(key, (0, 1)), (r.truncated_requests, r.requests), key=lambda t: t[0] / t[1])
+    return [f"{target} on {dataset}: {cut} of {total} requests had their prompt left-truncated to the context "
+            "budget; model-free speculators (n-gram, suffix) match against the context, so their AL is "
+            "understated (README: how much the prompt budget moves AL)"
+            for (target, dataset), (cut, total) in sorted(worst.items())]
+
+
 def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool = False,
                 n_boot: int = query.DEFAULT_BOOT, seed: int = query.DEFAULT_SEED) -> None:
     """Print the acceptance table of `db` (only the runs `run_ids` when given: what a run just measured)."""
@@ -298,6 +307,8 @@ def register(app: typer.Typer) -> None:
         """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
         records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), segments, bootstrap,
                         seed)
+        for warning in truncation_warnings(records):
+            typer.echo(f"warning: {warning}", err=True)
         if format is ShowFormat.table:
             if not records:
                 typer.echo(f"no measurements in {db}")
@@ -316,8 +327,13 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, "--out", help="File (inferencex: file or folder); default stdout."),
         mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode",
                                   help="length or per-position rates (vllm, llamacpp; atom: rates = rate form)."),
-        token_mode: bool = typer.Option(False, "--token-mode",
-                                        help="sglang: add SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token."),
+        token_mode: TokenMode = typer.Option(
+            SGLANG_TOKEN_MODES[0], "--token-mode",
+            help="sglang: SGLANG_SIMULATE_ACC_TOKEN_MODE (real-draft-token needs --speculative-eagle-topk 1)."),
+        model_prefix: Optional[str] = typer.Option(
+            None, "--model-prefix", help="inferencex: MODEL_PREFIX of the file name (dsv4, qwen3.5, ...)."),
+        method: Optional[str] = typer.Option(
+            None, "--method", help="inferencex: method of the file name (mtp, eagle3, ngram, draft_model, ...)."),
         model: Optional[str] = model_opt,
         speculator: Optional[list[str]] = spec_opt,
         draft_len: Optional[list[int]] = k_opt,
@@ -331,7 +347,11 @@ def register(app: typer.Typer) -> None:
         """Export the acceptance table for an engine, InferenceX, or as a full CSV / Parquet / JSON table."""
         full = to.value in exports.TABLE_FORMATS
         records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), full, bootstrap, seed)
-        text = exports.export(records, to.value, out, mode=mode.value, token_mode=token_mode)
+        options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, model_prefix=model_prefix,
+                                        method=method)
+        text = exports.export(records, to.value, out, options=options)
+        for warning in exports.export_warnings(records, to.value):
+            typer.echo(f"warning: {warning}", err=True)
         if text is not None:
             sys.stdout.write(text)
 
@@ -385,6 +405,11 @@ def register(app: typer.Typer) -> None:
             extrapolate=extrapolate, segment=segment, match_prefix=match_prefix,
         )
         sys.stdout.write(render_lookup(record, format or LookupFormat.value, mode.value, shell))
+        notes = [record.model_free_note()]
+        if format is LookupFormat.trtllm_env:
+            notes.append(record.trtllm_warning())
+        for note in filter(None, notes):
+            typer.echo(f"warning: {note}", err=True)
         if record.extrapolated:
             typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
 
@@ -413,6 +438,7 @@ def register(app: typer.Typer) -> None:
 def render_lookup(record: AcceptanceRecord, fmt: LookupFormat, mode: str = "length", shell: bool = False) -> str:
     """A lookup answer as text for stdout; env forms carry a comment line saying what they are."""
     comment = (f"# {record.target} | {record.speculator} | k={record.draft_len} | thinking={record.thinking}"
+               + (f" | drafted AL, proposal rate {record.proposal_rate:.2f}" if record.uses_drafted else "")
                + (f" | EXTRAPOLATED: {record.extrapolation_method}" if record.extrapolated else "") + "\n")
     prefix = "export " if shell else ""
     if fmt is LookupFormat.value:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -204,6 +205,17 @@ def _last_part(name: str) -> str:
     return name.rstrip("/").rsplit("/", 1)[-1].lower()
 
 
+def _letters(name: str) -> str:
+    """Lowercased letters and digits only: 'GLM-5.2' and 'glm5.2' are both 'glm52'."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+# InferenceX MODEL_PREFIX codes whose letters are not a prefix of the model's name -> a name prefix that is
+# (the runners' MODEL_PREFIX for DeepSeek is dsv4 / dsr1 for deepseek-ai/DeepSeek-V4-Pro / DeepSeek-R1-0528).
+# Codes like qwen3.5, glm5.2, kimik3 or minimaxm3 need no entry: they match with punctuation ignored.
+MODEL_PREFIX_ALIASES = {"dsv4": "deepseek-v4", "dsr1": "deepseek-r1", "dsv3": "deepseek-v3"}
+
+
 def _describe_targets(entries: Iterable[CatalogEntry]) -> str:
     names: dict[str, set[str]] = {}
     for e in entries:
@@ -216,7 +228,9 @@ def match_target(model: str, entries: Sequence[CatalogEntry], *, prefix: bool = 
 
     Names match as users write them: the configured name or resolved id, whole (case-insensitive), else by
     last path part ('Qwen/Qwen2.5-Coder-1.5B-Instruct' and 'qwen2.5-coder-1.5b-instruct' are one model).
-    `prefix` (for MODEL_PREFIX-style short names) then also accepts a last path part starting with the name.
+    `prefix` (for MODEL_PREFIX-style short names) then also accepts a last path part starting with the name,
+    then one starting with it when punctuation is ignored (after MODEL_PREFIX_ALIASES): `glm5.2` finds
+    `GLM-5.2-FP8`, `dsv4` finds `DeepSeek-V4-Pro`.
     The first rule that matches anything decides; several targets there is an error listing them.
     """
     wanted = model.strip().lower()
@@ -225,7 +239,9 @@ def match_target(model: str, entries: Sequence[CatalogEntry], *, prefix: bool = 
         lambda name: _last_part(name) == _last_part(wanted),
     ]
     if prefix:
+        short = _letters(MODEL_PREFIX_ALIASES.get(_last_part(wanted), _last_part(wanted)))
         rules.append(lambda name: _last_part(name).startswith(_last_part(wanted)))
+        rules.append(lambda name: bool(short) and _letters(_last_part(name)).startswith(short))
     for rule in rules:
         hits = sorted({e.target for e in entries if any(rule(n) for n in (e.target, *e.target_ids))})
         if len(hits) == 1:

@@ -181,6 +181,11 @@ def load_records(
         "chosen AS (SELECT run_id, request_id FROM requests JOIN keyed USING (run_id) "
         "QUALIFY row_number() OVER (PARTITION BY key_ix, request_id ORDER BY run_id) = 1)"
     )
+    # A store from before the verification rule was recorded, opened read-only, lacks the column.
+    run_columns = {c for (c,) in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs'").fetchall()}
+    rules = ("list_sort(list_distinct(list(verification) FILTER (WHERE verification IS NOT NULL)))"
+             if "verification" in run_columns else "[]")
     keys = con.execute(
         f"""{keyed}
         SELECT key_ix, {_KEY_COLS},
@@ -188,7 +193,8 @@ def load_records(
                list_sort(list_distinct(list(draft_id))), list_sort(list(run_id)),
                list_sort(list_distinct(list(engine))), list_sort(list_distinct(list(dataset_fingerprint))),
                list_sort(list_distinct(list(status))), list_sort(list_distinct(list(git_commit))),
-               list_sort(list_distinct(list(versions))), min(started_at), max(finished_at)
+               list_sort(list_distinct(list(versions))), min(started_at), max(finished_at),
+               list_sort(list_distinct(list(target_hash))), {rules}
         FROM runs JOIN keyed USING (run_id)
         GROUP BY key_ix, {_KEY_COLS} ORDER BY key_ix""",
         params,
@@ -217,6 +223,12 @@ def load_records(
         params,
     ).fetchall()
     total_of = {(row[0], row[1]): row[2:] for row in totals}
+    truncated_of = dict(con.execute(
+        f"""{keyed}
+        SELECT key_ix, count(*) FILTER (WHERE truncated_tokens > 0) FROM requests JOIN keyed USING (run_id)
+        GROUP BY key_ix""",
+        params,
+    ).fetchall())
     req_sets = (
         "(key_ix, segment, run_id, request_id, conversation_id, accepted), "
         "(key_ix, run_id, request_id, conversation_id, accepted)"
@@ -266,7 +278,7 @@ def load_records(
             continue
         summary = stats.summarize(hist, clusters, n_boot=n_boot, seed=seed, level=level)
         records.append(_record(key_row, segment, summary, total_of[(int(key_ix[lo]), segment)],
-                               n_boot=n_boot, seed=seed, level=level))
+                               truncated_of.get(int(key_ix[lo])), n_boot=n_boot, seed=seed, level=level))
     records.sort(key=lambda r: (_sort_key(r.key), SEGMENT_ORDER.index(r.segment)))
     return records
 
@@ -283,12 +295,12 @@ def _finite(value: float) -> float | None:
 
 def _record(
     key_row: Sequence[Any], segment: str, summary: stats.Summary, totals: Sequence[Any],
-    *, n_boot: int, seed: int, level: float,
+    truncated: int | None, *, n_boot: int, seed: int, level: float,
 ) -> AcceptanceRecord:
     tokens, censored, expected_sum, expected_steps, drafted, empty = totals
     key = dict(zip(KEY_FIELDS, key_row[1:1 + len(KEY_FIELDS)]))
     (target_ids, kinds, draft_ids, run_ids, engines, fingerprints, statuses, commits, versions,
-     started, finished) = key_row[1 + len(KEY_FIELDS):]
+     started, finished, target_hashes, rules) = key_row[1 + len(KEY_FIELDS):]
     expected = (
         float(stats.expected_acceptance_length(expected_sum, expected_steps))
         if expected_sum is not None and expected_steps else None
@@ -324,6 +336,9 @@ def _record(
         bootstrap_replicates=n_boot,
         bootstrap_seed=seed,
         target_ids=tuple(target_ids),
+        target_hashes=tuple(h for h in target_hashes if h),
+        truncated_requests=None if truncated is None else int(truncated),
+        verifications=tuple(rules or ()),
         speculator_kinds=tuple(kinds),
         draft_ids=tuple(draft_ids),
         run_ids=tuple(run_ids),

@@ -9,6 +9,7 @@ vLLM) come from `calibrate.tables.stats`.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any
@@ -23,6 +24,13 @@ LENGTH_DIGITS = 2
 RATE_DIGITS = 4
 
 SEGMENT_ALL = "all"
+
+# Model-free drafters (no model: they propose only where the context has a match). Engine exports carry
+# their drafted AL, with the proposal rate beside it (calibrate/tables/README.md says why).
+MODEL_FREE_KINDS = ("ngram", "suffix")
+
+# SGLANG_SIMULATE_ACC_TOKEN_MODE values (python/sglang/srt/environ.py); the first is the export default.
+SGLANG_TOKEN_MODES = ("real-draft-token", "fixed")
 
 # Fields of the key a record answers for, in display order.
 KEY_FIELDS = ("target", "speculator", "draft_len", "thinking", "temperature", "top_p", "top_k", "dataset")
@@ -95,6 +103,12 @@ class AcceptanceRecord:
     empty_steps: int | None = None  # steps that proposed nothing (they are in histogram[0])
     drafted_acceptance_length: float | None = None  # stats.drafted_acceptance_length: vLLM's logged AL
     draft_acceptance_rate: float | None = None  # accepted / proposed drafts
+    target_hashes: tuple[str, ...] = ()  # content fingerprints of the target (one model under several names)
+    # Requests whose prompt was left-truncated to the context budget (None in older exports): model-free
+    # drafters match against the context, so a mostly truncated run understates them.
+    truncated_requests: int | None = None
+    # Verification rules of the runs at temperature > 0 ("probabilistic", "target-only"); () at temperature 0.
+    verifications: tuple[str, ...] = ()
 
     # ---- values -------------------------------------------------------------------------------------
     @property
@@ -102,9 +116,31 @@ class AcceptanceRecord:
         return tuple(getattr(self, f) for f in KEY_FIELDS)
 
     @property
+    def model_free(self) -> bool:
+        """A drafter without a model (n-gram, suffix): it proposes only where the context offers a match."""
+        return self.speculator.partition(":")[0] in MODEL_FREE_KINDS
+
+    @property
+    def proposal_rate(self) -> float | None:
+        """Share of steps that proposed at least one draft (None where empty steps were not counted)."""
+        if self.empty_steps is None or not self.steps:
+            return None
+        return 1.0 - self.empty_steps / self.steps
+
+    @property
+    def uses_drafted(self) -> bool:
+        """Engine settings carry the drafted AL (see MODEL_FREE_POLICY) rather than the AL over all steps."""
+        return self.model_free and self.drafted_acceptance_length is not None and bool(self.proposal_rate)
+
+    @property
+    def exported_length(self) -> float:
+        """The AL an engine is forced to: the drafted AL for model-free drafters, the AL otherwise."""
+        return self.drafted_acceptance_length if self.uses_drafted else self.acceptance_length
+
+    @property
     def al(self) -> float:
-        """AL rounded as every engine rendering uses it."""
-        return round(self.acceptance_length, LENGTH_DIGITS)
+        """The exported AL rounded as every engine rendering uses it."""
+        return round(self.exported_length, LENGTH_DIGITS)
 
     @property
     def accepted_drafts(self) -> float:
@@ -118,19 +154,41 @@ class AcceptanceRecord:
 
     @property
     def rates(self) -> tuple[float, ...]:
-        """The k unconditional rates rounded for vLLM/llama.cpp; rounding keeps them non-increasing."""
-        return tuple(round(r, RATE_DIGITS) for r in self.unconditional_rates)
+        """The k unconditional rates rounded for vLLM/llama.cpp (over the drafted steps where the exported AL
+        is the drafted one, so 1 + sum(rates) is the exported AL); rounding keeps them non-increasing."""
+        scale = 1.0 / self.proposal_rate if self.uses_drafted else 1.0
+        return tuple(round(min(1.0, r * scale), RATE_DIGITS) for r in self.unconditional_rates)
+
+    def model_free_note(self) -> str | None:
+        """What an engine does with this record's number on synthetic text, for n-gram / suffix; else None."""
+        if not self.uses_drafted:
+            return None
+        return (f"{self.speculator} k={self.draft_len}: exported AL {self.value()} is over drafted steps "
+                f"({self.proposal_rate:.0%} of steps drafted here; AL over all steps {self.acceptance_length:.2f}). "
+                "Engines force it only where the drafter proposes, rarely on synthetic text: a run realises "
+                f"1 + p' x ({self.value()} - 1) at its own proposal rate p'.")
 
     def value(self) -> str:
         return _fmt(self.al, LENGTH_DIGITS)
 
     # ---- engine renderings --------------------------------------------------------------------------
-    def sglang_env(self, token_mode: bool = False) -> str:
-        """Lines for `eval` or an env file. token_mode adds SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token."""
-        lines = [f"SGLANG_SIMULATE_ACC_LEN={self.value()}", "SGLANG_SIMULATE_ACC_METHOD=match-expected"]
-        if token_mode:
-            lines.append("SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token")
-        return "\n".join(lines) + "\n"
+    # Each carries k in the engine's own option, so a server started from the export cannot run at another k.
+
+    def sglang_env(self, token_mode: str = "real-draft-token") -> str:
+        """Lines for `eval` or an env file, plus SGLang's own k flags in SGLANG_SPECULATIVE_ARGS.
+
+        token_mode: "real-draft-token" (InferenceX's setting: verification sees the drafter's real tokens;
+        SGLang refuses it unless --speculative-eagle-topk is 1, which the flags set) or "fixed" (SGLang's
+        default: every draft is token id 100). A chain of k drafts is --speculative-num-steps k with
+        --speculative-num-draft-tokens k + 1 (the verified token included) at top-k 1.
+        """
+        if token_mode not in SGLANG_TOKEN_MODES:
+            raise ValueError(f"unknown SGLang token mode {token_mode!r} (expected {' or '.join(SGLANG_TOKEN_MODES)})")
+        args = (f"--speculative-num-steps {self.draft_len} --speculative-eagle-topk 1 "
+                f"--speculative-num-draft-tokens {self.draft_len + 1}")
+        return "\n".join([f"SGLANG_SIMULATE_ACC_LEN={self.value()}", "SGLANG_SIMULATE_ACC_METHOD=match-expected",
+                          f"SGLANG_SIMULATE_ACC_TOKEN_MODE={token_mode}",
+                          f'SGLANG_SPECULATIVE_ARGS="{args}"']) + "\n"
 
     def vllm_speculative_config(self, mode: str = "length") -> dict[str, Any]:
         """The synthetic-acceptance part of vLLM's --speculative-config: a length or k rates, never both."""
@@ -143,24 +201,47 @@ class AcceptanceRecord:
             raise ValueError(f"unknown vLLM mode {mode!r} (expected length or rates)")
         return config
 
+    @property
+    def trtllm_value(self) -> str:
+        """AL - 1 as TensorRT-LLM must read it: an integral value without decimals ('2', not '2.00'), since
+        its two-model path and older releases parse the variable with int()."""
+        text = _fmt(self.accepted_drafts, LENGTH_DIGITS)
+        return text.rstrip("0").rstrip(".") if "." in text else text
+
+    def trtllm_warning(self) -> str | None:
+        """Why a fractional forced count may be silently ignored, or None when the value is integral."""
+        if "." not in self.trtllm_value:
+            return None
+        return (f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS={self.trtllm_value} is fractional: only the one-model "
+                "path (MTP, one-model EAGLE3; get_force_num_accepted_tokens_float in "
+                "tensorrt_llm/_torch/speculative/interface.py) of a release that has it reads fractions. The "
+                "two-model path (NGRAM, DRAFT_TARGET, two-model EAGLE3) and older releases parse int() and turn "
+                "forcing off with only a log warning.")
+
     def trtllm_env(self) -> str:
-        """TensorRT-LLM counts accepted drafts only, so it takes AL - 1."""
-        return f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS={_fmt(self.accepted_drafts, LENGTH_DIGITS)}\n"
+        """TensorRT-LLM counts accepted drafts only (AL - 1); k is speculative_config.max_draft_len of its
+        LLM API options, given as the JSON/YAML for --extra_llm_api_options in TRTLLM_SPECULATIVE_CONFIG."""
+        config = json.dumps({"speculative_config": {"max_draft_len": self.draft_len}})
+        return (f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS={self.trtllm_value}\n"
+                f"TRTLLM_SPECULATIVE_CONFIG='{config}'\n")
 
     def atom_args(self, form: str = "length") -> list[str]:
-        """ATOM server flags: the length, or the mean per-draft rate (AL - 1) / k."""
+        """ATOM server flags: k, then the length, or the mean per-draft rate (AL - 1) / k."""
+        k = ["--num-speculative-tokens", str(self.draft_len)]
         if form == "length":
-            return ["--spec-decode-acceptance-length", self.value()]
+            return k + ["--spec-decode-acceptance-length", self.value()]
         if form == "rate":
-            return ["--spec-decode-acceptance-rate", _fmt(self.acceptance_rate, RATE_DIGITS)]
+            return k + ["--spec-decode-acceptance-rate", _fmt(self.acceptance_rate, RATE_DIGITS)]
         raise ValueError(f"unknown ATOM form {form!r} (expected length or rate)")
 
     def llamacpp_args(self, form: str = "length") -> list[str]:
-        """llama-server flags: --spec-synth-len (target token included) or k unconditional rates."""
+        """llama-server flags: k (--spec-draft-n-max; its default is 3, and rates for another k are refused),
+        then --spec-synth-len (target token included) or k unconditional rates."""
+        k = ["--spec-draft-n-max", str(self.draft_len)]
         if form == "length":
-            return ["--spec-synth-len", self.value()]
+            return k + ["--spec-synth-len", self.value()]
         if form == "rates":
-            return ["--spec-synth-rates", ",".join(_fmt(r, RATE_DIGITS) for r in self.rates)]
+            return k + ["--spec-synth-rates", ",".join(_fmt(r, RATE_DIGITS) for r in self.rates)]
         raise ValueError(f"unknown llama.cpp form {form!r} (expected length or rates)")
 
     # ---- serialisation ------------------------------------------------------------------------------
@@ -186,7 +267,7 @@ class AcceptanceRecord:
         for name in ("draft_len", "requests", "conversations", "steps", "censored_steps", "tokens",
                      "bootstrap_replicates", "bootstrap_seed"):
             out[name] = int(out[name])
-        for name in ("drafted_tokens", "empty_steps"):
+        for name in ("drafted_tokens", "empty_steps", "truncated_requests"):
             if out.get(name) is not None:
                 out[name] = int(out[name])
         if out.get("top_k") is not None:

@@ -134,6 +134,8 @@ class RunSpec:
     engine: str = _condition("VARCHAR")
     step_rule: int = _condition("INTEGER", default=STEP_RULE_VERSION)
     sampling_seed: int | None = _condition("BIGINT", default=None)  # the seed at temperature > 0, else None
+    # the verification rule at temperature > 0 ("probabilistic" | "target-only"); None at 0 (greedy matching)
+    verification: str | None = _condition("VARCHAR", default=None)
     # provenance: recorded, not identity
     target_id: str = _provenance("VARCHAR")
     speculator_kind: str = _provenance("VARCHAR")
