@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from calibrate.speculators.registry import KINDS, SpeculatorConfigUnion
 
 
 class _Strict(BaseModel):
@@ -45,40 +47,9 @@ class RunConfig(_Strict):
     verify_backend: Literal["auto", "triton", "reference"] = "auto"
 
 
-class DraftSpeculatorConfig(_Strict):
-    kind: Literal["draft"]
-    model: str
-
-
-class NgramSpeculatorConfig(_Strict):
-    kind: Literal["ngram"]
-    max_n: int = Field(default=4, gt=0)
-    min_n: int = Field(default=1, gt=0)
-
-    @model_validator(mode="after")
-    def _order(self) -> NgramSpeculatorConfig:
-        if self.min_n > self.max_n:
-            raise ValueError(f"min_n ({self.min_n}) must not exceed max_n ({self.max_n})")
-        return self
-
-
-class SuffixSpeculatorConfig(_Strict):
-    """Suffix decoding; the keys are vLLM's `suffix_decoding_*` options, with their defaults."""
-
-    kind: Literal["suffix"]
-    max_depth: int = Field(default=24, gt=0)
-    max_spec_factor: float = Field(default=1.0, ge=0)
-    max_spec_offset: float = 0.0
-    min_token_prob: float = Field(default=0.1, ge=0, le=1)
-
-
-SpeculatorConfig = Annotated[Union[DraftSpeculatorConfig, NgramSpeculatorConfig, SuffixSpeculatorConfig],
-                             Field(discriminator="kind")]
-
-
 class PairConfig(_Strict):
     target: str
-    speculators: list[SpeculatorConfig] = Field(min_length=1)
+    speculators: list[SpeculatorConfigUnion] = Field(min_length=1)
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("speculators")
@@ -136,7 +107,7 @@ def _where(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("draft", "ngram", "suffix") and out.endswith("]"):
+        elif part in KINDS and out.endswith("]"):
             continue  # pydantic's discriminator tag adds nothing for a reader
         else:
             out += ("." if out else "") + str(part)
@@ -150,7 +121,7 @@ def format_errors(path: str, exc: ValidationError) -> str:
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         elif err["type"] == "union_tag_invalid":
-            msg = f"unknown speculator kind {err['input'].get('kind')!r} (known: draft, ngram, suffix)" \
+            msg = f"unknown speculator kind {err['input'].get('kind')!r} (known: {', '.join(KINDS)})" \
                 if isinstance(err.get("input"), dict) else msg
         shown = "" if err["type"] in ("missing", "union_tag_invalid") else f" (got {err.get('input')!r})"
         lines.append(f"  {_where(err['loc'])}: {msg}{shown}")

@@ -7,13 +7,27 @@ this model-free drafter matters there. Matching tries the longest tail first (ma
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from calibrate.speculators.base import Proposal, Speculator, label
+from pydantic import Field, model_validator
+
+from calibrate.speculators.base import BuildContext, Proposal, Speculator, SpeculatorConfig, label
+
+
+class NgramSpeculatorConfig(SpeculatorConfig):
+    kind: Literal["ngram"]
+    max_n: int = Field(default=4, gt=0)
+    min_n: int = Field(default=1, gt=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> NgramSpeculatorConfig:
+        if self.min_n > self.max_n:
+            raise ValueError(f"min_n ({self.min_n}) must not exceed max_n ({self.max_n})")
+        return self
 
 
 def ngram_proposal(context: Sequence[int], k: int, max_n: int, min_n: int) -> list[int]:
@@ -35,6 +49,11 @@ class NgramSpeculator(Speculator):
 
     kind = "ngram"
     defaults = {"max_n": 4, "min_n": 1}
+    config_model = NgramSpeculatorConfig
+
+    @classmethod
+    def build(cls, spec: NgramSpeculatorConfig, ctx: BuildContext) -> NgramSpeculator:
+        return cls(max_n=spec.max_n, min_n=spec.min_n)
 
     def __init__(self, max_n: int = 4, min_n: int = 1):
         if not 1 <= min_n <= max_n:
