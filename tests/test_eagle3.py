@@ -12,6 +12,7 @@ from calibrate.replay.greedy import generate_greedy, score_replay, target_featur
 from calibrate.replay.sampled import run_sampled
 from calibrate.speculators.base import leading_matches
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head
+from calibrate.speculators.eagle3_distil import target_pass, train_head
 from calibrate.speculators.eagle3_head import new_head, save_head
 
 EOS = 96
@@ -34,6 +35,28 @@ def _head(target, seed=0, draft_vocab=64, **flags):
         ids = torch.cat([torch.arange(0, 97, 2), torch.arange(1, 97, 2)])[:draft_vocab].sort().values
         head.d2t.copy_(ids - torch.arange(draft_vocab))
     return head.eval(), aux
+
+
+@pytest.fixture(scope="module")
+def trained(target):
+    """A head trained for ~10 s on the tiny target's own greedy continuations of random prompts (with the
+    distillation script's training loop): random heads accept nothing, this one accepts some steps fully,
+    some partly, some not at all."""
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 96, (6,), generator=gen).tolist() for _ in range(24)]
+    torch.manual_seed(0)
+    head, aux = new_head(target.config, target.get_input_embeddings())
+    examples = []
+    for prompt, response in zip(prompts, generate_greedy(target, prompts, max_new_tokens=48, eos_token_ids={EOS})):
+        seq = prompt + response.tokens
+        examples.append((torch.tensor(seq), *target_pass(target, seq, aux)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small matrices: one thread is several times faster on a busy machine
+    try:
+        train_head(head, examples, depth=3, window=64, lr=3e-3, steps=300, log=lambda _: None)
+    finally:
+        torch.set_num_threads(threads)
+    return head, aux
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +139,8 @@ def test_replay_chains_equal_the_loops_drafts(target, spec):
 
 
 @pytest.mark.parametrize("fmt", ["speculators", "eagle"])
-def test_replay_once_equals_greedy_loop_all_k(target, tmp_path, fmt):
-    head, aux = _head(target, seed=3)
-    save_head(head, tmp_path, aux, checkpoint_format=fmt)
+def test_replay_once_equals_greedy_loop_all_k(target, trained, tmp_path, fmt):
+    save_head(trained[0], tmp_path, trained[1], checkpoint_format=fmt)
     spec = Eagle3Speculator(*load_head(str(tmp_path), target, "tiny", "float32"), name="h")
     ks = [1, 2, 3, 4, 5, 6]
     responses = _responses(target)
@@ -131,6 +153,16 @@ def test_replay_once_equals_greedy_loop_all_k(target, tmp_path, fmt):
             assert res.tokens[k] == resp.tokens
             assert r[k].hist.tolist() == res.counts[k].hist.tolist(), k
             assert r[k].tokens == res.counts[k].tokens
+
+
+def test_trained_head_accepts_far_from_zero_and_k(target, trained):
+    spec = Eagle3Speculator(*trained, name="trained")
+    responses = _responses(target, 32)
+    feats = target_features(target, PROMPTS, [r.tokens for r in responses], spec.needs)
+    hist = sum(r[5].hist for r in score_replay(spec, PROMPTS, responses, [5], features=feats))
+    mean_accepted = float((hist * range(6)).sum() / hist.sum())
+    assert 0.5 < mean_accepted < 4.0, hist.tolist()  # AL = 1 + mean accepted: between 1.5 and 5 of 6
+    assert hist[0] > 0 and hist[5] > 0 and hist[1:5].sum() > 0, hist.tolist()
 
 
 def test_sampled_loop_emits_target_tokens_with_head_q(target, spec):
