@@ -187,3 +187,63 @@ def test_name_params_and_needs(spec):
     assert spec.name == "eagle3:tiny-head"
     assert spec.needs.layers == (2, 2, 1)
     assert spec.params["aux_layer_ids"] == [2, 2, 1] and spec.params["drafting"] == "chain"
+
+
+def test_config_kind_and_check_before_weights(target, tmp_path):
+    from calibrate.config import ConfigError, load_config
+    from calibrate.speculators.registry import KINDS
+
+    assert KINDS["eagle3"] is Eagle3Speculator
+    head, aux = _head(target)
+    save_head(head, tmp_path / "head", aux)
+    tiny_llama(layers=4, hidden=48).save_pretrained(tmp_path / "wide")
+    spec_cfg = Eagle3Speculator.config_model(kind="eagle3", model=str(tmp_path / "head"))
+    with pytest.raises(ValueError, match="hidden size 48"):  # from the two config.json files alone
+        Eagle3Speculator.check(spec_cfg, str(tmp_path / "wide"), None)
+    toml = tmp_path / "c.toml"
+    toml.write_text(f'[dataset]\nsource = "x"\n[[pairs]]\ntarget = "t"\nspeculators = [{{ kind = "eagle3", '
+                    f'model = "{tmp_path / "head"}" }}]\n[sweep]\ndraft_lengths = [1, 2]\n')
+    assert load_config(toml).pairs[0].speculators[0].model == str(tmp_path / "head")
+    toml.write_text(toml.read_text().replace('kind = "eagle3"', 'kind = "eagle4"'))
+    with pytest.raises(ConfigError, match="unknown speculator kind 'eagle4' .known: draft, ngram, suffix, eagle3"):
+        load_config(toml)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_calibrate_run_with_distilled_head(tmp_path, smollm, mini_swe_dir):
+    """End to end from a config: SmolLM2 + the head `make models` distils, replay and loop engines."""
+    import duckdb
+    from conftest import real_model
+
+    from calibrate.config import load_config
+    from calibrate.runner import execute
+
+    head = real_model("smollm2-135m-instruct-eagle3")
+    config = tmp_path / "eagle.toml"
+    config.write_text(f"""
+[dataset]
+source = "{mini_swe_dir / 'original'}"
+format = "mini-swe-agent"
+max_requests = 2
+seed = 3
+context_tokens = 256
+max_new_tokens = 12
+[run]
+dtype = "float32"
+device = "cpu"
+batch_size = 2
+engine = "auto"
+[[pairs]]
+target = "{smollm}"
+speculators = [{{ kind = "eagle3", model = "{head}" }}]
+[sweep]
+draft_lengths = [1, 3]
+temperature = [0.0, 0.7]
+""")
+    summary = execute(load_config(config), tmp_path / "e.duckdb")
+    assert len(summary.run_ids) == 4
+    con = duckdb.connect(str(tmp_path / "e.duckdb"), read_only=True)
+    rows = con.execute("SELECT speculator, speculator_kind, draft_hash, engine FROM runs").fetchall()
+    assert {r[0] for r in rows} == {f"eagle3:{head}"} and {r[1] for r in rows} == {"eagle3"}
+    assert all(r[2] for r in rows) and {r[3] for r in rows} == {"replay", "loop"}
