@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 
-import pytest
 import torch
-from conftest import tiny_llama
 
-from calibrate.replay.greedy import generate_greedy, score_replay, target_features
-from calibrate.replay.sampled import run_sampled
-from calibrate.speculators.base import leading_matches
-from calibrate.speculators.eagle3 import Eagle3Speculator, load_head
-from calibrate.speculators.eagle3_distil import target_pass, train_head
-from calibrate.speculators.eagle3_head import new_head, save_head
+if not torch.cuda.is_available():  # importing the loop imports Triton: its interpreter mode must be set first,
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # or the kernel tests collected after this file fail
+
+import pytest  # noqa: E402
+from conftest import tiny_llama  # noqa: E402
+
+from calibrate.replay.greedy import generate_greedy, score_replay, target_features  # noqa: E402
+from calibrate.replay.sampled import run_sampled  # noqa: E402
+from calibrate.speculators.base import leading_matches  # noqa: E402
+from calibrate.speculators.eagle3 import Eagle3Speculator, load_head  # noqa: E402
+from calibrate.speculators.eagle3_distil import target_pass, train_head  # noqa: E402
+from calibrate.speculators.eagle3_head import new_head, save_head  # noqa: E402
 
 EOS = 96
 PROMPTS = [[1, 5, 9, 13, 2, 7, 5, 9], [3, 3, 8, 1, 4], [10, 20, 30, 40, 50, 60, 70]]

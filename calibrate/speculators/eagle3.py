@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -28,7 +28,9 @@ from calibrate.speculators.base import (
     BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
     leading_matches,
 )
-from calibrate.speculators.eagle3_head import Eagle3Head, check_fit, read_head_config, read_head_weights
+
+if TYPE_CHECKING:  # the head's module imports transformers' Llama layers (and Triton): only when a head loads
+    from calibrate.speculators.eagle3_head import Eagle3Head
 
 
 class Eagle3SpeculatorConfig(SpeculatorConfig):
@@ -49,6 +51,8 @@ class _RequestState:
 
 def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tuple[Eagle3Head, tuple[int, ...]]:
     """Read, check against the target (before any forward pass) and load a head in either format."""
+    from calibrate.speculators.eagle3_head import Eagle3Head, check_fit, read_head_config, read_head_weights
+
     path = Path(resolve(name))
     cfg = read_head_config(path, name)
     aux = check_fit(cfg, target_model.config, name, target_name)
@@ -64,6 +68,8 @@ class Eagle3Speculator(Speculator):
     @classmethod
     def check(cls, spec: Eagle3SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
         from transformers import AutoConfig
+
+        from calibrate.speculators.eagle3_head import check_fit, read_head_config
 
         cfg = read_head_config(Path(resolve(spec.model)), spec.model)
         check_fit(cfg, AutoConfig.from_pretrained(resolve(target_name)), spec.model, target_name)
