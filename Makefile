@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 export CALIBRATE_TEST_MODELS ?= $(HOME)/.cache/calibrate-test-models
 
-.PHONY: install models quickstart test test-fast clean
+.PHONY: install models quickstart test test-fast clean oracle-env
 
 # torch first, pinned to the CPU build served locally; the project after it, so pip keeps that torch.
 $(VENV)/.installed: pyproject.toml
@@ -22,6 +22,15 @@ install: $(VENV)/.installed
 models: install
 	$(PY) $(SHARED)/models/fetch-test-models.py
 	$(PY) $(SHARED)/models/fetch-test-models.py --dest $(CALIBRATE_TEST_MODELS)/gguf --only smollm2-135m-instruct --keep-gguf
+	# An EAGLE-3 head distilled for SmolLM2 on the agentic sample (6 minutes of training on 2 threads plus the target passes; kept once made).
+	OMP_NUM_THREADS=2 $(PY) -m calibrate.speculators.eagle3_distil --target smollm2-135m-instruct \
+		--dataset $(SHARED)/datasets/mini-swe-agent-gemini3pro-swebv/original \
+		--out $(CALIBRATE_TEST_MODELS)/smollm2-135m-instruct-eagle3 --seconds 360 --threads 2
+
+# The speculators package as an oracle for our EAGLE-3 (bench/eagle3_vs_speculators.py); it pins
+# transformers <= 5.19, so it goes in without its dependencies, beside the venv, git-ignored.
+oracle-env: install
+	$(PY) -m pip install -q --no-deps --target .oracle/speculators speculators==0.9.0
 
 # The run alone is timed (setup above is not); a second `make quickstart` resumes and measures nothing.
 quickstart: models

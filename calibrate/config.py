@@ -14,15 +14,16 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from calibrate.speculators.registry import KINDS, SpeculatorConfigUnion
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
-from calibrate.speculators.ngram import VLLM_DEFAULT_LOOKUP
 
 
 class _Strict(BaseModel):
@@ -67,55 +68,9 @@ class RunConfig(_Strict):
     verification: Literal["probabilistic", "target-only"] = "probabilistic"
 
 
-class DraftSpeculatorConfig(_Strict):
-    kind: Literal["draft"]
-    model: str
-
-
-class NgramSpeculatorConfig(_Strict):
-    """vLLM's n-gram proposer; keys and defaults as vLLM's speculative config spells them (both lengths 5
-    when neither is given, one copies the other when only one is)."""
-
-    kind: Literal["ngram"]
-    prompt_lookup_max: int = Field(gt=0)
-    prompt_lookup_min: int = Field(gt=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _vllm_defaults(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        if {"max_n", "min_n"} & data.keys():
-            raise ValueError("ngram's keys are vLLM's prompt_lookup_max / prompt_lookup_min (max_n / min_n were "
-                             "renamed when n-gram took vLLM's semantics)")
-        given = data.get("prompt_lookup_max", data.get("prompt_lookup_min", VLLM_DEFAULT_LOOKUP))
-        return {"prompt_lookup_max": given, "prompt_lookup_min": given, **data}
-
-    @model_validator(mode="after")
-    def _order(self) -> NgramSpeculatorConfig:
-        if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
-                             f"prompt_lookup_max ({self.prompt_lookup_max})")
-        return self
-
-
-class SuffixSpeculatorConfig(_Strict):
-    """Suffix decoding; the keys are vLLM's `suffix_decoding_*` options, with their defaults."""
-
-    kind: Literal["suffix"]
-    max_depth: int = Field(default=24, gt=0)
-    max_spec_factor: float = Field(default=1.0, ge=0)
-    max_spec_offset: float = 0.0
-    min_token_prob: float = Field(default=0.1, ge=0, le=1)
-
-
-SpeculatorConfig = Annotated[Union[DraftSpeculatorConfig, NgramSpeculatorConfig, SuffixSpeculatorConfig],
-                             Field(discriminator="kind")]
-
-
 class PairConfig(_Strict):
     target: str
-    speculators: list[SpeculatorConfig] = Field(min_length=1)
+    speculators: list[SpeculatorConfigUnion] = Field(min_length=1)
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("speculators")
@@ -185,7 +140,7 @@ def _where(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("draft", "ngram", "suffix") and out.endswith("]"):
+        elif part in KINDS and out.endswith("]"):
             continue  # pydantic's discriminator tag adds nothing for a reader
         else:
             out += ("." if out else "") + str(part)
@@ -199,7 +154,7 @@ def format_errors(path: str, exc: ValidationError) -> str:
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         elif err["type"] == "union_tag_invalid":
-            msg = f"unknown speculator kind {err['input'].get('kind')!r} (known: draft, ngram, suffix)" \
+            msg = f"unknown speculator kind {err['input'].get('kind')!r} (known: {', '.join(KINDS)})" \
                 if isinstance(err.get("input"), dict) else msg
         shown = "" if err["type"] in ("missing", "union_tag_invalid") else f" (got {err.get('input')!r})"
         lines.append(f"  {_where(err['loc'])}: {msg}{shown}")

@@ -27,16 +27,14 @@ from calibrate.data import (
 )
 from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
-from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer, resolve_device
+from calibrate.models import LoadedModel, load_model, load_tokenizer, resolve_device
 from calibrate.progress import RunProgress
 from calibrate.replay.counts import RequestOutcome, StepCounts
-from calibrate.replay.greedy import generate_greedy, score_replay
+from calibrate.replay.greedy import generate_greedy, score_replay, target_features
 from calibrate.replay.sampled import run_sampled
 from calibrate.replay.steps import STEP_RULE_VERSION
-from calibrate.speculators.base import Speculator
-from calibrate.speculators.draft_model import DraftModelSpeculator
-from calibrate.speculators.ngram import NgramSpeculator
-from calibrate.speculators.suffix import SuffixSpeculator
+from calibrate.speculators.base import BuildContext, Speculator, TargetNeeds
+from calibrate.speculators.registry import speculator_class
 from calibrate.tables.store import RunSpec, Store
 
 
@@ -97,8 +95,8 @@ def prepare(config: Config) -> Prepared:
         raise ValueError(f"dataset {ds.source!r}: no assistant turn to replay")
     for pair in config.pairs:
         tokenizer = load_tokenizer(pair.target)
-        for draft in (s for s in pair.speculators if s.kind == "draft"):
-            check_same_tokenizer(pair.target, tokenizer, draft.model, load_tokenizer(draft.model))
+        for spec in pair.speculators:  # e.g. a draft's tokenizer, a head's shapes: before any weights load
+            speculator_class(spec.kind).check(spec, pair.target, tokenizer)
         for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
             render_prompt(requests[0], tokenizer, thinking=thinking, context_tokens=ds.context_tokens,
                           model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
@@ -107,21 +105,12 @@ def prepare(config: Config) -> Prepared:
                     dataset_format=loaded.format, dtype=dtype, problems=loaded.problems)
 
 
-def build_speculators(pair: PairConfig, config: Config, drafts: dict[str, LoadedModel],
-                      dtype: str) -> list[Speculator]:
-    out: list[Speculator] = []
-    for spec in pair.speculators:
-        if spec.kind == "draft":
-            if spec.model not in drafts:
-                drafts[spec.model] = load_model(spec.model, dtype, config.run.device)
-            out.append(DraftModelSpeculator(drafts[spec.model], batch_size=config.run.batch_size))
-        elif spec.kind == "ngram":
-            out.append(NgramSpeculator(prompt_lookup_max=spec.prompt_lookup_max, prompt_lookup_min=spec.prompt_lookup_min))
-        else:
-            out.append(SuffixSpeculator(max_depth=spec.max_depth, max_spec_factor=spec.max_spec_factor,
-                                        max_spec_offset=spec.max_spec_offset, min_token_prob=spec.min_token_prob,
-                                        cache_size=max(64, config.run.batch_size)))
-    return out
+def build_speculators(pair: PairConfig, config: Config, target: LoadedModel,
+                      loaded: dict[str, LoadedModel], dtype: str) -> list[Speculator]:
+    """The pair's speculators, from the kinds' registry; `loaded` shares draft models between pairs."""
+    ctx = BuildContext(dtype=dtype, device=config.run.device, batch_size=config.run.batch_size,
+                       target=target, loaded=loaded)
+    return [speculator_class(spec.kind).build(spec, ctx) for spec in pair.speculators]
 
 
 def run_specs(config: Config, prepared: Prepared, target: LoadedModel, speculators: Sequence[Speculator],
@@ -164,7 +153,7 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
         for pair in config.pairs:
             console.print(f"loading {pair.target} and its speculators", highlight=False, soft_wrap=True)
             target = load_model(pair.target, prepared.dtype.dtype, config.run.device)
-            speculators = build_speculators(pair, config, drafts, prepared.dtype.dtype)
+            speculators = build_speculators(pair, config, target, drafts, prepared.dtype.dtype)
             for thinking in config.sweep.thinking:
                 prompts = [
                     render_prompt(r, target.tokenizer, thinking=thinking, context_tokens=config.dataset.context_tokens,
@@ -271,9 +260,12 @@ def _replay_batch(config: Config, target: LoadedModel, speculators: Sequence[Spe
                                 eos_token_ids=target.eos_token_ids, device=target.device)
     segments = [label_segments(r.tokens, target.tokenizer, thinking=thinking, starts_in_thinking=p.opens_thinking)
                 for r, p in zip(responses, prompts)]
+    needs = TargetNeeds(layers=tuple(sorted({i for s in speculators for i in s.needs.layers})),
+                        last=any(s.needs.last for s in speculators))
+    features = target_features(target.model, ids, [r.tokens for r in responses], needs) if needs.any else None
     per_request: BatchResult = [{} for _ in prompts]
     for spec in speculators:
-        scored = score_replay(spec, ids, responses, config.sweep.draft_lengths, segments)
+        scored = score_replay(spec, ids, responses, config.sweep.draft_lengths, segments, features)
         for i, per_k in enumerate(scored):
             finish = "eos" if responses[i].ended else "length"
             per_request[i].update({(spec.name, k): Measured(counts, len(responses[i].tokens), finish)

@@ -16,7 +16,7 @@ from transformers import GenerationConfig
 
 from calibrate.replay.counts import StepCounts
 from calibrate.replay.steps import walk_steps
-from calibrate.speculators.base import Speculator
+from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds, select_features
 
 
 @dataclass(frozen=True)
@@ -56,15 +56,39 @@ def generate_greedy(
     return responses
 
 
+@torch.inference_mode()
+def target_features(model: torch.nn.Module, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                    needs: TargetNeeds) -> list[TargetFeatures]:
+    """The target's features over prompt + response of each request: one teacher-forced pass per request.
+
+    One request per pass (no padding) so the features are the ones an engine computes for that sequence
+    alone; the response being the target's own greedy output, they equal those of its generation."""
+    device = next(model.parameters()).device
+    out = []
+    for prompt, response in zip(prompts, responses):
+        ids = torch.tensor([list(prompt) + list(response)], dtype=torch.long, device=device)
+        hidden = model(input_ids=ids, output_hidden_states=True, use_cache=False, logits_to_keep=1).hidden_states
+        out.append(select_features(hidden, needs))
+    return out
+
+
 def score_replay(
     speculator: Speculator,
     prompts: Sequence[Sequence[int]],
     responses: Sequence[GreedyResponse],
     draft_lens: Sequence[int],
     segments: Sequence[Sequence[str]] | None = None,
+    features: Sequence[TargetFeatures] | None = None,
 ) -> list[dict[int, StepCounts]]:
-    """Step counts per request and per k, for one speculator, from fixed greedy responses."""
-    scorers = speculator.replay_scorers(prompts, [r.tokens for r in responses], max(draft_lens))
+    """Step counts per request and per k, for one speculator, from fixed greedy responses. `features` (from
+    `target_features`, covering at least what the speculator needs) is required when it needs any."""
+    tokens = [r.tokens for r in responses]
+    if speculator.needs.any:
+        if features is None:
+            raise ValueError(f"speculator {speculator.name!r} needs the target's hidden states; pass features")
+        scorers = speculator.replay_scorers(prompts, tokens, max(draft_lens), features)
+    else:
+        scorers = speculator.replay_scorers(prompts, tokens, max(draft_lens))
     results = []
     for i, (response, run_at) in enumerate(zip(responses, scorers)):
         labels = segments[i] if segments is not None else None

@@ -24,8 +24,11 @@ Each k is its own loop run (at temperature > 0 the responses differ per k). `spe
   LM (e.g. the target itself, for self-speculation); it drafts in batch with its own KV cache, sampling
   from softmax(logits / T) (no top-k / top-p: any q is exact, this one is what vLLM's drafters use), and
   hands q to the verifier; at temperature 0 it drafts its argmax;
-- any other Speculator (n-gram, suffix, ...): `propose(context, k, temperature, generator)` per request
-  and step; its `probs` are used when given, else q = one-hot. Proposals may be shorter than k.
+- any other Speculator (n-gram, suffix, EAGLE-3, ...): per request id (its request key) `start` after the
+  prefill, `draft(request_id, k, temperature, generator)` per step, `extend` with each verified block and
+  `finish`; when it declares `needs`, the target's hidden states of the positions each pass verified come
+  with `start` / `extend` (calibrate.speculators.base). Its `probs` are used when given, else q = one-hot.
+  Proposals may be shorter than k.
 
 Randomness is counter-based (calibrate.kernels.rng), keyed by (seed, request key (`request_keys`, default
 the index in `prompts`), position in the response, purpose) for both the draft samples and the
@@ -50,7 +53,7 @@ from calibrate.kernels import rng, verify_greedy, verify_rejection
 from calibrate.kernels.reference import VerifyOutput
 from calibrate.replay.counts import StepCounts
 from calibrate.replay.steps import step_accepted
-from calibrate.speculators.base import Speculator
+from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds, select_features
 
 
 # Verification rules at temperature > 0. Both emit exactly target-distributed tokens; they differ in AL.
@@ -140,12 +143,14 @@ class _SlotCache:
         self.cache = DynamicCache()
         self.valid = torch.zeros((batch, 0), dtype=torch.bool, device=self.device)  # (B, slots)
         self.lengths = torch.zeros(batch, dtype=torch.int64, device=self.device)  # valid tokens per request
+        self.hidden: tuple[torch.Tensor, ...] | None = None  # hidden states of the last feed, when asked
 
     @torch.inference_mode()
-    def feed(self, chunks: Sequence[Sequence[int]], logits_to_keep: int = 0) -> torch.Tensor:
+    def feed(self, chunks: Sequence[Sequence[int]], logits_to_keep: int = 0, hidden: bool = False) -> torch.Tensor:
         """Append one chunk of tokens per request (may be empty); returns logits (B, n, V) (n = widest chunk).
 
-        With logits_to_keep=1 only the last column's logits are computed (prefill)."""
+        With logits_to_keep=1 only the last column's logits are computed (prefill). With hidden=True the
+        feed's hidden states (transformers' tuple, (B, n, H) each) are kept in `self.hidden`."""
         b = len(chunks)
         width = max(len(c) for c in chunks)
         ids = torch.zeros((b, width), dtype=torch.int64)
@@ -157,7 +162,9 @@ class _SlotCache:
         positions = self.lengths.unsqueeze(1) + torch.arange(width, device=self.device).unsqueeze(0)  # (B, n)
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         out = self.model(input_ids=ids, attention_mask=self.valid.long(), position_ids=positions,
-                         cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep)
+                         cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep,
+                         output_hidden_states=hidden)
+        self.hidden = out.hidden_states if hidden else None
         self.lengths = self.lengths + new_valid.sum(1)
         return out.logits
 
@@ -236,7 +243,7 @@ def _draft_with_speculator(speculator: Speculator, active: list[_Request], k: in
     (one-hot rows for those that do not), else None."""
     drafts, q_list = [], []
     for r in active:
-        proposal = speculator.propose(r.context, k, temperature, generator)
+        proposal = speculator.draft(r.key, k, temperature, generator)
         drafts.append([int(t) for t in proposal.tokens[:k]])
         q_list.append(proposal.probs)
     if temperature <= 0 or all(q is None for q in q_list):
@@ -261,11 +268,15 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
     draft_temperature = 0.0 if verification == "target-only" else temperature
     tcache = _SlotCache(target, len(requests))
     dcache = _SlotCache(draft_model, len(requests)) if draft_model is not None else None
+    needs = speculator.needs if dcache is None else TargetNeeds()
     # Prefill everything but the last prompt token: the loop invariant is "cache = context[:-pending]".
     if any(len(r.prompt) > 1 for r in requests):
-        tcache.feed([r.prompt[:-1] for r in requests], logits_to_keep=1)
+        tcache.feed([r.prompt[:-1] for r in requests], logits_to_keep=1, hidden=needs.any)
         if dcache is not None:
             dcache.feed([r.prompt[:-1] for r in requests], logits_to_keep=1)
+    if dcache is None:
+        for j, r in enumerate(requests):
+            speculator.start(r.key, r.prompt, _features(tcache, needs, j, len(r.prompt) - 1))
     active = list(requests)
     vocab = int(target.get_output_embeddings().weight.shape[0])  # width of the target's logits
     device = tcache.device
@@ -287,7 +298,7 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
 
         # -- verify: one target pass over [pending token, drafts] -----------------------------------------
         pending = [r.context[int(n):] for r, n in zip(active, tcache.lengths.tolist())]  # always 1 token
-        logits = tcache.feed([p + d for p, d in zip(pending, drafts)])  # (B, 1 + max k_r, V)
+        logits = tcache.feed([p + d for p, d in zip(pending, drafts)], hidden=needs.any)  # (B, 1 + max k_r, V)
         num_draft = torch.tensor([len(d) for d in drafts], dtype=torch.int64)
         rows = torch.cat([logits[j, len(pending[j]) - 1: len(pending[j]) + len(d)] for j, d in enumerate(drafts)])
         flat = torch.tensor([t for d in drafts for t in d], dtype=torch.int64, device=device)
@@ -318,6 +329,10 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
                 r.finish_reason = "length"
             else:
                 still.append(j)
+            if dcache is None and r.finish_reason is None:  # the target ran pending + the accepted drafts
+                speculator.extend(r.key, kept, _features(tcache, needs, j, len(kept)))
+            elif dcache is None:
+                speculator.finish(r.key)
         # Target keeps pending + accepted drafts (the emitted sample is next step's pending token).
         tcache.truncate(tcache.lengths.new_tensor([len(r.context) - 1 for r in active]))
         if dcache is not None:
@@ -333,6 +348,15 @@ def _run_batch(target: torch.nn.Module, speculator, draft_model: torch.nn.Module
                 if dcache is not None:
                     dcache.select(sel)
             active = [active[j] for j in still]
+
+
+def _features(tcache: _SlotCache, needs: TargetNeeds, row: int, n: int) -> TargetFeatures | None:
+    """The first n positions of batch row `row` of the target's last feed, as the speculator needs them."""
+    if not needs.any:
+        return None
+    if tcache.hidden is None:  # a one-token prompt: nothing was prefilled
+        return None
+    return select_features(tcache.hidden, needs, row).rows(0, n)
 
 
 def run_sampled(

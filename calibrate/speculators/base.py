@@ -1,10 +1,21 @@
 """One small interface for every drafter (draft model, n-gram, suffix, EAGLE-3, MTP).
 
+A speculator declares what it needs from the target (`needs`: nothing, the hidden states entering given
+layers, or the last hidden state), and engines hand exactly that with the tokens they verified.
+
 Engines use a speculator in two ways:
 - greedy replay-once: the target's response is fixed, so a speculator only has to say, for a step that
-  starts at position t of that response, how many of its k drafts match it (`replay_scorers`);
-- loops (sampled, or step-by-step at temperature 0): it proposes k tokens for the current context
-  (`propose`), optionally with its probabilities for rejection sampling.
+  starts at position t of that response, how many of its k drafts match it (`replay_scorers`, given the
+  target's features over prompt + response when it needs them);
+- loops (sampled, or step-by-step at temperature 0), per request id: `start` with the prompt, `draft` k
+  tokens (optionally with their probabilities for rejection sampling), `extend` with each verified block,
+  `finish`. A speculator owns its per-request state (KV cache, index) and rolls back its own speculative
+  state when the next verified block arrives; nothing recognises a request by its tokens.
+
+Target features follow one invariant: after `start` / `extend`, the speculator holds the features of every
+context position except the last (the last token is the one the target has not run yet: the prefill's
+pending prompt token, or the token a step emitted). So `start` gets len(prompt) - 1 rows and each `extend`
+with n new tokens gets n rows: the target's rows of the tokens it ran in that step.
 
 A speculator that can do better than "propose at every step" for replay (a draft model scores every step
 from one teacher-forced pass) overrides `replay_scorers`; the default proposes at each step.
@@ -14,14 +25,69 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
 # run_at(t, k) -> (how many of the drafts proposed for k at response position t match the response from t,
 # how many drafts were proposed). See calibrate.replay.steps.walk_steps.
 ReplayScorer = Callable[[int, int], tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class TargetNeeds:
+    """What a speculator needs from the target's forward passes, besides tokens.
+
+    `layers`: indices into transformers' `output_hidden_states` tuple, i.e. the hidden state ENTERING layer i
+    (index 0 = embeddings), which is what vLLM captures as aux hidden state i. `last`: the final hidden state
+    (after the model's final norm, as transformers returns it last).
+    """
+
+    layers: tuple[int, ...] = ()
+    last: bool = False
+
+    @property
+    def any(self) -> bool:
+        return bool(self.layers) or self.last
+
+
+@dataclass
+class TargetFeatures:
+    """The target's features over a run of positions: `layers[i]` is (n, H) for each needed layer index i,
+    `last` (n, H) when needed. Rows are positions, in order."""
+
+    layers: dict[int, torch.Tensor] = field(default_factory=dict)
+    last: torch.Tensor | None = None
+
+    def rows(self, start: int, stop: int) -> TargetFeatures:
+        return TargetFeatures({i: h[start:stop] for i, h in self.layers.items()},
+                              None if self.last is None else self.last[start:stop])
+
+
+def select_features(hidden_states: Sequence[torch.Tensor], needs: TargetNeeds, row: int = 0) -> TargetFeatures:
+    """The needed features of batch row `row` from a transformers `hidden_states` tuple ((B, n, H) each)."""
+    return TargetFeatures({i: hidden_states[i][row] for i in needs.layers},
+                          hidden_states[-1][row] if needs.last else None)
+
+
+class SpeculatorConfig(BaseModel):
+    """Base of every kind's config table (`[[pairs]].speculators` entries): strict, immutable."""
+
+    # NaN and infinity are refused for every float, as in calibrate.config.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+@dataclass
+class BuildContext:
+    """What a kind's `build` may use: run settings, the loaded target, and models shared between pairs."""
+
+    dtype: str
+    device: str
+    batch_size: int
+    target: Any  # calibrate.models.LoadedModel
+    loaded: dict[str, Any] = field(default_factory=dict)  # name -> LoadedModel, shared across pairs
 
 
 @dataclass
@@ -58,9 +124,23 @@ def leading_matches(drafts: Sequence[int], target: Sequence[int], limit: int) ->
 
 
 class Speculator(ABC):
-    """A drafter. `name` labels its runs; `params` is stored as provenance and is part of the run identity."""
+    """A drafter. `name` labels its runs; `params` is stored as provenance and is part of the run identity.
+
+    Each kind also declares its config table (`config_model`, a SpeculatorConfig subclass with a `kind`
+    Literal) and how to build itself from it (`build`); calibrate.speculators.registry lists the kinds.
+    """
 
     kind: str = ""
+    needs: TargetNeeds = TargetNeeds()
+    config_model: ClassVar[type[SpeculatorConfig] | None] = None
+
+    @classmethod
+    def check(cls, spec: SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
+        """Refuse a config that cannot work with this target, before any weights load (default: nothing)."""
+
+    @classmethod
+    def build(cls, spec: SpeculatorConfig, ctx: BuildContext) -> Speculator:
+        raise NotImplementedError(f"speculator kind {cls.kind!r} cannot be built from a config")
 
     @property
     @abstractmethod
@@ -78,12 +158,40 @@ class Speculator(ABC):
     @abstractmethod
     def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
                 generator: torch.Generator | None = None) -> Proposal:
-        """Propose k draft tokens to follow `context` (token ids)."""
+        """Propose k draft tokens to follow `context` (token ids), from the tokens alone."""
+
+    # -- loops: per-request state ---------------------------------------------------------------------
+    # The default keeps each request's context and proposes from it; speculators with a model state
+    # (EAGLE-3, MTP) override all four.
+
+    def start(self, request_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
+        """A request begins: its prompt, and the target's features of every prompt position but the last."""
+        self._contexts()[request_id] = list(prompt)
+
+    def extend(self, request_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
+        """The target verified a step: the context grew by `tokens`; features cover the positions it ran."""
+        self._contexts()[request_id].extend(int(t) for t in tokens)
+
+    def draft(self, request_id: int, k: int, temperature: float = 0.0,
+              generator: torch.Generator | None = None) -> Proposal:
+        """Up to k drafts to follow the request's current context."""
+        return self.propose(self._contexts()[request_id], k, temperature, generator)
+
+    def finish(self, request_id: int) -> None:
+        self._contexts().pop(request_id, None)
+
+    def _contexts(self) -> dict[int, list[int]]:
+        # Created on first use, so subclasses need not call a base __init__.
+        return self.__dict__.setdefault("_request_contexts", {})
+
+    # -- greedy replay-once ---------------------------------------------------------------------------
 
     def replay_scorers(
-        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
+        features: Sequence[TargetFeatures] | None = None,
     ) -> list[ReplayScorer]:
-        """One scorer per (prompt, response) for greedy replay-once. Default: propose at each step."""
+        """One scorer per (prompt, response) for greedy replay-once; `features[i]` covers prompt + response
+        of request i when the speculator needs them. Default: propose at each step."""
 
         def scorer(prompt: Sequence[int], response: Sequence[int]) -> ReplayScorer:
             def run_at(t: int, k: int) -> tuple[int, int]:

@@ -12,14 +12,19 @@ Two ways to use it:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
-from calibrate.models import LoadedModel
-from calibrate.speculators.base import Proposal, ReplayScorer, Speculator
+from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
+from calibrate.speculators.base import BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig
+
+
+class DraftSpeculatorConfig(SpeculatorConfig):
+    kind: Literal["draft"]
+    model: str
 
 
 def run_lengths(match: np.ndarray) -> np.ndarray:
@@ -43,6 +48,17 @@ class DraftModelSpeculator(Speculator):
     """A smaller model of the target's family proposing k tokens autoregressively."""
 
     kind = "draft"
+    config_model = DraftSpeculatorConfig
+
+    @classmethod
+    def check(cls, spec: DraftSpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
+        check_same_tokenizer(target_name, target_tokenizer, spec.model, load_tokenizer(spec.model))
+
+    @classmethod
+    def build(cls, spec: DraftSpeculatorConfig, ctx: BuildContext) -> DraftModelSpeculator:
+        if spec.model not in ctx.loaded:
+            ctx.loaded[spec.model] = load_model(spec.model, ctx.dtype, ctx.device)
+        return cls(ctx.loaded[spec.model], batch_size=ctx.batch_size)
 
     def __init__(self, draft: LoadedModel, batch_size: int = 4):
         self.draft = draft

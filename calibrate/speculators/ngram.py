@@ -17,15 +17,44 @@ replayed request reaches here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
+from pydantic import Field, model_validator
 
-from calibrate.speculators.base import Proposal, Speculator, label
+from calibrate.speculators.base import BuildContext, Proposal, Speculator, SpeculatorConfig, label
+
 
 VLLM_DEFAULT_LOOKUP = 5  # vLLM SpeculativeConfig: prompt_lookup_min = prompt_lookup_max = 5 when both unset
+
+
+class NgramSpeculatorConfig(SpeculatorConfig):
+    """vLLM's n-gram proposer; keys and defaults as vLLM's speculative config spells them (both lengths 5
+    when neither is given, one copies the other when only one is)."""
+
+    kind: Literal["ngram"]
+    prompt_lookup_max: int = Field(gt=0)
+    prompt_lookup_min: int = Field(gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if {"max_n", "min_n"} & data.keys():
+            raise ValueError("ngram's keys are vLLM's prompt_lookup_max / prompt_lookup_min (max_n / min_n were "
+                             "renamed when n-gram took vLLM's semantics)")
+        given = data.get("prompt_lookup_max", data.get("prompt_lookup_min", VLLM_DEFAULT_LOOKUP))
+        return {"prompt_lookup_max": given, "prompt_lookup_min": given, **data}
+
+    @model_validator(mode="after")
+    def _order(self) -> NgramSpeculatorConfig:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
+                             f"prompt_lookup_max ({self.prompt_lookup_max})")
+        return self
 
 
 def ngram_proposal(context: Sequence[int], k: int, prompt_lookup_max: int, prompt_lookup_min: int) -> list[int]:
@@ -47,6 +76,11 @@ class NgramSpeculator(Speculator):
 
     kind = "ngram"
     defaults = {"prompt_lookup_max": VLLM_DEFAULT_LOOKUP, "prompt_lookup_min": VLLM_DEFAULT_LOOKUP}
+    config_model = NgramSpeculatorConfig
+
+    @classmethod
+    def build(cls, spec: NgramSpeculatorConfig, ctx: BuildContext) -> NgramSpeculator:
+        return cls(prompt_lookup_max=spec.prompt_lookup_max, prompt_lookup_min=spec.prompt_lookup_min)
 
     def __init__(self, prompt_lookup_max: int = VLLM_DEFAULT_LOOKUP, prompt_lookup_min: int = VLLM_DEFAULT_LOOKUP):
         if not 1 <= prompt_lookup_min <= prompt_lookup_max:

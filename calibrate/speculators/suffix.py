@@ -27,11 +27,24 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import Field
 
-from calibrate.speculators.base import Proposal, ReplayScorer, Speculator, label, leading_matches
+from calibrate.speculators.base import (
+    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, label, leading_matches,
+)
+
+
+class SuffixSpeculatorConfig(SpeculatorConfig):
+    """Suffix decoding; the keys are vLLM's `suffix_decoding_*` options, with their defaults."""
+
+    kind: Literal["suffix"]
+    max_depth: int = Field(default=24, gt=0)
+    max_spec_factor: float = Field(default=1.0, ge=0)
+    max_spec_offset: float = 0.0
+    min_token_prob: float = Field(default=0.1, ge=0, le=1)
 
 
 EPS = 1e-9
@@ -205,6 +218,13 @@ class SuffixSpeculator(Speculator):
 
     kind = "suffix"
     defaults = {"max_depth": 24, "max_spec_factor": 1.0, "max_spec_offset": 0.0, "min_token_prob": 0.1}
+    config_model = SuffixSpeculatorConfig
+
+    @classmethod
+    def build(cls, spec: SuffixSpeculatorConfig, ctx: BuildContext) -> SuffixSpeculator:
+        return cls(max_depth=spec.max_depth, max_spec_factor=spec.max_spec_factor,
+                   max_spec_offset=spec.max_spec_offset, min_token_prob=spec.min_token_prob,
+                   cache_size=max(64, ctx.batch_size))
 
     def __init__(self, max_depth: int = 24, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
                  min_token_prob: float = 0.1, cache_size: int = 64):
@@ -222,6 +242,7 @@ class SuffixSpeculator(Speculator):
         # makes a step cost the new tokens, not the whole context. Keep one per request of a batch.
         self._indexes: list[SuffixIndex] = []
         self._cache_size = cache_size
+        self._by_request: dict[int, SuffixIndex] = {}  # loops: one index per request id
 
     @property
     def name(self) -> str:
@@ -254,6 +275,20 @@ class SuffixSpeculator(Speculator):
                 generator: torch.Generator | None = None) -> Proposal:
         index = self.index_for(context)
         return Proposal(tokens=list(self.best_at(index, len(index.tokens), k).tokens))
+
+    def start(self, request_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
+        self._by_request[request_id] = SuffixIndex(self.max_depth, list(prompt))
+
+    def extend(self, request_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
+        self._by_request[request_id].extend(tokens)
+
+    def draft(self, request_id: int, k: int, temperature: float = 0.0,
+              generator: torch.Generator | None = None) -> Proposal:
+        index = self._by_request[request_id]
+        return Proposal(tokens=list(self.best_at(index, len(index.tokens), k).tokens))
+
+    def finish(self, request_id: int) -> None:
+        self._by_request.pop(request_id, None)
 
     def replay_scorers(
         self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int
