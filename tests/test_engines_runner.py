@@ -91,6 +91,11 @@ def test_connect_run_gives_rows_show_export_lookup_read(tmp_path, smollm, mini_s
     res = CliRunner().invoke(app, ["export", "--to", "inferencex", "--db", str(db), "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "3.5" in "".join(p.read_text() for p in out.rglob("*") if p.is_file())
+    res = CliRunner().invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "plots")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "plots" / "al_vs_k.png").exists() and (tmp_path / "plots" / "rates.png").exists()
+    with pytest.raises(ValueError, match="not available from this engine"):
+        lookup(str(smollm), None, K + 2, "off", table=db, extrapolate=True)
 
 
 def test_server_dying_mid_run_keeps_whole_requests_and_resume_counts_once(tmp_path, smollm, mini_swe_dir):

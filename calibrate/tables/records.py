@@ -215,8 +215,11 @@ def extrapolate(base: AcceptanceRecord, draft_len: int) -> AcceptanceRecord:
     base's histogram (Leviathan et al. 2023). No CI: this is a model of the curve, not a measurement.
     Sample sizes and provenance stay those of `base`, the measurement it rests on.
     """
-    if not base.histogram:
+    if base.extrapolated:
         raise ValueError("can only extrapolate from a measured record")
+    if not base.histogram:
+        raise ValueError(f"extrapolation needs the histogram of accepted drafts, which is not available from "
+                         f"this engine ({', '.join(base.engines)} reports totals only)")
     measured = np.asarray(base.unconditional_rates)
     alpha = float(stats.iid_rate(base.histogram))
     rates = stats.extend_rates(measured, draft_len, alpha)
