@@ -202,3 +202,25 @@ def test_launch_command_that_exits_quotes_its_log(tmp_path):
     with pytest.raises(EngineError, match=r"(?s)llama.cpp: launch command exited with status 3 before "
                                           r"http://127.0.0.1:1.*unknown argument --spec-draft-n-max"):
         launch("llama.cpp", cmd, "http://127.0.0.1:1", "/health", timeout=30, log_dir=str(tmp_path))
+
+
+# -- config -----------------------------------------------------------------------------------------------
+
+def _pair_config(tmp_path, pair: str):
+    from calibrate.config import load_config
+    path = tmp_path / "c.toml"
+    path.write_text(f'[dataset]\nsource = "x.jsonl"\n[[pairs]]\ntarget = "t"\n'
+                    f'speculators = [{{ kind = "draft", model = "d" }}]\n{pair}\n[sweep]\ndraft_lengths = [2]\n')
+    return load_config(path)
+
+
+def test_config_backend_needs_server_table_and_connect_needs_url_and_k(tmp_path):
+    from calibrate.config import ConfigError
+    with pytest.raises(ConfigError, match=r"backend 'vllm' needs a \[pairs.server\] table"):
+        _pair_config(tmp_path, 'backend = "vllm"')
+    with pytest.raises(ConfigError, match="mode 'connect' needs `url` and `draft_len`"):
+        _pair_config(tmp_path, 'backend = "sglang"\nserver = { mode = "connect", url = "http://h:1" }')
+    with pytest.raises(ConfigError, match="for server backends"):
+        _pair_config(tmp_path, 'server = { mode = "launch", model = "m" }')
+    ok = _pair_config(tmp_path, 'backend = "vllm"\nserver = { mode = "connect", url = "http://h:1", draft_len = 2 }')
+    assert ok.pairs[0].backend == "vllm" and ok.pairs[0].server.draft_len == 2
