@@ -119,6 +119,10 @@ class AcceptanceRecord:
     @property
     def rates(self) -> tuple[float, ...]:
         """The k unconditional rates rounded for vLLM/llama.cpp; rounding keeps them non-increasing."""
+        if len(self.unconditional_rates) != self.draft_len:
+            raise ValueError(f"per-position rates of {self.target} / {self.speculator} k={self.draft_len} are not "
+                             f"available from this engine ({', '.join(self.engines)} reports totals only): "
+                             "export the length instead")
         return tuple(round(r, RATE_DIGITS) for r in self.unconditional_rates)
 
     def value(self) -> str:
