@@ -46,7 +46,8 @@ def acceptance_length_from_totals(n_steps: ArrayLike, accepted: ArrayLike) -> np
     """
     n = np.asarray(n_steps, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(n > 0, 1.0 + np.asarray(accepted, dtype=np.float64) / n, np.nan)
+        # (steps + accepted) / steps, not 1 + accepted / steps: the emitted-tokens quotient, to the last bit
+        out = np.where(n > 0, (n + np.asarray(accepted, dtype=np.float64)) / n, np.nan)
     return float(out) if np.ndim(out) == 0 else out
 
 
