@@ -74,7 +74,8 @@ def plot(records: Sequence[AcceptanceRecord], out: Path) -> list[Path]:
     if missing:
         ax.text(0.02, 0.02, "not available from this engine (totals only): " + "; ".join(missing),
                 transform=ax.transAxes, fontsize="x-small", va="bottom")
-    ax.legend(fontsize="small")
+    if ax.get_legend_handles_labels()[0]:  # no curve when every engine gave totals only
+        ax.legend(fontsize="small")
     fig.tight_layout()
     rates_path = out / "rates.png"
     fig.savefig(rates_path, dpi=120)
