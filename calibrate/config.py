@@ -68,10 +68,53 @@ class RunConfig(_Strict):
     verification: Literal["probabilistic", "target-only"] = "probabilistic"
 
 
+class ServerConfig(_Strict):
+    """How a server backend is reached: `launch` starts the engine per (speculator, k); `connect` uses a URL.
+
+    `model` is what the engine loads (a GGUF file for llama.cpp, a path or hub id for vLLM / SGLang); the
+    pair's `target` still names the tokenizer and chat template the prompts are rendered with.
+    """
+
+    mode: Literal["launch", "connect"] = "launch"
+    url: str | None = None  # connect
+    draft_len: int | None = Field(default=None, gt=0)  # connect: the k the server was started with
+    model: str | None = None  # launch
+    command: str | None = None  # launch: the engine executable (default: per backend)
+    args: list[str] = Field(default_factory=list)  # launch: extra engine arguments, passed as written
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, gt=0, lt=65536)  # launch: None picks a free port
+    concurrency: int = Field(default=1, gt=0)  # requests in flight where the engine counts per request
+    startup_timeout: float = Field(default=600.0, gt=0)
+    request_timeout: float = Field(default=600.0, gt=0)
+    log_dir: str | None = None  # launch: where the engine's log goes (default: the temp folder)
+
+    @model_validator(mode="after")
+    def _mode(self) -> ServerConfig:
+        if self.mode == "connect" and (not self.url or self.draft_len is None):
+            raise ValueError("mode 'connect' needs `url` and `draft_len` (the k the server drafts)")
+        if self.mode == "launch" and not self.model:
+            raise ValueError("mode 'launch' needs `model` (the weights the engine loads)")
+        return self
+
+
+
 class PairConfig(_Strict):
     target: str
     speculators: list[SpeculatorConfigUnion] = Field(min_length=1)
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    backend: Literal["transformers", "llama.cpp", "vllm", "sglang"] = "transformers"
+    server: ServerConfig | None = None
+
+    @model_validator(mode="after")
+    def _backend(self) -> PairConfig:
+        if self.backend == "transformers" and self.server is not None:
+            raise ValueError("[pairs.server] is for server backends; set backend = \"llama.cpp\", \"vllm\" or "
+                             "\"sglang\"")
+        if self.backend != "transformers" and self.server is None:
+            raise ValueError(f"backend {self.backend!r} needs a [pairs.server] table (mode, url or model)")
+        if self.server is not None and self.server.mode == "connect" and len(self.speculators) != 1:
+            raise ValueError("a connected server runs one speculator: list exactly the one it was started with")
+        return self
 
     @field_validator("speculators")
     @classmethod

@@ -27,13 +27,13 @@ from calibrate.data import (
 )
 from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
+from calibrate.engines import TargetIdentity, open_server, plan_servers
 from calibrate.models import LoadedModel, load_model, load_tokenizer, resolve_device
 from calibrate.progress import RunProgress
-from calibrate.replay.counts import RequestOutcome, StepCounts
-from calibrate.replay.greedy import generate_greedy, score_replay, target_features
-from calibrate.replay.sampled import run_sampled
+from calibrate.replay.counts import RequestOutcome
+from calibrate.replay.engine import Engine, LoopEngine, ReplayEngine, Sampling
 from calibrate.replay.steps import STEP_RULE_VERSION
-from calibrate.speculators.base import BuildContext, Speculator, TargetNeeds
+from calibrate.speculators.base import BuildContext, Speculator
 from calibrate.speculators.registry import speculator_class
 from calibrate.tables.store import RunSpec, Store
 
@@ -113,30 +113,35 @@ def build_speculators(pair: PairConfig, config: Config, target: LoadedModel,
     return [speculator_class(spec.kind).build(spec, ctx) for spec in pair.speculators]
 
 
-def run_specs(config: Config, prepared: Prepared, target: LoadedModel, speculators: Sequence[Speculator],
-              thinking: str, temperature: float, engine: str) -> dict[tuple[str, int], RunSpec]:
+def run_specs(config: Config, prepared: Prepared, target: LoadedModel | TargetIdentity,
+              speculators: Sequence[Speculator], thinking: str, temperature: float, engine: str,
+              draft_lengths: Sequence[int] | None = None, server: dict[str, Any] | None = None,
+              dtype: str | None = None) -> dict[tuple[str, int], RunSpec]:
     """The RunSpec of every (speculator, k) of one generation setting (identity rules: tables.store).
 
     The dataset seed picks the requests (provenance only); at temperature > 0 it also keys the loop's random
-    streams, so there it is the condition `sampling_seed` too.
+    streams, so there it is the condition `sampling_seed` too. A server engine passes the k's it serves, its
+    own dtype and its provenance (command line, version, log); its verification rule is the engine's own.
     """
     ds, versions, commit = config.dataset, package_versions(), git_commit()
+    in_process = server is None
     out = {}
     for spec in speculators:
         draft_id, draft_hash = spec.identity
-        for k in config.sweep.draft_lengths:
+        for k in draft_lengths or config.sweep.draft_lengths:
             out[(spec.name, k)] = RunSpec(
                 target=target.name, speculator=spec.name, draft_len=k, thinking=thinking,
                 temperature=temperature, top_p=config.sweep.top_p if temperature > 0 else None,
                 top_k=config.sweep.top_k if temperature > 0 else None, dataset=ds.name or ds.source,
                 target_hash=target.fingerprint, speculator_params=spec.params, draft_hash=draft_hash,
                 dataset_fingerprint=prepared.fingerprint, context_tokens=ds.context_tokens,
-                max_new_tokens=ds.max_new_tokens, dtype=prepared.dtype.dtype, engine=engine,
+                max_new_tokens=ds.max_new_tokens, dtype=dtype or prepared.dtype.dtype, engine=engine,
                 step_rule=STEP_RULE_VERSION, sampling_seed=ds.seed if temperature > 0 else None,
+                verification=config.run.verification if temperature > 0 and in_process else None,
                 target_id=target.model_id, speculator_kind=spec.kind, draft_id=draft_id,
                 dataset_format=prepared.dataset_format, selection=prepared.selection, device=target.device,
-                seed=ds.seed, versions=versions, git_commit=commit, dtype_reason=prepared.dtype.reason,
-                verification=config.run.verification if temperature > 0 else None,
+                seed=ds.seed, versions=versions, git_commit=commit,
+                dtype_reason=prepared.dtype.reason if in_process else None, server=dict(server or {}),
             )
     return out
 
@@ -145,24 +150,17 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
     """Run every (pair, thinking, temperature) of the sweep into the store at `db`."""
     console = console or Console(stderr=True)
     prepared = prepare(config)
-    _announce_dtype(prepared.dtype, resolve_device(config.run.device), console)
+    if any(pair.backend == "transformers" for pair in config.pairs):
+        _announce_dtype(prepared.dtype, resolve_device(config.run.device), console)
     summary = RunSummary(problems=prepared.problems)
     started = time.perf_counter()
     drafts: dict[str, LoadedModel] = {}
     with Store(db) as store:
         for pair in config.pairs:
-            console.print(f"loading {pair.target} and its speculators", highlight=False, soft_wrap=True)
-            target = load_model(pair.target, prepared.dtype.dtype, config.run.device)
-            speculators = build_speculators(pair, config, target, drafts, prepared.dtype.dtype)
-            for thinking in config.sweep.thinking:
-                prompts = [
-                    render_prompt(r, target.tokenizer, thinking=thinking, context_tokens=config.dataset.context_tokens,
-                                  model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
-                    for r in prepared.requests
-                ]
-                for temperature in config.sweep.temperature:
-                    _run_group(config, store, prepared, target, speculators, thinking, temperature, prompts,
-                               summary, console)
+            if pair.backend == "transformers":
+                _run_in_process(config, pair, store, prepared, drafts, summary, console)
+            else:
+                _run_server(config, pair, store, prepared, summary, console)
     summary.seconds = time.perf_counter() - started
     return summary
 
@@ -174,6 +172,62 @@ def _announce_dtype(choice: DtypeChoice, device: str, console: Console) -> None:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
 
 
+def _prompts(config: Config, pair: PairConfig, prepared: Prepared, tokenizer: Any,
+             thinking: str) -> list[RenderedPrompt]:
+    return [render_prompt(r, tokenizer, thinking=thinking, context_tokens=config.dataset.context_tokens,
+                          model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
+            for r in prepared.requests]
+
+
+def _labeller(tokenizer: Any, thinking: str):
+    def label(tokens: list[int], opens_thinking: bool) -> list[str]:
+        return label_segments(tokens, tokenizer, thinking=thinking, starts_in_thinking=opens_thinking)
+    return label
+
+
+def _run_in_process(config: Config, pair: PairConfig, store: Store, prepared: Prepared,
+                    drafts: dict[str, LoadedModel], summary: RunSummary, console: Console) -> None:
+    console.print(f"loading {pair.target} and its speculators", highlight=False, soft_wrap=True)
+    target = load_model(pair.target, prepared.dtype.dtype, config.run.device)
+    speculators = build_speculators(pair, config, target, drafts, prepared.dtype.dtype)
+    for thinking in config.sweep.thinking:
+        prompts = _prompts(config, pair, prepared, target.tokenizer, thinking)
+        for temperature in config.sweep.temperature:
+            engine = _in_process_engine(config, target, speculators, thinking, temperature)
+            specs = run_specs(config, prepared, target, speculators, thinking, temperature, engine.name)
+            _run_group(config, store, prepared, specs, engine, prompts,
+                       f"{target.name} thinking={thinking} T={temperature:g}", summary, console)
+
+
+def _in_process_engine(config: Config, target: LoadedModel, speculators: Sequence[Speculator], thinking: str,
+                       temperature: float) -> Engine:
+    common = dict(draft_lengths=config.sweep.draft_lengths, max_new_tokens=config.dataset.max_new_tokens,
+                  labeller=_labeller(target.tokenizer, thinking))
+    if _engine_for(config, temperature) == "replay":
+        return ReplayEngine(target, speculators, **common)
+    sampling = Sampling(temperature, config.sweep.top_p, config.sweep.top_k, config.dataset.seed)
+    return LoopEngine(target, speculators, sampling=sampling, verify_backend=config.run.verify_backend,
+                      verification=config.run.verification, **common)
+
+
+def _run_server(config: Config, pair: PairConfig, store: Store, prepared: Prepared, summary: RunSummary,
+                console: Console) -> None:
+    """A server backend: one engine per (speculator, k) served, launched or connected as the pair says."""
+    tokenizer = load_tokenizer(pair.target)
+    for thinking in config.sweep.thinking:
+        prompts = _prompts(config, pair, prepared, tokenizer, thinking)
+        for temperature in config.sweep.temperature:
+            sampling = Sampling(temperature, config.sweep.top_p, config.sweep.top_k, config.dataset.seed)
+            for served in plan_servers(config, pair):
+                with open_server(served, config, sampling, _labeller(tokenizer, thinking)) as engine:
+                    specs = run_specs(config, prepared, engine.target, [served.speculator], thinking, temperature,
+                                      engine.name, draft_lengths=served.draft_lengths, server=engine.provenance,
+                                      dtype=engine.dtype)
+                    label = (f"{pair.target} via {engine.name} {served.speculator.name} k={served.draft_lengths} "
+                             f"thinking={thinking} T={temperature:g}")
+                    _run_group(config, store, prepared, specs, engine, prompts, label, summary, console)
+
+
 def _engine_for(config: Config, temperature: float) -> str:
     if config.run.engine == "replay" and temperature > 0:
         raise ValueError("engine 'replay' is exact only at temperature 0; use engine 'loop' or 'auto'")
@@ -182,12 +236,10 @@ def _engine_for(config: Config, temperature: float) -> str:
     return "replay"
 
 
-def _run_group(config: Config, store: Store, prepared: Prepared, target: LoadedModel,
-               speculators: Sequence[Speculator], thinking: str, temperature: float,
-               prompts: Sequence[RenderedPrompt], summary: RunSummary, console: Console) -> None:
-    """One target generation setting: every speculator and k, over the selected requests."""
-    engine = _engine_for(config, temperature)
-    specs = run_specs(config, prepared, target, speculators, thinking, temperature, engine)
+def _run_group(config: Config, store: Store, prepared: Prepared, specs: dict[tuple[str, int], RunSpec],
+               engine: Engine, prompts: Sequence[RenderedPrompt], label: str, summary: RunSummary,
+               console: Console) -> None:
+    """One target generation setting: every (speculator, k) the engine serves, over the selected requests."""
     run_ids = {key: store.begin_run(spec) for key, spec in specs.items()}
     summary.run_ids.extend(run_ids.values())
     store.write_problems(list(run_ids.values()), prepared.problems)
@@ -196,8 +248,7 @@ def _run_group(config: Config, store: Store, prepared: Prepared, target: LoadedM
                if not all(r.request_id in done[run_id] for run_id in run_ids.values())]
     summary.resumed += len(prepared.requests) - len(pending)
     try:
-        _measure(config, store, prepared, target, speculators, thinking, temperature, prompts, engine, run_ids,
-                 done, pending, summary, console)
+        _measure(config, store, prepared, engine, prompts, label, run_ids, done, pending, summary, console)
     except BaseException:
         for run_id in run_ids.values():  # what was committed stays; a re-run resumes from it
             store.finish_run(run_id, status="interrupted")
@@ -206,21 +257,16 @@ def _run_group(config: Config, store: Store, prepared: Prepared, target: LoadedM
         store.finish_run(run_id)
 
 
-def _measure(config: Config, store: Store, prepared: Prepared, target: LoadedModel,
-             speculators: Sequence[Speculator], thinking: str, temperature: float,
-             prompts: Sequence[RenderedPrompt], engine: str, run_ids: dict[tuple[str, int], str],
-             done: dict[str, set[str]], pending: list[int], summary: RunSummary, console: Console) -> None:
+def _measure(config: Config, store: Store, prepared: Prepared, engine: Engine, prompts: Sequence[RenderedPrompt],
+             label: str, run_ids: dict[tuple[str, int], str], done: dict[str, set[str]], pending: list[int],
+             summary: RunSummary, console: Console) -> None:
     """Measure the pending requests batch by batch; each batch is committed for all runs at once."""
-    label = f"{target.name} thinking={thinking} T={temperature:g}"
     batch = config.run.batch_size
     with RunProgress(console, label, len(prepared.requests), len(prepared.requests) - len(pending)) as progress:
         for start in range(0, len(pending), batch):
             idx = pending[start:start + batch]
-            if engine == "replay":
-                results = _replay_batch(config, target, speculators, thinking, [prompts[i] for i in idx])
-            else:
-                results = _loop_batch(config, target, speculators, thinking, temperature, [prompts[i] for i in idx],
-                                      [request_key(prepared.requests[i].request_id) for i in idx])
+            results = engine.measure([prompts[i] for i in idx],
+                                     [request_key(prepared.requests[i].request_id) for i in idx])
             rows = []
             for i, per_key in zip(idx, results):
                 request, prompt = prepared.requests[i], prompts[i]
@@ -234,70 +280,15 @@ def _measure(config: Config, store: Store, prepared: Prepared, target: LoadedMod
                 ), {run_id: m.counts})
                 for request, prompt, per_run in rows for run_id, m in per_run.items()
             ]
-            store.write_requests(batch_rows)
+            raw = {(run_id, request.request_id): m.raw for request, _, per_run in rows
+                   for run_id, m in per_run.items() if m.raw is not None}
+            store.write_requests(batch_rows, raw=raw)
             generated = sum(max((m.generated_tokens for m in per_run.values()), default=0) for *_, per_run in rows)
             summary.tokens += generated
             summary.measured += len(idx)
             progress.advance(len(idx), generated)
 
 
-@dataclass(frozen=True)
-class Measured:
-    """One request's outcome for one (speculator, k): its counts and the response they came from."""
-
-    counts: StepCounts
-    generated_tokens: int
-    finish_reason: str  # "eos" | "length"
-
-
-BatchResult = list[dict[tuple[str, int], Measured]]
-
-
-def _replay_batch(config: Config, target: LoadedModel, speculators: Sequence[Speculator], thinking: str,
-                  prompts: Sequence[RenderedPrompt]) -> BatchResult:
-    ids = [p.ids for p in prompts]
-    responses = generate_greedy(target.model, ids, max_new_tokens=config.dataset.max_new_tokens,
-                                eos_token_ids=target.eos_token_ids, device=target.device)
-    segments = [label_segments(r.tokens, target.tokenizer, thinking=thinking, starts_in_thinking=p.opens_thinking)
-                for r, p in zip(responses, prompts)]
-    needs = TargetNeeds(layers=tuple(sorted({i for s in speculators for i in s.needs.layers})),
-                        last=any(s.needs.last for s in speculators))
-    features = target_features(target.model, ids, [r.tokens for r in responses], needs) if needs.any else None
-    per_request: BatchResult = [{} for _ in prompts]
-    for spec in speculators:
-        scored = score_replay(spec, ids, responses, config.sweep.draft_lengths, segments, features)
-        for i, per_k in enumerate(scored):
-            finish = "eos" if responses[i].ended else "length"
-            per_request[i].update({(spec.name, k): Measured(counts, len(responses[i].tokens), finish)
-                                   for k, counts in per_k.items()})
-    return per_request
-
-
 def request_key(request_id: str) -> int:
     """A stable 32-bit random-stream key per request: a resumed run draws the same numbers as a whole one."""
     return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:4], "little")
-
-
-def _loop_batch(config: Config, target: LoadedModel, speculators: Sequence[Speculator], thinking: str,
-                temperature: float, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult:
-    """A real speculative-decoding loop per speculator and k (responses differ per k when sampling)."""
-    opens_thinking = prompts[0].opens_thinking  # a property of the template and mode, not of the request
-
-    def labeller(tokens: list[int]) -> list[str]:
-        return label_segments(tokens, target.tokenizer, thinking=thinking, starts_in_thinking=opens_thinking)
-
-    per_request: BatchResult = [{} for _ in prompts]
-    for spec in speculators:
-        results = run_sampled(
-            target.model, spec, [p.ids for p in prompts], draft_lens=config.sweep.draft_lengths,
-            temperature=temperature, top_p=config.sweep.top_p, top_k=config.sweep.top_k,
-            max_new_tokens=config.dataset.max_new_tokens, eos_token_ids=target.eos_token_ids,
-            seed=config.dataset.seed, segment_labeller=labeller, verify_backend=config.run.verify_backend,
-            batch_size=len(prompts), request_keys=keys, verification=config.run.verification,
-        )
-        for i, result in enumerate(results):
-            per_request[i].update({
-                (spec.name, k): Measured(counts, len(result.tokens[k]), result.finish_reason[k])
-                for k, counts in result.counts.items()
-            })
-    return per_request

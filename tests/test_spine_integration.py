@@ -120,11 +120,11 @@ def test_resume_after_interruption_counts_nothing_twice(tmp_path, smollm, mini_s
     real_write = Store.write_requests
     calls = {"n": 0}
 
-    def write_then_die(self, batch):
+    def write_then_die(self, batch, raw=None):
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt  # the user pressed Ctrl-C after the first batch was committed
-        real_write(self, batch)
+        real_write(self, batch, raw)
 
     monkeypatch.setattr(Store, "write_requests", write_then_die)
     with pytest.raises(KeyboardInterrupt):

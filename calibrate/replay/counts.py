@@ -87,3 +87,42 @@ class RequestOutcome:
     truncated_tokens: int  # dropped from the left to fit the context budget
     generated_tokens: int
     finish_reason: str  # "eos" | "length"
+
+
+# Counts a server engine reports for a whole response cannot be split by segment: they are stored under
+# this segment name, and per-segment views leave them out rather than guess a split.
+UNSEGMENTED = "unsegmented"
+
+
+@dataclass
+class TotalCounts:
+    """What a server engine reports for one request at draft length k: totals, and more where it has them.
+
+    Every engine gives verify steps (directly, or as drafted tokens / k where k is fixed) and accepted
+    drafts; vLLM's per-position counters add `per_position` (steps whose draft at position i was accepted),
+    SGLang's newer `meta_info` adds the full `histogram`. Nothing missing is derived: a statistic that
+    needs a histogram is "not available from this engine".
+    """
+
+    draft_len: int
+    steps: int
+    accepted: int
+    drafted_tokens: int
+    tokens: int  # target tokens of the response
+    per_position: tuple[int, ...] | None = None
+    histogram: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        k = self.draft_len
+        if self.steps < 0 or not 0 <= self.accepted <= self.steps * k or self.drafted_tokens > self.steps * k:
+            raise ValueError(f"inconsistent engine counts: steps={self.steps} accepted={self.accepted} "
+                             f"drafted={self.drafted_tokens} at k={k}")
+        if self.per_position is not None and (len(self.per_position) != k
+                                              or sum(self.per_position) != self.accepted):
+            raise ValueError(f"per-position counts {self.per_position} do not sum to accepted={self.accepted} "
+                             f"over k={k} positions")
+        if self.histogram is not None and (
+                len(self.histogram) != k + 1 or sum(self.histogram) != self.steps
+                or sum(a * n for a, n in enumerate(self.histogram)) != self.accepted):
+            raise ValueError(f"histogram {self.histogram} disagrees with steps={self.steps}, "
+                             f"accepted={self.accepted} at k={k}")

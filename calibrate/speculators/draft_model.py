@@ -25,6 +25,7 @@ from calibrate.speculators.base import BuildContext, Proposal, ReplayScorer, Spe
 class DraftSpeculatorConfig(SpeculatorConfig):
     kind: Literal["draft"]
     model: str
+    gguf: str | None = None  # llama.cpp backend: the draft's GGUF file (`model` still names its tokenizer)
 
 
 def run_lengths(match: np.ndarray) -> np.ndarray:

@@ -19,12 +19,12 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from calibrate.replay.counts import SEGMENTS
+from calibrate.replay.counts import SEGMENTS, UNSEGMENTED
 from calibrate.tables import stats
 from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
 from calibrate.tables.store import CONDITION_FIELDS, RunSpec
 
-SEGMENT_ORDER = (SEGMENT_ALL, *SEGMENTS)
+SEGMENT_ORDER = (SEGMENT_ALL, *SEGMENTS, UNSEGMENTED)  # unsegmented: server engines' whole-response counts
 
 DEFAULT_BOOT = 2000
 DEFAULT_SEED = 0
@@ -251,10 +251,14 @@ def load_records(
         params,
     ).fetchnumpy()
 
+    totals_keys = _totals_keys(con, keyed, params)
+    records = _totals_records(con, keyed, params, keys, totals_keys, total_of, truncated_of, seg_expr, segments,
+                              n_boot=n_boot, seed=seed, level=level)
     key_ix = np.asarray(counts["key_ix"], dtype=np.int64)
     seg = np.asarray(counts["seg"], dtype=object)
     if key_ix.size == 0:
-        return []
+        records.sort(key=lambda r: (_sort_key(r.key), SEGMENT_ORDER.index(r.segment)))
+        return records
     # Rows are ordered by (key, segment): each group is a contiguous slice.
     change = np.flatnonzero((key_ix[1:] != key_ix[:-1]) | (seg[1:] != seg[:-1])) + 1
     bounds = zip(np.concatenate([[0], change]), np.concatenate([change, [key_ix.size]]))
@@ -263,8 +267,9 @@ def load_records(
     acc_all = np.asarray(counts["accepted"], dtype=np.int64)
     n_all = np.asarray(counts["n"], dtype=np.int64)
 
-    records = []
     for lo, hi in bounds:
+        if int(key_ix[lo]) in totals_keys:
+            continue
         key_row = keys[int(key_ix[lo])]
         segment = str(seg[lo])
         draft_len = int(key_row[3])
@@ -283,6 +288,69 @@ def load_records(
     return records
 
 
+def _totals_keys(con: duckdb.DuckDBPyConnection, keyed: str, params: list[Any]) -> set[int]:
+    """Keys with a run whose engine reported totals only (no histogram): they are summarised from totals."""
+    present = {c for (c,) in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'segment_counts'").fetchall()}
+    if "histogram" not in present:
+        return set()
+    rows = con.execute(
+        f"""{keyed} SELECT key_ix FROM segment_counts JOIN keyed USING (run_id)
+        GROUP BY key_ix HAVING NOT bool_and(coalesce(histogram, TRUE))""", params).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def _totals_records(
+    con: duckdb.DuckDBPyConnection, keyed: str, params: list[Any], keys: Sequence[Any], totals_keys: set[int],
+    total_of: dict[Any, Any], truncated_of: dict[int, int], seg_expr: str, segments: bool, *, n_boot: int,
+    seed: int, level: float,
+) -> list[AcceptanceRecord]:
+    """Records of keys measured (at least in part) by engines that give totals: per-request steps and
+    accepted drafts (from the histogram where a run has one), per-position counts where every request has
+    them."""
+    if not totals_keys:
+        return []
+    marks = ", ".join(str(k) for k in sorted(totals_keys))  # integers made here, not user input
+    req_sets = ("(key_ix, segment, run_id, request_id, conversation_id), (key_ix, run_id, request_id, conversation_id)"
+                if segments else "(key_ix, run_id, request_id, conversation_id)")
+    rows = con.execute(
+        f"""{keyed},
+        acc AS (SELECT run_id, request_id, segment, sum(accepted * steps) AS n FROM accept_counts GROUP BY ALL)
+        SELECT key_ix, {seg_expr} AS seg, run_id, request_id, conversation_id, sum(s.steps) AS n,
+               sum(coalesce(s.accepted_drafts, acc.n, 0)) AS accepted
+        FROM segment_counts s JOIN requests r USING (run_id, request_id)
+             JOIN chosen USING (run_id, request_id) JOIN keyed USING (run_id)
+             LEFT JOIN acc USING (run_id, request_id, segment)
+        WHERE key_ix IN ({marks})
+        GROUP BY GROUPING SETS ({req_sets}) ORDER BY key_ix, seg, run_id, request_id""",
+        params,
+    ).fetchall()
+    positions: dict[tuple[int, str, str], dict[int, int]] = {}
+    for key, run_id, request_id, position, n in con.execute(
+        f"""{keyed} SELECT key_ix, run_id, request_id, position, steps
+        FROM position_counts JOIN keyed USING (run_id) WHERE key_ix IN ({marks})""", params).fetchall():
+        positions.setdefault((int(key), run_id, request_id), {})[int(position)] = int(n)
+    groups: dict[tuple[int, str], list[Any]] = {}
+    for row in rows:
+        groups.setdefault((int(row[0]), str(row[1])), []).append(row)
+    records = []
+    for (key, segment), group in groups.items():
+        key_row, k = keys[key], int(keys[key][3])
+        _, conv = np.unique([g[4] for g in group], return_inverse=True)
+        per_pos = None
+        if segment in (SEGMENT_ALL, UNSEGMENTED) and all((key, g[2], g[3]) in positions for g in group):
+            per_pos = np.array([[positions[(key, g[2], g[3])].get(i, 0) for i in range(k)] for g in group])
+        n_steps = np.array([g[5] for g in group], dtype=np.int64)
+        if n_steps.sum() == 0:
+            continue
+        summary = stats.summarize_totals(n_steps, np.array([g[6] for g in group]), conv, per_pos,
+                                         n_boot=n_boot, seed=seed, level=level)
+        accepted = float(sum(g[6] for g in group))
+        records.append(_record(key_row, segment, summary, total_of[(key, segment)], truncated_of.get(key),
+                               n_boot=n_boot, seed=seed, level=level, accepted=accepted))
+    return records
+
+
 def _sort_key(key: Sequence[Any]) -> tuple[Any, ...]:
     """Keys sort with None first (top_p / top_k may be unset)."""
     return tuple((v is not None, v if v is not None else 0) for v in key)
@@ -295,8 +363,9 @@ def _finite(value: float) -> float | None:
 
 def _record(
     key_row: Sequence[Any], segment: str, summary: stats.Summary, totals: Sequence[Any],
-    truncated: int | None, *, n_boot: int, seed: int, level: float,
+    truncated: int | None, *, n_boot: int, seed: int, level: float, accepted: float | None = None,
 ) -> AcceptanceRecord:
+    """`accepted` is given for a record summarised from totals (no histogram to count it from)."""
     tokens, censored, expected_sum, expected_steps, drafted, empty = totals
     key = dict(zip(KEY_FIELDS, key_row[1:1 + len(KEY_FIELDS)]))
     (target_ids, kinds, draft_ids, run_ids, engines, fingerprints, statuses, commits, versions,
@@ -306,14 +375,18 @@ def _record(
         if expected_sum is not None and expected_steps else None
     )
     hist = np.asarray(summary.histogram)
+    if accepted is not None:  # from totals: the accepted count stands in for the histogram
+        rate = _finite(accepted / drafted if drafted else float("nan")) if drafted is not None else None
+        drafted_al = None
+    else:
+        rate = _finite(stats.draft_token_acceptance_rate(hist, drafted)) if drafted is not None else None
+        drafted_al = _finite(stats.drafted_acceptance_length(hist, empty)) if empty is not None else None
     return AcceptanceRecord(
         **key,
         drafted_tokens=None if drafted is None else int(drafted),
         empty_steps=None if empty is None else int(empty),
-        drafted_acceptance_length=_finite(stats.drafted_acceptance_length(hist, empty)) if empty is not None
-        else None,
-        draft_acceptance_rate=_finite(stats.draft_token_acceptance_rate(hist, drafted)) if drafted is not None
-        else None,
+        drafted_acceptance_length=drafted_al,
+        draft_acceptance_rate=rate,
         segment=segment,
         requests=summary.requests,
         conversations=summary.conversations,

@@ -156,6 +156,10 @@ class AcceptanceRecord:
     def rates(self) -> tuple[float, ...]:
         """The k unconditional rates rounded for vLLM/llama.cpp (over the drafted steps where the exported AL
         is the drafted one, so 1 + sum(rates) is the exported AL); rounding keeps them non-increasing."""
+        if len(self.unconditional_rates) != self.draft_len:
+            raise ValueError(f"per-position rates of {self.target} / {self.speculator} k={self.draft_len} are not "
+                             f"available from this engine ({', '.join(self.engines)} reports totals only): "
+                             "export the length instead")
         scale = 1.0 / self.proposal_rate if self.uses_drafted else 1.0
         return tuple(round(min(1.0, r * scale), RATE_DIGITS) for r in self.unconditional_rates)
 
@@ -296,8 +300,11 @@ def extrapolate(base: AcceptanceRecord, draft_len: int) -> AcceptanceRecord:
     base's histogram (Leviathan et al. 2023). No CI: this is a model of the curve, not a measurement.
     Sample sizes and provenance stay those of `base`, the measurement it rests on.
     """
-    if not base.histogram:
+    if base.extrapolated:
         raise ValueError("can only extrapolate from a measured record")
+    if not base.histogram:
+        raise ValueError(f"extrapolation needs the histogram of accepted drafts, which is not available from "
+                         f"this engine ({', '.join(base.engines)} reports totals only)")
     measured = np.asarray(base.unconditional_rates)
     alpha = float(stats.iid_rate(base.histogram))
     rates = stats.extend_rates(measured, draft_len, alpha)

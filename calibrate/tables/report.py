@@ -55,8 +55,13 @@ def plot(records: Sequence[AcceptanceRecord], out: Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    missing = []
     for rs in series.values():
-        r = max(rs, key=lambda r: r.draft_len)  # the longest measured curve covers every position
+        with_rates = [r for r in rs if r.unconditional_rates]
+        if not with_rates:  # an engine that reports totals only: no per-position curve to draw
+            missing.append(_series_label(rs[0], with_target))
+            continue
+        r = max(with_rates, key=lambda r: r.draft_len)  # the longest measured curve covers every position
         positions = list(range(r.draft_len))
         ax.plot(positions, r.unconditional_rates, marker="o",
                 label=f"{_series_label(r, with_target)}, k={r.draft_len}")
@@ -66,7 +71,11 @@ def plot(records: Sequence[AcceptanceRecord], out: Path) -> list[Path]:
     ax.set_ylabel("P(at least i+1 drafts accepted)")
     ax.set_ylim(0, 1)
     ax.set_title("Unconditional acceptance rate per position")
-    ax.legend(fontsize="small")
+    if missing:
+        ax.text(0.02, 0.02, "not available from this engine (totals only): " + "; ".join(missing),
+                transform=ax.transAxes, fontsize="x-small", va="bottom")
+    if ax.get_legend_handles_labels()[0]:  # no curve when every engine gave totals only
+        ax.legend(fontsize="small")
     fig.tight_layout()
     rates_path = out / "rates.png"
     fig.savefig(rates_path, dpi=120)

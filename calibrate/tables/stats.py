@@ -36,9 +36,18 @@ def emitted_tokens(h: ArrayLike) -> np.ndarray:
 
 def acceptance_length(h: ArrayLike) -> np.ndarray | float:
     """Pooled AL = emitted tokens / steps, i.e. per target verification pass. NaN where there are no steps."""
-    n = steps(h)
+    return acceptance_length_from_totals(steps(h), accepted_drafts(h))
+
+
+def acceptance_length_from_totals(n_steps: ArrayLike, accepted: ArrayLike) -> np.ndarray | float:
+    """AL = 1 + accepted drafts / verify steps: the definition, for engines that report only totals.
+
+    Equal to emitted tokens / steps of a histogram (each step emits its accepted drafts plus one token).
+    """
+    n = np.asarray(n_steps, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = emitted_tokens(h) / n
+        # (steps + accepted) / steps, not 1 + accepted / steps: the emitted-tokens quotient, to the last bit
+        out = np.where(n > 0, (n + np.asarray(accepted, dtype=np.float64)) / n, np.nan)
     return float(out) if np.ndim(out) == 0 else out
 
 
@@ -280,3 +289,68 @@ def mean_acceptance_rate(al: ArrayLike, k: int) -> np.ndarray | float:
     """Accepted drafts per proposed draft, (AL - 1) / k: ATOM's --spec-decode-acceptance-rate."""
     out = (np.asarray(al, dtype=np.float64) - 1.0) / k
     return float(out) if np.ndim(out) == 0 else out
+
+
+def summarize_totals(
+    n_steps: ArrayLike,
+    accepted: ArrayLike,
+    clusters: ArrayLike,
+    per_position: ArrayLike | None = None,
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+    chunk: int = 256,
+) -> Summary:
+    """`summarize` for engines that report per-request totals (R,) and maybe per-position counts (R, k).
+
+    The clustered bootstrap needs only per-conversation sums, so AL and its CI are as for histograms;
+    per-position rates (count / steps) and their CIs exist where the engine gave positions. The histogram
+    is empty: what needs it (the iid fit, extrapolation) is not available from such an engine.
+    """
+    if n_boot < 1 or not 0.0 < level < 1.0:
+        raise ValueError(f"need n_boot >= 1 and 0 < level < 1 (got n_boot={n_boot}, level={level})")
+    n = np.asarray(n_steps, dtype=np.float64)
+    acc = np.asarray(accepted, dtype=np.float64)
+    conv = np.asarray(clusters)
+    keep = n > 0
+    n, acc, conv = n[keep], acc[keep], conv[keep]
+    pos = None if per_position is None else np.asarray(per_position, dtype=np.float64)[keep]
+    if n.size == 0:
+        raise ValueError("no steps: nothing to summarise")
+    _, cid = np.unique(conv, return_inverse=True)
+    n_clusters = int(cid.max()) + 1
+    req_al = np.asarray(acceptance_length_from_totals(n, acc), dtype=np.float64)
+    c_steps, c_acc = cluster_sums(n, cid, n_clusters), cluster_sums(acc, cid, n_clusters)
+    c_al, c_n = cluster_sums(req_al, cid, n_clusters), cluster_sums(np.ones_like(req_al), cid, n_clusters)
+    c_pos = None if pos is None else cluster_sums(pos, cid, n_clusters)
+    rng = np.random.default_rng(seed)
+    uniform = np.full(n_clusters, 1.0 / n_clusters)
+    boot_al, boot_macro, boot_rates = [], [], []
+    for start in range(0, n_boot, chunk):
+        w = rng.multinomial(n_clusters, uniform, size=min(chunk, n_boot - start)).astype(np.float64)
+        boot_al.append(acceptance_length_from_totals(w @ c_steps, w @ c_acc))
+        boot_macro.append((w @ c_al) / (w @ c_n))
+        if c_pos is not None:
+            boot_rates.append((w @ c_pos) / (w @ c_steps)[:, None])
+    al_low, al_high = _percentiles(np.concatenate(boot_al), level)
+    mac_low, mac_high = _percentiles(np.concatenate(boot_macro), level)
+    rates: tuple[float, ...] = ()
+    low: tuple[float, ...] = ()
+    high: tuple[float, ...] = ()
+    cond: tuple[float | None, ...] = ()
+    if pos is not None:
+        pooled_pos = pos.sum(axis=0)
+        rates = tuple(float(x) for x in pooled_pos / n.sum())
+        r_low, r_high = _percentiles(np.concatenate(boot_rates), level)
+        low, high = tuple(float(x) for x in np.atleast_1d(r_low)), tuple(float(x) for x in np.atleast_1d(r_high))
+        reached = np.concatenate([[n.sum()], pooled_pos[:-1]])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cond = tuple(None if r == 0 else float(p / r) for p, r in zip(pooled_pos, reached))
+    return Summary(
+        histogram=(), steps=int(n.sum()), requests=int(n.size), conversations=n_clusters,
+        acceptance_length=float(acceptance_length_from_totals(n.sum(), acc.sum())),
+        ci_low=float(al_low), ci_high=float(al_high),
+        macro_acceptance_length=float(req_al.mean()), macro_ci_low=float(mac_low), macro_ci_high=float(mac_high),
+        unconditional_rates=rates, rates_ci_low=low, rates_ci_high=high, conditional_rates=cond,
+    )

@@ -6,6 +6,9 @@ Layout (one row each):
 - `segment_counts`: one per (run, request, segment): tokens, steps, censored steps, expected acceptance,
   drafts proposed and steps that proposed none.
 - `accept_counts`: one per (run, request, segment, accepted) with steps > 0: the histogram itself.
+- `position_counts`: one per (run, request, position) where an engine reports per-position counts only
+  (vLLM's `num_accepted_tokens_per_pos`): steps whose draft at that position was accepted.
+- `engine_responses`: a server engine's raw response fields per (run, request), kept for audit.
 - `problems`: rows of the dataset that were skipped, and why.
 - `store_meta`: the identity version the store was written with.
 
@@ -26,6 +29,9 @@ is one field line here, tagged `_condition(...)`: the column, its migration (ADD
 for runs written before) and the identity follow. Runs of one key whose conditions differ never pool:
 `calibrate.tables.query` refuses them, naming the fields that differ.
 
+A server engine that reports totals only (steps, accepted, drafted) writes one `segment_counts` row under
+the segment 'unsegmented' with `histogram = FALSE` and no `accept_counts` rows.
+
 A request is written for every run of its generation in one transaction, so a run interrupted at any
 point holds only whole requests, and resuming skips exactly those. A store written before this identity
 (v1, where the selection was part of the run id and a request could be counted twice) is still read, one
@@ -36,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,8 +52,9 @@ import duckdb
 
 from calibrate.data.conversation import Problem
 from calibrate.errors import StoreBusy, StoreError
-from calibrate.replay.counts import RequestOutcome, StepCounts
+from calibrate.replay.counts import UNSEGMENTED, RequestOutcome, StepCounts, TotalCounts
 from calibrate.replay.steps import STEP_RULE_VERSION
+from calibrate.tables.stats import accepted_drafts
 
 IDENTITY_VERSION = "2"
 KEY, CONDITION, PROVENANCE = "key", "condition", "provenance"
@@ -80,6 +87,23 @@ CREATE TABLE IF NOT EXISTS segment_counts (
 );
 ALTER TABLE segment_counts ADD COLUMN IF NOT EXISTS drafted_tokens BIGINT;
 ALTER TABLE segment_counts ADD COLUMN IF NOT EXISTS empty_steps BIGINT;
+-- accepted drafts over the steps, and whether accept_counts holds the histogram of these steps (NULL in
+-- stores written before server engines: those always have it)
+ALTER TABLE segment_counts ADD COLUMN IF NOT EXISTS accepted_drafts BIGINT;
+ALTER TABLE segment_counts ADD COLUMN IF NOT EXISTS histogram BOOLEAN;
+CREATE TABLE IF NOT EXISTS position_counts (
+    run_id VARCHAR NOT NULL,
+    request_id VARCHAR NOT NULL,
+    position INTEGER NOT NULL,
+    steps BIGINT NOT NULL,
+    PRIMARY KEY (run_id, request_id, position)
+);
+CREATE TABLE IF NOT EXISTS engine_responses (
+    run_id VARCHAR NOT NULL,
+    request_id VARCHAR NOT NULL,
+    response VARCHAR NOT NULL,
+    PRIMARY KEY (run_id, request_id)
+);
 CREATE TABLE IF NOT EXISTS accept_counts (
     run_id VARCHAR NOT NULL,
     request_id VARCHAR NOT NULL,
@@ -156,6 +180,7 @@ class RunSpec:
     def row(self) -> dict[str, Any]:
         """Column -> value for the runs table."""
         return {f.name: _column_value(f, getattr(self, f.name)) for f in fields(self)}
+    server: dict[str, Any] = _provenance("JSON", default_factory=dict)  # server engines: mode, URL, command, version, log
 
     @property
     def run_id(self) -> str:
@@ -323,35 +348,59 @@ class Store:
             self.con.execute("ROLLBACK")
             raise
 
-    def write_requests(self, batch: Sequence[tuple[RequestOutcome, dict[str, StepCounts]]]) -> None:
-        """Write finished requests, each with its counts for every run (run_id -> StepCounts), atomically."""
-        req_rows, seg_rows, acc_rows = [], [], []
+    def write_requests(self, batch: Sequence[tuple[RequestOutcome, dict[str, StepCounts | TotalCounts]]],
+                       raw: Mapping[tuple[str, str], Any] | None = None) -> None:
+        """Write finished requests, each with its counts for every run (run_id -> counts), atomically.
+
+        `raw` maps (run_id, request_id) to a server engine's response fields, stored with the counts.
+        """
+        rows: dict[str, list[list[Any]]] = {"req": [], "seg": [], "acc": [], "pos": [], "raw": []}
         for outcome, per_run in batch:
             for run_id, counts in per_run.items():
-                req_rows.append([
+                rows["req"].append([
                     run_id, outcome.request_id, outcome.conversation_id, outcome.turn, outcome.prompt_tokens,
                     outcome.truncated_tokens, outcome.generated_tokens, outcome.finish_reason,
                 ])
-                for segment, seg in counts.segments.items():
-                    seg_rows.append([
-                        run_id, outcome.request_id, segment, seg.tokens, int(seg.hist.sum()),
-                        seg.censored_steps, seg.expected_accepted, seg.drafted_tokens, seg.empty_steps,
-                    ])
-                    acc_rows.extend(
-                        [run_id, outcome.request_id, segment, int(a), int(n)]
-                        for a, n in enumerate(seg.hist) if n > 0
-                    )
+                _count_rows(rows, run_id, outcome.request_id, counts)
+                if raw and (run_id, outcome.request_id) in raw:
+                    rows["raw"].append([run_id, outcome.request_id,
+                                        json.dumps(raw[(run_id, outcome.request_id)], sort_keys=True, default=str)])
         self.con.execute("BEGIN TRANSACTION")
         try:
-            if req_rows:
-                self.con.executemany("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?, ?)", req_rows)
-            if seg_rows:
-                self.con.executemany(
-                    "INSERT INTO segment_counts (run_id, request_id, segment, tokens, steps, censored_steps, "
-                    "expected_accepted, drafted_tokens, empty_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", seg_rows)
-            if acc_rows:
-                self.con.executemany("INSERT INTO accept_counts VALUES (?, ?, ?, ?, ?)", acc_rows)
+            for table, cols in _WRITE_SQL.items():
+                if rows[table]:
+                    self.con.executemany(cols, rows[table])
             self.con.execute("COMMIT")
         except BaseException:
             self.con.execute("ROLLBACK")
             raise
+
+
+_WRITE_SQL = {
+    "req": "INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    "seg": "INSERT INTO segment_counts (run_id, request_id, segment, tokens, steps, censored_steps, "
+           "expected_accepted, drafted_tokens, empty_steps, accepted_drafts, histogram) "
+           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "acc": "INSERT INTO accept_counts VALUES (?, ?, ?, ?, ?)",
+    "pos": "INSERT INTO position_counts VALUES (?, ?, ?, ?)",
+    "raw": "INSERT INTO engine_responses VALUES (?, ?, ?)",
+}
+
+
+def _count_rows(rows: dict[str, list[list[Any]]], run_id: str, request_id: str,
+                counts: StepCounts | TotalCounts) -> None:
+    """The rows one request's counts become: per-segment histograms, or an engine's unsegmented totals."""
+    if isinstance(counts, TotalCounts):
+        rows["seg"].append([run_id, request_id, UNSEGMENTED, counts.tokens, counts.steps, 0, None,
+                            counts.drafted_tokens, None, counts.accepted, counts.histogram is not None])
+        rows["acc"].extend([run_id, request_id, UNSEGMENTED, a, n]
+                           for a, n in enumerate(counts.histogram or ()) if n > 0)
+        rows["pos"].extend([run_id, request_id, i, n] for i, n in enumerate(counts.per_position or ()))
+        return
+    for segment, seg in counts.segments.items():
+        hist = seg.hist
+        rows["seg"].append([
+            run_id, request_id, segment, seg.tokens, int(hist.sum()), seg.censored_steps, seg.expected_accepted,
+            seg.drafted_tokens, seg.empty_steps, int(accepted_drafts(hist)), True,
+        ])
+        rows["acc"].extend([run_id, request_id, segment, int(a), int(n)] for a, n in enumerate(hist) if n > 0)

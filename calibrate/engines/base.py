@@ -1,0 +1,150 @@
+"""A server engine behind the runner's `Engine` protocol: one launched or connected server, one (speculator, k).
+
+The runner sends the same rendered prompt token ids it would give an in-process target; the backend sends
+them with fixed max_tokens, temperature, top-p / top-k and seed, and maps the reply's counts onto our step
+convention. Requests go concurrently where the engine reports counts per request (it batches them as in
+production); where counts are Prometheus deltas (vLLM without per-request metrics) one at a time.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from calibrate.data import RenderedPrompt
+from calibrate.engines.server import EngineError, Launched, check_port_free, free_port, launch
+from calibrate.replay.counts import TotalCounts
+from calibrate.replay.engine import BatchResult, Measured, Sampling
+
+
+@dataclass(frozen=True)
+class TargetIdentity:
+    """What a run records about its target when no model is loaded in this process."""
+
+    name: str
+    model_id: str
+    fingerprint: str | None
+    device: str
+
+
+@dataclass(frozen=True)
+class ServerSpeculator:
+    """The speculator a server runs, named as the in-process one so their rows share a key."""
+
+    name: str
+    kind: str
+    params: dict[str, Any]
+    identity: tuple[str | None, str | None]
+    config: Any  # the pair's speculator config it came from
+
+
+@dataclass(frozen=True)
+class Served:
+    """One server to measure through: a speculator at draft length k (launched per k, or connected)."""
+
+    speculator: ServerSpeculator
+    k: int
+    pair: Any  # PairConfig
+
+    @property
+    def draft_lengths(self) -> list[int]:
+        return [self.k]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One request's answer: the response tokens, why it stopped, the counts, and raw fields for audit."""
+
+    tokens: list[int]
+    finish_reason: str  # "eos" | "length"
+    counts: TotalCounts
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    name: str  # "llama.cpp", "vllm", "sglang"
+    health: str  # path answering 200 once the server is up
+    per_request_counts: bool  # False: counts are counter deltas, so requests go one at a time
+
+    def command(self, served: Served, host: str, port: int, config: Any) -> list[str]: ...
+
+    def describe(self, url: str, timeout: float) -> dict[str, Any]: ...  # version, model, settings
+
+    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
+                 seed: int, info: dict[str, Any], timeout: float, kind: str = "draft") -> Reply: ...
+
+
+class ServerEngine:
+    """Measures through one server; a context manager so a launched server is always stopped."""
+
+    def __init__(self, backend: Backend, served: Served, config: Any, sampling: Sampling,
+                 labeller: Callable[[list[int], bool], list[str]],
+                 target_of: Callable[[Any, str, dict[str, Any]], TargetIdentity]):
+        self.backend, self.served, self.config, self.sampling = backend, served, config, sampling
+        self.labeller, self.target_of = labeller, target_of
+        self.target: TargetIdentity | None = None  # known once the server answered
+        self.name = backend.name
+        self.dtype = "as served"
+        self.server_cfg = served.pair.server
+        self.launched: Launched | None = None
+        self.url = ""
+        self.info: dict[str, Any] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    def __enter__(self) -> ServerEngine:
+        cfg = self.server_cfg
+        if cfg.mode == "connect":
+            self.url = cfg.url.rstrip("/")
+        else:
+            port = cfg.port or free_port(cfg.host)
+            check_port_free(self.name, cfg.host, port)
+            self.url = f"http://{cfg.host}:{port}"
+            command = self.backend.command(self.served, cfg.host, port, self.config)
+            self.launched = launch(self.name, command, self.url, self.backend.health, cfg.startup_timeout,
+                                   log_dir=cfg.log_dir)
+        try:
+            self.info = self.backend.describe(self.url, cfg.request_timeout)
+            self.target = self.target_of(self.served.pair, self.url, self.info)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.launched is not None:
+            self.launched.stop()
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        out = {"engine": self.name, "mode": self.server_cfg.mode, "url": self.url, **self.info}
+        if self.launched is not None:
+            out.update(command=shlex.join(self.launched.command), log_file=str(self.launched.log_path))
+        return out
+
+    # -- measuring ------------------------------------------------------------------------------------
+    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult:
+        workers = self.server_cfg.concurrency if self.backend.per_request_counts else 1
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            replies = list(pool.map(self._one, prompts))
+        return [{(self.served.speculator.name, self.served.k): m} for m in replies]
+
+    def _one(self, prompt: RenderedPrompt) -> Measured:
+        try:
+            reply = self.backend.complete(self.url, prompt.ids, self.served.k, self.config.dataset.max_new_tokens,
+                                          self.sampling, self.sampling.seed, self.info,
+                                          self.server_cfg.request_timeout, kind=self.served.speculator.kind)
+        except EngineError as exc:
+            if self.launched is not None and self.launched.process.poll() is not None:
+                raise EngineError(f"{exc}\n{self.name} exited with status {self.launched.process.returncode}; "
+                                  f"log {self.launched.log_path}:\n{self.launched.log_tail()}") from None
+            raise
+        segments = Counter(self.labeller(reply.tokens, prompt.opens_thinking)) if reply.tokens else Counter()
+        raw = {**reply.raw, "segment_tokens": dict(segments)}
+        return Measured(reply.counts, len(reply.tokens), reply.finish_reason, raw=raw)

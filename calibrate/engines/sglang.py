@@ -1,0 +1,101 @@
+"""SGLang: `sglang.launch_server` per k; token ids to the native /generate; counts from `meta_info`.
+
+`meta_info` fields (python/sglang/srt/managers/tokenizer_manager.py `_calculate_spec_decoding_metrics`,
+later the helper `fill_spec_decoding_meta`): `spec_verify_ct` (verify passes, prefill excluded), accepted
+drafts as `spec_accept_token_num` (older) or `spec_num_correct_drafts` (newer; alias `spec_accepted_drafts`),
+proposed drafts as `spec_draft_token_num` / `spec_num_proposed_drafts` (alias `spec_proposed_drafts`),
+computed as verify_ct * (speculative_num_draft_tokens - 1), and the histogram of accepted drafts per step
+as `spec_accept_histogram` / `spec_correct_drafts_histogram` where the version has it.
+AL = 1 + accepted / spec_verify_ct. SGLang's own `spec_accept_length` is completion_tokens / verify_ct,
+which also counts the prefill's token: it is AL + 1 / verify_ct, not our AL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from calibrate.engines.base import Reply, Served
+from calibrate.engines.server import EngineError, http_json
+from calibrate.replay.counts import TotalCounts
+from calibrate.replay.engine import Sampling
+
+ACCEPTED = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
+PROPOSED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
+HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
+ENABLING_FLAGS = "--speculative-algorithm ... --speculative-num-steps k --speculative-num-draft-tokens k+1"
+
+
+def _first(meta: dict[str, Any], names: Sequence[str]) -> Any:
+    return next((meta[n] for n in names if meta.get(n) is not None), None)
+
+
+def parse_meta(meta: dict[str, Any], k: int, tokens: int, url: str, version: str | None) -> TotalCounts:
+    """Map one reply's meta_info onto our counts; refuse a reply whose drafts per step contradict k."""
+    steps = meta.get("spec_verify_ct")
+    if steps is None:
+        if tokens > 1:
+            raise EngineError(f"sglang {version or '(unknown version)'} at {url}: meta_info has no spec_verify_ct: "
+                              f"the server is not speculating; launch it with {ENABLING_FLAGS}")
+        return TotalCounts(draft_len=k, steps=0, accepted=0, drafted_tokens=0, tokens=tokens)
+    steps, accepted, proposed = int(steps), _first(meta, ACCEPTED), _first(meta, PROPOSED)
+    if steps > 0 and accepted is None:
+        raise EngineError(f"sglang {version} at {url}: meta_info has spec_verify_ct but no accepted-draft count "
+                          f"(looked for {', '.join(ACCEPTED)})")
+    accepted = int(accepted or 0)
+    proposed = steps * k if proposed is None else int(proposed)
+    if proposed != steps * k:
+        raise EngineError(f"sglang at {url}: {proposed} proposed drafts over {steps} verify steps contradicts the "
+                          f"configured k={k}: the server runs --speculative-num-draft-tokens "
+                          f"{proposed // steps + 1 if steps else '?'}")
+    hist = _first(meta, HISTOGRAM)
+    if hist is not None and len(hist) != k + 1:
+        raise EngineError(f"sglang at {url}: acceptance histogram has {len(hist)} bins, not k+1={k + 1}")
+    return TotalCounts(draft_len=k, steps=steps, accepted=accepted, drafted_tokens=proposed, tokens=tokens,
+                       histogram=tuple(int(n) for n in hist) if hist is not None else None)
+
+
+class SGLangBackend:
+    name = "sglang"
+    health = "/health"
+    per_request_counts = True
+
+    def command(self, served: Served, host: str, port: int, config: Any) -> list[str]:
+        cfg, spec, k = served.pair.server, served.speculator.config, served.k
+        if spec.kind == "draft":
+            algo = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", spec.model]
+        elif spec.kind == "ngram":
+            algo = ["--speculative-algorithm", "NGRAM"]
+        else:
+            raise EngineError(f"sglang: speculator kind {spec.kind!r} has no SGLang launch mapping here; run the "
+                              "server yourself and use mode = \"connect\"")
+        ctx = config.dataset.context_tokens + config.dataset.max_new_tokens + 16
+        return [*(cfg.command.split() if cfg.command else ["python", "-m", "sglang.launch_server"]),
+                "--model-path", cfg.model, "--host", host, "--port", str(port), *algo,
+                "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+                "--speculative-num-draft-tokens", str(k + 1), "--disable-radix-cache",
+                "--context-length", str(ctx), "--random-seed", str(config.dataset.seed), *cfg.args]
+
+    def describe(self, url: str, timeout: float) -> dict[str, Any]:
+        info = http_json(self.name, url + "/get_server_info", timeout=timeout)
+        if not isinstance(info, dict):
+            raise EngineError(f"sglang at {url}: /get_server_info did not answer JSON")
+        return {"engine_version": info.get("version"), "model": info.get("model_path"),
+                "speculative_algorithm": info.get("speculative_algorithm"),
+                "speculative_num_draft_tokens": info.get("speculative_num_draft_tokens")}
+
+    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
+                 seed: int, info: dict[str, Any], timeout: float, kind: str = "draft") -> Reply:
+        params = {"max_new_tokens": max_new_tokens, "temperature": sampling.temperature,
+                  "top_p": sampling.top_p or 1.0, "top_k": sampling.top_k or -1, "sampling_seed": seed}
+        resp = http_json(self.name, url + "/generate", {"input_ids": list(prompt_ids), "sampling_params": params},
+                         timeout=timeout)
+        try:
+            tokens, meta = [int(t) for t in resp["output_ids"]], resp["meta_info"]
+        except (KeyError, TypeError):
+            raise EngineError(f"sglang at {url}: /generate reply lacks output_ids/meta_info: {str(resp)[:300]}") \
+                from None
+        counts = parse_meta(meta, k, len(tokens), url, info.get("engine_version"))
+        reason = (meta.get("finish_reason") or {}).get("type")
+        raw = {"meta_info": meta, "output_ids": tokens}
+        return Reply(tokens=tokens, finish_reason="length" if reason == "length" else "eos", counts=counts, raw=raw)

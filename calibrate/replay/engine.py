@@ -1,0 +1,114 @@
+"""The one protocol every engine sits behind: in-process (greedy replay-once, sampled loop) and servers.
+
+The runner hands an engine a batch of rendered prompts and gets back, per prompt, one `Measured` per
+(speculator name, k). It never touches a model itself, so the same runner drives a target loaded in this
+process and a 1-trillion-parameter model behind a vLLM, SGLang or llama.cpp server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from calibrate.data import RenderedPrompt
+from calibrate.replay.counts import StepCounts, TotalCounts
+from calibrate.replay.greedy import generate_greedy, score_replay, target_features
+from calibrate.replay.sampled import run_sampled
+from calibrate.speculators.base import Speculator, TargetNeeds
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One request's outcome for one (speculator, k): its counts, the response they came from, and, for a
+    server engine, the raw response fields kept for audit."""
+
+    counts: StepCounts | TotalCounts
+    generated_tokens: int
+    finish_reason: str  # "eos" | "length"
+    raw: dict[str, Any] | None = None
+
+
+BatchResult = list[dict[tuple[str, int], Measured]]
+
+# tokens of one response -> a segment label per token (thinking / answer / tool_call)
+Labeller = Callable[[list[int]], list[str]]
+
+
+class Engine(Protocol):
+    """Measures a batch of prompts for every (speculator, k) it serves."""
+
+    name: str  # stored as the run's `engine`: "replay", "loop", "llama.cpp", "vllm", "sglang"
+
+    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult: ...
+
+
+class ReplayEngine:
+    """Greedy replay-once: one target generation per request scores every speculator and k exactly."""
+
+    name = "replay"
+
+    def __init__(self, target: Any, speculators: Sequence[Speculator], draft_lengths: Sequence[int],
+                 max_new_tokens: int, labeller: Callable[[list[int], bool], list[str]]):
+        self.target, self.speculators, self.draft_lengths = target, speculators, list(draft_lengths)
+        self.max_new_tokens, self.labeller = max_new_tokens, labeller
+
+    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult:
+        ids = [p.ids for p in prompts]
+        responses = generate_greedy(self.target.model, ids, max_new_tokens=self.max_new_tokens,
+                                    eos_token_ids=self.target.eos_token_ids, device=self.target.device)
+        segments = [self.labeller(r.tokens, p.opens_thinking) for r, p in zip(responses, prompts)]
+        # One teacher-forced target pass for every speculator that reads the target's hidden states.
+        needs = TargetNeeds(layers=tuple(sorted({i for s in self.speculators for i in s.needs.layers})),
+                            last=any(s.needs.last for s in self.speculators))
+        features = (target_features(self.target.model, ids, [r.tokens for r in responses], needs)
+                    if needs.any else None)
+        per_request: BatchResult = [{} for _ in prompts]
+        for spec in self.speculators:
+            scored = score_replay(spec, ids, responses, self.draft_lengths, segments, features)
+            for i, per_k in enumerate(scored):
+                finish = "eos" if responses[i].ended else "length"
+                per_request[i].update({(spec.name, k): Measured(counts, len(responses[i].tokens), finish)
+                                       for k, counts in per_k.items()})
+        return per_request
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    top_p: float | None
+    top_k: int | None
+    seed: int
+
+
+class LoopEngine:
+    """A real batched speculative-decoding loop per speculator and k (responses differ per k when sampling)."""
+
+    name = "loop"
+
+    def __init__(self, target: Any, speculators: Sequence[Speculator], draft_lengths: Sequence[int],
+                 max_new_tokens: int, sampling: Sampling, verify_backend: str,
+                 labeller: Callable[[list[int], bool], list[str]], verification: str = "probabilistic"):
+        self.target, self.speculators, self.draft_lengths = target, speculators, list(draft_lengths)
+        self.max_new_tokens, self.sampling, self.verify_backend = max_new_tokens, sampling, verify_backend
+        self.labeller, self.verification = labeller, verification
+
+    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult:
+        opens_thinking = prompts[0].opens_thinking  # a property of the template and mode, not of the request
+        s = self.sampling
+        per_request: BatchResult = [{} for _ in prompts]
+        for spec in self.speculators:
+            results = run_sampled(
+                self.target.model, spec, [p.ids for p in prompts], draft_lens=self.draft_lengths,
+                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=self.max_new_tokens,
+                eos_token_ids=self.target.eos_token_ids, seed=s.seed,
+                segment_labeller=lambda tokens: self.labeller(tokens, opens_thinking),
+                verify_backend=self.verify_backend, batch_size=len(prompts), request_keys=keys,
+                verification=self.verification,
+            )
+            for i, result in enumerate(results):
+                per_request[i].update({
+                    (spec.name, k): Measured(counts, len(result.tokens[k]), result.finish_reason[k])
+                    for k, counts in result.counts.items()
+                })
+        return per_request

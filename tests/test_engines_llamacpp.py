@@ -1,0 +1,132 @@
+"""llama.cpp end to end, real: `calibrate run` launches llama-server (from the [llamacpp] extra), or connects
+to one, and its rows read like in-process rows.
+
+Self-speculation (draft = target GGUF, T=0) must accept every draft: k+1 per step up to numeric near-ties
+between the batched verify pass and the single-token draft passes, which are counted and printed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from calibrate.cli import app
+from calibrate.config import load_config
+from calibrate.engines.llamacpp import default_binary
+from calibrate.engines.server import free_port, launch
+from calibrate.runner import execute
+from calibrate.tables.lookup import lookup
+from tests.conftest import real_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def llama_server() -> str:
+    binary = default_binary()
+    if not (Path(binary).exists() or shutil.which(binary)):
+        pytest.skip("llama-server not installed (make llamacpp)")
+    return binary
+
+
+def gguf(name: str, folder: Path | None = None) -> Path:
+    path = (folder or real_model(name)) / f"{name}.gguf"
+    if not path.exists():
+        pytest.skip(f"{path} missing (fetch-test-models.py --keep-gguf --only {name})")
+    return path
+
+
+def write_config(tmp_path: Path, tokenizer: Path, draft_tok: Path, source: Path, server: str, ks: str,
+                 requests: int, draft_gguf: Path | None = None, new_tokens: int = 24) -> Path:
+    gguf_key = f', gguf = "{draft_gguf}"' if draft_gguf else ""
+    path = tmp_path / "llamacpp.toml"
+    path.write_text(f"""
+[dataset]
+source = "{source}"
+format = "mini-swe-agent"
+max_requests = {requests}
+seed = 3
+context_tokens = 384
+max_new_tokens = {new_tokens}
+
+[run]
+batch_size = 2
+
+[[pairs]]
+target = "{tokenizer}"
+backend = "llama.cpp"
+speculators = [{{ kind = "draft", model = "{draft_tok}"{gguf_key} }}]
+server = {server}
+
+[sweep]
+draft_lengths = [{ks}]
+""")
+    return path
+
+
+def test_self_speculation_accepts_every_draft(tmp_path, llama_server, smollm, mini_swe_dir):
+    folder = smollm.parent / "gguf" / "smollm2-135m-instruct"
+    model = gguf("smollm2-135m-instruct", folder)
+    server = f'{{ mode = "launch", model = "{model}", command = "{llama_server}", args = ["--threads", "2"], ' \
+             f'log_dir = "{tmp_path}", concurrency = 2 }}'
+    config = load_config(write_config(tmp_path, folder, folder, mini_swe_dir / "original", server, "2, 4", 3,
+                                      draft_gguf=model))
+    db = tmp_path / "self.duckdb"
+    execute(config, db)
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("""SELECT r.draft_len, sum(s.steps), sum(s.accepted_drafts), sum(s.drafted_tokens)
+                          FROM segment_counts s JOIN runs r USING (run_id) GROUP BY 1 ORDER BY 1""").fetchall()
+    provenance = [json.loads(p) for (p,) in con.execute("SELECT server FROM runs ORDER BY draft_len").fetchall()]
+    con.close()
+    assert [k for k, *_ in rows] == [2, 4]
+    for k, steps, accepted, drafted in rows:
+        rejected = drafted - accepted
+        print(f"self-speculation k={k}: {steps} steps, {accepted}/{drafted} drafts accepted, "
+              f"{rejected} near-tie rejections, AL {1 + accepted / steps:.3f}")
+        assert steps > 0 and drafted == steps * k
+        assert rejected <= 0.02 * drafted  # near-ties only
+    for p, k in zip(provenance, (2, 4)):  # one launch per k, recorded exactly
+        assert f"--spec-draft-n-max {k} --spec-draft-n-min {k} --spec-draft-p-min 0" in p["command"]
+        assert p["engine_version"] and Path(p["log_file"]).exists()
+
+
+def test_qwen_pair_launch_and_connect_rows_read_like_in_process(tmp_path, llama_server, qwen_target, qwen_draft,
+                                                                mini_swe_dir):
+    target, draft = gguf("qwen2.5-coder-1.5b-instruct"), gguf("qwen2.5-coder-0.5b-instruct")
+    server = f'{{ mode = "launch", model = "{target}", command = "{llama_server}", args = ["--threads", "2"], ' \
+             f'log_dir = "{tmp_path}", concurrency = 2 }}'
+    config = load_config(write_config(tmp_path, qwen_target, qwen_draft, mini_swe_dir / "original", server, "4", 2,
+                                      draft_gguf=draft, new_tokens=16))
+    db = tmp_path / "pair.duckdb"
+    summary = execute(config, db)
+    assert summary.measured == 2
+    record = lookup(str(qwen_target), None, 4, "off", table=db)
+    assert 1.0 <= record.acceptance_length <= 5.0 and record.requests == 2 and record.engines == ("llama.cpp",)
+    assert record.ci_low <= record.acceptance_length <= record.ci_high
+    res = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json", "--bootstrap", "200"])
+    assert res.exit_code == 0 and json.loads(res.output)[0]["draft_len"] == 4, res.output
+    res = CliRunner().invoke(app, ["export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "x")])
+    assert res.exit_code == 0, res.output
+
+    # connect: the same server started by hand; the config states speculator and k; same counts
+    port = free_port("127.0.0.1")
+    launched = launch("llama.cpp", [llama_server, "--model", str(target), "--spec-draft-model", str(draft),
+                                    "--spec-draft-n-max", "4", "--spec-draft-n-min", "4", "--spec-draft-p-min", "0",
+                                    "--ctx-size", "1024", "--parallel", "1", "--threads", "2", "--port", str(port)],
+                      f"http://127.0.0.1:{port}", "/health", timeout=300, log_dir=str(tmp_path))
+    try:
+        server = f'{{ mode = "connect", url = "http://127.0.0.1:{port}", draft_len = 4 }}'
+        connect = load_config(write_config(tmp_path, qwen_target, qwen_draft, mini_swe_dir / "original", server,
+                                           "4", 2, new_tokens=16))
+        db2 = tmp_path / "connect.duckdb"
+        execute(connect, db2)
+    finally:
+        launched.stop()
+    again = lookup(str(qwen_target), None, 4, "off", table=db2)
+    assert again.requests == 2 and again.steps == record.steps  # T=0: the same responses, the same steps
+    assert again.acceptance_length == pytest.approx(record.acceptance_length)
