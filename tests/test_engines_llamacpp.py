@@ -109,7 +109,7 @@ def test_qwen_pair_launch_and_connect_rows_read_like_in_process(tmp_path, llama_
     assert 1.0 <= record.acceptance_length <= 5.0 and record.requests == 2 and record.engines == ("llama.cpp",)
     assert record.ci_low <= record.acceptance_length <= record.ci_high
     res = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json", "--bootstrap", "200"])
-    assert res.exit_code == 0 and json.loads(res.output)[0]["draft_len"] == 4, res.output
+    assert res.exit_code == 0 and json.loads(res.stdout)[0]["draft_len"] == 4, res.output
     res = CliRunner().invoke(app, ["export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "x")])
     assert res.exit_code == 0, res.output
 

@@ -85,7 +85,7 @@ def test_connect_run_gives_rows_show_export_lookup_read(tmp_path, smollm, mini_s
     assert record.draft_acceptance_rate == pytest.approx((K + 1) / (2 * K)) and record.engines == ("llama.cpp",)
     res = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json", "--bootstrap", "200"])
     assert res.exit_code == 0, res.output
-    shown = json.loads(res.output)
+    shown = json.loads(res.stdout)
     assert shown[0]["acceptance_length"] == pytest.approx(3.5)
     out = tmp_path / "golden"
     res = CliRunner().invoke(app, ["export", "--to", "inferencex", "--db", str(db), "--out", str(out)])
