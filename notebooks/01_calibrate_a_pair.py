@@ -55,7 +55,7 @@ from calibrate.tables.store import connect
 
 con = connect(DB, read_only=True)
 try:
-    records = query.load_records(con, query.Filters(keys_of_runs=tuple(summary.run_ids)), n_boot=200)
+    records = query.load_records(con, query.Filters(run_ids=tuple(summary.run_ids)), n_boot=200)
 finally:
     con.close()
 print(f"{'speculator':<36} {'k':>2} {'AL':>6}  95% CI         macro")

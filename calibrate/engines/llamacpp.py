@@ -4,7 +4,8 @@ Counts (tools/server/server-common.cpp `result_timings::to_json`, llama.cpp as b
 11434): `timings.draft_n` (drafted tokens, rejected ones included) and `timings.draft_n_accepted`, present
 only when the request drafted. The number of verify steps is not in the reply, so k is fixed at launch with
 `--spec-draft-n-max k --spec-draft-n-min k --spec-draft-p-min 0`: a draft shorter than n-min is dropped
-(common/speculative.cpp), so every verify step drafts exactly k and steps = draft_n / k. A reply whose
+(common/speculative.cpp), so every verify step drafts exactly k and steps = draft_n / k. `--spec-type
+draft-simple` is needed too: the type defaults to `none`, and a server given only `-md` does not draft. A reply whose
 draft_n is not a multiple of k contradicts the configured k and is refused. In this version the per-request
 `speculative.n_max` / `n_min` keys are compiled out (server-schema.cpp `#if 0`), so k is a launch setting
 and the tool starts one server per k.
@@ -25,7 +26,8 @@ from calibrate.engines.server import EngineError, http_json
 from calibrate.replay.counts import TotalCounts
 from calibrate.replay.engine import Sampling
 
-ENABLING_FLAGS = "--spec-draft-model/-md DRAFT.gguf --spec-draft-n-max k --spec-draft-n-min k --spec-draft-p-min 0"
+ENABLING_FLAGS = ("--spec-type draft-simple --spec-draft-model/-md DRAFT.gguf --spec-draft-n-max k "
+                  "--spec-draft-n-min k --spec-draft-p-min 0")
 
 
 def default_binary() -> str:
@@ -52,7 +54,8 @@ class LlamaCppBackend:
         ctx = (config.dataset.context_tokens + config.dataset.max_new_tokens + 16) * slots
         return [
             cfg.command or default_binary(), "--model", str(Path(cfg.model).expanduser()),
-            "--spec-draft-model", str(Path(spec.gguf).expanduser()),
+            # The speculative type defaults to `none` in this version: a draft model alone does not draft.
+            "--spec-type", "draft-simple", "--spec-draft-model", str(Path(spec.gguf).expanduser()),
             "--spec-draft-n-max", str(k), "--spec-draft-n-min", str(k), "--spec-draft-p-min", "0",
             "--ctx-size", str(ctx), "--parallel", str(slots), "--host", host, "--port", str(port),
             *cfg.args,
