@@ -271,168 +271,175 @@ def _csv_text(rows: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
+_DB_OPT = typer.Option(DEFAULT_TABLE, "--db", help="DuckDB store written by `calibrate run`.")
+_MODEL_OPT = typer.Option(None, "--model", help="Target as users write it (HF id or its last part).")
+_SPEC_OPT = typer.Option(None, "--speculator", help="Speculator label (repeatable).")
+_K_OPT = typer.Option(None, "--draft-len", "-k", help="Draft length k (repeatable).")
+_THINKING_OPT = typer.Option(None, "--thinking", help="on / off.")
+_DATASET_OPT = typer.Option(None, "--dataset", help="Dataset name (repeatable).")
+_TEMP_OPT = typer.Option(None, "--temperature", help="Sampling temperature (repeatable).")
+_BOOT_OPT = typer.Option(query.DEFAULT_BOOT, "--bootstrap", help="Bootstrap replicates for the CIs.")
+_SEED_OPT = typer.Option(query.DEFAULT_SEED, "--seed", help="Bootstrap seed (same data, same CI).")
+_WHERE_OPT = typer.Option(None, "--where", help="FIELD=VALUE on a run field (repeatable), e.g. max_new_tokens=256: "
+                         "picks one of several conditions a key was measured under.")
+
+
+@cli_errors
+def show(
+    db: Path = _DB_OPT,
+    format: ShowFormat = typer.Option(ShowFormat.table, "--format", help="table (rich), json or csv."),
+    segments: bool = typer.Option(False, "--segments",
+                                  help="Also one row per segment (thinking/answer/tool_call)."),
+    model: Optional[str] = _MODEL_OPT,
+    speculator: Optional[list[str]] = _SPEC_OPT,
+    draft_len: Optional[list[int]] = _K_OPT,
+    thinking: Optional[str] = _THINKING_OPT,
+    dataset: Optional[list[str]] = _DATASET_OPT,
+    temperature: Optional[list[float]] = _TEMP_OPT,
+    bootstrap: int = _BOOT_OPT,
+    seed: int = _SEED_OPT,
+    where: Optional[list[str]] = _WHERE_OPT,
+    wide: bool = typer.Option(False, "--wide", help="Table: full speculator labels, however wide."),
+) -> None:
+    """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
+    records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), segments, bootstrap,
+                    seed)
+    for warning in truncation_warnings(records):
+        typer.echo(f"warning: {warning}", err=True)
+    if format is ShowFormat.table:
+        if not records:
+            typer.echo(f"no measurements in {db}")
+            return
+        _render_table(records, segments, wide)
+    elif format is ShowFormat.json:
+        typer.echo(json.dumps(show_rows(records, segments), indent=2))
+    else:
+        sys.stdout.write(_csv_text(show_rows(records, segments)))
+
+@cli_errors
+def export(
+    to: ExportFormat = typer.Option(..., "--to", help="Consumer format."),
+    db: Path = _DB_OPT,
+    out: Optional[Path] = typer.Option(None, "--out", help="File (inferencex: file or folder); default stdout."),
+    mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode",
+                              help="length or per-position rates (vllm, llamacpp; atom: rates = rate form)."),
+    token_mode: TokenMode = typer.Option(
+        SGLANG_TOKEN_MODES[0], "--token-mode",
+        help="sglang: SGLANG_SIMULATE_ACC_TOKEN_MODE (real-draft-token needs --speculative-eagle-topk 1)."),
+    model_prefix: Optional[str] = typer.Option(
+        None, "--model-prefix", help="inferencex: MODEL_PREFIX of the file name (dsv4, qwen3.5, ...)."),
+    method: Optional[str] = typer.Option(
+        None, "--method", help="inferencex: method of the file name (mtp, eagle3, ngram, draft_model, ...)."),
+    model: Optional[str] = _MODEL_OPT,
+    speculator: Optional[list[str]] = _SPEC_OPT,
+    draft_len: Optional[list[int]] = _K_OPT,
+    thinking: Optional[str] = _THINKING_OPT,
+    dataset: Optional[list[str]] = _DATASET_OPT,
+    temperature: Optional[list[float]] = _TEMP_OPT,
+    bootstrap: int = _BOOT_OPT,
+    seed: int = _SEED_OPT,
+    where: Optional[list[str]] = _WHERE_OPT,
+) -> None:
+    """Export the acceptance table for an engine, InferenceX, or as a full CSV / Parquet / JSON table."""
+    full = to.value in exports.TABLE_FORMATS
+    records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), full, bootstrap, seed)
+    options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, model_prefix=model_prefix,
+                                    method=method)
+    text = exports.export(records, to.value, out, options=options)
+    for warning in exports.export_warnings(records, to.value):
+        typer.echo(f"warning: {warning}", err=True)
+    if text is not None:
+        sys.stdout.write(text)
+
+@cli_errors
+def lookup(
+    model: Optional[str] = typer.Option(None, "--model", help="Target as users write it (HF id or its last part)."),
+    speculator: Optional[str] = typer.Option(None, "--speculator", help="Speculator label; omit if only one."),
+    draft_len: Optional[int] = typer.Option(None, "--draft-len", "-k", help="Draft length k."),
+    thinking: Optional[str] = typer.Option(None, "--thinking", help="on / off."),
+    table: Optional[Path] = typer.Option(None, "--table", help="A .duckdb store or an exported .json/.parquet."),
+    format: Optional[LookupFormat] = typer.Option(None, "--format", help="Output form (default value)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset"),
+    temperature: Optional[float] = typer.Option(None, "--temperature"),
+    segment: str = typer.Option("all", "--segment", help="all, thinking, answer or tool_call."),
+    extrapolate: bool = typer.Option(False, "--extrapolate",
+                                     help="Model an unmeasured k from the measured curve (flagged)."),
+    mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode",
+                              help="length or rates: vllm-config / llamacpp-args / atom-args form."),
+    shell: bool = typer.Option(False, "--shell", help="Env formats: prefix lines with `export` for eval."),
+    from_env: bool = typer.Option(False, "--from-env",
+                                  help="Read MODEL_PREFIX, NUM_SPEC_TOKENS, THINKING_MODE, FRAMEWORK."),
+) -> None:
+    """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
+    match_prefix = False
+    if from_env:
+        model, draft_len, thinking, format, match_prefix = _from_environment(model, draft_len, thinking, format)
+    missing_opts = [name for name, v in (("--model", model), ("--draft-len", draft_len), ("--thinking", thinking))
+                    if v is None]
+    if missing_opts:
+        raise ValueError(f"missing {', '.join(missing_opts)} (or use --from-env)")
+    record = lookup_record(
+        model, speculator, draft_len, thinking, table=table, dataset=dataset, temperature=temperature,
+        extrapolate=extrapolate, segment=segment, match_prefix=match_prefix,
+    )
+    sys.stdout.write(render_lookup(record, format or LookupFormat.value, mode.value, shell))
+    notes = [record.model_free_note()]
+    if format is LookupFormat.trtllm_env:
+        notes.append(record.trtllm_warning())
+    for note in filter(None, notes):
+        typer.echo(f"warning: {note}", err=True)
+    if record.extrapolated:
+        typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
+
+@cli_errors
+def report(
+    db: Path = _DB_OPT,
+    out: Path = typer.Option(Path("tables") / "report", "--out", help="Folder for the PNG plots."),
+    model: Optional[str] = _MODEL_OPT,
+    speculator: Optional[list[str]] = _SPEC_OPT,
+    thinking: Optional[str] = _THINKING_OPT,
+    dataset: Optional[list[str]] = _DATASET_OPT,
+    temperature: Optional[list[float]] = _TEMP_OPT,
+    bootstrap: int = _BOOT_OPT,
+    seed: int = _SEED_OPT,
+    where: Optional[list[str]] = _WHERE_OPT,
+) -> None:
+    """Plot AL vs k per speculator and thinking mode, and the unconditional rate per position (PNG)."""
+    from calibrate.tables.report import plot
+
+    records = _load(db, (model, speculator, None, thinking, dataset, temperature, where), False, bootstrap, seed)
+    for path in plot(records, out):
+        typer.echo(str(path))
+
+
+def _from_environment(model: str | None, draft_len: int | None, thinking: str | None,
+                      format: LookupFormat | None) -> tuple[str, int, str, LookupFormat | None, bool]:
+    """Fill what the command line left out from InferenceX's runner variables (FROM_ENV_VARIABLES).
+
+    Returns (model, k, thinking, format, whether the model is a MODEL_PREFIX to match loosely)."""
+    missing = [v for v in FROM_ENV_VARIABLES if not os.environ.get(v)]
+    if missing:
+        raise ValueError(f"--from-env needs {', '.join(missing)} set (reads {', '.join(FROM_ENV_VARIABLES)})")
+    env = {v: os.environ[v] for v in FROM_ENV_VARIABLES}
+    model = model or env["MODEL_PREFIX"]
+    if draft_len is None:
+        try:
+            draft_len = int(env["NUM_SPEC_TOKENS"])
+        except ValueError:
+            raise ValueError(f"NUM_SPEC_TOKENS={env['NUM_SPEC_TOKENS']!r} is not an integer") from None
+    if format is None:
+        framework = env["FRAMEWORK"].strip().lower()
+        if framework not in FRAMEWORK_FORMATS:
+            raise ValueError(f"FRAMEWORK={env['FRAMEWORK']!r} has no synthetic-acceptance form; "
+                             f"known: {', '.join(FRAMEWORK_FORMATS)}")
+        format = LookupFormat(FRAMEWORK_FORMATS[framework])
+    return model, draft_len, thinking or env["THINKING_MODE"], format, model == env["MODEL_PREFIX"]
+
+
 def register(app: typer.Typer) -> None:
     """Add show, export, lookup and report to the calibrate Typer app."""
-
-    db_opt = typer.Option(DEFAULT_TABLE, "--db", help="DuckDB store written by `calibrate run`.")
-    model_opt = typer.Option(None, "--model", help="Target as users write it (HF id or its last part).")
-    spec_opt = typer.Option(None, "--speculator", help="Speculator label (repeatable).")
-    k_opt = typer.Option(None, "--draft-len", "-k", help="Draft length k (repeatable).")
-    thinking_opt = typer.Option(None, "--thinking", help="on / off.")
-    dataset_opt = typer.Option(None, "--dataset", help="Dataset name (repeatable).")
-    temp_opt = typer.Option(None, "--temperature", help="Sampling temperature (repeatable).")
-    boot_opt = typer.Option(query.DEFAULT_BOOT, "--bootstrap", help="Bootstrap replicates for the CIs.")
-    seed_opt = typer.Option(query.DEFAULT_SEED, "--seed", help="Bootstrap seed (same data, same CI).")
-    where_opt = typer.Option(None, "--where", help="FIELD=VALUE on a run field (repeatable), e.g. max_new_tokens=256: "
-                             "picks one of several conditions a key was measured under.")
-
-    @app.command()
-    @cli_errors
-    def show(
-        db: Path = db_opt,
-        format: ShowFormat = typer.Option(ShowFormat.table, "--format", help="table (rich), json or csv."),
-        segments: bool = typer.Option(False, "--segments",
-                                      help="Also one row per segment (thinking/answer/tool_call)."),
-        model: Optional[str] = model_opt,
-        speculator: Optional[list[str]] = spec_opt,
-        draft_len: Optional[list[int]] = k_opt,
-        thinking: Optional[str] = thinking_opt,
-        dataset: Optional[list[str]] = dataset_opt,
-        temperature: Optional[list[float]] = temp_opt,
-        bootstrap: int = boot_opt,
-        seed: int = seed_opt,
-        where: Optional[list[str]] = where_opt,
-        wide: bool = typer.Option(False, "--wide", help="Table: full speculator labels, however wide."),
-    ) -> None:
-        """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
-        records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), segments, bootstrap,
-                        seed)
-        for warning in truncation_warnings(records):
-            typer.echo(f"warning: {warning}", err=True)
-        if format is ShowFormat.table:
-            if not records:
-                typer.echo(f"no measurements in {db}")
-                return
-            _render_table(records, segments, wide)
-        elif format is ShowFormat.json:
-            typer.echo(json.dumps(show_rows(records, segments), indent=2))
-        else:
-            sys.stdout.write(_csv_text(show_rows(records, segments)))
-
-    @app.command()
-    @cli_errors
-    def export(
-        to: ExportFormat = typer.Option(..., "--to", help="Consumer format."),
-        db: Path = db_opt,
-        out: Optional[Path] = typer.Option(None, "--out", help="File (inferencex: file or folder); default stdout."),
-        mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode",
-                                  help="length or per-position rates (vllm, llamacpp; atom: rates = rate form)."),
-        token_mode: TokenMode = typer.Option(
-            SGLANG_TOKEN_MODES[0], "--token-mode",
-            help="sglang: SGLANG_SIMULATE_ACC_TOKEN_MODE (real-draft-token needs --speculative-eagle-topk 1)."),
-        model_prefix: Optional[str] = typer.Option(
-            None, "--model-prefix", help="inferencex: MODEL_PREFIX of the file name (dsv4, qwen3.5, ...)."),
-        method: Optional[str] = typer.Option(
-            None, "--method", help="inferencex: method of the file name (mtp, eagle3, ngram, draft_model, ...)."),
-        model: Optional[str] = model_opt,
-        speculator: Optional[list[str]] = spec_opt,
-        draft_len: Optional[list[int]] = k_opt,
-        thinking: Optional[str] = thinking_opt,
-        dataset: Optional[list[str]] = dataset_opt,
-        temperature: Optional[list[float]] = temp_opt,
-        bootstrap: int = boot_opt,
-        seed: int = seed_opt,
-        where: Optional[list[str]] = where_opt,
-    ) -> None:
-        """Export the acceptance table for an engine, InferenceX, or as a full CSV / Parquet / JSON table."""
-        full = to.value in exports.TABLE_FORMATS
-        records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), full, bootstrap, seed)
-        options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, model_prefix=model_prefix,
-                                        method=method)
-        text = exports.export(records, to.value, out, options=options)
-        for warning in exports.export_warnings(records, to.value):
-            typer.echo(f"warning: {warning}", err=True)
-        if text is not None:
-            sys.stdout.write(text)
-
-    @app.command()
-    @cli_errors
-    def lookup(
-        model: Optional[str] = typer.Option(None, "--model", help="Target as users write it (HF id or its last part)."),
-        speculator: Optional[str] = typer.Option(None, "--speculator", help="Speculator label; omit if only one."),
-        draft_len: Optional[int] = typer.Option(None, "--draft-len", "-k", help="Draft length k."),
-        thinking: Optional[str] = typer.Option(None, "--thinking", help="on / off."),
-        table: Optional[Path] = typer.Option(None, "--table", help="A .duckdb store or an exported .json/.parquet."),
-        format: Optional[LookupFormat] = typer.Option(None, "--format", help="Output form (default value)."),
-        dataset: Optional[str] = typer.Option(None, "--dataset"),
-        temperature: Optional[float] = typer.Option(None, "--temperature"),
-        segment: str = typer.Option("all", "--segment", help="all, thinking, answer or tool_call."),
-        extrapolate: bool = typer.Option(False, "--extrapolate",
-                                         help="Model an unmeasured k from the measured curve (flagged)."),
-        mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode",
-                                  help="length or rates: vllm-config / llamacpp-args / atom-args form."),
-        shell: bool = typer.Option(False, "--shell", help="Env formats: prefix lines with `export` for eval."),
-        from_env: bool = typer.Option(False, "--from-env",
-                                      help="Read MODEL_PREFIX, NUM_SPEC_TOKENS, THINKING_MODE, FRAMEWORK."),
-    ) -> None:
-        """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
-        match_prefix = False
-        if from_env:
-            missing = [v for v in FROM_ENV_VARIABLES if not os.environ.get(v)]
-            if missing:
-                raise ValueError(f"--from-env needs {', '.join(missing)} set (reads {', '.join(FROM_ENV_VARIABLES)})")
-            env = {v: os.environ[v] for v in FROM_ENV_VARIABLES}
-            model = model or env["MODEL_PREFIX"]
-            match_prefix = model == env["MODEL_PREFIX"]
-            if draft_len is None:
-                try:
-                    draft_len = int(env["NUM_SPEC_TOKENS"])
-                except ValueError:
-                    raise ValueError(f"NUM_SPEC_TOKENS={env['NUM_SPEC_TOKENS']!r} is not an integer") from None
-            thinking = thinking or env["THINKING_MODE"]
-            if format is None:
-                framework = env["FRAMEWORK"].strip().lower()
-                if framework not in FRAMEWORK_FORMATS:
-                    raise ValueError(f"FRAMEWORK={env['FRAMEWORK']!r} has no synthetic-acceptance form; "
-                                     f"known: {', '.join(FRAMEWORK_FORMATS)}")
-                format = LookupFormat(FRAMEWORK_FORMATS[framework])
-        missing_opts = [name for name, v in (("--model", model), ("--draft-len", draft_len), ("--thinking", thinking))
-                        if v is None]
-        if missing_opts:
-            raise ValueError(f"missing {', '.join(missing_opts)} (or use --from-env)")
-        record = lookup_record(
-            model, speculator, draft_len, thinking, table=table, dataset=dataset, temperature=temperature,
-            extrapolate=extrapolate, segment=segment, match_prefix=match_prefix,
-        )
-        sys.stdout.write(render_lookup(record, format or LookupFormat.value, mode.value, shell))
-        notes = [record.model_free_note()]
-        if format is LookupFormat.trtllm_env:
-            notes.append(record.trtllm_warning())
-        for note in filter(None, notes):
-            typer.echo(f"warning: {note}", err=True)
-        if record.extrapolated:
-            typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
-
-    @app.command()
-    @cli_errors
-    def report(
-        db: Path = db_opt,
-        out: Path = typer.Option(Path("tables") / "report", "--out", help="Folder for the PNG plots."),
-        model: Optional[str] = model_opt,
-        speculator: Optional[list[str]] = spec_opt,
-        thinking: Optional[str] = thinking_opt,
-        dataset: Optional[list[str]] = dataset_opt,
-        temperature: Optional[list[float]] = temp_opt,
-        bootstrap: int = boot_opt,
-        seed: int = seed_opt,
-        where: Optional[list[str]] = where_opt,
-    ) -> None:
-        """Plot AL vs k per speculator and thinking mode, and the unconditional rate per position (PNG)."""
-        from calibrate.tables.report import plot
-
-        records = _load(db, (model, speculator, None, thinking, dataset, temperature, where), False, bootstrap, seed)
-        for path in plot(records, out):
-            typer.echo(str(path))
+    for command in (show, export, lookup, report):
+        app.command()(command)
 
 
 def render_lookup(record: AcceptanceRecord, fmt: LookupFormat, mode: str = "length", shell: bool = False) -> str:

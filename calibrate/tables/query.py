@@ -11,7 +11,7 @@ histograms); Python only scatters the per-request rows into arrays for `stats.su
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -162,6 +162,27 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+@dataclass(frozen=True)
+class _Scope:
+    """One `load_records` query's shared parts: the filtered keys as SQL CTEs, their parameters, and how
+    segments are grouped (only the overall 'all' row, or each segment as well)."""
+
+    con: duckdb.DuckDBPyConnection
+    keyed: str  # WITH keyed (run -> key index), chosen (one run per key and request id)
+    params: list[Any]
+    segments: bool
+
+    @property
+    def seg_expr(self) -> str:
+        """Overall = sum over segments: the grouping set without `segment` is the 'all' row."""
+        if self.segments:
+            return f"CASE WHEN GROUPING(segment) = 1 THEN '{SEGMENT_ALL}' ELSE segment END"
+        return f"'{SEGMENT_ALL}'"
+
+    def run(self, sql: str) -> duckdb.DuckDBPyConnection:
+        return self.con.execute(f"{self.keyed} {sql}", self.params)
+
+
 def load_records(
     con: duckdb.DuckDBPyConnection,
     filters: Filters = Filters(),
@@ -181,14 +202,32 @@ def load_records(
         "chosen AS (SELECT run_id, request_id FROM requests JOIN keyed USING (run_id) "
         "QUALIFY row_number() OVER (PARTITION BY key_ix, request_id ORDER BY run_id) = 1)"
     )
+    scope = _Scope(con, keyed, params, segments)
+    keys = _key_rows(scope)
+    if not keys:
+        return []
+    total_of, truncated_of = _segment_totals(scope), _truncated_requests(scope)
+    totals_keys = _totals_keys(con, keyed, params)
+    stat = dict(n_boot=n_boot, seed=seed, level=level)
+    records = _totals_records(con, keyed, params, keys, totals_keys, total_of, truncated_of, scope.seg_expr,
+                              segments, **stat)
+    for key, segment, hist, clusters in _histograms(scope, keys):
+        if key in totals_keys or hist.sum() == 0:
+            continue
+        summary = stats.summarize(hist, clusters, **stat)
+        records.append(_record(keys[key], segment, summary, total_of[(key, segment)], truncated_of.get(key),
+                               **stat))
+    records.sort(key=lambda r: (_sort_key(r.key), SEGMENT_ORDER.index(r.segment)))
+    return records
+
+
+def _key_rows(scope: _Scope) -> list[tuple[Any, ...]]:
+    """Per key: its fields, then its provenance lists (what `_record` unpacks), in key order."""
     # A store from before the verification rule was recorded, opened read-only, lacks the column.
-    run_columns = {c for (c,) in con.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs'").fetchall()}
     rules = ("list_sort(list_distinct(list(verification) FILTER (WHERE verification IS NOT NULL)))"
-             if "verification" in run_columns else "[]")
-    keys = con.execute(
-        f"""{keyed}
-        SELECT key_ix, {_KEY_COLS},
+             if "verification" in _columns(scope.con, "runs") else "[]")
+    return scope.run(
+        f"""SELECT key_ix, {_KEY_COLS},
                list_sort(list_distinct(list(target_id))), list_sort(list_distinct(list(speculator_kind))),
                list_sort(list_distinct(list(draft_id))), list_sort(list(run_id)),
                list_sort(list_distinct(list(engine))), list_sort(list_distinct(list(dataset_fingerprint))),
@@ -196,48 +235,49 @@ def load_records(
                list_sort(list_distinct(list(versions))), min(started_at), max(finished_at),
                list_sort(list_distinct(list(target_hash))), {rules}
         FROM runs JOIN keyed USING (run_id)
-        GROUP BY key_ix, {_KEY_COLS} ORDER BY key_ix""",
-        params,
+        GROUP BY key_ix, {_KEY_COLS} ORDER BY key_ix"""
     ).fetchall()
-    if not keys:
-        return []
-    seg_sets = "(key_ix, segment), (key_ix)" if segments else "(key_ix)"
-    # Overall = sum over segments: the grouping set without `segment` is the 'all' row.
-    seg_expr = (
-        f"CASE WHEN GROUPING(segment) = 1 THEN '{SEGMENT_ALL}' ELSE segment END" if segments else f"'{SEGMENT_ALL}'"
-    )
+
+
+def _segment_totals(scope: _Scope) -> dict[tuple[int, str], tuple[Any, ...]]:
+    """(key, segment) -> tokens, censored steps, expected accepted and its steps, drafted, empty steps."""
+    seg_sets = "(key_ix, segment), (key_ix)" if scope.segments else "(key_ix)"
     # A store written before drafts were counted, opened read-only, has not been migrated: those are NULL.
-    present = _columns(con, "segment_counts")
+    present = _columns(scope.con, "segment_counts")
     drafted, empty = (
         f"CASE WHEN bool_and({col} IS NOT NULL) THEN sum({col}) END" if col in present else "NULL"
         for col in ("drafted_tokens", "empty_steps")
     )
-    totals = con.execute(
-        f"""{keyed}
-        SELECT key_ix, {seg_expr},
+    rows = scope.run(
+        f"""SELECT key_ix, {scope.seg_expr},
                sum(tokens), sum(censored_steps), sum(expected_accepted),
                sum(steps) FILTER (WHERE expected_accepted IS NOT NULL),
                {drafted}, {empty}
         FROM segment_counts JOIN chosen USING (run_id, request_id) JOIN keyed USING (run_id)
-        GROUP BY GROUPING SETS ({seg_sets})""",
-        params,
+        GROUP BY GROUPING SETS ({seg_sets})"""
     ).fetchall()
-    total_of = {(row[0], row[1]): row[2:] for row in totals}
-    truncated_of = dict(con.execute(
-        f"""{keyed}
-        SELECT key_ix, count(*) FILTER (WHERE truncated_tokens > 0) FROM requests JOIN keyed USING (run_id)
-        GROUP BY key_ix""",
-        params,
+    return {(row[0], row[1]): row[2:] for row in rows}
+
+
+def _truncated_requests(scope: _Scope) -> dict[int, int]:
+    """key -> requests whose prompt was left-truncated to the context budget."""
+    return dict(scope.run(
+        """SELECT key_ix, count(*) FILTER (WHERE truncated_tokens > 0) FROM requests JOIN keyed USING (run_id)
+        GROUP BY key_ix"""
     ).fetchall())
+
+
+def _histograms(scope: _Scope, keys: Sequence[Any]) -> Iterator[tuple[int, str, np.ndarray, np.ndarray]]:
+    """Per (key, segment) with histogram rows: the per-request histograms (requests x k+1) and each request's
+    conversation cluster. SQL sums and ranks; numpy only scatters the rows into arrays."""
     req_sets = (
         "(key_ix, segment, run_id, request_id, conversation_id, accepted), "
         "(key_ix, run_id, request_id, conversation_id, accepted)"
-        if segments else "(key_ix, run_id, request_id, conversation_id, accepted)"
+        if scope.segments else "(key_ix, run_id, request_id, conversation_id, accepted)"
     )
-    counts = con.execute(
-        f"""{keyed},
-        per_request AS (
-            SELECT key_ix, {seg_expr} AS seg,
+    counts = scope.run(
+        f""", per_request AS (
+            SELECT key_ix, {scope.seg_expr} AS seg,
                    run_id, request_id, conversation_id, accepted, sum(a.steps) AS n
             FROM accept_counts a JOIN requests r USING (run_id, request_id)
                  JOIN chosen USING (run_id, request_id) JOIN keyed USING (run_id)
@@ -247,45 +287,25 @@ def load_records(
                dense_rank() OVER (PARTITION BY key_ix, seg ORDER BY run_id, request_id) - 1 AS req,
                dense_rank() OVER (PARTITION BY key_ix, seg ORDER BY conversation_id) - 1 AS conv,
                accepted, n
-        FROM per_request ORDER BY key_ix, seg""",
-        params,
+        FROM per_request ORDER BY key_ix, seg"""
     ).fetchnumpy()
-
-    totals_keys = _totals_keys(con, keyed, params)
-    records = _totals_records(con, keyed, params, keys, totals_keys, total_of, truncated_of, seg_expr, segments,
-                              n_boot=n_boot, seed=seed, level=level)
     key_ix = np.asarray(counts["key_ix"], dtype=np.int64)
-    seg = np.asarray(counts["seg"], dtype=object)
     if key_ix.size == 0:
-        records.sort(key=lambda r: (_sort_key(r.key), SEGMENT_ORDER.index(r.segment)))
-        return records
+        return
+    seg = np.asarray(counts["seg"], dtype=object)
+    req_all, conv_all, acc_all, n_all = (np.asarray(counts[c], dtype=np.int64)
+                                         for c in ("req", "conv", "accepted", "n"))
     # Rows are ordered by (key, segment): each group is a contiguous slice.
     change = np.flatnonzero((key_ix[1:] != key_ix[:-1]) | (seg[1:] != seg[:-1])) + 1
-    bounds = zip(np.concatenate([[0], change]), np.concatenate([change, [key_ix.size]]))
-    req_all = np.asarray(counts["req"], dtype=np.int64)
-    conv_all = np.asarray(counts["conv"], dtype=np.int64)
-    acc_all = np.asarray(counts["accepted"], dtype=np.int64)
-    n_all = np.asarray(counts["n"], dtype=np.int64)
-
-    for lo, hi in bounds:
-        if int(key_ix[lo]) in totals_keys:
-            continue
-        key_row = keys[int(key_ix[lo])]
-        segment = str(seg[lo])
-        draft_len = int(key_row[3])
+    for lo, hi in zip(np.concatenate([[0], change]), np.concatenate([change, [key_ix.size]])):
+        key = int(key_ix[lo])
         req = req_all[lo:hi]
         n_req = int(req.max()) + 1
-        hist = np.zeros((n_req, draft_len + 1), dtype=np.int64)
+        hist = np.zeros((n_req, int(keys[key][3]) + 1), dtype=np.int64)
         np.add.at(hist, (req, acc_all[lo:hi]), n_all[lo:hi])
         clusters = np.zeros(n_req, dtype=np.int64)
         clusters[req] = conv_all[lo:hi]
-        if hist.sum() == 0:
-            continue
-        summary = stats.summarize(hist, clusters, n_boot=n_boot, seed=seed, level=level)
-        records.append(_record(key_row, segment, summary, total_of[(int(key_ix[lo]), segment)],
-                               truncated_of.get(int(key_ix[lo])), n_boot=n_boot, seed=seed, level=level))
-    records.sort(key=lambda r: (_sort_key(r.key), SEGMENT_ORDER.index(r.segment)))
-    return records
+        yield key, str(seg[lo]), hist, clusters
 
 
 def _totals_keys(con: duckdb.DuckDBPyConnection, keyed: str, params: list[Any]) -> set[int]:
