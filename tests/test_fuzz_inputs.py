@@ -159,3 +159,18 @@ def test_corrupt_dataset_rows(tmp_path: Path, rows: list, forced: str | None) ->
     args = ["datasets", "inspect", str(path)] + (["--format", forced] if forced else [])
     assert_clean_failure(runner.invoke(app, args, terminal_width=200), (str(path),))
     assert digest(path) == before
+
+
+@pytest.mark.parametrize(("name", "value"), [("top_p", {}), ("drafted_acceptance_length", {}),
+                                             ("target_hashes", None), ("unconditional_rates", 3),
+                                             ("verifications", [{}])])
+def test_exported_table_fields_hypothesis_broke(tmp_path: Path, exported: dict, name: str, value: object) -> None:
+    """Cases the fuzz test found: fields added after the validator was written were not checked."""
+    doc = json.loads(json.dumps(exported))
+    record = next(r for r in doc["records"] if r["speculator"] == "ngram")
+    record[name] = value
+    table = tmp_path / "bad.json"
+    table.write_text(json.dumps(doc))
+    result = runner.invoke(app, ["lookup", "--table", str(table), "--model", record["target"], "-k",
+                                 str(record["draft_len"]), "--thinking", record["thinking"], "--speculator", "ngram"])
+    assert result.exit_code == 2 and name in result.output and str(table) in result.output, result.output

@@ -13,6 +13,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Protocol
 
@@ -160,6 +161,9 @@ def _real(value: object) -> bool:
 def record_problem(r: AcceptanceRecord) -> str | None:
     """What makes a record's numbers impossible, or None. The checks follow DESIGN's words: AL is tokens per
     step, so 1 <= AL <= k + 1; a histogram has k + 1 bins summing to the steps; rates lie in [0, 1]."""
+    for f in fields(AcceptanceRecord):
+        if str(f.type).startswith("tuple") and not isinstance(getattr(r, f.name), tuple):
+            return f"field {f.name} is a {type(getattr(r, f.name)).__name__}, not a list"
     for name in ("target", "speculator", "thinking", "dataset", "segment"):
         if not isinstance(getattr(r, name), str):
             return f"field {name} is a {type(getattr(r, name)).__name__}, not text"
@@ -169,6 +173,17 @@ def record_problem(r: AcceptanceRecord) -> str | None:
         return f"field draft_len {r.draft_len} is not a positive draft length"
     if not _real(r.temperature) or r.temperature < 0:
         return f"field temperature {r.temperature!r} is not a temperature >= 0"
+    if r.top_p is not None and not (_real(r.top_p) and 0 < r.top_p <= 1):
+        return f"field top_p {r.top_p!r} is not a number in (0, 1]"
+    for name in ("macro_acceptance_length", "expected_acceptance_length", "drafted_acceptance_length",
+                 "draft_acceptance_rate"):
+        value = getattr(r, name)
+        if value is not None and not (_real(value) and 0 <= value <= r.draft_len + 1 + 1e-9):
+            return f"field {name} {value!r} is not a number in [0, k+1 = {r.draft_len + 1}]"
+    for name in ("target_ids", "speculator_kinds", "draft_ids", "run_ids", "engines", "dataset_fingerprints",
+                 "statuses", "git_commits", "versions", "target_hashes", "verifications"):
+        if not all(isinstance(v, str) for v in getattr(r, name, ())):
+            return f"field {name} must be a list of text"
     k = r.draft_len
     if not _real(r.acceptance_length) or not 1 - 1e-9 <= r.acceptance_length <= k + 1 + 1e-9:
         return f"field acceptance_length {r.acceptance_length!r} is not a number in [1, k+1 = {k + 1}]"
