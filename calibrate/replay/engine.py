@@ -31,8 +31,8 @@ class Measured:
 
 BatchResult = list[dict[tuple[str, int], Measured]]
 
-# tokens of one response -> a segment label per token (thinking / answer / tool_call)
-Labeller = Callable[[list[int]], list[str]]
+# (tokens of one response, whether it starts inside a thinking block) -> a segment label per token
+Labeller = Callable[[list[int], bool], list[str]]
 
 
 class Engine(Protocol):
@@ -49,7 +49,7 @@ class ReplayEngine:
     name = "replay"
 
     def __init__(self, target: Any, speculators: Sequence[Speculator], draft_lengths: Sequence[int],
-                 max_new_tokens: int, labeller: Callable[[list[int], bool], list[str]]):
+                 max_new_tokens: int, labeller: Labeller):
         self.target, self.speculators, self.draft_lengths = target, speculators, list(draft_lengths)
         self.max_new_tokens, self.labeller = max_new_tokens, labeller
 
@@ -88,7 +88,7 @@ class LoopEngine:
 
     def __init__(self, target: Any, speculators: Sequence[Speculator], draft_lengths: Sequence[int],
                  max_new_tokens: int, sampling: Sampling, verify_backend: str,
-                 labeller: Callable[[list[int], bool], list[str]], verification: str = "probabilistic"):
+                 labeller: Labeller, verification: str = "probabilistic"):
         self.target, self.speculators, self.draft_lengths = target, speculators, list(draft_lengths)
         self.max_new_tokens, self.sampling, self.verify_backend = max_new_tokens, sampling, verify_backend
         self.labeller, self.verification = labeller, verification
