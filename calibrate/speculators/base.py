@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
@@ -194,8 +195,13 @@ class Speculator(ABC):
         of request i when the speculator needs them. Default: propose at each step."""
 
         def scorer(prompt: Sequence[int], response: Sequence[int]) -> ReplayScorer:
+            # One array per request and a view per step: copying a 100k-token context at every step
+            # would cost more than the proposal.
+            full = np.asarray([*prompt, *response], dtype=np.int64)
+            full.setflags(write=False)
+
             def run_at(t: int, k: int) -> tuple[int, int]:
-                drafts = self.propose(list(prompt) + list(response[:t]), k).tokens[:k]
+                drafts = self.propose(full[:len(prompt) + t], k).tokens[:k]
                 return leading_matches(drafts, response[t:], k), len(drafts)
 
             return run_at

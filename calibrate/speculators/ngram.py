@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
 from pydantic import Field, model_validator
 
 from calibrate.speculators.base import BuildContext, Proposal, Speculator, SpeculatorConfig, label
@@ -58,17 +57,28 @@ class NgramSpeculatorConfig(SpeculatorConfig):
 
 
 def ngram_proposal(context: Sequence[int], k: int, prompt_lookup_max: int, prompt_lookup_min: int) -> list[int]:
-    """Up to k tokens that followed the earliest occurrence of the longest matching tail (vLLM's rule)."""
+    """Up to k tokens that followed the earliest occurrence of the longest matching tail (vLLM's rule).
+
+    Agentic contexts run to 100k+ tokens and this runs once per step, so instead of comparing every window
+    it extends matches backwards only from the positions that repeat the last token (few, in real text).
+    """
     seq = np.asarray(context, dtype=np.int64)
     length = seq.shape[0]
-    for n in range(min(prompt_lookup_max, length - 1), prompt_lookup_min - 1, -1):
-        # Windows starting at 0..length-1-n: each ends before the last token, so something follows it.
-        windows = sliding_window_view(seq[:-1], n)
-        hits = np.flatnonzero((windows == seq[length - n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[0]) + n
-            return seq[start:start + k].tolist()
-    return []
+    longest = min(prompt_lookup_max, length - 1)
+    if longest < prompt_lookup_min:
+        return []
+    ends = np.flatnonzero(seq[:-1] == seq[-1])  # a window ending here is followed by at least one token
+    matched = np.ones(ends.shape[0], dtype=np.int64)  # tail length matched so far, per candidate end
+    for j in range(1, longest):
+        alive = (matched == j) & (ends >= j)
+        alive[alive] = seq[ends[alive] - j] == seq[length - 1 - j]
+        if not alive.any():
+            break
+        matched[alive] += 1
+    if ends.size == 0 or matched.max() < prompt_lookup_min:
+        return []
+    start = int(ends[matched == matched.max()][0]) + 1  # the earliest end among the longest matches
+    return seq[start:start + k].tolist()
 
 
 class NgramSpeculator(Speculator):
