@@ -51,7 +51,7 @@ def _build(path, mtp_layers: int, train_steps: int = 0, seed: int = 1):
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-layer", "2-layers"])
 def trained(request, tmp_path_factory):
     n = request.param
-    path = _build(tmp_path_factory.mktemp(f"mtp{n}"), n, train_steps=150)
+    path = _build(tmp_path_factory.mktemp(f"mtp{n}"), n, train_steps=100)
     target = _load(path)
     return n, target, MtpSpeculator(load_mtp(target, "tiny"), name="tiny")
 
@@ -91,13 +91,13 @@ def test_loop_equals_transformers_generate_use_mtp(trained):
 
     spec.extend = recording
     try:
-        results = run_sampled(target, spec, PROMPTS, draft_lens=[n], temperature=0.0, max_new_tokens=20,
+        results = run_sampled(target, spec, PROMPTS, draft_lens=[n], temperature=0.0, max_new_tokens=16,
                               eos_token_ids={EOS}, seed=0, batch_size=3, verify_backend="reference")
     finally:
         del spec.extend
     seen = 0
     for i, (prompt, result) in enumerate(zip(PROMPTS, results)):
-        tokens, accepted = _oracle(target, prompt, 20)
+        tokens, accepted = _oracle(target, prompt, 16)
         assert result.tokens[n] == tokens
         ours = [m - 1 for m in kept[i][1:]]  # accepted drafts + the bonus token; the prefill's token dropped
         assert ours == accepted[:-1], prompt
@@ -108,10 +108,10 @@ def test_loop_equals_transformers_generate_use_mtp(trained):
 def test_replay_once_equals_loop_all_k(trained):
     n, target, spec = trained
     ks = [1, 2, 3, 4, 5, 6]
-    responses = generate_greedy(target, PROMPTS, max_new_tokens=24, eos_token_ids={EOS})
+    responses = generate_greedy(target, PROMPTS, max_new_tokens=16, eos_token_ids={EOS})
     feats = target_features(target, PROMPTS, [r.tokens for r in responses], spec.needs)
     replayed = score_replay(spec, PROMPTS, responses, ks, features=feats)
-    looped = run_sampled(target, spec, PROMPTS, draft_lens=ks, temperature=0.0, max_new_tokens=24,
+    looped = run_sampled(target, spec, PROMPTS, draft_lens=ks, temperature=0.0, max_new_tokens=16,
                          eos_token_ids={EOS}, seed=0, batch_size=2, verify_backend="reference")
     for r, res, resp in zip(replayed, looped, responses):
         for k in ks:

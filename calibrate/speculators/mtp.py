@@ -35,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from calibrate.models import fingerprint, resolve
+from calibrate.models import resolve
 from calibrate.speculators.base import (
     BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
     leading_matches,

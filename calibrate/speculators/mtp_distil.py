@@ -92,13 +92,14 @@ def save_with_mtp(main: Any, mtp: Any, path: Path) -> None:
     (path / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def train_main(model: Any, sequences: list[torch.Tensor], *, seconds: float, window: int, lr: float,
+def train_main(model: Any, sequences: list[torch.Tensor], *, steps: int, window: int, lr: float,
                log=print) -> None:
-    """Next-token cross-entropy on random windows of the sequences."""
+    """Next-token cross-entropy on random windows of the sequences (a step count, not a time budget, so a
+    busy machine builds the same model)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     started, step = time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
+    while step < steps:
         seq = sequences[step % len(sequences)]
         lo = int(torch.randint(0, max(1, len(seq) - window), ()))
         ids = seq[lo:lo + window].unsqueeze(0)
@@ -107,7 +108,7 @@ def train_main(model: Any, sequences: list[torch.Tensor], *, seconds: float, win
         loss.backward()
         opt.step()
         step += 1
-        if step % 50 == 0:
+        if step % 25 == 0:
             log(f"main step {step}: loss {loss.item():.3f} ({time.perf_counter() - started:.0f}s)")
     model.eval()
 
@@ -138,7 +139,7 @@ def train_mtp(main: Any, mtp: Any, sequences: list[torch.Tensor], *, seconds: fl
         loss.backward()
         opt.step()
         step += 1
-        if step % 50 == 0:
+        if step % 25 == 0:
             log(f"mtp step {step}: loss {loss.item():.3f} ({time.perf_counter() - started:.0f}s)")
     mtp.eval()
 
@@ -163,8 +164,9 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--mtp-layers", type=int, default=1)
-    parser.add_argument("--main-seconds", type=float, default=90.0)
-    parser.add_argument("--mtp-seconds", type=float, default=60.0)
+    parser.add_argument("--main-steps", type=int, default=150)
+    parser.add_argument("--mtp-steps", type=int, default=150)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -181,10 +183,10 @@ def main() -> None:
     config = tiny_config(vocab_size=len(tokenizer), hidden=args.hidden, mtp_layers=args.mtp_layers,
                          tie_word_embeddings=True, eos_token_id=eos, bos_token_id=tokenizer.bos_token_id,
                          pad_token_id=eos)
-    main_model, mtp = new_model(config)
-    train_main(main_model, sequences, seconds=args.main_seconds, window=256, lr=3e-3)
+    main_model, mtp = new_model(config, seed=args.seed)
+    train_main(main_model, sequences, steps=args.main_steps, window=256, lr=3e-3)
     mtp.tie_with_main_model(main_model)
-    train_mtp(main_model, mtp, sequences, seconds=args.mtp_seconds, window=256, lr=3e-3)
+    train_mtp(main_model, mtp, sequences, steps=args.mtp_steps, window=256, lr=3e-3)
     save_with_mtp(main_model, mtp, out)
     tokenizer.save_pretrained(out)
     (out / ".complete").touch()
