@@ -41,6 +41,11 @@ models: install
 	OMP_NUM_THREADS=2 $(PY) -m calibrate.speculators.eagle3_distil --target smollm2-135m-instruct \
 		--dataset $(SHARED)/datasets/mini-swe-agent-gemini3pro-swebv/original \
 		--out $(CALIBRATE_TEST_MODELS)/smollm2-135m-instruct-eagle3 --seconds 360 --threads 2
+	# A tiny DeepSeek-V3 MoE with one MTP layer, trained on the agentic sample (SmolLM2's tokenizer; fixed step
+	# counts, a few minutes on 2 threads; kept once made): the `mtp` kind's integration test measures it.
+	OMP_NUM_THREADS=2 $(PY) -m calibrate.speculators.mtp_distil --tokenizer smollm2-135m-instruct \
+		--dataset $(SHARED)/datasets/mini-swe-agent-gemini3pro-swebv/original \
+		--out $(CALIBRATE_TEST_MODELS)/tiny-deepseek-mtp --threads 2
 
 # The speculators package as an oracle for our EAGLE-3 (bench/eagle3_vs_speculators.py); it pins
 # transformers <= 5.19, so it goes in without its dependencies, beside the venv, git-ignored.

@@ -1,0 +1,425 @@
+"""MTP (vLLM `method: mtp`): the multi-token-prediction layers shipped inside the target's own checkpoint.
+
+The layers are transformers' own `MtpModel` (DeepSeek-V3 / R1, GLM-4.5 to 4.7 MoE, Kimi-K2.5 and the other
+families whose config carries `num_mtp_layers`, alias `num_nextn_predict_layers`), loaded from the target
+checkpoint by `MtpModel.from_pretrained` and run one layer at a time through `MtpModel.forward_layer`, the
+per-layer entry point transformers keeps for engines that own the drafting loop. The MTP layer math is never
+written here. It needs the target's last hidden state (`needs.last`).
+
+Depth d of a chain uses MTP layer d % num_mtp_layers (vLLM's `spec_step_idx % num_mtp_layers`):
+- depths below num_mtp_layers are exactly transformers' `generate(use_mtp=True)` chain: layer d keeps its own
+  KV over every verified position, fed layer d - 1's output one position back (the target's last hidden
+  state for layer 0), so at k = num_mtp_layers our drafts are transformers' drafts;
+- deeper depths (k > num_mtp_layers) reuse the layers autoregressively as vLLM's DeepSeek / GLM MTP does:
+  one row per depth at the next position, in that layer's KV, fed the previous depth's PRE-norm output
+  (vLLM's MTP layers return the hidden before `shared_head.norm` for the next step; transformers' chain
+  between distinct layers passes the normed one). Transformers itself always drafts num_mtp_layers tokens.
+
+- Greedy replay-once: one teacher-forced pass per MTP layer over prompt + response gives every step's
+  depth-d draft for d < num_mtp_layers; each reused depth is one more pass of its layer over one row per
+  step, attending to that layer's teacher-forced rows up to the step's own, through a mask (`_reuse_mask`).
+- Loops: per request, an `MtpCache` whose layer d holds the rows of every verified position; a round's
+  drafted rows are cropped away after `draft`, so a rejection costs nothing to roll back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from calibrate.models import resolve
+from calibrate.speculators.base import (
+    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
+    leading_matches,
+)
+
+# What the name and provenance say about depths beyond the checkpoint's layers.
+DEPTH_RULE = ("depth d uses MTP layer d % num_mtp_layers (vLLM spec_step_idx % num_mtp_layers); "
+              "k > num_mtp_layers reuses layers autoregressively, fed the previous depth's pre-norm hidden")
+
+
+class MtpSpeculatorConfig(SpeculatorConfig):
+    """`{ kind = "mtp" }`: the MTP layers come from the pair's target checkpoint; nothing else to set."""
+
+    kind: Literal["mtp"]
+
+
+# -- the checkpoint: what it must hold, read before any weights load ------------------------------------------
+
+def mtp_layer_count(config: Any, target_name: str) -> int:
+    """num_mtp_layers of a target config, or a one-line error saying why it has no usable MTP layers."""
+    text = config.get_text_config()
+    n = getattr(text, "num_mtp_layers", None)
+    if getattr(text, "mtp_num_hidden_layers", None) and not n:
+        raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) keeps its MTP layers as `mtp.*` "
+                         "weights, which transformers drops on load (no MtpModel for this family yet)")
+    if not n:
+        raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) has no MTP layers (config "
+                         f"num_mtp_layers / num_nextn_predict_layers is {n!r})")
+    return int(n)
+
+
+def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of a local safetensors checkpoint, from the file headers alone."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() \
+        else [p.name for p in sorted(path.glob("*.safetensors"))]
+    shapes = {}
+    for name in files:
+        with safe_open(str(path / name), framework="pt") as f:
+            shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+    return shapes
+
+
+def mtp_prefixes(config: Any) -> list[str]:
+    """Where DeepSeek-style checkpoints keep MTP layer i: as decoder layer num_hidden_layers + i."""
+    text = config.get_text_config()
+    return [f"model.layers.{text.num_hidden_layers + i}." for i in range(int(text.num_mtp_layers))]
+
+
+def check_checkpoint(path: Path, config: Any, target_name: str) -> None:
+    """Refuse a local checkpoint whose MTP weights are missing or do not fit the target's hidden size and
+    vocabulary, naming the tensor and both sizes (the decoder block's shapes are transformers' to check)."""
+    text = config.get_text_config()
+    shapes = _checkpoint_shapes(path)
+    if not shapes:
+        return  # not safetensors (or a hub id): transformers' loader reports what is missing
+    h, v = text.hidden_size, text.vocab_size
+    for prefix in mtp_prefixes(config):
+        expected = {"enorm.weight": (h,), "hnorm.weight": (h,), "eh_proj.weight": (h, 2 * h),
+                    "shared_head.norm.weight": (h,)}
+        if prefix + "shared_head.head.weight" in shapes:
+            expected["shared_head.head.weight"] = (v, h)
+        if not any(k.startswith(prefix) for k in shapes):
+            raise ValueError(f"mtp: target {target_name!r} declares {text.num_mtp_layers} MTP layer(s) but its "
+                             f"checkpoint has no {prefix}* weights")
+        for key, shape in expected.items():
+            got = shapes.get(prefix + key)
+            if got is None:
+                raise ValueError(f"mtp: target {target_name!r}: checkpoint lacks {prefix}{key}")
+            if got != shape:
+                raise ValueError(f"mtp: target {target_name!r}: {prefix}{key} has shape {got}, but the target's "
+                                 f"hidden size {h} and vocabulary {v} imply {shape}")
+
+
+def load_mtp(target_model: Any, target_name: str) -> Any:
+    """transformers' MtpModel for a loaded target, its weights read from the target's own checkpoint.
+
+    transformers finds the MTP tensors with a pattern keyed on the public checkpoints' layer index (61 for
+    DeepSeek-V3, 92 / 46 for GLM-4.5); a checkpoint of another depth keeps them, by the same layout, at
+    index num_hidden_layers, so the target is pointed there when the pattern finds nothing."""
+    from transformers.modeling_layers import MtpModel
+
+    mtp_layer_count(target_model.config, target_name)
+    path = Path(target_model.config.name_or_path)
+    if path.is_dir():
+        check_checkpoint(path, target_model.config, target_name)
+        keys = _checkpoint_shapes(path)
+        if not any(MtpModel.get_mtp_weights_regex(target_model).search(k) for k in keys):
+            target_model._keys_to_ignore_on_load_unexpected = [
+                re.escape(p) + ".*" for p in mtp_prefixes(target_model.config)]
+    device = next(target_model.parameters()).device
+    try:
+        mtp = MtpModel.from_pretrained(target_model, device_map={"": device})
+    except (RuntimeError, ValueError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"mtp: cannot load the MTP layers of target {target_name!r}: {first}") from None
+    return mtp.to(dtype=next(target_model.parameters()).dtype).eval()
+
+
+# -- running one MTP layer -------------------------------------------------------------------------------------
+
+@contextmanager
+def _block_output(layer: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Capture the output of an MTP layer's decoder block: the pre-norm hidden vLLM recycles."""
+    seen: list[torch.Tensor] = []
+    handle = layer.mtp_block.register_forward_hook(
+        lambda _m, _i, out: seen.append(out[0] if isinstance(out, tuple) else out))
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def run_layer(mtp: Any, index: int, tokens: torch.Tensor, previous: torch.Tensor, positions: torch.Tensor,
+              cache: Any, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MTP layer `index` over rows (token, previous hidden, position), (m,) / (m, H) / (m,), appending its
+    keys and values to `cache`. Returns (output as transformers chains it, pre-norm block output), (m, H).
+
+    Without `mask`, transformers' `forward_layer` builds the causal mask from the cache; with one (an additive
+    (m, cached + m) mask), the layer is called as `forward_layer` calls it, with that mask instead."""
+    layer = mtp.layers[index]
+    ids, prev, pos = tokens.view(1, -1), previous.unsqueeze(0), positions.view(1, -1)
+    with _block_output(layer) as seen:
+        if mask is None:
+            out = mtp.forward_layer(index, prev, pos, cache, input_ids=ids)
+        else:
+            embeds = mtp.embed_tokens(ids)
+            rope = {"layer_type": mtp.config.layer_types[index]} if mtp.has_per_layer_rope else {}
+            rotary = None if mtp.rotary_emb is None else mtp.rotary_emb(embeds, position_ids=pos, **rope)
+            out = layer(embeds, prev, position_embeddings=rotary, attention_mask=mask[None, None],
+                        position_ids=pos, cache=cache)
+            if mtp.use_shared_post_norm:
+                out = mtp.shared_post_norm(out)
+    return out[0], seen[-1][0]
+
+
+def logits_of(mtp: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """Target-vocabulary logits of MTP outputs, through the target's head as transformers applies it."""
+    return mtp._project_to_logits(hidden).float()
+
+
+def new_cache(mtp: Any) -> Any:
+    from transformers.cache_utils import MtpCache
+
+    return MtpCache(config=mtp.config)
+
+
+# -- greedy replay-once ----------------------------------------------------------------------------------------
+
+def teacher_forced(mtp: Any, tokens: torch.Tensor, last_hidden: torch.Tensor, cache: Any = None,
+                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every MTP layer over a whole sequence, fed the true tokens: layer i's row at position p (p > i) takes
+    token p and layer i - 1's output at p - 1 (the target's last hidden state for i = 0) and predicts token
+    p + 1. Returns, per layer that has rows, (outputs, pre-norm outputs) for positions i + 1 .. N - 1, and
+    keeps their keys and values in `cache` when given. Differentiable (the training script uses it)."""
+    n = tokens.shape[0]
+    out, previous = [], last_hidden[:-1]  # positions 0 .. N-2
+    for i in range(len(mtp.layers)):
+        if n - 1 < i + 1:
+            break
+        positions = torch.arange(i + 1, n, device=tokens.device)
+        post, pre = run_layer(mtp, i, tokens[i + 1:], previous, positions, cache)
+        out.append((post, pre))
+        previous = post[:-1]  # layer i's outputs at positions i+1 .. N-2, for layer i+1's rows i+2 .. N-1
+    return out
+
+
+def _reuse_mask(anchor_rows: torch.Tensor, cached: int, blocks: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask of one reused depth: query a (one per step) sees the layer's first anchor_rows[a] teacher
+    rows of `cached`, and its own row in each of the `blocks` blocks of reuse rows appended after them."""
+    a = anchor_rows.shape[0]
+    teacher = torch.arange(cached, device=anchor_rows.device).unsqueeze(0) < anchor_rows.unsqueeze(1)
+    own = torch.eye(a, dtype=torch.bool, device=anchor_rows.device).repeat(1, blocks)
+    allowed = torch.cat([teacher, own], dim=1)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)
+
+
+# -- the speculator --------------------------------------------------------------------------------------------
+
+@dataclass
+class _RequestState:
+    """One request: its tokens, the MtpCache of every verified position, and each layer's last verified row
+    (output, pre-norm output) and count of verified positions it has run (layer i starts at position i+1)."""
+
+    tokens: list[int]
+    cache: Any
+    done: list[int]  # done[i]: layer i has rows for positions i+1 .. done[i]-1
+    last: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
+
+
+class MtpSpeculator(Speculator):
+    kind = "mtp"
+    config_model = MtpSpeculatorConfig
+    needs = TargetNeeds(last=True)
+
+    @classmethod
+    def check(cls, spec: MtpSpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
+        from transformers import AutoConfig
+
+        path = resolve(target_name)
+        config = AutoConfig.from_pretrained(path)
+        mtp_layer_count(config, target_name)
+        if Path(path).is_dir():
+            check_checkpoint(Path(path), config, target_name)
+
+    @classmethod
+    def build(cls, spec: MtpSpeculatorConfig, ctx: BuildContext) -> MtpSpeculator:
+        target = ctx.target
+        return cls(load_mtp(target.model, target.name), name=target.name, model_id=target.model_id,
+                   model_hash=target.fingerprint)
+
+    def __init__(self, mtp: Any, name: str, model_id: str | None = None, model_hash: str | None = None):
+        self.mtp = mtp
+        self.layers = len(mtp.layers)
+        self._name, self._id, self._hash = name, model_id, model_hash
+        self._requests: dict[int, _RequestState] = {}
+
+    @property
+    def name(self) -> str:
+        return f"mtp:{self._name}"
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"model": self._name, "num_mtp_layers": self.layers, "drafting": "chain", "depths": DEPTH_RULE,
+                "implementation": "transformers MtpModel"}
+
+    @property
+    def identity(self) -> tuple[str | None, str | None]:
+        return self._id, self._hash
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.mtp.parameters()).device
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return next(self.mtp.parameters()).dtype
+
+    def _ids(self, tokens: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(list(tokens), dtype=torch.long, device=self._device)
+
+    def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
+                generator: torch.Generator | None = None) -> Proposal:
+        raise TypeError("mtp drafts from the target's hidden states: engines call start/extend/draft")
+
+    # -- greedy replay-once ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def chain_drafts(self, prompt: Sequence[int], response: Sequence[int], features: TargetFeatures,
+                     depth: int) -> np.ndarray:
+        """drafts[t, d]: depth-d draft of the step starting at response position t (t >= 1), teacher-forced
+        on the response (after a mismatch nothing more can be accepted, so true tokens change nothing).
+
+        The step at t drafts after position T - 1 = len(prompt) + t - 1; its depth d is layer d's row at
+        position T - 1 + d, i.e. that layer's teacher-forced row index T - 2 for d < num_mtp_layers."""
+        tokens = self._ids(list(prompt) + list(response))
+        p, n, total = len(prompt), len(response), len(prompt) + len(response)
+        out = np.zeros((n, depth), dtype=np.int64)
+        if n < 2:
+            return out
+        cache = new_cache(self.mtp)
+        rows = teacher_forced(self.mtp, tokens, features.last.to(self._device, self._dtype), cache)
+        taught = [post.shape[0] for post, _ in rows]
+        anchor = torch.arange(p, p + n - 1, device=self._device)  # T - 1 of the steps t = 1 .. n-1
+        pre = None
+        for d in range(depth):
+            layer = d % self.layers
+            if d >= len(rows) and d < self.layers:
+                break  # no row at this depth: its position, and every deeper one, is past the response's end
+            if d < self.layers:  # past the sequence's end a step cannot reach this depth: any row will do
+                index = (anchor - 1).clamp(max=taught[d] - 1)
+                post, pre = rows[d][0][index], rows[d][1][index]
+            else:
+                positions = (anchor + d).clamp(max=total - 1)
+                mask = _reuse_mask(anchor.clamp(max=taught[layer]), taught[layer], (d - layer) // self.layers,
+                                   self._dtype)
+                post, pre = run_layer(self.mtp, layer, tokens[positions], pre, anchor + d, cache, mask)
+            out[1:, d] = logits_of(self.mtp, post).argmax(-1).cpu().numpy()
+        return out
+
+    def replay_scorers(
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
+        features: Sequence[TargetFeatures] | None = None,
+    ) -> list[ReplayScorer]:
+        if features is None:
+            raise ValueError(f"{self.name}: replay needs the target's hidden states")
+        scorers: list[ReplayScorer] = []
+        for prompt, response, feats in zip(prompts, responses, features):
+            drafts = self.chain_drafts(prompt, response, feats, max_k)
+
+            def run_at(t: int, k: int, drafts: np.ndarray = drafts, response: Sequence[int] = response):
+                return leading_matches(drafts[t, :k].tolist(), response[t:], k), k  # a chain always drafts k
+
+            scorers.append(run_at)
+        return scorers
+
+    # -- loops -----------------------------------------------------------------------------------------
+
+    def start(self, request_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
+        self._requests[request_id] = _RequestState(tokens=list(prompt), cache=new_cache(self.mtp),
+                                                   done=[0] * self.layers, last=[None] * self.layers)
+        self._add_rows(self._requests[request_id], features)
+
+    def extend(self, request_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
+        state = self._requests[request_id]
+        state.tokens.extend(int(t) for t in tokens)
+        self._add_rows(state, features)
+
+    @torch.inference_mode()
+    def _add_rows(self, state: _RequestState, features: TargetFeatures | None) -> None:
+        """Each layer's rows for the positions that became verified, up to the last token (by the interface's
+        invariant the features end at the second-to-last token, the last hidden state each row needs)."""
+        count = len(state.tokens)
+        if features is None or features.last is None or features.last.shape[0] == 0:
+            return
+        source = features.last.to(self._device, self._dtype)  # positions first .. count-2
+        first = count - 1 - source.shape[0]
+        for i in range(self.layers):
+            begin = max(i + 1, state.done[i])
+            if begin > count - 1:
+                break
+            if begin - 1 < first:
+                raise ValueError(f"{self.name}: layer {i} needs the hidden state of position {begin - 1}, the "
+                                 f"features start at {first}")
+            positions = torch.arange(begin, count, device=self._device)
+            post, pre = run_layer(self.mtp, i, self._ids(state.tokens[begin:]), source[begin - 1 - first:],
+                                  positions, state.cache)
+            before = state.last[i]
+            state.last[i], state.done[i] = (post[-1:], pre[-1:]), count
+            # layer i + 1 needs layer i's outputs one position back, up to position count - 2
+            source, first = (torch.cat([before[0], post[:-1]]), begin - 1) if before is not None \
+                else (post[:-1], begin)
+
+    @torch.inference_mode()
+    def draft(self, request_id: int, k: int, temperature: float = 0.0,
+              generator: torch.Generator | None = None) -> Proposal:
+        """k chain drafts from the last verified position; the round's rows are cropped away afterwards."""
+        state = self._requests[request_id]
+        count = len(state.tokens)
+        if state.last[0] is None or state.done[0] != count:
+            return Proposal(tokens=[])
+        sizes = [layer.get_seq_length() for layer in state.cache.layers]
+        post, pre = state.last[0]
+        chain = [post]  # chain[d]: layer d's outputs for positions up to count - 1 + d (d < num_mtp_layers)
+        tokens, probs = [], []
+        try:
+            for d in range(k):
+                if d > 0:
+                    post, pre = self._depth(state, d, tokens, chain, pre)
+                logits = logits_of(self.mtp, post[-1:])[0]
+                if temperature > 0:
+                    q = torch.softmax(logits / temperature, dim=-1)
+                    token = int(torch.multinomial(q.cpu(), 1, generator=generator))
+                    probs.append(q.cpu())
+                else:
+                    token = int(logits.argmax())
+                tokens.append(token)
+        finally:
+            for layer, size in zip(state.cache.layers, sizes):
+                layer.crop(size - layer.get_seq_length())
+        return Proposal(tokens=tokens, probs=torch.stack(probs) if probs else None)
+
+    def _depth(self, state: _RequestState, d: int, drafts: list[int], chain: list[torch.Tensor],
+               pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Depth d: below num_mtp_layers, layer d over the positions after its verified rows up to count-1+d
+        (transformers' chain, fed layer d-1's outputs one position back); beyond, one row of layer
+        d % num_mtp_layers at position count-1+d fed the previous depth's pre-norm output (vLLM's reuse)."""
+        count = len(state.tokens)
+        if d >= self.layers:
+            position = torch.tensor([count - 1 + d], device=self._device)
+            post, block = run_layer(self.mtp, d % self.layers, self._ids(drafts[-1:]), pre[-1:], position,
+                                    state.cache)
+            return post, block[-1:]
+        begin = max(d + 1, state.done[d])
+        context = state.tokens + drafts
+        positions = torch.arange(begin, count + d, device=self._device)
+        post, block = run_layer(self.mtp, d, self._ids(context[begin:count + d]),
+                                chain[d - 1][-(count + d - begin):], positions, state.cache)
+        verified = state.last[d][0] if state.last[d] is not None and begin == count else post[:0]
+        chain.append(torch.cat([verified, post]))
+        return post, block[-1:]
+
+    def finish(self, request_id: int) -> None:
+        self._requests.pop(request_id, None)
