@@ -203,3 +203,17 @@ def test_only_the_selected_conversations_stay_in_memory(tmp_path, monkeypatch):
         assert len(worst) == 300 and max(worst) <= limit + 1
         final = {cid for cid, ref in alive.items() if ref() is not None}
         assert final == {r.conversation_id for r in picked.requests}
+
+
+def test_inspect_streams_the_same_counts_and_sample_as_the_whole_list(real_sample):
+    from calibrate.data.inspect import inspect_source, prompt_lengths
+
+    source, loaded, requests = real_sample
+    report = inspect_source(source, "mini-swe-agent", sample=50, seed=3)
+    convs = loaded.conversations
+    assistants = [m for c in convs for m in c.messages if m.role == "assistant"]
+    assert (report.conversations, report.messages, report.assistant_turns, report.requests) == (
+        len(convs), sum(len(c.messages) for c in convs), len(assistants), len(requests))
+    assert report.turns_with_reasoning == sum(1 for m in assistants if m.reasoning)
+    expected, _ = prompt_lengths(select_requests(requests, 50, 3)[0])
+    assert report.prompt_lengths == expected and expected.measured == 50

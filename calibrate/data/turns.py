@@ -101,7 +101,6 @@ class Selector:
         self.turns_per_conversation, self.strategy = turns_per_conversation, strategy
         self.available_requests = 0
         self.available_conversations = 0
-        self.peak_retained = 0  # the most requests the heap ever held (instrumentation for the memory bound)
         self._heap: list[tuple[tuple[int, ...], int, ReplayRequest]] = []  # (negated key, -position, request)
 
     @property
@@ -124,7 +123,6 @@ class Selector:
             return
         for key, i in candidate_keys(conversation_id, requests, self.seed, self.strategy, self.turns_per_conversation):
             self._offer(tuple(-part for part in key), -positions[i], requests[i])
-        self.peak_retained = max(self.peak_retained, len(self._heap))
 
     def _offer(self, neg_key: tuple[int, ...], neg_pos: int, request: ReplayRequest) -> None:
         entry = (neg_key, neg_pos, request)
