@@ -21,10 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from calibrate.config import Config, PairConfig
-from calibrate.data import (
-    RenderedPrompt, cut_turns, dataset_fingerprint, label_segments, load_conversations, render_prompt,
-    select_requests,
-)
+from calibrate.data import RenderedPrompt, label_segments, render_prompt, select_from_source
 from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
 from calibrate.engines import TargetIdentity, open_server, plan_servers
@@ -80,17 +77,19 @@ def git_commit() -> str | None:
 
 
 def prepare(config: Config) -> Prepared:
-    """Load the dataset, cut and select requests, and check every target's template can render them."""
+    """Select the requests in one streaming pass over the dataset, and check every target's template can
+    render them. Only the selected requests stay in memory, so a dataset need not fit in it."""
     ds = config.dataset
     resolve_device(config.run.device)  # "cuda" on a machine without one fails now, not after the data
-    loaded = load_conversations(ds.source, ds.format, split=ds.split, revision=ds.revision, subset=ds.subset)
-    if not loaded.conversations:
-        shown = "; ".join(str(p) for p in loaded.problems[:5]) or "no rows"
-        raise ValueError(f"dataset {ds.source!r}: no usable conversation ({shown})")
-    requests, selection = select_requests(
-        cut_turns(loaded.conversations), None if ds.selection == "all" else ds.max_requests, ds.seed,
+    picked = select_from_source(
+        ds.source, ds.format, split=ds.split, revision=ds.revision, subset=ds.subset,
+        max_requests=None if ds.selection == "all" else ds.max_requests, seed=ds.seed,
         turns_per_conversation=ds.turns_per_conversation, strategy=ds.selection,
     )
+    if not picked.conversations:
+        shown = "; ".join(str(p) for p in picked.problems[:5]) or "no rows"
+        raise ValueError(f"dataset {ds.source!r}: no usable conversation ({shown})")
+    requests = picked.requests
     if not requests:
         raise ValueError(f"dataset {ds.source!r}: no assistant turn to replay")
     for pair in config.pairs:
@@ -101,8 +100,8 @@ def prepare(config: Config) -> Prepared:
             render_prompt(requests[0], tokenizer, thinking=thinking, context_tokens=ds.context_tokens,
                           model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
     dtype = choose_dtype(config.run.dtype, resolve_device(config.run.device))
-    return Prepared(requests=requests, selection=selection, fingerprint=dataset_fingerprint(loaded),
-                    dataset_format=loaded.format, dtype=dtype, problems=loaded.problems)
+    return Prepared(requests=requests, selection=picked.provenance, fingerprint=picked.fingerprint,
+                    dataset_format=picked.format, dtype=dtype, problems=picked.problems)
 
 
 def build_speculators(pair: PairConfig, config: Config, target: LoadedModel,

@@ -4,6 +4,9 @@ It answers the questions that decide whether a dataset is usable for calibration
 as, how many conversations and assistant turns (requests) it yields, how long the prompts are in the target
 tokenizer's tokens (rendered with its chat template, as the replay will), whether tool calls and reasoning
 are present, and which rows were skipped and why.
+
+It reads the source in one streaming pass: counts are tallied per conversation and the prompt-length
+sample is kept by the same bounded selection a run uses, so a dataset of any size can be inspected.
 """
 
 from __future__ import annotations
@@ -13,14 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibrate.data.conversation import Conversation, Problem, ReplayRequest
-from calibrate.data.loader import load_conversations
+from calibrate.data.loader import open_conversations
 from calibrate.data.render import (
     chat_template_source,
     detect_thinking_switch,
     render_prompt,
     template_drops_tools,
 )
-from calibrate.data.turns import cut_turns, select_requests
+from calibrate.data.turns import Selector, conversation_requests
 
 TEXT_CALL_MARKERS = ("<function=", "```bash")  # OpenHands text calls, mini-swe-agent / SWE-agent commands
 
@@ -58,6 +61,36 @@ class DatasetReport:
         return self.requests > 0
 
 
+@dataclass
+class Tally:
+    """The report's counts, accumulated one conversation at a time."""
+
+    conversations: int = 0
+    messages: int = 0
+    assistant_turns: int = 0
+    requests: int = 0
+    conversations_with_tools_schema: int = 0
+    turns_with_native_tool_calls: int = 0
+    native_tool_calls: int = 0
+    tool_results: int = 0
+    turns_with_text_tool_calls: int = 0
+    turns_with_reasoning: int = 0
+
+    def add(self, conv: Conversation, requests: int) -> None:
+        """Count `conv`, which yields `requests` requests."""
+        assistants = [m for m in conv.messages if m.role == "assistant"]
+        self.conversations += 1
+        self.messages += len(conv.messages)
+        self.assistant_turns += len(assistants)
+        self.requests += requests
+        self.conversations_with_tools_schema += bool(conv.tools)
+        self.turns_with_native_tool_calls += sum(1 for m in assistants if m.tool_calls)
+        self.native_tool_calls += sum(len(m.tool_calls) for m in assistants)
+        self.tool_results += sum(1 for m in conv.messages if m.role == "tool")
+        self.turns_with_text_tool_calls += sum(1 for m in assistants if any(k in m.content for k in TEXT_CALL_MARKERS))
+        self.turns_with_reasoning += sum(1 for m in assistants if m.reasoning)
+
+
 def _percentile(sorted_values: list[int], q: float) -> float:
     if not sorted_values:
         return float("nan")
@@ -78,10 +111,9 @@ def _chars(request: ReplayRequest) -> int:
                for m in request.messages)
 
 
-def prompt_lengths(requests: list[ReplayRequest], tokenizer: Any = None, tokenizer_name: str = "tokenizer",
-                   *, sample: int = 200, seed: int = 0) -> tuple[PromptLengths, list[str]]:
-    """Lengths of a stratified sample of prompts: tokens of the rendered template, else characters."""
-    chosen, _ = select_requests(requests, sample, seed)
+def prompt_lengths(chosen: list[ReplayRequest], tokenizer: Any = None,
+                   tokenizer_name: str = "tokenizer") -> tuple[PromptLengths, list[str]]:
+    """Lengths of the sampled prompts: tokens of the rendered template, else characters."""
     notes: list[str] = []
     if tokenizer is None:
         return PromptLengths("characters", len(chosen), _summary([_chars(r) for r in chosen]),
@@ -109,39 +141,38 @@ def prompt_lengths(requests: list[ReplayRequest], tokenizer: Any = None, tokeniz
     return PromptLengths("tokens", len(lengths), _summary(lengths), how), notes
 
 
-def build_report(source: str, conversations: list[Conversation], problems: list[Problem], fmt: str, *,
-                 tokenizer: Any = None, tokenizer_name: str = "tokenizer", sample: int = 200,
-                 seed: int = 0) -> DatasetReport:
-    requests = cut_turns(conversations)
-    assistants = [m for c in conversations for m in c.messages if m.role == "assistant"]
-    lengths, notes = (prompt_lengths(requests, tokenizer, tokenizer_name, sample=sample, seed=seed) if requests
+def build_report(source: str, tally: Tally, sample: list[ReplayRequest], problems: list[Problem], fmt: str, *,
+                 tokenizer: Any = None, tokenizer_name: str = "tokenizer") -> DatasetReport:
+    """The report from the tallied counts and the sampled requests (whose prompt lengths are measured)."""
+    lengths, notes = (prompt_lengths(sample, tokenizer, tokenizer_name) if sample
                       else (PromptLengths("tokens" if tokenizer is not None else "characters", 0), []))
     return DatasetReport(
-        source=source,
-        format=fmt or "-",
-        conversations=len(conversations),
-        messages=sum(len(c.messages) for c in conversations),
-        assistant_turns=len(assistants),
-        requests=len(requests),
-        conversations_with_tools_schema=sum(1 for c in conversations if c.tools),
-        turns_with_native_tool_calls=sum(1 for m in assistants if m.tool_calls),
-        native_tool_calls=sum(len(m.tool_calls) for m in assistants),
-        tool_results=sum(1 for c in conversations for m in c.messages if m.role == "tool"),
-        turns_with_text_tool_calls=sum(1 for m in assistants if any(k in m.content for k in TEXT_CALL_MARKERS)),
-        turns_with_reasoning=sum(1 for m in assistants if m.reasoning),
-        prompt_lengths=lengths,
-        problems=problems,
-        notes=notes,
+        source=source, format=fmt or "-", conversations=tally.conversations, messages=tally.messages,
+        assistant_turns=tally.assistant_turns, requests=tally.requests,
+        conversations_with_tools_schema=tally.conversations_with_tools_schema,
+        turns_with_native_tool_calls=tally.turns_with_native_tool_calls, native_tool_calls=tally.native_tool_calls,
+        tool_results=tally.tool_results, turns_with_text_tool_calls=tally.turns_with_text_tool_calls,
+        turns_with_reasoning=tally.turns_with_reasoning, prompt_lengths=lengths, problems=problems, notes=notes,
     )
 
 
 def inspect_source(source: str, format: str | None = None, *, limit: int | None = None, tokenizer: Any = None,
                    tokenizer_name: str = "tokenizer", split: str | None = None, revision: str | None = None,
                    subset: str | None = None, sample: int = 200, seed: int = 0) -> DatasetReport:
-    """Load `source` (same rules as `load_conversations`) and report on it."""
-    result = load_conversations(source, format, split=split, revision=revision, subset=subset, limit=limit)
-    return build_report(source, result.conversations, result.problems, result.format, tokenizer=tokenizer,
-                        tokenizer_name=tokenizer_name, sample=sample, seed=seed)
+    """Read `source` once (same rules as `open_conversations`) and report on it.
+
+    `sample` requests, chosen as a run's stratified selection with `seed` would choose them, have their
+    prompt lengths measured; nothing else of a conversation is kept once it is counted.
+    """
+    stream = open_conversations(source, format, split=split, revision=revision, subset=subset, limit=limit)
+    tally, sampler = Tally(), Selector(sample, seed)
+    for conv in stream:
+        requests = conversation_requests(conv)
+        tally.add(conv, len(requests))
+        sampler.add(conv.id, requests)
+    chosen, _ = sampler.result()
+    return build_report(source, tally, chosen, stream.problems, stream.format, tokenizer=tokenizer,
+                        tokenizer_name=tokenizer_name)
 
 
 def print_report(report: DatasetReport, console: Any, *, max_problems: int = 20) -> None:

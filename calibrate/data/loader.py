@@ -1,4 +1,5 @@
-"""`load_conversations`: resolve a source, pick the adapter, and collect conversations and problems.
+"""`open_conversations` / `load_conversations`: resolve a source, pick the adapter, and stream (or collect)
+conversations and problems.
 
 Bad rows never raise: each becomes a `Problem` (source, row, field, reason) and loading goes on. Only an
 unusable source itself (a path that does not exist, a dataset that cannot be opened, an unknown format
@@ -23,6 +24,92 @@ DETECT_ROWS = 8  # rows looked at to detect a file's format
 RowGroup = tuple[str, Iterable[RawRow]]  # (file path or dataset id, its rows): one format per group
 
 
+class ConversationStream:
+    """The conversations of a source, parsed one at a time as it is iterated (once).
+
+    Nothing but the conversation being parsed is held, so a source of any size can be walked; `problems`
+    and `format` fill in as the rows go by and are complete once the iteration ends. What stays is the set
+    of conversation ids read so far (ids are made unique, which needs it) and the problems.
+    """
+
+    def __init__(self, groups: Iterable[RowGroup], fmt: str | None, limit: int | None) -> None:
+        self._groups, self._fmt, self._limit = groups, fmt, limit
+        self._started = False
+        self.problems: list[Problem] = []
+        self.formats: list[str] = []  # formats met, in order
+        self.count = 0  # conversations yielded so far
+
+    @property
+    def format(self) -> str:
+        """The formats read, comma-separated (the named format when nothing was read)."""
+        return ", ".join(self.formats) if self.formats or self._limit != 0 else (self._fmt or "")
+
+    def __iter__(self) -> Iterator[Conversation]:
+        if self._started:
+            raise RuntimeError("a ConversationStream is read once; open the source again")
+        self._started = True
+        if self._limit == 0:
+            return
+        seen_ids: set[str] = set()
+        for group_source, rows in self._groups:
+            group_fmt, group_rows = self._group_format(group_source, rows)
+            if group_fmt is None:
+                continue
+            for raw in group_rows:
+                if self._fmt is not None and raw.data is not None and (detected := _detect([raw])) != self._fmt:
+                    _refuse_dropping(raw, self._fmt, detected)  # a named format must not drop what the data holds
+                conv = convert_row(raw, group_fmt, self.problems, seen_ids)
+                if conv is None:
+                    continue
+                self.count += 1
+                yield conv
+                if self._limit is not None and self.count >= self._limit:
+                    return
+
+    def _group_format(self, group_source: str, rows: Iterable[RawRow]) -> tuple[str | None, Iterator[RawRow]]:
+        """The group's format (named, or detected from its first rows) and its rows, none consumed."""
+        group_rows: Iterator[RawRow] = iter(rows)
+        group_fmt = self._fmt
+        if group_fmt is None:
+            head = list(itertools.islice(group_rows, DETECT_ROWS))
+            group_fmt = _detect(head)
+            group_rows = itertools.chain(head, group_rows)
+            if group_fmt is None:
+                self.problems.append(Problem(group_source, _undetected_reason(head)))
+                return None, group_rows
+        if group_fmt not in self.formats:
+            self.formats.append(group_fmt)
+        return group_fmt, group_rows
+
+
+def open_conversations(
+    source: str,
+    format: str | None = None,
+    *,
+    split: str | None = None,
+    revision: str | None = None,
+    subset: str | None = None,
+    limit: int | None = None,
+    manifest: str | Path | None = None,
+) -> ConversationStream:
+    """Open `source` for streaming: the source is resolved now (a missing path or unknown format raises
+    here; a hub dataset that cannot be opened raises when reading starts), rows are read only as the
+    returned stream is iterated.
+
+    `source` is a file (.json, .jsonl, .parquet), a folder of them, a name from calibrate/data/datasets.toml, or a
+    Hugging Face dataset id (org/name; `split`, `revision`, `subset` apply; streamed). A `hf:` prefix sends a
+    path through `datasets.load_dataset` even when it is local (a folder in the hub's layout). `format` names
+    the adapter (or an alias); otherwise it is detected per file. `limit` caps the conversations read, and
+    reading stops as soon as it is reached. A `.json` file is parsed whole (one row or a list of rows); JSONL,
+    Parquet and hub datasets are read row by row.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    fmt = canonical_format(format) if format else None
+    groups, manifest_format = _resolve(source, split=split, revision=revision, subset=subset, manifest=manifest)
+    return ConversationStream(groups, fmt or manifest_format, limit)
+
+
 def load_conversations(
     source: str,
     format: str | None = None,
@@ -33,49 +120,14 @@ def load_conversations(
     limit: int | None = None,
     manifest: str | Path | None = None,
 ) -> LoadResult:
-    """Load `source` into normalised conversations.
+    """Every conversation of `source` in a list (same arguments as `open_conversations`).
 
-    `source` is a file (.json, .jsonl, .parquet), a folder of them, a name from calibrate/data/datasets.toml, or a
-    Hugging Face dataset id (org/name; `split`, `revision`, `subset` apply). A `hf:` prefix sends a path
-    through `datasets.load_dataset` even when it is local (a folder in the hub's layout). `format` names
-    the adapter (or an alias); otherwise it is detected per file. `limit` caps the conversations loaded,
-    and reading stops as soon as it is reached.
+    For sources that fit in memory; a run selects from a stream instead (`calibrate.data.stream`).
     """
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
-    fmt = canonical_format(format) if format else None
-    groups, manifest_format = _resolve(source, split=split, revision=revision, subset=subset, manifest=manifest)
-    fmt = fmt or manifest_format
-    result = LoadResult()
-    formats_seen: list[str] = []
-    seen_ids: set[str] = set()
-    if limit == 0:
-        result.format = fmt or ""
-        return result
-    for group_source, rows in groups:
-        group_rows: Iterator[RawRow] = iter(rows)
-        group_fmt = fmt
-        if group_fmt is None:
-            head = list(itertools.islice(group_rows, DETECT_ROWS))
-            group_fmt = _detect(head)
-            group_rows = itertools.chain(head, group_rows)
-            if group_fmt is None:
-                result.problems.append(Problem(group_source, _undetected_reason(head)))
-                continue
-        if group_fmt not in formats_seen:
-            formats_seen.append(group_fmt)
-        for raw in group_rows:
-            if fmt is not None and raw.data is not None and (detected := _detect([raw])) != fmt:
-                _refuse_dropping(raw, fmt, detected)  # a named format must not drop what the data holds
-            conv = convert_row(raw, group_fmt, result.problems, seen_ids)
-            if conv is None:
-                continue
-            result.conversations.append(conv)
-            if limit is not None and len(result.conversations) >= limit:
-                result.format = ", ".join(formats_seen)
-                return result
-    result.format = ", ".join(formats_seen)
-    return result
+    stream = open_conversations(source, format, split=split, revision=revision, subset=subset, limit=limit,
+                                manifest=manifest)
+    conversations = list(stream)
+    return LoadResult(conversations=conversations, problems=stream.problems, format=stream.format)
 
 
 def _refuse_dropping(raw: RawRow, fmt: str, detected: str | None) -> None:

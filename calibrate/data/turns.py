@@ -1,44 +1,159 @@
-"""Turn cutting, request selection and the dataset fingerprint.
+"""Turn cutting, request selection and the dataset fingerprint, all in one streaming pass.
 
-Selection is deterministic and independent of input order: each candidate gets a key from
-sha256(seed, request id), so the same seed picks the same requests however the rows were read, and adding
-conversations to a dataset does not reshuffle the choice among the old ones. The default strategy is
-stratified over conversations (round robin in key order), so a few very long trajectories cannot dominate
-the sample.
+Selection is deterministic and independent of input order: every candidate request gets a sort key that
+depends only on the seed, its conversation's id and that conversation's own turns (sha256(seed, id)
+underneath), and the selection is the `max_requests` smallest keys. So the same seed picks the same
+requests however the rows were read, adding conversations to a dataset does not reshuffle the choice
+among the old ones, and a bounded heap of `max_requests` entries finds the winners while the
+conversations stream past (`Selector`): only the requests still in the heap, and the messages their
+prompts share, stay in memory. The default strategy is stratified over conversations (round robin in key
+order), so a few very long trajectories cannot dominate the sample.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from calibrate.data.conversation import Conversation, LoadResult, ReplayRequest
 
 STRATEGIES: tuple[str, ...] = ("stratified", "uniform", "first", "all")
 
+SortKey = tuple[int, ...]  # a candidate's place in the selection order: smaller is chosen first
 
-def cut_turns(conversations: Sequence[Conversation]) -> list[ReplayRequest]:
-    """One request per assistant turn; the prompt is every message before it, exactly as recorded.
+
+def conversation_requests(conv: Conversation) -> list[ReplayRequest]:
+    """One request per assistant turn of `conv`; the prompt is every message before it, as recorded.
 
     An assistant message with nothing before it has no prompt and is not a request; messages after the
-    last assistant turn are never a request's answer, so they produce nothing either.
+    last assistant turn are never a request's answer, so they produce nothing either. The prompts are
+    slices of the conversation's own messages, so requests of one conversation share them.
     """
-    requests = []
-    for conv in conversations:
-        for turn in conv.assistant_turns:
-            if turn == 0:
-                continue
-            requests.append(ReplayRequest(
-                conversation_id=conv.id, turn=turn, messages=conv.messages[:turn], tools=conv.tools,
-                recorded=conv.messages[turn],
-            ))
-    return requests
+    return [ReplayRequest(conversation_id=conv.id, turn=turn, messages=conv.messages[:turn], tools=conv.tools,
+                          recorded=conv.messages[turn])
+            for turn in conv.assistant_turns if turn != 0]
+
+
+def cut_turns(conversations: Iterable[Conversation]) -> list[ReplayRequest]:
+    """The requests of every conversation, in order (see `conversation_requests`)."""
+    return [r for conv in conversations for r in conversation_requests(conv)]
 
 
 def _key(seed: int, text: str) -> str:
     return hashlib.sha256(f"{seed}\x00{text}".encode()).hexdigest()
+
+
+def _int_key(seed: int, text: str) -> int:
+    """`_key` as an integer: the same order (fixed-width hex), cheaper to compare and to store."""
+    return int(_key(seed, text), 16)
+
+
+def candidate_keys(conversation_id: str, requests: Sequence[ReplayRequest], seed: int, strategy: str,
+                   cap: int | None) -> list[tuple[SortKey, int]]:
+    """(sort key, index into `requests`) of one conversation's candidates; the smallest keys are chosen.
+
+    A key depends on the seed, the conversation id and the conversation's own turns only, never on other
+    conversations or on the order they were read in:
+      stratified  (rank of the turn within its conversation by sha256(seed, request id), sha256(seed,
+                  conversation id)): taking keys in order is the round robin over conversations in seeded
+                  order, each conversation's turns in seeded order;
+      first       the same with the rank by turn number (the conversation's first turns first);
+      uniform     (sha256(seed, request id),): a seeded simple random sample over all turns;
+      all         every request, key (0,).
+    `cap` (turns_per_conversation) keeps the first `cap` turns of the conversation in that rank order.
+    """
+    if strategy == "all":
+        return [((0,), i) for i in range(len(requests))]
+    if strategy == "first":
+        ordered = sorted(range(len(requests)), key=lambda i: requests[i].turn)
+    else:
+        keyed = sorted((_int_key(seed, r.request_id), i) for i, r in enumerate(requests))
+        if strategy == "uniform":
+            return [((k,), i) for k, i in (keyed if cap is None else keyed[:cap])]
+        ordered = [i for _, i in keyed]
+    conv_key = _int_key(seed, conversation_id)
+    return [((rank, conv_key), i) for rank, i in enumerate(ordered if cap is None else ordered[:cap])]
+
+
+class Selector:
+    """Selection in one streaming pass: offer each conversation's requests once, then take `result()`.
+
+    A max-heap of at most `max_requests` entries keeps the smallest sort keys seen so far (no bound when
+    `max_requests` is None: then everything offered is chosen). Entries carry the request's arrival
+    position, so the result comes back in input order, and equal keys keep the earlier request, as a
+    stable sort would. Conversation ids must be unique across the stream (the loader makes them so).
+    """
+
+    def __init__(self, max_requests: int | None, seed: int, *, turns_per_conversation: int | None = None,
+                 strategy: str = "stratified") -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown selection strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
+        if max_requests is not None and max_requests < 0:
+            raise ValueError(f"max_requests must be >= 0, got {max_requests}")
+        if turns_per_conversation is not None and turns_per_conversation < 1:
+            raise ValueError(f"turns_per_conversation must be >= 1, got {turns_per_conversation}")
+        if strategy == "all" and turns_per_conversation is not None:
+            raise ValueError("strategy 'all' takes every turn; use 'first' or 'stratified' with turns_per_conversation")
+        self.max_requests, self.seed = max_requests, seed
+        self.turns_per_conversation, self.strategy = turns_per_conversation, strategy
+        self.available_requests = 0
+        self.available_conversations = 0
+        self._heap: list[tuple[tuple[int, ...], int, ReplayRequest]] = []  # (negated key, -position, request)
+
+    @property
+    def retained(self) -> int:
+        """Requests held right now: at most `max_requests`."""
+        return len(self._heap)
+
+    def add_conversation(self, conv: Conversation) -> None:
+        self.add(conv.id, conversation_requests(conv))
+
+    def add(self, conversation_id: str, requests: Sequence[ReplayRequest],
+            positions: Sequence[int] | None = None) -> None:
+        """Offer one conversation's requests; `positions` (their input order) default to arrival order."""
+        if positions is None:
+            positions = range(self.available_requests, self.available_requests + len(requests))
+        self.available_conversations += bool(requests)  # conversations that yield a request
+        self.available_requests += len(requests)
+        if self._all_overflows():
+            self._heap.clear()  # `result` refuses this selection; only the count goes on
+            return
+        for key, i in candidate_keys(conversation_id, requests, self.seed, self.strategy, self.turns_per_conversation):
+            self._offer(tuple(-part for part in key), -positions[i], requests[i])
+
+    def _offer(self, neg_key: tuple[int, ...], neg_pos: int, request: ReplayRequest) -> None:
+        entry = (neg_key, neg_pos, request)
+        if self.max_requests is None or len(self._heap) < self.max_requests:
+            heapq.heappush(self._heap, entry)
+        elif self._heap and (neg_key, neg_pos) > self._heap[0][:2]:  # smaller key than the worst kept
+            heapq.heapreplace(self._heap, entry)
+
+    def _all_overflows(self) -> bool:
+        return self.strategy == "all" and self.max_requests is not None and self.available_requests > self.max_requests
+
+    def result(self) -> tuple[list[ReplayRequest], dict[str, Any]]:
+        """The chosen requests in input order, and the selection's provenance."""
+        if self._all_overflows():
+            raise ValueError(f"strategy 'all' would take {self.available_requests} requests but "
+                             f"max_requests={self.max_requests}")
+        chosen = [r for _, _, r in sorted(self._heap, key=lambda e: -e[1])]
+        chosen_ids = [r.request_id for r in chosen]
+        provenance = {
+            "strategy": self.strategy,
+            "seed": self.seed,
+            "max_requests": self.max_requests,
+            "turns_per_conversation": self.turns_per_conversation,
+            "available_requests": self.available_requests,
+            "available_conversations": self.available_conversations,
+            "selected_requests": len(chosen),
+            "selected_conversations": len({r.conversation_id for r in chosen}),
+            "request_ids_sha256": hashlib.sha256("\n".join(chosen_ids).encode()).hexdigest(),
+            "request_ids": chosen_ids,
+        }
+        return chosen, provenance
 
 
 def select_requests(
@@ -49,9 +164,9 @@ def select_requests(
     turns_per_conversation: int | None = None,
     strategy: str = "stratified",
 ) -> tuple[list[ReplayRequest], dict[str, Any]]:
-    """Pick requests deterministically; returns them (in input order) and the selection's provenance.
+    """Pick requests from a list deterministically; returns them (in input order) and the provenance.
 
-    strategies:
+    The same selection as streaming through `Selector` (requests grouped by conversation). Strategies:
       stratified  round robin over conversations (in seeded order), each conversation's turns in seeded
                   order, until `max_requests`; `turns_per_conversation` caps the turns taken from each.
       uniform     a seeded simple random sample over all turns (long trajectories weigh more).
@@ -59,81 +174,16 @@ def select_requests(
                   then `max_requests` of those, stratified.
       all         every turn; `max_requests` must be None or at least the number of requests.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown selection strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
-    if max_requests is not None and max_requests < 0:
-        raise ValueError(f"max_requests must be >= 0, got {max_requests}")
-    if turns_per_conversation is not None and turns_per_conversation < 1:
-        raise ValueError(f"turns_per_conversation must be >= 1, got {turns_per_conversation}")
+    selector = Selector(max_requests, seed, turns_per_conversation=turns_per_conversation, strategy=strategy)
     ids = [r.request_id for r in requests]
     if len(set(ids)) != len(ids):
         raise ValueError("request ids are not unique (the same conversation id loaded twice?)")
-
-    by_conv: dict[str, list[ReplayRequest]] = {}
-    for r in requests:
-        by_conv.setdefault(r.conversation_id, []).append(r)
-
-    if strategy == "all":
-        if turns_per_conversation is not None:
-            raise ValueError("strategy 'all' takes every turn; use 'first' or 'stratified' with turns_per_conversation")
-        if max_requests is not None and max_requests < len(requests):
-            raise ValueError(f"strategy 'all' would take {len(requests)} requests but max_requests={max_requests}")
-        chosen = list(requests)
-    elif strategy == "uniform":
-        pool = _capped(by_conv, seed, turns_per_conversation, first=False)
-        pool.sort(key=lambda r: _key(seed, r.request_id))
-        chosen = pool if max_requests is None else pool[:max_requests]
-    else:
-        first = strategy == "first"
-        per_conv = {cid: _capped({cid: rs}, seed, turns_per_conversation, first=first) for cid, rs in by_conv.items()}
-        for rs in per_conv.values():
-            rs.sort(key=(lambda r: r.turn) if first else (lambda r: _key(seed, r.request_id)))
-        chosen = _round_robin(per_conv, seed, max_requests)
-
-    order = {rid: i for i, rid in enumerate(ids)}
-    chosen.sort(key=lambda r: order[r.request_id])
-    chosen_ids = [r.request_id for r in chosen]
-    provenance = {
-        "strategy": strategy,
-        "seed": seed,
-        "max_requests": max_requests,
-        "turns_per_conversation": turns_per_conversation,
-        "available_requests": len(requests),
-        "available_conversations": len(by_conv),
-        "selected_requests": len(chosen),
-        "selected_conversations": len({r.conversation_id for r in chosen}),
-        "request_ids_sha256": hashlib.sha256("\n".join(chosen_ids).encode()).hexdigest(),
-        "request_ids": chosen_ids,
-    }
-    return chosen, provenance
-
-
-def _capped(by_conv: dict[str, list[ReplayRequest]], seed: int, cap: int | None, *, first: bool) -> list[ReplayRequest]:
-    """Each conversation's requests, at most `cap` of them: its first turns, or a seeded choice."""
-    out = []
-    for rs in by_conv.values():
-        ordered = sorted(rs, key=(lambda r: r.turn) if first else (lambda r: _key(seed, r.request_id)))
-        out.extend(ordered if cap is None else ordered[:cap])
-    return out
-
-
-def _round_robin(per_conv: dict[str, list[ReplayRequest]], seed: int, limit: int | None) -> list[ReplayRequest]:
-    conv_order = sorted(per_conv, key=lambda cid: _key(seed, cid))
-    queues = [list(per_conv[cid]) for cid in conv_order]
-    chosen: list[ReplayRequest] = []
-    depth = 0
-    while limit is None or len(chosen) < limit:
-        took = False
-        for q in queues:
-            if depth < len(q):
-                chosen.append(q[depth])
-                took = True
-                if limit is not None and len(chosen) >= limit:
-                    break
-        if not took:
-            break
-        depth += 1
-    return chosen
+    by_conv: dict[str, list[int]] = {}
+    for i, r in enumerate(requests):
+        by_conv.setdefault(r.conversation_id, []).append(i)
+    for cid, positions in by_conv.items():
+        selector.add(cid, [requests[i] for i in positions], positions)
+    return selector.result()
 
 
 def conversation_digest(conv: Conversation) -> str:
@@ -142,11 +192,37 @@ def conversation_digest(conv: Conversation) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
 
 
+class Fingerprint:
+    """`dataset_fingerprint` accumulated one conversation at a time: 32 bytes per conversation.
+
+    The digests are sorted at the end, so the value does not depend on the order conversations arrive in
+    and equals `dataset_fingerprint` of the same conversations loaded as a list.
+    """
+
+    def __init__(self) -> None:
+        self._digests = bytearray()
+
+    def add(self, conv: Conversation) -> None:
+        self._digests += bytes.fromhex(conversation_digest(conv))
+
+    def hexdigest(self) -> str:
+        import numpy as np
+
+        words = np.frombuffer(bytes(self._digests), dtype=">u8").reshape(-1, 4)  # byte order == hex order
+        order = np.lexsort(words.T[::-1]) if len(words) else []
+        out = hashlib.sha256()
+        for n, i in enumerate(order):
+            out.update((b"\n" if n else b"") + self._digests[32 * i:32 * i + 32].hex().encode())
+        return out.hexdigest()
+
+
 def dataset_fingerprint(result: LoadResult) -> str:
     """A stable hash of the normalised conversations, for run provenance.
 
     Content-based (not file bytes), so the same data read from a JSONL or a Parquet file fingerprints
     alike, and order-independent (digests are sorted), so folder listing order cannot change it.
     """
-    digests = sorted(conversation_digest(c) for c in result.conversations)
-    return hashlib.sha256("\n".join(digests).encode()).hexdigest()
+    fingerprint = Fingerprint()
+    for conv in result.conversations:
+        fingerprint.add(conv)
+    return fingerprint.hexdigest()

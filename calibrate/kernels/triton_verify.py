@@ -88,6 +88,140 @@ def _online_softmax_update(m_vec, z_vec, s):
 
 
 @triton.jit
+def _scaled_tile(base, offs, V, inv_t, floor):
+    """One tile of s = logits * (1 / T), lanes past V or below the top-k / top-p floor at -inf."""
+    s = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+    return tl.where(s >= floor, s, float("-inf"))
+
+
+@triton.jit
+def _keep_best(best, arg, score, offs):
+    """Per-lane running argmax: a lane keeps its first maximum (strict >), so ties go to the lowest index."""
+    upd = score > best
+    return tl.where(upd, score, best), tl.where(upd, offs, arg)
+
+
+@triton.jit
+def _winner(best, arg, V):
+    """(max over lanes, lowest index reaching it) of a per-lane running argmax."""
+    top = tl.max(best, axis=0)
+    return top, tl.min(tl.where(best == top, arg, V), axis=0)
+
+
+@triton.jit
+def _normaliser(m_vec, z_vec):
+    """(m, 1 / Z) of the row from the per-lane online max / sum-exp, so p_j = exp(s_j - m) / Z."""
+    m = tl.max(m_vec, axis=0)
+    inv_z = 1.0 / tl.sum(tl.where(m_vec == float("-inf"), 0.0, z_vec * tl.exp(m_vec - m)), axis=0)
+    return m, inv_z
+
+
+@triton.jit
+def _row_draft(draft_tokens_ptr, draft_probs_ptr, probs_stride, num_draft_ptr, r, i, k,
+               HAS_Q: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Where row i of request r lives and what it verifies: (row, draft index, is_draft, d, q(d)).
+
+    Row k (the bonus row) has no draft: d = -1 and q(d) = 0; its draft index is clamped to a valid one.
+    Without draft probabilities the draft is one-hot, q(d) = 1.
+    """
+    draft_start, row_start = _request_start(num_draft_ptr, r, BLOCK_B)
+    is_draft = i < k
+    didx = draft_start + tl.minimum(i, tl.maximum(k - 1, 0))
+    d = tl.load(draft_tokens_ptr + didx, mask=is_draft, other=-1)
+    q_d = 0.0
+    if is_draft:
+        if HAS_Q:
+            q_d = tl.load(draft_probs_ptr + didx.to(tl.int64) * probs_stride + d).to(tl.float32)
+        else:
+            q_d = 1.0
+    return row_start + i, didx, is_draft, d, q_d
+
+
+@triton.jit
+def _greedy_row(base, V, is_draft, d, BLOCK_V: tl.constexpr):
+    """T = 0, one pass: (argmax, p(d)), p being one-hot at the argmax (ties -> lowest index)."""
+    lanes = tl.arange(0, BLOCK_V)
+    best_v = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    best_i = tl.zeros([BLOCK_V], tl.int32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + lanes
+        x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        best_v, best_i = _keep_best(best_v, best_i, x, offs)
+    _, sample = _winner(best_v, best_i, V)
+    return sample, tl.where(is_draft & (d == sample), 1.0, 0.0)
+
+
+@triton.jit
+def _races_with_q(base, q_row, V, inv_t, floor, is_draft, key, BLOCK_V: tl.constexpr):
+    """Draft probabilities q given: (residual sample, has a residual, p sample, m, 1 / Z) in two passes.
+
+    Pass 1 takes the per-lane online max / sum-exp of s; pass 2 (the row again, from L2) runs the races
+    max(p - q, 0) / E_j and p / E_j, reading q once (q = 0 on the bonus row).
+    """
+    lanes = tl.arange(0, BLOCK_V)
+    m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    z_vec = tl.zeros([BLOCK_V], tl.float32)
+    for start in range(0, V, BLOCK_V):
+        m_vec, z_vec = _online_softmax_update(m_vec, z_vec, _scaled_tile(base, start + lanes, V, inv_t, floor))
+    m, inv_z = _normaliser(m_vec, z_vec)
+    best_r = tl.full([BLOCK_V], -1.0, tl.float32)
+    arg_r = tl.zeros([BLOCK_V], tl.int32)
+    best_p = tl.full([BLOCK_V], -1.0, tl.float32)
+    arg_p = tl.zeros([BLOCK_V], tl.int32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + lanes
+        valid = offs < V
+        p = tl.exp(_scaled_tile(base, offs, V, inv_t, floor) - m) * inv_z
+        q = tl.load(q_row + offs, mask=valid & (lanes * 0 + is_draft.to(tl.int32) > 0), other=0.0).to(tl.float32)
+        inv_e = 1.0 / -tl.log(_lane_uniform(key, offs))
+        best_r, arg_r = _keep_best(best_r, arg_r, tl.where(valid, tl.maximum(p - q, 0.0) * inv_e, -1.0), offs)
+        best_p, arg_p = _keep_best(best_p, arg_p, tl.where(valid, p * inv_e, -1.0), offs)
+    top_r, sample_r = _winner(best_r, arg_r, V)
+    _, sample_p = _winner(best_p, arg_p, V)
+    return sample_r, top_r > 0.0, sample_p, m, inv_z
+
+
+@triton.jit
+def _races_one_hot(base, V, inv_t, floor, d, key, BLOCK_V: tl.constexpr):
+    """q one-hot at d (bonus rows: q = 0): the same five results in ONE pass.
+
+    The residual is p without d, so both races run in log space on s - log(E), which needs no
+    normaliser, beside the online max / sum-exp that gives p(d).
+    """
+    lanes = tl.arange(0, BLOCK_V)
+    m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    z_vec = tl.zeros([BLOCK_V], tl.float32)
+    best_r = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    arg_r = tl.zeros([BLOCK_V], tl.int32)
+    best_p = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    arg_p = tl.zeros([BLOCK_V], tl.int32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + lanes
+        s = _scaled_tile(base, offs, V, inv_t, floor)
+        m_vec, z_vec = _online_softmax_update(m_vec, z_vec, s)
+        g = s - tl.log(-tl.log(_lane_uniform(key, offs)))
+        best_p, arg_p = _keep_best(best_p, arg_p, g, offs)
+        best_r, arg_r = _keep_best(best_r, arg_r, tl.where(offs == d, float("-inf"), g), offs)
+    m, inv_z = _normaliser(m_vec, z_vec)
+    top_r, sample_r = _winner(best_r, arg_r, V)
+    _, sample_p = _winner(best_p, arg_p, V)
+    return sample_r, top_r > float("-inf"), sample_p, m, inv_z
+
+
+@triton.jit
+def _sampled_row(base, q_row, V, inv_t, floor, is_draft, d, key, HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr):
+    """T > 0: (the residual sample, or the p sample when nothing is left over, p(d))."""
+    if HAS_Q:
+        sample_r, has_residual, sample_p, m, inv_z = _races_with_q(base, q_row, V, inv_t, floor, is_draft, key,
+                                                                   BLOCK_V)
+    else:
+        sample_r, has_residual, sample_p, m, inv_z = _races_one_hot(base, V, inv_t, floor, d, key, BLOCK_V)
+    s_d = tl.load(base + tl.maximum(d, 0)).to(tl.float32) * inv_t
+    p_d = tl.where(is_draft & (s_d >= floor), tl.exp(s_d - m) * inv_z, 0.0)
+    return tl.where(has_residual, sample_r, sample_p), p_d
+
+
+@triton.jit
 def _rows_kernel(
     logits_ptr, logits_stride,  # (N, V) fp32/bf16/fp16
     draft_probs_ptr, probs_stride,  # (sum k, V) float, or any tensor when not HAS_Q
@@ -102,15 +236,13 @@ def _rows_kernel(
     HAS_Q: tl.constexpr, HAS_FLOOR: tl.constexpr, GREEDY: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
+    """Row i of request r: p(d), q(d) and the row's sample (the target's token if the draft stops here)."""
     r = tl.program_id(0)
     i = tl.program_id(1)
     k = tl.load(num_draft_ptr + r)
     if i <= k:
-        draft_start, row_start = _request_start(num_draft_ptr, r, BLOCK_B)
-        row = row_start + i
-        is_draft = i < k
-        didx = draft_start + tl.minimum(i, tl.maximum(k - 1, 0))
-        d = tl.load(draft_tokens_ptr + didx, mask=is_draft, other=-1)
+        row, didx, is_draft, d, q_d = _row_draft(draft_tokens_ptr, draft_probs_ptr, probs_stride, num_draft_ptr,
+                                                 r, i, k, HAS_Q, BLOCK_B)
         if GREEDY:
             t = 0.0
         else:
@@ -121,94 +253,12 @@ def _rows_kernel(
         if HAS_FLOOR:
             floor = tl.load(floor_ptr + row)
         base = logits_ptr + row.to(tl.int64) * logits_stride
-        lanes = tl.arange(0, BLOCK_V)
-        q_d = 0.0
-        if is_draft:
-            if HAS_Q:
-                q_d = tl.load(draft_probs_ptr + didx.to(tl.int64) * probs_stride + d).to(tl.float32)
-            else:
-                q_d = 1.0
-
         if greedy:
-            # One pass: argmax (ties -> lowest index: strict > per lane, then min index over lanes).
-            best_v = tl.full([BLOCK_V], float("-inf"), tl.float32)
-            best_i = tl.zeros([BLOCK_V], tl.int32)
-            for start in range(0, V, BLOCK_V):
-                offs = start + lanes
-                x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-                upd = x > best_v
-                best_v = tl.where(upd, x, best_v)
-                best_i = tl.where(upd, offs, best_i)
-            top = tl.max(best_v, axis=0)
-            sample = tl.min(tl.where(best_v == top, best_i, V), axis=0)
-            p_d = tl.where(is_draft & (d == sample), 1.0, 0.0)
+            sample, p_d = _greedy_row(base, V, is_draft, d, BLOCK_V)
         else:
             key = _stream_key(seed_hash, tl.load(request_ids_ptr + r), tl.load(positions_ptr + r) + i, 2)
-            m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
-            z_vec = tl.zeros([BLOCK_V], tl.float32)
-            if HAS_Q:
-                # Pass 1: per-lane online max / sum-exp of s = logits / T (masked by the floor).
-                for start in range(0, V, BLOCK_V):
-                    offs = start + lanes
-                    s = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
-                    s = tl.where(s >= floor, s, float("-inf"))
-                    m_vec, z_vec = _online_softmax_update(m_vec, z_vec, s)
-                m = tl.max(m_vec, axis=0)
-                inv_z = 1.0 / tl.sum(tl.where(m_vec == float("-inf"), 0.0, z_vec * tl.exp(m_vec - m)), axis=0)
-                # Pass 2 (the row again, from L2): races over the residual max(p - q, 0) and over p.
-                best_r = tl.full([BLOCK_V], -1.0, tl.float32)
-                arg_r = tl.zeros([BLOCK_V], tl.int32)
-                best_p = tl.full([BLOCK_V], -1.0, tl.float32)
-                arg_p = tl.zeros([BLOCK_V], tl.int32)
-                for start in range(0, V, BLOCK_V):
-                    offs = start + lanes
-                    valid = offs < V
-                    s = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32) * inv_t
-                    s = tl.where(s >= floor, s, float("-inf"))
-                    p = tl.exp(s - m) * inv_z
-                    q = tl.load(draft_probs_ptr + didx.to(tl.int64) * probs_stride + offs,
-                                mask=valid & (lanes * 0 + is_draft.to(tl.int32) > 0), other=0.0).to(tl.float32)
-                    inv_e = 1.0 / -tl.log(_lane_uniform(key, offs))
-                    sr = tl.where(valid, tl.maximum(p - q, 0.0) * inv_e, -1.0)
-                    sp = tl.where(valid, p * inv_e, -1.0)
-                    upd = sr > best_r
-                    best_r = tl.where(upd, sr, best_r)
-                    arg_r = tl.where(upd, offs, arg_r)
-                    upd = sp > best_p
-                    best_p = tl.where(upd, sp, best_p)
-                    arg_p = tl.where(upd, offs, arg_p)
-                top_r = tl.max(best_r, axis=0)
-                has_residual = top_r > 0.0
-            else:
-                # q is one-hot at d (bonus rows: q = 0): ONE pass. The residual is p without d, so both
-                # races run in log space on s - log(E), needing no normaliser, beside the online max / sum-exp.
-                best_r = tl.full([BLOCK_V], float("-inf"), tl.float32)
-                arg_r = tl.zeros([BLOCK_V], tl.int32)
-                best_p = tl.full([BLOCK_V], float("-inf"), tl.float32)
-                arg_p = tl.zeros([BLOCK_V], tl.int32)
-                for start in range(0, V, BLOCK_V):
-                    offs = start + lanes
-                    s = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
-                    s = tl.where(s >= floor, s, float("-inf"))
-                    m_vec, z_vec = _online_softmax_update(m_vec, z_vec, s)
-                    g = s - tl.log(-tl.log(_lane_uniform(key, offs)))
-                    upd = g > best_p
-                    best_p = tl.where(upd, g, best_p)
-                    arg_p = tl.where(upd, offs, arg_p)
-                    g = tl.where(offs == d, float("-inf"), g)
-                    upd = g > best_r
-                    best_r = tl.where(upd, g, best_r)
-                    arg_r = tl.where(upd, offs, arg_r)
-                m = tl.max(m_vec, axis=0)
-                inv_z = 1.0 / tl.sum(tl.where(m_vec == float("-inf"), 0.0, z_vec * tl.exp(m_vec - m)), axis=0)
-                top_r = tl.max(best_r, axis=0)
-                has_residual = top_r > float("-inf")
-            top_p = tl.max(best_p, axis=0)
-            sample_r = tl.min(tl.where(best_r == top_r, arg_r, V), axis=0)
-            sample_p = tl.min(tl.where(best_p == top_p, arg_p, V), axis=0)
-            sample = tl.where(has_residual, sample_r, sample_p)
-            s_d = tl.load(base + tl.maximum(d, 0)).to(tl.float32) * inv_t
-            p_d = tl.where(is_draft & (s_d >= floor), tl.exp(s_d - m) * inv_z, 0.0)
+            q_row = draft_probs_ptr + didx.to(tl.int64) * probs_stride
+            sample, p_d = _sampled_row(base, q_row, V, inv_t, floor, is_draft, d, key, HAS_Q, BLOCK_V)
         tl.store(p_out + row, p_d)
         tl.store(q_out + row, q_d)
         tl.store(sample_out + row, sample.to(tl.int64))

@@ -1,0 +1,57 @@
+"""One streaming pass over a dataset: the selected requests, the fingerprint and the problems of a source.
+
+This is how a run reads its data. Conversations are parsed one at a time; each is offered to the
+`Selector` (a bounded heap of the requests with the smallest seeded keys), added to the `Fingerprint`
+(32 bytes) and dropped, so memory holds the selection, not the dataset. The result is the same as
+`select_requests(cut_turns(load_conversations(...).conversations), ...)` and `dataset_fingerprint` of the
+whole list, which is what the tests check it against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calibrate.data.conversation import Problem, ReplayRequest
+from calibrate.data.loader import open_conversations
+from calibrate.data.turns import Fingerprint, Selector
+
+
+@dataclass
+class Selection:
+    """What a run needs from its dataset, read in one pass."""
+
+    requests: list[ReplayRequest]  # the chosen requests, in the order the source holds them
+    provenance: dict[str, Any]  # strategy, seed, limits, counts, chosen ids (turns.Selector.result)
+    fingerprint: str  # dataset_fingerprint of every conversation read
+    format: str
+    conversations: int  # usable conversations read
+    problems: list[Problem] = field(default_factory=list)
+
+
+def select_from_source(
+    source: str,
+    format: str | None = None,
+    *,
+    max_requests: int | None,
+    seed: int,
+    turns_per_conversation: int | None = None,
+    strategy: str = "stratified",
+    split: str | None = None,
+    revision: str | None = None,
+    subset: str | None = None,
+    limit: int | None = None,
+    manifest: str | Path | None = None,
+) -> Selection:
+    """Read `source` once (rules of `open_conversations`) and select its requests (rules of `Selector`)."""
+    selector = Selector(max_requests, seed, turns_per_conversation=turns_per_conversation, strategy=strategy)
+    fingerprint = Fingerprint()
+    stream = open_conversations(source, format, split=split, revision=revision, subset=subset, limit=limit,
+                                manifest=manifest)
+    for conv in stream:
+        selector.add_conversation(conv)
+        fingerprint.add(conv)
+    requests, provenance = selector.result()
+    return Selection(requests=requests, provenance=provenance, fingerprint=fingerprint.hexdigest(),
+                     format=stream.format, conversations=stream.count, problems=stream.problems)
