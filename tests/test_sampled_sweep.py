@@ -33,7 +33,8 @@ def draft(target):
     model = copy.deepcopy(target)
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
-        model.lm_head.weight.add_(torch.randn(model.lm_head.weight.shape, generator=g) * model.lm_head.weight.std() * 0.6)
+        w = model.lm_head.weight
+        w.add_(torch.randn(w.shape, generator=g) * w.std() * 0.6)
     return model
 
 
@@ -45,7 +46,8 @@ class _Sampler(Speculator):
         return "sampler"
 
     def propose(self, context, k, temperature=0.0, generator=None) -> Proposal:
-        return Proposal(tokens=torch.randint(0, 97, (k,), generator=generator).tolist(), probs=torch.full((k, 97), 1 / 97))
+        tokens = torch.randint(0, 97, (k,), generator=generator).tolist()
+        return Proposal(tokens=tokens, probs=torch.full((k, 97), 1 / 97))
 
 
 def _outcome(result, k):

@@ -86,7 +86,8 @@ class LoopEngine:
 
     Each prompt is prefilled once for the whole sweep (target, and each draft model) and every (speculator,
     k) loop starts from a copy of it; `loop_rows` loops ((request, k) pairs, neighbouring k) share one
-    batch (default: as many as there are prompts in the batch)."""
+    batch (default: every k of every prompt in the batch: bench/sampled_sweep.py measured that 2.1x faster
+    than one k at a time even on 2 CPU cores; the cost is one copy of the prompt's KV cache per row)."""
 
     name = "loop"
 
@@ -100,12 +101,13 @@ class LoopEngine:
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult:
         opens_thinking = prompts[0].opens_thinking  # a property of the template and mode, not of the request
         s = self.sampling
+        rows = self.loop_rows or len(prompts) * len(self.draft_lengths)
         swept = run_sweep(
             self.target.model, self.speculators, [p.ids for p in prompts], draft_lens=self.draft_lengths,
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=self.max_new_tokens,
             eos_token_ids=self.target.eos_token_ids, seed=s.seed,
             segment_labeller=lambda tokens: self.labeller(tokens, opens_thinking),
-            verify_backend=self.verify_backend, loop_rows=self.loop_rows or len(prompts), request_keys=keys,
+            verify_backend=self.verify_backend, loop_rows=rows, request_keys=keys,
             verification=self.verification,
         )
         per_request: BatchResult = [{} for _ in prompts]

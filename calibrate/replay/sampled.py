@@ -464,7 +464,8 @@ def _run_loops(target: Prefix, draft: Prefix | None, speculator: Speculator | No
             if going:
                 still.append(j)
             if speculator is not None and going:  # the target ran pending + the accepted drafts
-                speculator.extend(r.loop_id, r.generated[before:], _features(tcache, needs, j, len(r.generated) - before))
+                new = r.generated[before:]
+                speculator.extend(r.loop_id, new, _features(tcache, needs, j, len(new)))
             elif speculator is not None:
                 speculator.finish(r.loop_id)
         # Target keeps pending + accepted drafts (the emitted sample is next step's pending token).
