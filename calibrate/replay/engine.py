@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from calibrate.data import RenderedPrompt
 from calibrate.replay.counts import StepCounts, TotalCounts
 from calibrate.replay.greedy import generate_greedy, score_replay, target_features
-from calibrate.replay.sampled import run_sampled
+from calibrate.replay.sampled import run_sweep
 from calibrate.speculators.base import Speculator, TargetNeeds
 
 
@@ -82,30 +82,36 @@ class Sampling:
 
 
 class LoopEngine:
-    """A real batched speculative-decoding loop per speculator and k (responses differ per k when sampling)."""
+    """A real batched speculative-decoding loop per speculator and k (responses differ per k when sampling).
+
+    Each prompt is prefilled once for the whole sweep (target, and each draft model) and every (speculator,
+    k) loop starts from a copy of it; `loop_rows` loops ((request, k) pairs, neighbouring k) share one
+    batch (default: every k of every prompt in the batch: bench/sampled_sweep.py measured that 2.1x faster
+    than one k at a time even on 2 CPU cores; the cost is one copy of the prompt's KV cache per row)."""
 
     name = "loop"
 
     def __init__(self, target: Any, speculators: Sequence[Speculator], draft_lengths: Sequence[int],
                  max_new_tokens: int, sampling: Sampling, verify_backend: str,
-                 labeller: Labeller, verification: str = "probabilistic"):
+                 labeller: Labeller, verification: str = "probabilistic", loop_rows: int | None = None):
         self.target, self.speculators, self.draft_lengths = target, speculators, list(draft_lengths)
         self.max_new_tokens, self.sampling, self.verify_backend = max_new_tokens, sampling, verify_backend
-        self.labeller, self.verification = labeller, verification
+        self.labeller, self.verification, self.loop_rows = labeller, verification, loop_rows
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult:
         opens_thinking = prompts[0].opens_thinking  # a property of the template and mode, not of the request
         s = self.sampling
+        rows = self.loop_rows or len(prompts) * len(self.draft_lengths)
+        swept = run_sweep(
+            self.target.model, self.speculators, [p.ids for p in prompts], draft_lens=self.draft_lengths,
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=self.max_new_tokens,
+            eos_token_ids=self.target.eos_token_ids, seed=s.seed,
+            segment_labeller=lambda tokens: self.labeller(tokens, opens_thinking),
+            verify_backend=self.verify_backend, loop_rows=rows, request_keys=keys,
+            verification=self.verification,
+        )
         per_request: BatchResult = [{} for _ in prompts]
-        for spec in self.speculators:
-            results = run_sampled(
-                self.target.model, spec, [p.ids for p in prompts], draft_lens=self.draft_lengths,
-                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=self.max_new_tokens,
-                eos_token_ids=self.target.eos_token_ids, seed=s.seed,
-                segment_labeller=lambda tokens: self.labeller(tokens, opens_thinking),
-                verify_backend=self.verify_backend, batch_size=len(prompts), request_keys=keys,
-                verification=self.verification,
-            )
+        for spec, results in zip(self.speculators, swept):
             for i, result in enumerate(results):
                 per_request[i].update({
                     (spec.name, k): Measured(counts, len(result.tokens[k]), result.finish_reason[k])
