@@ -39,8 +39,15 @@ def config(tmp: Path, args: argparse.Namespace, backend: str) -> Path:
     if backend == "llama.cpp":
         pair = f"""backend = "llama.cpp"
 speculators = [{{ kind = "draft", model = "{draft}", gguf = "{draft / (DRAFT + '.gguf')}" }}]
-server = {{ mode = "launch", model = "{target / (TARGET + '.gguf')}", command = "{default_binary()}",
-           args = ["--threads", "{args.threads}"], concurrency = 2, log_dir = "{tmp}" }}"""
+
+[pairs.server]
+mode = "launch"
+model = "{target / (TARGET + '.gguf')}"
+command = "{default_binary()}"
+args = ["--threads", "{args.threads}"]
+concurrency = 2
+log_dir = "{tmp}"
+"""
     else:
         pair = f'speculators = [{{ kind = "draft", model = "{draft}" }}]'
     path = tmp / f"{backend}.toml"
