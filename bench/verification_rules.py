@@ -104,7 +104,7 @@ def main() -> None:
                       _ci(t.acceptance_length, t.ci_low, t.ci_high),
                       f"{t.acceptance_length / p.acceptance_length:.3f}", _ci(ep, None, None), _ci(et, None, None),
                       f"{et / ep:.3f}" if ep and et else "-")
-    Console().print(table)
+    Console(width=160).print(table)
     Console().print(f"stores in {out}")
 
 
