@@ -26,7 +26,7 @@ import torch
 from calibrate.models import fingerprint, resolve, resolve_dtype
 from calibrate.speculators.base import (
     BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
-    leading_matches,
+    chain_replay_scorers,
 )
 
 if TYPE_CHECKING:  # the head's module imports transformers' Llama layers (and Triton): only when a head loads
@@ -134,17 +134,7 @@ class Eagle3Speculator(Speculator):
         self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
         features: Sequence[TargetFeatures] | None = None,
     ) -> list[ReplayScorer]:
-        if features is None:
-            raise ValueError(f"{self.name}: replay needs the target's hidden states")
-        scorers: list[ReplayScorer] = []
-        for prompt, response, feats in zip(prompts, responses, features):
-            drafts = self.chain_drafts(prompt, response, feats, max_k)
-
-            def run_at(t: int, k: int, drafts: np.ndarray = drafts, response: Sequence[int] = response):
-                return leading_matches(drafts[t, :k].tolist(), response[t:], k), k  # a chain always drafts k
-
-            scorers.append(run_at)
-        return scorers
+        return chain_replay_scorers(self.name, self.chain_drafts, prompts, responses, max_k, features)
 
     # -- loops -----------------------------------------------------------------------------------------
 
