@@ -8,6 +8,7 @@ production); where counts are Prometheus deltas (vLLM without per-request metric
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from calibrate.data import RenderedPrompt
-from calibrate.engines.server import EngineError, Launched, check_port_free, free_port, launch
+from calibrate.engines.server import EngineError, Launched, check_port_free, free_port, launch, terminate_as_exit
 from calibrate.replay.counts import TotalCounts
 from calibrate.replay.engine import BatchResult, Measured, Sampling
 
@@ -91,6 +92,7 @@ class ServerEngine:
         self.dtype = "as served"
         self.server_cfg = served.pair.server
         self.launched: Launched | None = None
+        self._signals = contextlib.ExitStack()  # SIGTERM -> SystemExit while a launched server lives
         self.url = ""
         self.info: dict[str, Any] = {}
 
@@ -104,6 +106,7 @@ class ServerEngine:
             check_port_free(self.name, cfg.host, port)
             self.url = f"http://{cfg.host}:{port}"
             command = self.backend.command(self.served, cfg.host, port, self.config)
+            self._signals.enter_context(terminate_as_exit())
             self.launched = launch(self.name, command, self.url, self.backend.health, cfg.startup_timeout,
                                    log_dir=cfg.log_dir)
         try:
@@ -118,8 +121,11 @@ class ServerEngine:
         self.close()
 
     def close(self) -> None:
-        if self.launched is not None:
-            self.launched.stop()
+        try:
+            if self.launched is not None:
+                self.launched.stop()
+        finally:
+            self._signals.close()
 
     @property
     def provenance(self) -> dict[str, Any]:

@@ -7,16 +7,21 @@ URL, and a launch failure quotes the end of the engine's log.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
+import sys
+import threading
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +103,33 @@ class Launched:
                 self.process.wait()
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the process that launched it dies, so a
+    server outlives no kill of ours, not even SIGKILL. The server runs in its own session (so a Ctrl-C
+    aimed at us reaches it only through our own clean shutdown) and would otherwise be orphaned."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
+@contextlib.contextmanager
+def terminate_as_exit() -> Iterator[None]:
+    """While a launched server lives, SIGTERM ends us through SystemExit, so `finally` blocks and context
+    managers run: the server is stopped and the open DuckDB transaction rolls back (the default action
+    would end the process on the spot). Only the main thread may set handlers; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_on_term(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def launch(engine: str, command: Sequence[str], url: str, health: str, timeout: float,
            log_dir: str | None = None, env: dict[str, str] | None = None) -> Launched:
     """Start `command`, its output to a log file, and wait until `url + health` answers 200."""
@@ -106,7 +138,8 @@ def launch(engine: str, command: Sequence[str], url: str, health: str, timeout: 
     log = os.fdopen(fd, "w")
     try:
         process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **(env or {})}, start_new_session=True)
+                                   env={**os.environ, **(env or {})}, start_new_session=True,
+                                   preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     except OSError as exc:
         log.close()
         raise EngineError(f"{engine}: cannot start {shlex.join(command)} for {url}: {exc}") from None
