@@ -284,7 +284,7 @@ def reference_rows(batch: Batch) -> RowResult:
 
     keys = sample_keys(lay, batch.seed, batch.request_ids, batch.positions)
     lanes = torch.arange(p.shape[1], dtype=torch.int64, device=p.device)
-    e = -torch.log(rng.lane_uniform(keys.unsqueeze(1), lanes))  # (N, V) Exp(1) noise
+    e = -torch.log(rng.vocab_uniforms(keys, p.shape[1]))  # (N, V) Exp(1) noise
     if batch.draft_probs is None:
         q_d = lay.row_is_draft.float()
         g = s - torch.log(e)  # (N, V) log-space race keys
