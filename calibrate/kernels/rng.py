@@ -15,7 +15,7 @@ of splitmix. Torch has no wrapping uint32 arithmetic (torch.uint32 lacks add and
 on torch tensors 32-bit products are formed in int64 from 16-bit halves (never overflowing), which gives
 exactly the low 32 bits that uint32 arithmetic gives in Triton. The same `mix32` also runs on numpy uint32
 arrays, whose arithmetic wraps mod 2**32 by definition: `vocab_uniforms`, the per-vocabulary noise every
-sampled token needs (151,936 lanes a row for Qwen), takes that path on the CPU, ~10x faster, same bits.
+sampled token needs (151,936 lanes a row for Qwen), takes that path on the CPU: same bits, ~6x faster (25 -> 4 ms for 5 rows, 1 thread).
 
 Uniforms are ((h >> 8) + 0.5) * 2**-24: 24 bits, exactly representable in float32, strictly inside (0, 1),
 so u <= p/q always accepts when p >= q, never accepts when p = 0, and -log(u) is never 0 or infinite.
@@ -105,8 +105,8 @@ def vocab_uniforms(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     """lane_uniform(keys[..., None], arange(vocab)), bit for bit: (..., vocab) float32 on keys' device.
 
     The per-vocabulary noise of every sampled token. On the CPU it is computed in numpy uint32 (wrapping
-    adds and multiplies: 4-byte lanes and a third of the passes of the int64 halves) from the lane part
-    precomputed per vocabulary size; elsewhere it is lane_uniform itself."""
+    adds and multiplies: half the bytes of int64 and no 16-bit halves) from the lane part precomputed per
+    vocabulary size; elsewhere it is lane_uniform itself."""
     if keys.device.type != "cpu":
         return lane_uniform(keys.unsqueeze(-1), torch.arange(vocab, dtype=torch.int64, device=keys.device))
     k = keys.to(torch.int64).numpy().astype(np.uint32)  # keys are 32-bit values: exact
