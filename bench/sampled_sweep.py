@@ -3,7 +3,14 @@ the sweep that prefills each prompt once and batches loops across k.
 
     python bench/sampled_sweep.py [--requests 3] [--context-tokens 2048] [--max-new-tokens 24]
         [--target smollm2-135m-instruct] [--speculators eagle3,ngram,suffix] [--head smollm2-135m-instruct-eagle3]
-        [--draft qwen2.5-coder-0.5b-instruct] [--loop-rows 3,24] [--skip-alone]
+        [--draft qwen2.5-coder-0.5b-instruct] [--loop-rows 3,24] [--skip-alone] [--threads 1]
+
+The defaults are the fast CPU path (SmolLM2-135M and its EAGLE-3 head). The issue's setting, a Qwen2.5-Coder
+1.5B target with its 0.5B draft model, n-gram and suffix (each 2,048-token prompt costs ~64 s of target
+prefill at 1 thread, so "each loop alone" pays ~26 min of prefill per request):
+
+    python bench/sampled_sweep.py --target qwen2.5-coder-1.5b-instruct --speculators draft,ngram,suffix \
+        --requests 1 --context-tokens 2048 --max-new-tokens 16 --loop-rows 1,8 --threads 1
 
 (a) "each loop alone": one run_sampled call per (speculator, k), all requests batched, as the loop ran
     before this sweep existed: every call prefills every prompt again (3 speculators x 8 k = 24 prefills of
@@ -83,7 +90,10 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--skip-alone", action="store_true", help="time the sweep only")
     ap.add_argument("--source", default=str(SAMPLE / "original"))
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     target = load_model(args.target, "float32", "cpu")
     specs = build_speculators(args.speculators.split(","), target, args)

@@ -16,6 +16,8 @@ if not torch.cuda.is_available():
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from calibrate.kernels import reference as R  # noqa: E402
@@ -90,6 +92,42 @@ def test_triton_rng_matches_torch_bit_for_bit(seed):
     assert torch.equal(keys, want_keys)
     want_u = rng.lane_uniform(want_keys.unsqueeze(1), torch.arange(64))
     assert torch.equal(u, want_u)
+
+
+def _mix32_int(x: int) -> int:
+    """lowbias32 on Python ints, written from its definition: the oracle of both array paths."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=8), st.lists(st.integers(0, 2**32 - 1), min_size=1,
+                                                                             max_size=8))
+def test_lane_hash_matches_the_integer_definition(keys, lanes):
+    want = [[_mix32_int((k + ((lane * rng.GOLDEN) & 0xFFFFFFFF)) & 0xFFFFFFFF) for lane in lanes] for k in keys]
+    got = rng.lane_hash(torch.tensor(keys).unsqueeze(1), torch.tensor(lanes))
+    assert got.tolist() == want
+    assert rng.mix32(np.array(keys, dtype=np.uint32)).tolist() == [_mix32_int(k) for k in keys]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=6), st.integers(1, 3000))
+def test_vocab_uniforms_equal_lane_uniform_bit_for_bit(keys, vocab):
+    """The numpy uint32 path (CPU) draws exactly the numbers of the int64 torch path the Triton twin matches."""
+    k = torch.tensor(keys, dtype=torch.int64)
+    want = rng.lane_uniform(k.unsqueeze(1), torch.arange(vocab))
+    assert torch.equal(rng.vocab_uniforms(k, vocab), want)
+    assert torch.equal(rng.vocab_uniforms(k.reshape(-1, 1).expand(-1, 2), vocab), want.unsqueeze(1).expand(-1, 2, -1))
+
+
+def test_vocab_uniforms_over_a_real_vocabulary():
+    keys = rng.stream_key(5, torch.arange(3), torch.tensor([0, 7, 2**20]), rng.DRAFT)
+    vocab = 151_936  # Qwen2.5's padded vocabulary: lanes * GOLDEN wraps many times
+    assert torch.equal(rng.vocab_uniforms(keys, vocab), rng.lane_uniform(keys.unsqueeze(1), torch.arange(vocab)))
+    assert torch.equal(rng.vocab_uniforms(keys[0], 10), rng.lane_uniform(keys[0], torch.arange(10)))  # 0-d keys
 
 
 def test_uniforms_are_uniform_and_inside_unit_interval():

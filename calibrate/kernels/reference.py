@@ -166,12 +166,19 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, floor: torch.T
     temperature and floor are per row. Written out (max, exp, sum, reciprocal, multiply) rather than
     torch.softmax so the arithmetic is the one the kernel does.
     """
-    s = masked_scaled(logits, temperature, floor)
+    return probs_of_scaled(masked_scaled(logits, temperature, floor), logits, temperature)
+
+
+def probs_of_scaled(s: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """target_probs from the masked scaled logits s (so a caller that has s does not compute it twice)."""
     m = s.max(dim=-1, keepdim=True).values
     e = torch.exp(s - m)
     p = e * (1.0 / e.sum(dim=-1, keepdim=True))
+    greedy = temperature <= 0
+    if not bool(greedy.any()):  # the one-hot rows would all be discarded: skip building them
+        return p
     one_hot = torch.zeros_like(p).scatter_(1, logits.float().argmax(dim=-1, keepdim=True), 1.0)
-    return torch.where((temperature <= 0).unsqueeze(1), one_hot, p)
+    return torch.where(greedy.unsqueeze(1), one_hot, p)
 
 
 def _padded(x: torch.Tensor) -> torch.Tensor:
@@ -278,13 +285,13 @@ def reference_rows(batch: Batch) -> RowResult:
     greedy = t_row <= 0
     floor = row_floors(batch.logits, lay, batch.temperature, batch.top_k, batch.top_p)
     s = masked_scaled(batch.logits, t_row, floor)  # (N, V)
-    p = target_probs(batch.logits, t_row, floor)  # (N, V)
+    p = probs_of_scaled(s, batch.logits, t_row)  # (N, V) == target_probs(batch.logits, t_row, floor)
     d = torch.where(lay.row_is_draft, _padded(batch.draft_tokens)[lay.row_draft_index], 0)  # (N,)
     p_d = torch.where(lay.row_is_draft, p.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
 
     keys = sample_keys(lay, batch.seed, batch.request_ids, batch.positions)
     lanes = torch.arange(p.shape[1], dtype=torch.int64, device=p.device)
-    e = -torch.log(rng.lane_uniform(keys.unsqueeze(1), lanes))  # (N, V) Exp(1) noise
+    e = -torch.log(rng.vocab_uniforms(keys, p.shape[1]))  # (N, V) Exp(1) noise
     if batch.draft_probs is None:
         q_d = lay.row_is_draft.float()
         g = s - torch.log(e)  # (N, V) log-space race keys
