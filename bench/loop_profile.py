@@ -23,12 +23,7 @@ import torch
 import calibrate.replay.sampled as sampled
 from calibrate.kernels import rng
 
-PROMPTS = [
-    "Write a Python function that parses an ISO 8601 date string and returns a datetime.",
-    "Fix this bug: `for i in range(len(xs)): if xs[i] = 0: print(i)`. Explain briefly.",
-    "Write a bash one-liner that counts lines of Python code in a git repository.",
-    "Implement binary search in Python with type hints and a docstring.",
-]
+from loop_vs_assisted import chat_prompts  # bench/ is on the path when run as a script
 
 
 class PhaseClock:
@@ -99,11 +94,7 @@ def main() -> None:
 
     target = load_model(args.target, dtype="float32", device="cpu")
     draft = load_model(args.draft, dtype="float32", device="cpu")
-    prompts = []
-    for text in PROMPTS[:args.requests]:
-        ids = target.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                   tokenize=True, return_dict=False)
-        prompts.append(list(ids["input_ids"]) if isinstance(ids, dict) else list(ids))
+    prompts = chat_prompts(target.tokenizer, args.requests)
     print(f"target {args.target}, draft {args.draft}, fp32 CPU ({torch.get_num_threads()} threads); "
           f"{len(prompts)} requests, {args.max_new_tokens} new tokens, k={args.k}, T={args.temperature}")
     phases = ["target forward", "draft forward", "random numbers", "verification", "draft sampling", "cache ops"]

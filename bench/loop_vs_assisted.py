@@ -95,6 +95,16 @@ def run_assisted(target, draft, prompts, args) -> tuple:
     return ("transformers assisted", tokens, clock.calls[id(target.model)], dt, clock.seconds, float("nan"))
 
 
+def chat_prompts(tokenizer, n: int) -> list[list[int]]:
+    """The first n coding prompts as chat-templated token ids (shared with bench/loop_profile.py)."""
+    out = []
+    for text in PROMPTS[:n]:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+        out.append(list(ids["input_ids"]) if isinstance(ids, dict) else list(ids))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
@@ -114,11 +124,7 @@ def main() -> None:
 
     target = load_model(args.target, dtype="float32", device="cpu")
     draft = load_model(args.draft, dtype="float32", device="cpu")
-    prompts = []
-    for text in PROMPTS[:args.requests]:
-        ids = target.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                   tokenize=True, return_dict=False)
-        prompts.append(list(ids["input_ids"]) if isinstance(ids, dict) else list(ids))
+    prompts = chat_prompts(target.tokenizer, args.requests)
     batches = [int(b) for b in args.batch.split(",")] if args.batch else [1, len(prompts)]
     print(f"target {args.target}, draft {args.draft}, fp32 CPU ({torch.get_num_threads()} threads); "
           f"{len(prompts)} requests, max_new_tokens={args.max_new_tokens}, k={args.k}, T={args.temperature}")
