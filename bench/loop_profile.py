@@ -23,7 +23,7 @@ import torch
 import calibrate.replay.sampled as sampled
 from calibrate.kernels import rng
 
-from loop_vs_assisted import chat_prompts  # bench/ is on the path when run as a script
+from loop_vs_assisted import add_pair_args, load_pair  # bench/ is on the path when run as a script
 
 
 class PhaseClock:
@@ -77,24 +77,11 @@ def instrument(clock: PhaseClock, target_model: torch.nn.Module, how: str) -> li
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
-    ap.add_argument("--requests", type=int, default=2)
+    add_pair_args(ap, requests=2)
     ap.add_argument("--batch", default="1,2")
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--rng", default="uint32,int64", help="uint32 (vocab_uniforms), int64 (as before it)")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    from calibrate.models import load_model
-
-    target = load_model(args.target, dtype="float32", device="cpu")
-    draft = load_model(args.draft, dtype="float32", device="cpu")
-    prompts = chat_prompts(target.tokenizer, args.requests)
+    target, draft, prompts = load_pair(args)
     print(f"target {args.target}, draft {args.draft}, fp32 CPU ({torch.get_num_threads()} threads); "
           f"{len(prompts)} requests, {args.max_new_tokens} new tokens, k={args.k}, T={args.temperature}")
     phases = ["target forward", "draft forward", "random numbers", "verification", "draft sampling", "cache ops"]

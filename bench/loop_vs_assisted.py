@@ -105,26 +105,35 @@ def chat_prompts(tokenizer, n: int) -> list[list[int]]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_pair_args(parser: argparse.ArgumentParser, requests: int) -> None:
+    """The options this bench and bench/loop_profile.py share: the pair, the prompts, k, T, threads."""
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
-    parser.add_argument("--requests", type=int, default=3)
-    parser.add_argument("--batch", default="", help="comma-separated batch sizes of ours; default: 1,requests")
+    parser.add_argument("--requests", type=int, default=requests)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads for both engines (0: torch's default)")
-    args = parser.parse_args()
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+
+
+def load_pair(args: argparse.Namespace):
+    """Set the thread count, load target and draft in fp32 on the CPU, template the prompts."""
     if args.threads:
         torch.set_num_threads(args.threads)
-
     from calibrate.models import load_model
 
     target = load_model(args.target, dtype="float32", device="cpu")
     draft = load_model(args.draft, dtype="float32", device="cpu")
-    prompts = chat_prompts(target.tokenizer, args.requests)
+    return target, draft, chat_prompts(target.tokenizer, args.requests)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pair_args(parser, requests=3)
+    parser.add_argument("--batch", default="", help="comma-separated batch sizes of ours; default: 1,requests")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    target, draft, prompts = load_pair(args)
     batches = [int(b) for b in args.batch.split(",")] if args.batch else [1, len(prompts)]
     print(f"target {args.target}, draft {args.draft}, fp32 CPU ({torch.get_num_threads()} threads); "
           f"{len(prompts)} requests, max_new_tokens={args.max_new_tokens}, k={args.k}, T={args.temperature}")
