@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 export CALIBRATE_TEST_MODELS ?= $(HOME)/.cache/calibrate-test-models
 
-.PHONY: install llamacpp models quickstart test test-fast clean oracle-env
+.PHONY: install llamacpp models eagle3-head-large quickstart test test-fast clean oracle-env
 
 # torch first, pinned to the CPU build served locally; the project after it, so pip keeps that torch.
 $(VENV)/.installed: pyproject.toml
@@ -37,15 +37,24 @@ models: install
 	$(PY) $(SHARED)/models/fetch-test-models.py --dest $(CALIBRATE_TEST_MODELS)/gguf --only smollm2-135m-instruct --keep-gguf
 	# the llama.cpp backend's pair test serves the Qwen GGUFs: kept beside their converted folders
 	$(PY) $(SHARED)/models/fetch-test-models.py --only qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct --keep-gguf
-	# An EAGLE-3 head distilled for SmolLM2 on the agentic sample (6 minutes of training on 2 threads plus the target passes; kept once made).
+	# An EAGLE-3 head distilled for SmolLM2 on the agentic sample, its own responses included (a fixed step
+	# count: every machine makes the same head; kept once made, made again when the recipe changes).
 	OMP_NUM_THREADS=2 $(PY) -m calibrate.speculators.eagle3_distil --target smollm2-135m-instruct \
 		--dataset $(SHARED)/datasets/mini-swe-agent-gemini3pro-swebv/original \
-		--out $(CALIBRATE_TEST_MODELS)/smollm2-135m-instruct-eagle3 --seconds 360 --threads 2
+		--out $(CALIBRATE_TEST_MODELS)/smollm2-135m-instruct-eagle3 --generate 24 --steps 400 --threads 2
 	# A tiny DeepSeek-V3 MoE with one MTP layer, trained on the agentic sample (SmolLM2's tokenizer; fixed step
 	# counts, a few minutes on 2 threads; kept once made): the `mtp` kind's integration test measures it.
 	OMP_NUM_THREADS=2 $(PY) -m calibrate.speculators.mtp_distil --tokenizer smollm2-135m-instruct \
 		--dataset $(SHARED)/datasets/mini-swe-agent-gemini3pro-swebv/original \
 		--out $(CALIBRATE_TEST_MODELS)/tiny-deepseek-mtp --threads 2
+
+# A larger distillation of the same head for bench/eagle3_vs_draft.py (not needed by the tests): 7x the prompt
+# text, 120 responses of the target's own, a wider head; about 30 minutes on one thread.
+eagle3-head-large: install
+	OMP_NUM_THREADS=1 $(PY) -m calibrate.speculators.eagle3_distil --target smollm2-135m-instruct \
+		--dataset $(SHARED)/datasets/mini-swe-agent-gemini3pro-swebv/original \
+		--out $(CALIBRATE_TEST_MODELS)/smollm2-135m-instruct-eagle3-large --threads 1 --count 80 --length 1024 \
+		--generate 60 --draft-vocab 4096 --intermediate-size 1024 --steps 600 --lr 3e-3
 
 # The speculators package as an oracle for our EAGLE-3 (bench/eagle3_vs_speculators.py); it pins
 # transformers <= 5.19, so it goes in without its dependencies, beside the venv, git-ignored.

@@ -51,14 +51,15 @@ def trained(target):
     prompts = [torch.randint(1, 96, (6,), generator=gen).tolist() for _ in range(24)]
     torch.manual_seed(0)
     head, aux = new_head(target.config, target.get_input_embeddings())
+    vocab = head.to_target(torch.arange(head.cfg.draft_vocab_size))
     examples = []
     for prompt, response in zip(prompts, generate_greedy(target, prompts, max_new_tokens=48, eos_token_ids={EOS})):
-        seq = prompt + response.tokens
-        examples.append((torch.tensor(seq), *target_pass(target, seq, aux)))
+        examples.append(target_pass(target, prompt + response.tokens, aux, vocab))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small matrices: one thread is several times faster on a busy machine
     try:
-        train_head(head, examples, depth=3, window=64, lr=3e-3, steps=300, log=lambda _: None)
+        train_head(head, examples, depth=3, window=64, lr=3e-3, steps=300, labels="greedy",
+                   log=lambda _: None)
     finally:
         torch.set_num_threads(threads)
     return head, aux
