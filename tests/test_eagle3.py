@@ -253,3 +253,32 @@ temperature = [0.0, 0.7]
     rows = con.execute("SELECT speculator, speculator_kind, draft_hash, engine FROM runs").fetchall()
     assert {r[0] for r in rows} == {f"eagle3:{head}"} and {r[1] for r in rows} == {"eagle3"}
     assert all(r[2] for r in rows) and {r[3] for r in rows} == {"replay", "loop"}
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_distillation_script_makes_a_head_once_per_recipe(tmp_path, smollm, mini_swe_dir):
+    """`python -m calibrate.speculators.eagle3_distil` writes a loadable head with its recipe, skips when the
+    same recipe made it, and makes it again when the recipe changes (a cached head of an older recipe is
+    not silently reused)."""
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "head"
+
+    def distil(steps: int) -> str:
+        cmd = [sys.executable, "-m", "calibrate.speculators.eagle3_distil", "--target", str(smollm),
+               "--dataset", str(mini_swe_dir / "original"), "--out", str(out), "--count", "2", "--length", "128",
+               "--generate", "1", "--generate-context", "96", "--generate-tokens", "8", "--window", "64",
+               "--draft-vocab", "512", "--steps", str(steps), "--threads", "1"]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+    assert "wrote" in distil(3)
+    assert json.loads((out / "distil.json").read_text())["steps"] == 3
+    assert "exists" in distil(3)
+    assert "wrote" in distil(4)
+    assert json.loads((out / "distil.json").read_text())["steps"] == 4
+    head, aux = load_head(str(out), AutoModelForCausalLM.from_pretrained(smollm), "smollm", "float32")
+    assert head.cfg.draft_vocab_size == 512 and aux == (2, 15, 27)
