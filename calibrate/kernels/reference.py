@@ -157,6 +157,8 @@ def inverse_temperature(temperature: torch.Tensor) -> torch.Tensor:
 def masked_scaled(logits: torch.Tensor, temperature: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
     """(N, V) float32 s = logits * (1 / T), -inf below the row's top-k / top-p floor."""
     s = logits.float() * inverse_temperature(temperature).unsqueeze(1)
+    if bool(torch.isneginf(floor).all()):  # no row asks for top-k / top-p: nothing to mask (a vocabulary pass)
+        return s
     return torch.where(s >= floor.unsqueeze(1), s, float("-inf"))
 
 
@@ -172,8 +174,8 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, floor: torch.T
 def probs_of_scaled(s: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """target_probs from the masked scaled logits s (so a caller that has s does not compute it twice)."""
     m = s.max(dim=-1, keepdim=True).values
-    e = torch.exp(s - m)
-    p = e * (1.0 / e.sum(dim=-1, keepdim=True))
+    p = (s - m).exp_()  # in place: one (N, V) buffer for the whole softmax
+    p.mul_(1.0 / p.sum(dim=-1, keepdim=True))
     greedy = temperature <= 0
     if not bool(greedy.any()):  # the one-hot rows would all be discarded: skip building them
         return p
@@ -279,10 +281,13 @@ def reference_rows(batch: Batch) -> RowResult:
       is run in log space, argmax_{j != d} s_j - log E_j (s = masked logits / T), falling back to all j. This
       needs no normaliser, which is why the kernel does it in the same pass as its max / sum-exp.
     Greedy rows (T = 0) emit the argmax.
+
+    On the CPU every pass over an (N, V) tensor costs (151,936 lanes a row for Qwen, N = B (k + 1) rows), so
+    the races work in place on the few buffers they need and compute a fallback only for the rows that take
+    it: the same arithmetic on the same numbers as the formulas above, bit for bit.
     """
     lay = batch.layout
     t_row = batch.temperature[lay.row_request]
-    greedy = t_row <= 0
     floor = row_floors(batch.logits, lay, batch.temperature, batch.top_k, batch.top_p)
     s = masked_scaled(batch.logits, t_row, floor)  # (N, V)
     p = probs_of_scaled(s, batch.logits, t_row)  # (N, V) == target_probs(batch.logits, t_row, floor)
@@ -290,25 +295,48 @@ def reference_rows(batch: Batch) -> RowResult:
     p_d = torch.where(lay.row_is_draft, p.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
 
     keys = sample_keys(lay, batch.seed, batch.request_ids, batch.positions)
-    lanes = torch.arange(p.shape[1], dtype=torch.int64, device=p.device)
-    e = -torch.log(rng.vocab_uniforms(keys, p.shape[1]))  # (N, V) Exp(1) noise
+    e = rng.vocab_uniforms(keys, p.shape[1]).log_().neg_()  # (N, V) Exp(1) noise, -log(u)
     if batch.draft_probs is None:
         q_d = lay.row_is_draft.float()
-        g = s - torch.log(e)  # (N, V) log-space race keys
-        best_p, arg_p = g.max(dim=-1)
-        is_d = (lanes.unsqueeze(0) == d.unsqueeze(1)) & lay.row_is_draft.unsqueeze(1)
-        best_r, arg_r = torch.where(is_d, float("-inf"), g).max(dim=-1)
-        sample = torch.where(best_r > float("-inf"), arg_r, arg_p)
+        sample = _one_hot_race(s, e, d, lay.row_is_draft)
     else:
-        q = _padded(batch.draft_probs.float())[lay.row_draft_index]
-        q = torch.where(lay.row_is_draft.unsqueeze(1), q, 0.0)  # bonus rows: residual = p
-        q_d = torch.where(lay.row_is_draft, q.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
-        inv_e = 1.0 / e
-        best_r, arg_r = (torch.clamp(p - q, min=0.0) * inv_e).max(dim=-1)
-        arg_p = (p * inv_e).argmax(dim=-1)
-        sample = torch.where(best_r > 0, arg_r, arg_p)
-    sample = torch.where(greedy, batch.logits.float().argmax(dim=-1), sample)
+        q_d, sample = _residual_race(p, batch.draft_probs.float(), e, d, lay)
+    greedy = t_row <= 0
+    if bool(greedy.any()):
+        sample = torch.where(greedy, batch.logits.float().argmax(dim=-1), sample)
     return RowResult(p_draft=p_d, q_draft=q_d, sample=sample)
+
+
+def _one_hot_race(s: torch.Tensor, e: torch.Tensor, d: torch.Tensor, is_draft: torch.Tensor) -> torch.Tensor:
+    """argmax_{j != d} s_j - log E_j on draft rows (all j on bonus rows and where that excludes everything).
+
+    s and e are overwritten. Excluding d changes a row's argmax only where the argmax over all j is d (max
+    returns the first maximal index), so only those rows are raced again."""
+    g = s.sub_(e.log_())  # (N, V) log-space race keys
+    sample = g.max(dim=-1).indices
+    again = torch.nonzero(is_draft & (sample == d)).squeeze(1)
+    if again.numel():
+        g[again, d[again]] = float("-inf")
+        best_r, arg_r = g[again].max(dim=-1)
+        sample[again] = torch.where(best_r > float("-inf"), arg_r, sample[again])
+    return sample
+
+
+def _residual_race(p: torch.Tensor, q: torch.Tensor, e: torch.Tensor, d: torch.Tensor,
+                   lay: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+    """q(d) and the race argmax_j max(p_j - q_j, 0) / E_j (bonus rows: q = 0, i.e. p), falling back to
+    argmax_j p_j / E_j where the residual is zero everywhere. q: (sum k, V), drafts in row order; e is
+    overwritten."""
+    draft_rows = torch.nonzero(lay.row_is_draft).squeeze(1)  # row of each draft, in draft order
+    q_d = torch.zeros(p.shape[0], dtype=torch.float32, device=p.device)
+    q_d[draft_rows] = q.gather(1, d[draft_rows].unsqueeze(1)).squeeze(1)
+    inv_e = e.reciprocal_()
+    residual = p.clone().index_add_(0, draft_rows, q, alpha=-1.0).clamp_(min=0.0).mul_(inv_e)
+    best_r, sample = residual.max(dim=-1)
+    fallback = torch.nonzero(~(best_r > 0)).squeeze(1)
+    if fallback.numel():
+        sample[fallback] = (p[fallback] * inv_e[fallback]).argmax(dim=-1)
+    return q_d, sample
 
 
 def rejection_verify(logits: torch.Tensor, draft_tokens, num_draft, *, draft_probs: torch.Tensor | None = None,
