@@ -503,9 +503,10 @@ def plain_rows(batch: R.Batch) -> R.RowResult:
        q_kind=st.sampled_from(["none", "drafter", "equal to p"]), top=st.sampled_from([(None, None), (2, 0.8)]),
        seed=st.integers(0, 2**40))
 def test_reference_rows_equal_the_plain_formulas_bit_for_bit(num_draft, vocab, temperatures, q_kind, top, seed):
-    """reference_rows works in place and races again only the rows that need it (the one-hot race's rows whose
-    argmax is the draft, the residual race's rows with a zero residual: q == p forces them): the same bits
-    as the formulas spelled out. Small vocabularies and peaky logits make those rows common."""
+    """reference_rows works in place, races only the rows each request stops at when given the accept
+    uniforms, and races again only the rows that need it (the one-hot race's rows whose argmax is the
+    draft, the residual race's rows with a zero residual: q == p forces them): the same bits as the
+    formulas spelled out. Small vocabularies and peaky logits make those rows common."""
     logits, drafts, q = ragged_case(seed % 1000, num_draft, vocab, match_bias=0.95, scale=4.0)
     batch = R.prepare(logits, drafts, num_draft, draft_probs=None if q_kind == "none" else q,
                       temperature=temperatures[:len(num_draft)], top_k=top[0], top_p=top[1], seed=seed,
@@ -518,6 +519,13 @@ def test_reference_rows_equal_the_plain_formulas_bit_for_bit(num_draft, vocab, t
     got, want = R.reference_rows(batch), plain_rows(batch)
     for field in ("p_draft", "q_draft", "sample"):
         assert torch.equal(getattr(got, field), getattr(want, field)), field
+    # Given the accept uniforms, only the row each request stops at is sampled: the same verification.
+    u = R.accept_uniforms(batch.layout, batch.seed, batch.request_ids, batch.positions)
+    stop = R.reference_rows(batch, accept_u=u)
+    assert int((stop.sample >= 0).sum()) == len(num_draft)
+    fast, full = (R._combine(batch.layout, batch.draft_tokens, rows, u) for rows in (stop, want))
+    for field in ("tokens", "num_accepted", "expected_accepted"):
+        assert torch.equal(getattr(fast, field), getattr(full, field)), field
 
 
 def test_exponential_race_equals_the_plain_formula_bit_for_bit():
