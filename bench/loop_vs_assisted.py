@@ -1,7 +1,7 @@
 """Benchmark: our sampled speculative-decoding loop vs transformers assisted generation, on CPU.
 
 Same target / draft pair (Qwen2.5-Coder 1.5B / 0.5B instruct, fp32), same k, same temperature, same threads,
-a few coding prompts. Prints tokens/s of both (and the ratios), the acceptance length (AL, tokens emitted per
+up to 16 coding prompts. Prints tokens/s of both (and the ratios), the acceptance length (AL, tokens emitted per
 target verification step, bonus included) each one achieved, and the seconds each spent inside the two
 models' forward passes: at batch 1 both run the same forwards per step, so the forwards are a floor that no
 loop can go under, and `ours, forwards only` says what ours would reach with zero overhead.
@@ -13,7 +13,7 @@ How AL is read here, as tokens per target pass for both (the tables' AL counts d
   "constant", assistant_confidence_threshold = 0), so both run the same algorithm; assisted generation
   supports batch size 1 only, so ours is timed at batch size 1 too (and batched: `--batch`).
 
-    python bench/loop_vs_assisted.py --requests 6 --batch 1,3,6 --max-new-tokens 32 --k 4 --temperature 0.7 --threads 1
+    python bench/loop_vs_assisted.py --requests 12 --batch 1,6,12 --max-new-tokens 32 --k 4 --temperature 0.7 --threads 1
 """
 
 from __future__ import annotations
@@ -31,6 +31,17 @@ PROMPTS = [
     "Implement binary search in Python with type hints and a docstring.",
     "What does `git rebase -i HEAD~3` do? Answer in two sentences.",
     "Write a pytest test for a function `add(a, b)` that adds two integers.",
+    # Added for batches past 6; the six above come first so that figures taken on them stay comparable.
+    "Write a SQL query that returns the five customers with the highest total order amount.",
+    "Why does `def f(x, acc=[]): acc.append(x); return acc` return a growing list? Fix it.",
+    "Write a Dockerfile for a Flask app served by gunicorn on port 8000.",
+    "Convert this loop to a list comprehension: `out = []\nfor x in xs:\n    if x % 2:\n        out.append(x * x)`.",
+    "Write a Python dataclass `Point` with x and y floats and a method returning the distance to another point.",
+    "Explain the difference between `git merge` and `git rebase` in three sentences.",
+    "Write a regular expression that matches a semantic version like 1.2.3 or 1.2.3-rc.1, with a Python example.",
+    "Write an async Python function that fetches several URLs concurrently with aiohttp and returns their bodies.",
+    "This test fails with `KeyError: 'id'`: `assert resp.json()['id'] == 3`. What should I check first?",
+    "Write a TypeScript function that debounces another function by a given number of milliseconds.",
 ]
 
 
@@ -97,6 +108,8 @@ def run_assisted(target, draft, prompts, args) -> tuple:
 
 def chat_prompts(tokenizer, n: int) -> list[list[int]]:
     """The first n coding prompts as chat-templated token ids (shared with bench/loop_profile.py)."""
+    if not 1 <= n <= len(PROMPTS):
+        raise SystemExit(f"--requests must be 1..{len(PROMPTS)} (the prompts in bench/loop_vs_assisted.py), got {n}")
     out = []
     for text in PROMPTS[:n]:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
@@ -138,9 +151,11 @@ def main() -> None:
     print(f"target {args.target}, draft {args.draft}, fp32 CPU ({torch.get_num_threads()} threads); "
           f"{len(prompts)} requests, max_new_tokens={args.max_new_tokens}, k={args.k}, T={args.temperature}")
 
-    rows = [run_ours(target, draft, prompts, b, args) for b in batches]
-    hf = run_assisted(target, draft, prompts, args)
-    rows.append(hf)
+    rows = []
+    for b in batches + [None]:  # None: transformers
+        rows.append(run_ours(target, draft, prompts, b, args) if b else run_assisted(target, draft, prompts, args))
+        print(f"  done: {rows[-1][0]}, {rows[-1][1]} tokens in {rows[-1][3]:.1f} s", flush=True)
+    hf = rows[-1]
 
     print(f"{'engine':<22} {'tokens':>6} {'passes':>6} {'AL':>5} {'AL (expected)':>13} {'seconds':>8} "
           f"{'in forwards':>11} {'tok/s':>6} {'vs transformers':>15}")
@@ -148,10 +163,10 @@ def main() -> None:
     for name, tok, passes, dt, fwd, al_exp in rows:
         print(f"{name:<22} {tok:>6} {passes:>6} {tok / passes:>5.2f} {al_exp:>13.2f} {dt:>8.1f} "
               f"{100 * fwd / dt:>10.0f}% {tok / dt:>6.2f} {tok / dt / hf_rate:>14.2f}x")
-    ours1 = rows[0]
-    print(f"ours (batch {batches[0]}), forwards only: {ours1[1] / ours1[4]:.2f} tok/s = "
-          f"{ours1[1] / ours1[4] / hf_rate:.2f}x transformers (the ceiling of a loop with zero overhead "
-          f"at this AL); transformers' own forwards take {hf[4]:.1f} s of its {hf[3]:.1f} s")
+    for (name, tok, _, _, fwd, _) in rows[:-1]:
+        print(f"{name}, forwards only: {tok / fwd:.2f} tok/s = {tok / fwd / hf_rate:.2f}x transformers")
+    print(f"(forwards only: the ceiling of a loop with zero overhead at its AL and batch); transformers' own "
+          f"forwards take {hf[4]:.1f} s of its {hf[3]:.1f} s")
     print("AL: tokens per target pass, bonus included; 'expected' = 1 + mean analytic E[accepted] per decode step.")
 
 

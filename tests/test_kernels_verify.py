@@ -462,3 +462,74 @@ def test_reference_invariants(num_draft, vocab, temperature, with_q, seed):
         greedy = R.greedy_verify(logits, drafts, num_draft)
         assert torch.equal(out.tokens, greedy.tokens)
         assert torch.equal(out.expected_accepted, out.num_accepted.float())
+
+
+def plain_rows(batch: R.Batch) -> R.RowResult:
+    """reference_rows written as its docstring's formulas, one full (N, V) tensor per term, nothing skipped."""
+    lay = batch.layout
+    t_row = batch.temperature[lay.row_request]
+    floor = R.row_floors(batch.logits, lay, batch.temperature, batch.top_k, batch.top_p)
+    s = batch.logits.float() * R.inverse_temperature(t_row).unsqueeze(1)
+    s = torch.where(s >= floor.unsqueeze(1), s, float("-inf"))
+    e = torch.exp(s - s.max(dim=-1, keepdim=True).values)
+    p = e * (1.0 / e.sum(dim=-1, keepdim=True))
+    p = torch.where((t_row <= 0).unsqueeze(1), torch.zeros_like(p).scatter_(
+        1, batch.logits.float().argmax(dim=-1, keepdim=True), 1.0), p)
+    d = torch.where(lay.row_is_draft, torch.cat([batch.draft_tokens, torch.zeros(1, dtype=torch.int64)])
+                    [lay.row_draft_index], 0)
+    p_d = torch.where(lay.row_is_draft, p.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
+    noise = -torch.log(rng.lane_uniform(R.sample_keys(lay, batch.seed, batch.request_ids, batch.positions)
+                                        .unsqueeze(1), torch.arange(p.shape[1])))
+    if batch.draft_probs is None:
+        q_d = lay.row_is_draft.float()
+        g = s - torch.log(noise)
+        best_p, arg_p = g.max(dim=-1)
+        is_d = (torch.arange(p.shape[1]).unsqueeze(0) == d.unsqueeze(1)) & lay.row_is_draft.unsqueeze(1)
+        best_r, arg_r = torch.where(is_d, float("-inf"), g).max(dim=-1)
+        sample = torch.where(best_r > float("-inf"), arg_r, arg_p)
+    else:
+        q = torch.cat([batch.draft_probs.float(), torch.zeros(1, p.shape[1])])[lay.row_draft_index]
+        q = torch.where(lay.row_is_draft.unsqueeze(1), q, 0.0)
+        q_d = torch.where(lay.row_is_draft, q.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
+        best_r, arg_r = (torch.clamp(p - q, min=0.0) * (1.0 / noise)).max(dim=-1)
+        sample = torch.where(best_r > 0, arg_r, (p * (1.0 / noise)).argmax(dim=-1))
+    sample = torch.where(t_row <= 0, batch.logits.float().argmax(dim=-1), sample)
+    return R.RowResult(p_draft=p_d, q_draft=q_d, sample=sample)
+
+
+@settings(max_examples=80, deadline=None)
+@given(num_draft=st.lists(st.integers(0, 4), min_size=1, max_size=5), vocab=st.sampled_from([2, 3, 7, 50]),
+       temperatures=st.lists(st.sampled_from([0.0, 0.3, 1.0]), min_size=5, max_size=5),
+       q_kind=st.sampled_from(["none", "drafter", "equal to p"]), top=st.sampled_from([(None, None), (2, 0.8)]),
+       seed=st.integers(0, 2**40))
+def test_reference_rows_equal_the_plain_formulas_bit_for_bit(num_draft, vocab, temperatures, q_kind, top, seed):
+    """reference_rows works in place, races only the rows each request stops at when given the accept
+    uniforms, and races again only the rows that need it (the one-hot race's rows whose argmax is the
+    draft, the residual race's rows with a zero residual: q == p forces them): the same bits as the
+    formulas spelled out. Small vocabularies and peaky logits make those rows common."""
+    logits, drafts, q = ragged_case(seed % 1000, num_draft, vocab, match_bias=0.95, scale=4.0)
+    batch = R.prepare(logits, drafts, num_draft, draft_probs=None if q_kind == "none" else q,
+                      temperature=temperatures[:len(num_draft)], top_k=top[0], top_p=top[1], seed=seed,
+                      positions=seed % 97)
+    if q_kind == "equal to p":  # the target's own p, bit for bit: the residual is zero everywhere
+        lay = batch.layout
+        floor = R.row_floors(logits, lay, batch.temperature, batch.top_k, batch.top_p)
+        p = R.target_probs(logits, batch.temperature[lay.row_request], floor)
+        batch.draft_probs = p[lay.row_is_draft]
+    got, want = R.reference_rows(batch), plain_rows(batch)
+    for field in ("p_draft", "q_draft", "sample"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    # Given the accept uniforms, only the row each request stops at is sampled: the same verification.
+    u = R.accept_uniforms(batch.layout, batch.seed, batch.request_ids, batch.positions)
+    stop = R.reference_rows(batch, accept_u=u)
+    assert int((stop.sample >= 0).sum()) == len(num_draft)
+    fast, full = (R._combine(batch.layout, batch.draft_tokens, rows, u) for rows in (stop, want))
+    for field in ("tokens", "num_accepted", "expected_accepted"):
+        assert torch.equal(getattr(fast, field), getattr(full, field)), field
+
+
+def test_exponential_race_equals_the_plain_formula_bit_for_bit():
+    w = torch.softmax(torch.randn(6, 500, generator=torch.Generator().manual_seed(0)), dim=-1)
+    keys = rng.stream_key(5, torch.arange(6), torch.full((6,), 3), rng.DRAFT)
+    plain = torch.argmax(w / -torch.log(rng.lane_uniform(keys.unsqueeze(1), torch.arange(500))), dim=-1)
+    assert torch.equal(rng.exponential_race(w, keys), plain)

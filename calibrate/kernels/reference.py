@@ -57,7 +57,7 @@ class RowResult:
 
     p_draft: torch.Tensor  # (N,) float32: target probability of the row's draft (0 on bonus rows)
     q_draft: torch.Tensor  # (N,) float32: draft probability of the row's draft (0 on bonus rows)
-    sample: torch.Tensor  # (N,) int64: residual sample (draft rows) or bonus sample (bonus rows)
+    sample: torch.Tensor  # (N,) int64: residual (draft rows) or bonus sample (bonus rows); -1 where not raced
 
 
 @dataclass
@@ -157,6 +157,8 @@ def inverse_temperature(temperature: torch.Tensor) -> torch.Tensor:
 def masked_scaled(logits: torch.Tensor, temperature: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
     """(N, V) float32 s = logits * (1 / T), -inf below the row's top-k / top-p floor."""
     s = logits.float() * inverse_temperature(temperature).unsqueeze(1)
+    if bool(torch.isneginf(floor).all()):  # no row asks for top-k / top-p: nothing to mask (a vocabulary pass)
+        return s
     return torch.where(s >= floor.unsqueeze(1), s, float("-inf"))
 
 
@@ -169,11 +171,18 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, floor: torch.T
     return probs_of_scaled(masked_scaled(logits, temperature, floor), logits, temperature)
 
 
+def softmax_parts(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e, inv_z) with softmax(s) = e * inv_z: e = exp(s - max) (N, V), inv_z = 1 / sum(e) (N, 1). Kept apart so
+    that a caller needing p at a few rows or tokens multiplies only those (the same bits as the whole p)."""
+    m = s.max(dim=-1, keepdim=True).values
+    e = (s - m).exp_()  # in place: one (N, V) buffer for the whole softmax
+    return e, 1.0 / e.sum(dim=-1, keepdim=True)
+
+
 def probs_of_scaled(s: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """target_probs from the masked scaled logits s (so a caller that has s does not compute it twice)."""
-    m = s.max(dim=-1, keepdim=True).values
-    e = torch.exp(s - m)
-    p = e * (1.0 / e.sum(dim=-1, keepdim=True))
+    e, inv_z = softmax_parts(s)
+    p = e.mul_(inv_z)
     greedy = temperature <= 0
     if not bool(greedy.any()):  # the one-hot rows would all be discarded: skip building them
         return p
@@ -186,27 +195,38 @@ def _padded(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
 
 
+def accepts(layout: Layout, p: torch.Tensor, q: torch.Tensor, accept_u: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: the row's draft passes its test, p(d) > 0 and u * q(d) <= p(d) (u <= p / q)."""
+    return layout.row_is_draft & (p > 0) & (accept_u * q <= p)
+
+
+def leading_accepts(layout: Layout, accept: torch.Tensor) -> torch.Tensor:
+    """(B,) accepted drafts per request: its accepting rows before the first that does not (padding rows of the
+    (B, max_k + 1) grid count as not accepting)."""
+    grid = torch.zeros((layout.batch, layout.max_k + 1), dtype=torch.bool, device=accept.device)
+    grid[layout.row_request, layout.row_offset] = accept
+    return torch.cumprod(grid.long(), dim=1).sum(dim=1)
+
+
 def _combine(layout: Layout, draft_tokens: torch.Tensor, rows: RowResult, accept_u: torch.Tensor) -> VerifyOutput:
     """Walk each request's rows: accepted prefix, then the residual/bonus sample of the first non-accepted row."""
     b, max_k = layout.batch, layout.max_k
     dev = draft_tokens.device
     p, q = rows.p_draft, rows.q_draft
-    accept = layout.row_is_draft & (p > 0) & (accept_u * q <= p)  # (N,)
+    accept = accepts(layout, p, q, accept_u)  # (N,)
     alpha = torch.where(q > 0, torch.clamp(p / torch.where(q > 0, q, 1.0), max=1.0), (p > 0).float())
     alpha = torch.where(layout.row_is_draft, alpha, 0.0)
 
     # Scatter rows into a (B, max_k + 1) grid; padding rows count as "not accepted", alpha 0.
-    grid_acc = torch.zeros((b, max_k + 1), dtype=torch.bool, device=dev)
     grid_alpha = torch.zeros((b, max_k + 1), dtype=torch.float32, device=dev)
     grid_sample = torch.zeros((b, max_k + 1), dtype=torch.int64, device=dev)
     grid_draft = torch.full((b, max_k + 1), -1, dtype=torch.int64, device=dev)
     r, o = layout.row_request, layout.row_offset
-    grid_acc[r, o] = accept
     grid_alpha[r, o] = alpha
     grid_sample[r, o] = rows.sample
     grid_draft[r, o] = torch.where(layout.row_is_draft, _padded(draft_tokens)[layout.row_draft_index], -1)
 
-    num_accepted = torch.cumprod(grid_acc.long(), dim=1).sum(dim=1)  # (B,) leading accepts
+    num_accepted = leading_accepts(layout, accept)  # (B,)
     expected = torch.cumprod(grid_alpha, dim=1).sum(dim=1)  # (B,)
     col = torch.arange(max_k + 1, device=dev).unsqueeze(0)
     last = torch.gather(grid_sample, 1, num_accepted.unsqueeze(1))  # (B, 1) token at the stopping row
@@ -269,7 +289,7 @@ def prepare(logits, draft_tokens, num_draft, *, draft_probs=None, temperature=1.
     )
 
 
-def reference_rows(batch: Batch) -> RowResult:
+def reference_rows(batch: Batch, accept_u: torch.Tensor | None = None) -> RowResult:
     """The per-row pass of the specification: p(d), q(d), and the residual / bonus sample of every row.
 
     Samples are exponential races with E_j = -log(u_j) from the row's SAMPLE stream:
@@ -279,36 +299,78 @@ def reference_rows(batch: Batch) -> RowResult:
       is run in log space, argmax_{j != d} s_j - log E_j (s = masked logits / T), falling back to all j. This
       needs no normaliser, which is why the kernel does it in the same pass as its max / sum-exp.
     Greedy rows (T = 0) emit the argmax.
+
+    With the accept-test uniforms `accept_u`, only the row each request stops at (its first rejected draft,
+    or its bonus row) gets a sample, the others -1: that sample is the only one the combine step emits.
+    On the CPU every pass over an (N, V) tensor costs (151,936 lanes a row for Qwen, N = B (k + 1) rows):
+    so the races run on those B rows, in place, the fallbacks only on the rows that take them, and p is
+    formed only there (p(d) needs the softmax's normaliser of every row, not p): the same arithmetic on
+    the same numbers as the formulas above, bit for bit.
     """
     lay = batch.layout
     t_row = batch.temperature[lay.row_request]
-    greedy = t_row <= 0
     floor = row_floors(batch.logits, lay, batch.temperature, batch.top_k, batch.top_p)
     s = masked_scaled(batch.logits, t_row, floor)  # (N, V)
-    p = probs_of_scaled(s, batch.logits, t_row)  # (N, V) == target_probs(batch.logits, t_row, floor)
+    e, inv_z = softmax_parts(s)  # p = e * inv_z on rows with T > 0
+    greedy = t_row <= 0
+    argmax = batch.logits.float().argmax(dim=-1) if bool(greedy.any()) else None  # p one-hot there
     d = torch.where(lay.row_is_draft, _padded(batch.draft_tokens)[lay.row_draft_index], 0)  # (N,)
-    p_d = torch.where(lay.row_is_draft, p.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
+    p_d = e.gather(1, d.unsqueeze(1)).squeeze(1) * inv_z.squeeze(1)
+    if argmax is not None:
+        p_d = torch.where(greedy, (argmax == d).float(), p_d)
+    p_d = torch.where(lay.row_is_draft, p_d, 0.0)
+    q = None if batch.draft_probs is None else batch.draft_probs.float()
+    q_d = lay.row_is_draft.float()
+    if q is not None:
+        draft_rows = torch.nonzero(lay.row_is_draft).squeeze(1)  # row of each draft, in draft order
+        q_d = torch.zeros_like(p_d)
+        q_d[draft_rows] = q.gather(1, d[draft_rows].unsqueeze(1)).squeeze(1)
 
-    keys = sample_keys(lay, batch.seed, batch.request_ids, batch.positions)
-    lanes = torch.arange(p.shape[1], dtype=torch.int64, device=p.device)
-    e = -torch.log(rng.vocab_uniforms(keys, p.shape[1]))  # (N, V) Exp(1) noise
-    if batch.draft_probs is None:
-        q_d = lay.row_is_draft.float()
-        g = s - torch.log(e)  # (N, V) log-space race keys
-        best_p, arg_p = g.max(dim=-1)
-        is_d = (lanes.unsqueeze(0) == d.unsqueeze(1)) & lay.row_is_draft.unsqueeze(1)
-        best_r, arg_r = torch.where(is_d, float("-inf"), g).max(dim=-1)
-        sample = torch.where(best_r > float("-inf"), arg_r, arg_p)
+    rows = torch.arange(len(d), device=d.device)
+    if accept_u is not None:
+        rows = lay.row_start + leading_accepts(lay, accepts(lay, p_d, q_d, accept_u))
+    keys = sample_keys(lay, batch.seed, batch.request_ids, batch.positions)[rows]
+    noise = rng.vocab_uniforms(keys, s.shape[1]).log_().neg_()  # (R, V) Exp(1) noise, -log(u)
+    if q is None:
+        raced = _one_hot_race(s[rows], noise, d[rows], lay.row_is_draft[rows])
     else:
-        q = _padded(batch.draft_probs.float())[lay.row_draft_index]
-        q = torch.where(lay.row_is_draft.unsqueeze(1), q, 0.0)  # bonus rows: residual = p
-        q_d = torch.where(lay.row_is_draft, q.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
-        inv_e = 1.0 / e
-        best_r, arg_r = (torch.clamp(p - q, min=0.0) * inv_e).max(dim=-1)
-        arg_p = (p * inv_e).argmax(dim=-1)
-        sample = torch.where(best_r > 0, arg_r, arg_p)
-    sample = torch.where(greedy, batch.logits.float().argmax(dim=-1), sample)
+        raced = _residual_race(e[rows].mul_(inv_z[rows]), q, noise, lay.row_is_draft[rows],
+                               lay.row_draft_index[rows])
+    if argmax is not None:
+        raced = torch.where(greedy[rows], argmax[rows], raced)
+    sample = torch.full_like(d, -1)
+    sample[rows] = raced
     return RowResult(p_draft=p_d, q_draft=q_d, sample=sample)
+
+
+def _one_hot_race(s: torch.Tensor, e: torch.Tensor, d: torch.Tensor, is_draft: torch.Tensor) -> torch.Tensor:
+    """argmax_{j != d} s_j - log E_j on draft rows (all j on bonus rows and where that excludes everything).
+
+    s and e are overwritten. Excluding d changes a row's argmax only where the argmax over all j is d (max
+    returns the first maximal index), so only those rows are raced again."""
+    g = s.sub_(e.log_())  # (R, V) log-space race keys
+    sample = g.max(dim=-1).indices
+    again = torch.nonzero(is_draft & (sample == d)).squeeze(1)
+    if again.numel():
+        g[again, d[again]] = float("-inf")
+        best_r, arg_r = g[again].max(dim=-1)
+        sample[again] = torch.where(best_r > float("-inf"), arg_r, sample[again])
+    return sample
+
+
+def _residual_race(p: torch.Tensor, q: torch.Tensor, e: torch.Tensor, is_draft: torch.Tensor,
+                   draft_index: torch.Tensor) -> torch.Tensor:
+    """argmax_j max(p_j - q_j, 0) / E_j per row (bonus rows: q = 0, i.e. p), falling back to argmax_j p_j / E_j
+    where the residual is zero everywhere. p, e: (R, V) of the raced rows; q: (sum k, V), a draft row's q
+    at q[draft_index]. e is overwritten."""
+    inv_e = e.reciprocal_()
+    drafts = torch.nonzero(is_draft).squeeze(1)
+    residual = p.clone().index_add_(0, drafts, q[draft_index[drafts]], alpha=-1.0).clamp_(min=0.0).mul_(inv_e)
+    best_r, sample = residual.max(dim=-1)
+    fallback = torch.nonzero(~(best_r > 0)).squeeze(1)
+    if fallback.numel():
+        sample[fallback] = (p[fallback] * inv_e[fallback]).argmax(dim=-1)
+    return sample
 
 
 def rejection_verify(logits: torch.Tensor, draft_tokens, num_draft, *, draft_probs: torch.Tensor | None = None,
@@ -322,9 +384,8 @@ def rejection_verify(logits: torch.Tensor, draft_tokens, num_draft, *, draft_pro
     """
     batch = prepare(logits, draft_tokens, num_draft, draft_probs=draft_probs, temperature=temperature,
                     top_k=top_k, top_p=top_p, seed=seed, request_ids=request_ids, positions=positions)
-    rows = reference_rows(batch)
     u = accept_uniforms(batch.layout, batch.seed, batch.request_ids, batch.positions)
-    return _combine(batch.layout, batch.draft_tokens, rows, u)
+    return _combine(batch.layout, batch.draft_tokens, reference_rows(batch, accept_u=u), u)
 
 
 def greedy_verify(logits: torch.Tensor, draft_tokens, num_draft) -> VerifyOutput:

@@ -110,7 +110,20 @@ def vocab_uniforms(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     if keys.device.type != "cpu":
         return lane_uniform(keys.unsqueeze(-1), torch.arange(vocab, dtype=torch.int64, device=keys.device))
     k = keys.to(torch.int64).numpy().astype(np.uint32)  # keys are 32-bit values: exact
-    return hash_to_uniform(mix32(k[..., None] + _golden_lanes(vocab)))
+    h = _mix32_inplace(k[..., None] + _golden_lanes(vocab))
+    f = torch.from_numpy(np.right_shift(h, 8, out=h).astype(np.float32))
+    return f.add_(0.5).mul_(2.0**-24)  # == hash_to_uniform(h), in place
+
+
+def _mix32_inplace(x: np.ndarray) -> np.ndarray:
+    """mix32 on a uint32 array, overwriting it: the same operations with one scratch buffer instead of a new
+    array per operation (rows of 151,936 lanes: fresh buffers cost page faults, not just arithmetic)."""
+    tmp = np.empty_like(x)
+    for shift, c in ((16, MIX_C1), (15, MIX_C2)):
+        x ^= np.right_shift(x, shift, out=tmp)
+        np.multiply(x, np.uint32(c), out=x)
+    x ^= np.right_shift(x, 16, out=tmp)
+    return x
 
 
 def exponential_race(weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -120,5 +133,5 @@ def exponential_race(weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     on log w). It needs no normalisation and no cumulative sum, which is why a one-pass tiled kernel can do
     it. weights: (..., V) float32; keys: (...) int64. Returns (...) int64. Ties go to the lowest index.
     """
-    e = -torch.log(vocab_uniforms(keys.to(weights.device), weights.shape[-1]))  # (..., V), > 0
-    return torch.argmax(weights / e, dim=-1)
+    e = vocab_uniforms(keys.to(weights.device), weights.shape[-1]).log_().neg_()  # (..., V), > 0
+    return torch.argmax(torch.div(weights, e, out=e), dim=-1)  # in place: no second vocabulary-wide buffer

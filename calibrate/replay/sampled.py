@@ -395,16 +395,22 @@ def _verify(logits: torch.Tensor, drafts: list[list[int]], probs: torch.Tensor |
     """Verify each row's drafts: logits (B, 1 + len(d_j), V) per row, rows padded on the right."""
     device = logits.device
     num_draft = torch.tensor([len(d) for d in drafts], dtype=torch.int64)
-    rows = torch.cat([logits[j, :len(d) + 1] for j, d in enumerate(drafts)])
+    rows = _ragged(logits, [len(d) + 1 for d in drafts])
     flat = torch.tensor([t for d in drafts for t in d], dtype=torch.int64, device=device)
     if s.temperature <= 0:
         return verify_greedy(rows, flat, num_draft.to(device), backend=s.verify_backend)
-    flat_q = None
-    if probs is not None:
-        flat_q = torch.cat([probs[j, :len(d)] for j, d in enumerate(drafts)]).to(device)
+    flat_q = None if probs is None else _ragged(probs, [len(d) for d in drafts]).to(device)
     return verify_rejection(rows, flat, num_draft.to(device), backend=s.verify_backend, draft_probs=flat_q,
                             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
                             request_ids=ids.to(device), positions=positions.to(device))
+
+
+def _ragged(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The first lengths[j] rows of each x[j] ((B, n, V) -> (sum lengths, V)), in order: a view when every
+    row is full, as in most steps (a copy of the vocabulary-wide rows costs on the CPU)."""
+    if all(n == x.shape[1] for n in lengths):
+        return x.reshape(-1, x.shape[-1])
+    return torch.cat([x[j, :n] for j, n in enumerate(lengths)])
 
 
 def first_tokens(prefix: Prefix, keys: Sequence[int], s: _Settings) -> list[int]:
