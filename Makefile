@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 export CALIBRATE_TEST_MODELS ?= $(HOME)/.cache/calibrate-test-models
 
-.PHONY: install llamacpp models eagle3-head-large quickstart test test-fast clean oracle-env
+.PHONY: install llamacpp models quickstart test test-fast clean oracle-env
 
 # torch first, pinned to the CPU build served locally; the project after it, so pip keeps that torch.
 $(VENV)/.installed: pyproject.toml
@@ -47,14 +47,6 @@ models: install
 	OMP_NUM_THREADS=2 $(PY) -m calibrate.speculators.mtp_distil --tokenizer smollm2-135m-instruct \
 		--dataset $(SHARED)/datasets/mini-swe-agent-gemini3pro-swebv/original \
 		--out $(CALIBRATE_TEST_MODELS)/tiny-deepseek-mtp --threads 2
-
-# A larger distillation of the same head for bench/eagle3_vs_draft.py (not needed by the tests): 7x the prompt
-# text, 120 responses of the target's own, a wider head; about 30 minutes on one thread.
-eagle3-head-large: install
-	OMP_NUM_THREADS=1 $(PY) -m calibrate.speculators.eagle3_distil --target smollm2-135m-instruct \
-		--dataset $(SHARED)/datasets/mini-swe-agent-gemini3pro-swebv/original \
-		--out $(CALIBRATE_TEST_MODELS)/smollm2-135m-instruct-eagle3-large --threads 1 --count 80 --length 1024 \
-		--generate 60 --draft-vocab 4096 --intermediate-size 1024 --steps 600 --lr 3e-3
 
 # The speculators package as an oracle for our EAGLE-3 (bench/eagle3_vs_speculators.py); it pins
 # transformers <= 5.19, so it goes in without its dependencies, beside the venv, git-ignored.
