@@ -48,7 +48,7 @@ def test_show_json_rows_use_the_documented_keys(app: typer.Typer, db: Path) -> N
     assert len(rows) == 5
     assert all(tuple(row) == SHOW_KEYS for row in rows)
     assert SHOW_KEYS == ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests",
-                         "steps", "acceptance_length", "ci_low", "ci_high", "macro_acceptance_length")
+                         "steps", "acceptance_length", "ci_low", "ci_high", "ci_note", "macro_acceptance_length")
     k1 = next(r for r in rows if r["draft_len"] == 1)
     assert (k1["requests"], k1["steps"]) == (3, 11) and k1["acceptance_length"] == pytest.approx(16 / 11)
 

@@ -44,7 +44,8 @@ def test_record_contents_and_engine_renderings(tables: dict[str, Path]) -> None:
     r = lookup(Q, "ngram", 3, "off", table=tables["duckdb"])
     assert r.histogram == (6, 2, 2, 5) and r.steps == 15 and r.requests == 3
     assert r.acceptance_length == pytest.approx(stats.acceptance_length([6, 2, 2, 5])) == pytest.approx(2.4)
-    assert r.ci_low <= r.acceptance_length <= r.ci_high
+    assert r.ci_low is None and r.ci_high is None and r.macro_ci_low is None and r.rates_ci_low == ()
+    assert r.ci_note == "n too small: 2 conversations, a clustered bootstrap needs >= 10"
     assert not r.extrapolated and r.extrapolation_method is None
     assert r.sglang_env() == (
         "SGLANG_SIMULATE_ACC_LEN=2.40\nSGLANG_SIMULATE_ACC_METHOD=match-expected\n"

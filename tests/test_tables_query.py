@@ -177,3 +177,23 @@ def test_verification_rule_is_part_of_the_run_identity_and_named_in_records(tmp_
     finally:
         con.close()
     assert record.verifications == ("target-only",)
+
+
+@pytest.mark.parametrize("conversations", [stats.MIN_CI_CONVERSATIONS - 1, stats.MIN_CI_CONVERSATIONS])
+def test_an_interval_is_reported_only_from_enough_conversations(tmp_path: Path, conversations: int) -> None:
+    """Below MIN_CI_CONVERSATIONS clusters the bootstrap interval is withheld, with the reason, in the record
+    (so in show, json, csv, parquet and lookup alike); from it on, the interval is there and brackets AL."""
+    rng = np.random.default_rng(1)
+    with Store(tmp_path / "a.duckdb") as store:
+        write_run(store, make_spec(draft_len=2), [
+            Req(f"r{i}", f"c{i}", {"answer": list(rng.integers(0, 5, size=3))}) for i in range(conversations)])
+    (r,) = _records(tmp_path / "a.duckdb")
+    assert r.conversations == conversations
+    if conversations < stats.MIN_CI_CONVERSATIONS:
+        assert r.ci_low is r.ci_high is r.macro_ci_low is r.macro_ci_high is None
+        assert r.rates_ci_low == r.rates_ci_high == ()
+        assert r.ci_note == f"n too small: {conversations} conversations, a clustered bootstrap needs >= 10"
+        assert r.interval == "n too small"
+    else:
+        assert r.ci_note is None and r.ci_low < r.acceptance_length < r.ci_high
+        assert r.interval == f"{r.ci_low:.3f}-{r.ci_high:.3f}"

@@ -19,7 +19,7 @@ import duckdb
 import typer
 
 from calibrate.errors import cli_errors
-from calibrate.tables import exports, query
+from calibrate.tables import exports, query, stats
 from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.lookup import lookup as lookup_record
 from calibrate.errors import StoreError
@@ -27,7 +27,7 @@ from calibrate.tables.records import SGLANG_TOKEN_MODES, AcceptanceRecord
 from calibrate.tables.store import connect
 
 SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
-             "acceptance_length", "ci_low", "ci_high", "macro_acceptance_length")
+             "acceptance_length", "ci_low", "ci_high", "ci_note", "macro_acceptance_length")
 
 # InferenceX's FRAMEWORK values (runners/launch_*.sh, benchmarks/*, .github/configs/*-master.yaml) and the
 # plain engine names -> the lookup format that engine reads. Disaggregated and orchestrated deployments run
@@ -185,7 +185,7 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
     cells["reqs"] = [f"{r.requests}*" if interrupted(r) else str(r.requests) for r in records]
     cells["steps"] = [str(r.steps) for r in records]
     cells["AL"] = [f"{r.acceptance_length:.3f}" for r in records]
-    cells["95% CI"] = [f"{r.ci_low:.3f}-{r.ci_high:.3f}" for r in records]
+    cells["95% CI"] = [r.interval for r in records]
     cells["macro"] = [f"{r.macro_acceptance_length:.3f}" for r in records]
     if any(r.expected_acceptance_length is not None for r in records):
         cells["expected"] = ["-" if r.expected_acceptance_length is None else f"{r.expected_acceptance_length:.3f}"
@@ -204,6 +204,9 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
                                                  "vLLM logs it; AL counts every target pass")
     if "expected" in cells and not wide:
         caption += ("\n" if caption else "") + "E[AL]: the analytic expected AL (same mean, lower variance)"
+    if any(r.ci_note for r in records):
+        caption += ("\n" if caption else "") + (f"n too small: fewer than {stats.MIN_CI_CONVERSATIONS} conversations, too "
+                                                 "few for a clustered bootstrap: no interval")
     if any(interrupted(r) for r in records):
         caption += ("\n" if caption else "") + "* a run was interrupted: the same `calibrate run` resumes it"
     table = Table(title="Acceptance length: pooled AL, 95% CI, macro AL",

@@ -381,6 +381,17 @@ def _finite(value: float) -> float | None:
     return None if np.isnan(value) else float(value)
 
 
+def _intervals(summary: stats.Summary) -> dict[str, Any]:
+    """The record's CI fields: the bootstrap's, or none and the reason (stats.ci_withheld)."""
+    note = stats.ci_withheld(summary.conversations)
+    if note is not None:
+        return dict(ci_low=None, ci_high=None, macro_ci_low=None, macro_ci_high=None, rates_ci_low=(),
+                    rates_ci_high=(), ci_note=note)
+    return dict(ci_low=summary.ci_low, ci_high=summary.ci_high, macro_ci_low=summary.macro_ci_low,
+                macro_ci_high=summary.macro_ci_high, rates_ci_low=summary.rates_ci_low,
+                rates_ci_high=summary.rates_ci_high, ci_note=None)
+
+
 def _record(
     key_row: Sequence[Any], segment: str, summary: stats.Summary, totals: Sequence[Any],
     truncated: int | None, *, n_boot: int, seed: int, level: float, accepted: float | None = None,
@@ -415,15 +426,10 @@ def _record(
         tokens=int(tokens or 0),
         histogram=summary.histogram,
         acceptance_length=summary.acceptance_length,
-        ci_low=summary.ci_low,
-        ci_high=summary.ci_high,
+        **_intervals(summary),
         macro_acceptance_length=summary.macro_acceptance_length,
-        macro_ci_low=summary.macro_ci_low,
-        macro_ci_high=summary.macro_ci_high,
         expected_acceptance_length=expected,
         unconditional_rates=summary.unconditional_rates,
-        rates_ci_low=summary.rates_ci_low,
-        rates_ci_high=summary.rates_ci_high,
         conditional_rates=summary.conditional_rates,
         ci_level=level,
         bootstrap_replicates=n_boot,

@@ -109,6 +109,9 @@ class AcceptanceRecord:
     truncated_requests: int | None = None
     # Verification rules of the runs at temperature > 0 ("probabilistic", "target-only"); () at temperature 0.
     verifications: tuple[str, ...] = ()
+    # Why the record carries no confidence interval although it is measured (stats.ci_withheld: too few
+    # conversations for a clustered bootstrap); None when it carries one, or is an extrapolation.
+    ci_note: str | None = None
 
     # ---- values -------------------------------------------------------------------------------------
     @property
@@ -136,6 +139,15 @@ class AcceptanceRecord:
     def exported_length(self) -> float:
         """The AL an engine is forced to: the drafted AL for model-free drafters, the AL otherwise."""
         return self.drafted_acceptance_length if self.uses_drafted else self.acceptance_length
+
+    @property
+    def interval(self) -> str:
+        """The pooled AL's CI as a person reads it: `low-high`, or why there is none."""
+        if self.ci_low is not None and self.ci_high is not None:
+            return f"{self.ci_low:.3f}-{self.ci_high:.3f}"
+        if self.ci_note is not None:
+            return self.ci_note.split(":")[0]
+        return "-"
 
     @property
     def al(self) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from calibrate.tables import stats
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 
 
@@ -40,14 +41,18 @@ def plot(records: Sequence[AcceptanceRecord], out: Path) -> list[Path]:
         rs = sorted(rs, key=lambda r: r.draft_len)
         ks = [r.draft_len for r in rs]
         al = [r.acceptance_length for r in rs]
-        err = [[r.acceptance_length - r.ci_low for r in rs], [r.ci_high - r.acceptance_length for r in rs]]
+        # no bar where the CI was withheld (too few conversations: stats.ci_withheld)
+        err = [[r.acceptance_length - r.ci_low if r.ci_low is not None else 0.0 for r in rs],
+               [r.ci_high - r.acceptance_length if r.ci_high is not None else 0.0 for r in rs]]
         ax.errorbar(ks, al, yerr=err, marker="o", capsize=3, label=_series_label(rs[0], with_target))
     ks_all = sorted({r.draft_len for r in rows})
     ax.plot(ks_all, [k + 1 for k in ks_all], ls=":", color="grey", label="k + 1 (all accepted)")
     ax.set_xlabel("draft length k")
     ax.set_ylabel("acceptance length (tokens / step)")
     ax.set_xticks(ks_all)
-    ax.set_title("Pooled AL with 95% CI (bootstrap over conversations)")
+    withheld = any(r.ci_note for r in rows)
+    ax.set_title("Pooled AL with 95% CI (bootstrap over conversations)"
+                 + (f"\nno bar: n too small (< {stats.MIN_CI_CONVERSATIONS} conversations)" if withheld else ""))
     ax.legend(fontsize="small")
     fig.tight_layout()
     al_path = out / "al_vs_k.png"
@@ -65,7 +70,8 @@ def plot(records: Sequence[AcceptanceRecord], out: Path) -> list[Path]:
         positions = list(range(r.draft_len))
         ax.plot(positions, r.unconditional_rates, marker="o",
                 label=f"{_series_label(r, with_target)}, k={r.draft_len}")
-        ax.fill_between(positions, r.rates_ci_low, r.rates_ci_high, alpha=0.2)
+        if r.rates_ci_low:
+            ax.fill_between(positions, r.rates_ci_low, r.rates_ci_high, alpha=0.2)
     ax.set_xticks(range(max(r.draft_len for r in rows)))
     ax.set_xlabel("draft position i (0-based)")
     ax.set_ylabel("P(at least i+1 drafts accepted)")

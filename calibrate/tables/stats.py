@@ -184,6 +184,23 @@ def cluster_sums(values: ArrayLike, clusters: ArrayLike, n_clusters: int | None 
     return out
 
 
+# Fewest conversations a clustered-bootstrap interval is reported for. The bootstrap resamples whole
+# conversations, so C of them give only binom(2C - 1, C) distinct replicates (3 for C = 2, 126 for C = 5,
+# 92,378 for C = 10) and a spread that is the C-point sample's, shrunk by (C - 1) / C: below about ten the
+# percentile interval is a handful of values around the point (2 conversations of one answer each give
+# "6.000-6.000") and covers far less than its nominal 95 %. Such records carry no interval, and `ci_note`
+# says why, in every format.
+MIN_CI_CONVERSATIONS = 10
+
+
+def ci_withheld(conversations: int) -> str | None:
+    """Why no interval is reported for a sample of `conversations` clusters, or None when one is."""
+    if conversations >= MIN_CI_CONVERSATIONS:
+        return None
+    return (f"n too small: {conversations} conversation{'s' if conversations != 1 else ''}, "
+            f"a clustered bootstrap needs >= {MIN_CI_CONVERSATIONS}")
+
+
 @dataclass(frozen=True)
 class Summary:
     """Every statistic of one set of per-request histograms (one key, one segment), with clustered CIs.
