@@ -70,7 +70,7 @@ draft_lengths = [{ks}]
 
 
 def test_self_speculation_accepts_every_draft(tmp_path, llama_server, smollm, mini_swe_dir):
-    folder = smollm.parent / "gguf" / "smollm2-135m-instruct"
+    folder = smollm  # its GGUF is kept beside the converted folder (make models)
     model = gguf("smollm2-135m-instruct", folder)
     server = f'{{ mode = "launch", model = "{model}", command = "{llama_server}", args = ["--threads", "2"], ' \
              f'log_dir = "{tmp_path}", concurrency = 2 }}'
