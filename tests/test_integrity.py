@@ -302,3 +302,65 @@ def test_names_resolve_offline_and_fail_fast(tmp_path: Path, monkeypatch: pytest
     res = runner.invoke(app, ["datasets", "inspect", "data/quickstrat"], terminal_width=200)
     assert res.exit_code == ExitCode.BAD_INPUT and "data/quickstrat" in res.output
     assert time.perf_counter() - start < 20
+
+
+# -- issue 25 ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hand_store(tmp_path_factory) -> Path:
+    from tests.test_tables_support import basic_store
+
+    return basic_store(tmp_path_factory.mktemp("hand") / "a.duckdb")
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "parquet", "vllm", "sglang", "trtllm", "atom", "llamacpp",
+                                 "inferencex"])
+def test_exports_refuse_to_overwrite_unless_forced(tmp_path: Path, hand_store: Path, fmt: str) -> None:
+    """Item 5: a second export to the same --out is refused (nothing changes) unless --force; each says what
+    it wrote."""
+    out = tmp_path / ("golden" if fmt == "inferencex" else f"t.{fmt}")
+    args = ("export", "--to", fmt, "--db", str(hand_store), "--out", str(out))
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    written = [Path(line.removeprefix("wrote ")) for line in first.stderr.splitlines() if line.startswith("wrote ")]
+    assert written and all(p.is_file() for p in written)
+    assert written == [out] or all(p.parent == out for p in written)
+    before = {p: p.read_bytes() for p in written}
+    for p in written:
+        p.write_bytes(b"mine")
+    again = invoke(*args)
+    assert again.exit_code == ExitCode.BAD_INPUT, again.output
+    assert f"error: {written[0]} exists: pass --force" in again.output and "Traceback" not in again.output
+    assert all(p.read_bytes() == b"mine" for p in written)
+    forced = invoke(*args, "--force")
+    assert forced.exit_code == 0, forced.output
+    assert {p: p.read_bytes() for p in written} == before
+    assert all(p.read_bytes() != b"mine" for p in written)
+
+
+def test_an_export_to_a_folder_path_is_refused(tmp_path: Path, hand_store: Path) -> None:
+    res = invoke("export", "--to", "json", "--db", str(hand_store), "--out", str(tmp_path), "--force")
+    assert res.exit_code == ExitCode.BAD_INPUT and f"{tmp_path} is a folder" in res.output
+
+
+def test_report_refuses_to_overwrite_unless_forced(tmp_path: Path, hand_store: Path) -> None:
+    out = tmp_path / "plots"
+    args = ("report", "--db", str(hand_store), "--out", str(out), "--bootstrap", "50")
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    assert str(out / "al_vs_k.png") in first.output
+    (out / "rates.png").write_bytes(b"mine")
+    again = invoke(*args)
+    assert again.exit_code == ExitCode.BAD_INPUT and f"{out / 'al_vs_k.png'} exists" in again.output
+    assert (out / "rates.png").read_bytes() == b"mine"
+    assert invoke(*args, "--force").exit_code == 0
+    assert (out / "rates.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("command", ["export", "report"])
+def test_nothing_to_export_is_no_answer(tmp_path: Path, hand_store: Path, command: str) -> None:
+    """Item 12: errors.py documents "nothing to export" as exit 1 (no answer), not 2."""
+    extra = ("--to", "json") if command == "export" else ("--out", str(tmp_path / "p"))
+    res = invoke(command, "--db", str(hand_store), *extra, "--temperature", "0.9")
+    assert res.exit_code == ExitCode.NO_ANSWER, res.output
+    assert "nothing to" in res.output

@@ -286,6 +286,8 @@ _SEED_OPT = typer.Option(query.DEFAULT_SEED, "--seed", help="Bootstrap seed (sam
 _WHERE_OPT = typer.Option(None, "--where", help="FIELD=VALUE on a run field (repeatable), e.g. max_new_tokens=256: "
                          "picks one of several conditions a key was measured under.")
 
+_FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out would replace (refused otherwise).")
+
 
 @cli_errors
 def show(
@@ -342,17 +344,21 @@ def export(
     bootstrap: int = _BOOT_OPT,
     seed: int = _SEED_OPT,
     where: Optional[list[str]] = _WHERE_OPT,
+    force: bool = _FORCE_OPT,
 ) -> None:
     """Export the acceptance table for an engine, InferenceX, or as a full CSV / Parquet / JSON table."""
     full = to.value in exports.TABLE_FORMATS
     records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), full, bootstrap, seed)
     options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, model_prefix=model_prefix,
                                     method=method)
-    text = exports.export(records, to.value, out, options=options)
+    written = exports.export(records, to.value, out, options=options, force=force)
     for warning in exports.export_warnings(records, to.value):
         typer.echo(f"warning: {warning}", err=True)
-    if text is not None:
-        sys.stdout.write(text)
+    if isinstance(written, str):
+        sys.stdout.write(written)
+    else:
+        for path in written:
+            typer.echo(f"wrote {path}", err=True)
 
 @cli_errors
 def lookup(
@@ -406,12 +412,13 @@ def report(
     bootstrap: int = _BOOT_OPT,
     seed: int = _SEED_OPT,
     where: Optional[list[str]] = _WHERE_OPT,
+    force: bool = _FORCE_OPT,
 ) -> None:
     """Plot AL vs k per speculator and thinking mode, and the unconditional rate per position (PNG)."""
     from calibrate.tables.report import plot
 
     records = _load(db, (model, speculator, None, thinking, dataset, temperature, where), False, bootstrap, seed)
-    for path in plot(records, out):
+    for path in plot(records, out, force=force):
         typer.echo(str(path))
 
 
