@@ -8,16 +8,18 @@ at most one batch and a re-run picks up where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import platform
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from rich.console import Console
 
 from calibrate.config import Config, PairConfig
@@ -154,7 +156,7 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
     summary = RunSummary(problems=prepared.problems)
     started = time.perf_counter()
     drafts: dict[str, LoadedModel] = {}
-    with Store(db) as store:
+    with open_store(db) as store:
         for pair in config.pairs:
             if pair.backend == "transformers":
                 _run_in_process(config, pair, store, prepared, drafts, summary, console)
@@ -162,6 +164,29 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
                 _run_server(config, pair, store, prepared, summary, console)
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+@contextlib.contextmanager
+def open_store(db: str | Path) -> Iterator[Store]:
+    """The store a run writes. One this invocation created is removed again when the run fails before it
+    holds a single measured request (a server that cannot be reached, a model that does not load): an
+    empty store file left behind would pass for a measured one."""
+    path = Path(db)
+    created = not path.exists()
+    store = Store(path)
+    try:
+        yield store
+    except BaseException:
+        try:
+            empty = created and not store.holds_requests()
+        except duckdb.Error:  # the store itself failed: leave it for the user to see
+            empty = False
+        store.close()
+        if empty:
+            for leftover in (path, path.with_name(path.name + ".wal")):
+                leftover.unlink(missing_ok=True)
+        raise
+    store.close()
 
 
 def _announce_dtype(choice: DtypeChoice, device: str, console: Console) -> None:

@@ -364,3 +364,65 @@ def test_nothing_to_export_is_no_answer(tmp_path: Path, hand_store: Path, comman
     res = invoke(command, "--db", str(hand_store), *extra, "--temperature", "0.9")
     assert res.exit_code == ExitCode.NO_ANSWER, res.output
     assert "nothing to" in res.output
+
+
+def server_config(path: Path, target: Path, backend: str, url: str) -> Path:
+    """A pair measured through a server engine reached at `url` (connect mode), n-gram at k = 1."""
+    return write_config(path, target, draft_lengths="[1]", speculators='[{ kind = "ngram" }]',
+                        extra="").read_text().replace(
+        f'target = "{target}"',
+        f'target = "{target}"\nbackend = "{backend}"\nserver = {{ mode = "connect", url = "{url}", draft_len = 1 }}',
+    )
+
+
+def dead_url() -> str:
+    from calibrate.engines.server import free_port
+
+    return f"http://127.0.0.1:{free_port('127.0.0.1')}"  # bound a moment ago and closed: nothing listens
+
+
+SERVER_FAULTS = {  # name -> routes of a stand-in at the describe path(s) the backend reads first
+    "404": lambda describe: {},
+    "no model list": lambda describe: {describe: lambda _: (200, {"object": "list", "data": []}),
+                                       "/version": lambda _: (200, {"version": "0.0-standin"})},
+    "garbage bytes": lambda describe: {describe: lambda _: (200, b"\xff\xfe\x00garbage"),
+                                       "/version": lambda _: (200, b"\xff\xfe\x00garbage")},
+}
+DESCRIBE_PATH = {"vllm": "/v1/models", "sglang": "/get_server_info", "llama.cpp": "/props"}
+
+
+@pytest.mark.parametrize("fault", ["dead port", *SERVER_FAULTS])
+@pytest.mark.parametrize("backend", ["vllm", "sglang", "llama.cpp"])
+def test_server_faults_are_one_line_naming_engine_and_url(tmp_path: Path, tiny_folder: Path, backend: str,
+                                                          fault: str) -> None:
+    """Item 1: a server engine that is not there, or answers something else, is one `error:` line naming the
+    engine and its URL, exit status 4 (errors.py), no traceback, and no empty store left behind."""
+    from tests.standin_engines import StandIn
+
+    standin = None if fault == "dead port" else StandIn(SERVER_FAULTS[fault](DESCRIBE_PATH[backend]))
+    url = dead_url() if standin is None else standin.url
+    try:
+        config = tmp_path / "server.toml"
+        config.write_text(server_config(tmp_path / "base.toml", tiny_folder, backend, url))
+        db = tmp_path / "s.duckdb"
+        res = invoke("run", str(config), "--db", str(db), "--no-show")
+    finally:
+        if standin is not None:
+            standin.close()
+    assert res.exit_code == ExitCode.ENGINE, res.output
+    assert "Traceback" not in res.output and res.exception is None or isinstance(res.exception, SystemExit)
+    (error,) = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert backend in error and url in error, error
+    assert not db.exists() and not (tmp_path / "s.duckdb.wal").exists()
+
+
+def test_a_failed_run_keeps_a_store_that_existed(tmp_path: Path, tiny_folder: Path) -> None:
+    """The cleanup of item 1 removes only a store the failed invocation created itself."""
+    from tests.test_tables_support import basic_store
+
+    db = basic_store(tmp_path / "s.duckdb")
+    config = tmp_path / "server.toml"
+    config.write_text(server_config(tmp_path / "base.toml", tiny_folder, "vllm", dead_url()))
+    before = shown(db)
+    assert invoke("run", str(config), "--db", str(db), "--no-show").exit_code == ExitCode.ENGINE
+    assert shown(db) == before

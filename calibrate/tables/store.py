@@ -299,6 +299,10 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def holds_requests(self) -> bool:
+        """Whether any request was measured into this store (run rows alone hold no count)."""
+        return bool(self.con.execute("SELECT count(*) FROM requests").fetchone()[0])
+
     def begin_run(self, spec: RunSpec) -> str:
         """Insert the run row, or mark an existing one (same identity) as running again. Returns run_id.
 
