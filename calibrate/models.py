@@ -101,6 +101,27 @@ def fingerprint(source: str) -> str:
     return h.hexdigest()[:16]
 
 
+def check_safetensors(path: Path, owner: str) -> None:
+    """Read a safetensors file's header (cheap: no weights are read): a truncated or damaged file is one
+    ValueError naming it, where transformers would end in a SafetensorError traceback naming no file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"{owner}: {path} is not a readable safetensors file ({exc}): truncated or damaged? "
+                         "copy or download it again") from None
+
+
+def check_weight_files(model_id: str, owner: str) -> None:
+    """Every safetensors file of a local model folder (or the file itself), checked before weights load."""
+    path = Path(model_id)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path] if path.suffix == ".safetensors" else []
+    for file in files:
+        check_safetensors(file, owner)
+
+
 @dataclass
 class LoadedModel:
     """A causal LM ready for inference, its tokenizer, and where it came from."""
@@ -157,6 +178,7 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
     dtype = choose_dtype(dtype, device).dtype
     torch_dtype = resolve_dtype(dtype)
     where, extra = _split_gguf(model_id)
+    check_weight_files(model_id, f"model {name!r}")
     try:
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra, **access)
     except (OSError, ValueError) as exc:

@@ -426,3 +426,51 @@ def test_a_failed_run_keeps_a_store_that_existed(tmp_path: Path, tiny_folder: Pa
     before = shown(db)
     assert invoke("run", str(config), "--db", str(db), "--no-show").exit_code == ExitCode.ENGINE
     assert shown(db) == before
+
+
+def run_error(tmp_path: Path, target: Path, speculators: str | None = None) -> str:
+    """`calibrate run` on the tiny folder `target`: the one `error:` line of a bad input (exit 2)."""
+    config = write_config(tmp_path / "c.toml", target, max_requests=1, draft_lengths="[1]",
+                          speculators=speculators or '[{ kind = "ngram" }]')
+    db = tmp_path / "x.duckdb"
+    res = invoke("run", str(config), "--db", str(db), "--no-show")
+    assert res.exit_code == ExitCode.BAD_INPUT, res.output
+    assert "Traceback" not in res.output and isinstance(res.exception, (SystemExit, type(None))), res.exception
+    (error,) = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert not db.exists()
+    return error
+
+
+@pytest.mark.parametrize("template, says", [
+    ("{{ ''.__class__.__mro__ }}{{ messages[0]['content'] }}", "SecurityError"),  # the sandbox blocks it
+    ("{% for m in messages %}{{ m['content'] }}", "syntax error at line 1"),  # an unclosed for
+])
+def test_a_bad_chat_template_is_one_line_naming_its_file(tmp_path: Path, tiny_folder: Path, template: str,
+                                                         says: str) -> None:
+    """Item 2: a template the sandbox blocks, or one that does not parse, names the template's file."""
+    folder = shutil.copytree(tiny_folder, tmp_path / "model")
+    (folder / "chat_template.jinja").write_text(template)
+    error = run_error(tmp_path, folder)
+    assert str(folder / "chat_template.jinja") in error and says in error, error
+
+
+def test_a_truncated_safetensors_is_one_line_naming_it(tmp_path: Path, tiny_folder: Path) -> None:
+    """Item 3: a truncated model.safetensors is refused before loading, naming the file."""
+    folder = shutil.copytree(tiny_folder, tmp_path / "model")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    error = run_error(tmp_path, folder)
+    assert str(weights) in error and "truncated" in error, error
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[1, 2, 3]", "holds a JSON list, not an object"),
+    ('{\n  "speculators_model_type": "eagle3",\n  "transformer_layer_config": {"hidden', "is not valid JSON"),
+])
+def test_a_broken_eagle3_head_config_names_the_file(tmp_path: Path, tiny_folder: Path, text: str, says: str) -> None:
+    """Item 4: an EAGLE-3 head whose config.json is a JSON list, or is cut short, names that file."""
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text(text)
+    error = run_error(tmp_path, tiny_folder, speculators=f'[{{ kind = "eagle3", model = "{head}" }}]')
+    assert str(head / "config.json") in error and says in error, error
