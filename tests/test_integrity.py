@@ -7,6 +7,7 @@ The runs here use a tiny random Llama saved to disk with SmolLM2's tokenizer and
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -474,3 +475,49 @@ def test_a_broken_eagle3_head_config_names_the_file(tmp_path: Path, tiny_folder:
     (head / "config.json").write_text(text)
     error = run_error(tmp_path, tiny_folder, speculators=f'[{{ kind = "eagle3", model = "{head}" }}]')
     assert str(head / "config.json") in error and says in error, error
+
+
+def test_a_folder_mixing_formats_reads_every_data_file(tmp_path: Path) -> None:
+    """Item 6: a .jsonl and a .parquet beside a .traj.json are read with it (the harness's report.json and
+    an index of the trajectories hold no conversation and stay out, as before)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from calibrate.data import load_conversations
+    from tests.conftest import MINI_SWE
+
+    trajectory = next(MINI_SWE.rglob("*.traj.json"), None) if MINI_SWE.exists() else None
+    if trajectory is None:
+        pytest.skip("../shared/datasets is not beside the checkout")
+    lines = QUICKSTART.read_text().splitlines()
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    shutil.copy(trajectory, folder / "one.traj.json")
+    (folder / "report.json").write_text('{"resolved": true}')
+    (folder / "manifest.jsonl").write_text('{"instance_id": "one", "path": "one.traj.json"}\n')
+    (folder / "more.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    pq.write_table(pa.Table.from_pylist([json.loads(line) for line in lines[2:5]]), folder / "rest.parquet")
+    loaded = load_conversations(str(folder))
+    assert len(loaded.conversations) == 1 + 2 + 3 and not loaded.problems, loaded.problems
+    assert set(loaded.format.split(", ")) == {"mini-swe-agent", "openai"}
+    res = runner.invoke(app, ["datasets", "inspect", str(folder)], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    assert re.search(r"conversations\s*│\s*6\s*│", res.output) and "openai, mini-swe-agent" in res.output, res.output
+
+
+def test_invalid_utf8_in_jsonl_is_reported_with_file_and_line(tmp_path: Path) -> None:
+    """Item 7: bytes that are not UTF-8 make their row a problem naming file and line; never U+FFFD."""
+    from calibrate.data import load_conversations
+
+    lines = QUICKSTART.read_bytes().splitlines(keepends=True)[:3]
+    lines[1] = lines[1].replace(b'"content": "', b'"content": "\xff\xfe', 1)
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b"".join(lines))
+    loaded = load_conversations(str(path))
+    assert len(loaded.conversations) == 2
+    assert not any("\ufffd" in m.content for c in loaded.conversations for m in c.messages if m.content)
+    (problem,) = loaded.problems
+    assert problem.source == str(path) and problem.row == 1 and "not valid UTF-8" in problem.reason
+    assert "line 2" in problem.reason
+    res = runner.invoke(app, ["datasets", "inspect", str(path)], terminal_width=200)
+    assert res.exit_code == 0 and "not valid UTF-8" in res.output and str(path) in res.output.replace("\n", "")
