@@ -521,3 +521,98 @@ def test_invalid_utf8_in_jsonl_is_reported_with_file_and_line(tmp_path: Path) ->
     assert "line 2" in problem.reason
     res = runner.invoke(app, ["datasets", "inspect", str(path)], terminal_width=200)
     assert res.exit_code == 0 and "not valid UTF-8" in res.output and str(path) in res.output.replace("\n", "")
+
+
+def damage_a_used_block(db: Path) -> Path:
+    """A copy of `db` with one 4 KiB block overwritten that `show` fails to read (so the damage hit counts,
+    not free space), while the store still opens: the case a header check cannot see."""
+    from calibrate.tables import query
+
+    raw = db.read_bytes()
+    bad = db.with_name("damaged.duckdb")
+    for at in range(64 * 1024, len(raw), 4096):
+        bad.write_bytes(raw[:at] + b"\xab" * 4096 + raw[at + 4096:])
+        try:
+            con = connect(bad, read_only=True)
+        except ValueError:
+            continue  # a header or catalog block: refused on open already
+        try:
+            query.load_records(con, n_boot=10)
+        except Exception as exc:  # noqa: BLE001  duckdb's checksum error: a block holding counts
+            if "Corrupt" in str(exc):
+                return bad
+        finally:
+            con.close()
+    pytest.fail("no block of the store holds counts")
+
+
+@pytest.mark.parametrize("show", ["--no-show", "--show"])
+def test_a_damaged_store_is_named_by_run(tmp_path: Path, tiny_folder: Path, show: str) -> None:
+    """Item 8: `run` refuses a store with damaged blocks, before measuring and with or without the table,
+    in one line naming the file (it said "3 already in" with --no-show, and named no file without)."""
+    config = write_config(tmp_path / "c.toml", tiny_folder, draft_lengths="[1]", speculators='[{ kind = "ngram" }]')
+    db = tmp_path / "a.duckdb"
+    assert invoke("run", str(config), "--db", str(db), "--no-show").exit_code == 0
+    bad = damage_a_used_block(db)
+    before = bad.read_bytes()
+    res = invoke("run", str(config), "--db", str(bad), show)
+    assert res.exit_code == ExitCode.BAD_INPUT, res.output
+    (error,) = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert str(bad) in error and "damaged" in error and "already in" not in res.output, res.output
+    assert bad.read_bytes() == before
+    res = invoke("show", "--db", str(bad))
+    assert res.exit_code == ExitCode.BAD_INPUT and str(bad) in res.output
+
+
+def test_a_store_from_a_newer_calibrate_says_newer(tmp_path: Path, hand_store: Path) -> None:
+    """Item 9: identity version 99 is a newer calibrate's store, refused for reading and writing alike."""
+    db = tmp_path / "new.duckdb"
+    db.write_bytes(hand_store.read_bytes())
+    con = connect(db)
+    con.execute("UPDATE store_meta SET value = '99' WHERE name = 'identity'")
+    con.close()
+    with pytest.raises(ValueError, match=r"newer calibrate \(run identity v99") as raised:
+        Store(db)
+    assert "older" not in str(raised.value)
+    res = invoke("show", "--db", str(db))
+    assert res.exit_code == ExitCode.BAD_INPUT and "newer calibrate" in res.output and str(db) in res.output
+
+
+@pytest.fixture
+def store_in_read_only_folder(tmp_path: Path, hand_store: Path):
+    """A writable store file in a folder that takes no new file (a read-only bind mount with the store
+    file bound over it, rw): what a non-root user gets with `chmod a-w` on the folder. Needs root."""
+    import subprocess
+
+    rw, ro = tmp_path / "rw", tmp_path / "ro"
+    rw.mkdir(), ro.mkdir()
+    db = rw / "a.duckdb"
+    db.write_bytes(hand_store.read_bytes())
+    (ro / "a.duckdb").touch()
+    mounted: list[Path] = []  # unmounted in reverse, whatever happens
+    steps = [(["mount", "--bind", str(ro), str(ro)], ro),
+             (["mount", "-o", "remount,bind,ro", str(ro)], None),
+             (["mount", "--bind", str(db), str(ro / "a.duckdb")], ro / "a.duckdb")]
+    try:
+        for command, target in steps:
+            if subprocess.run(command, capture_output=True).returncode != 0:
+                pytest.skip("needs bind mounts (root)")
+            if target is not None:
+                mounted.append(target)
+        yield ro / "a.duckdb"
+    finally:
+        for target in reversed(mounted):
+            subprocess.run(["umount", str(target)], capture_output=True)
+
+
+def test_an_unwritable_store_folder_is_refused_before_measuring(tmp_path: Path, tiny_folder: Path,
+                                                                 store_in_read_only_folder: Path) -> None:
+    """Item 12: the folder is checked when the store opens, not at the first commit after measuring."""
+    db = store_in_read_only_folder
+    config = write_config(tmp_path / "c.toml", tiny_folder, max_requests=1, draft_lengths="[1]",
+                          speculators='[{ kind = "ngram" }]')
+    res = invoke("run", str(config), "--db", str(db), "--no-show")
+    assert res.exit_code == ExitCode.BAD_INPUT, res.output
+    (error,) = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert f"cannot write the store {db}" in error and "a.duckdb.wal" in error, error
+    assert "loading" not in res.output  # refused before the model loaded

@@ -7,10 +7,11 @@ another process holds the store).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -100,11 +101,20 @@ def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_le
 def _load(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int) -> list[AcceptanceRecord]:
     con = connect(db, read_only=True)
     try:
-        return query.load_records(con, _filters(con, *filters_args), segments=segments, n_boot=n_boot, seed=seed)
-    except duckdb.Error as exc:  # a block that fails to read only now (the header opened fine)
-        raise StoreError(f"{db}: cannot read the store ({str(exc).strip().splitlines()[0]})") from None
+        with _reading(db):
+            return query.load_records(con, _filters(con, *filters_args), segments=segments, n_boot=n_boot, seed=seed)
     finally:
         con.close()
+
+
+@contextlib.contextmanager
+def _reading(db: Path) -> Iterator[None]:
+    """A block that fails to read only now (the header opened fine) is a StoreError naming the file,
+    whichever command read it (DuckDB's own message names none)."""
+    try:
+        yield
+    except duckdb.Error as exc:
+        raise StoreError(f"{db}: cannot read the store ({str(exc).strip().splitlines()[0]})") from None
 
 
 def interrupted(record: AcceptanceRecord) -> bool:
@@ -252,7 +262,8 @@ def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool =
     con = connect(db, read_only=True)
     try:
         filters = query.Filters(run_ids=tuple(run_ids) if run_ids is not None else None)
-        records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
+        with _reading(db):
+            records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
     finally:
         con.close()
     if records:
