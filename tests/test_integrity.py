@@ -616,3 +616,35 @@ def test_an_unwritable_store_folder_is_refused_before_measuring(tmp_path: Path, 
     (error,) = [line for line in res.output.splitlines() if line.startswith("error:")]
     assert f"cannot write the store {db}" in error and "a.duckdb.wal" in error, error
     assert "loading" not in res.output  # refused before the model loaded
+
+
+def test_extrapolation_keeps_the_model_free_basis(tmp_path: Path) -> None:
+    """Item 10: suffix / n-gram export their drafted AL; an extrapolated k does too (it answered the AL over
+    all steps, below the measured shorter k), in every form, with the model-free warning."""
+    from calibrate import lookup
+    from tests.test_tables_support import Req, make_spec, write_run
+
+    db = tmp_path / "a.duckdb"
+    with Store(db) as store:
+        for k in (2, 4):  # half the steps propose nothing (in bin 0); the drafted ones accept well
+            hist = [6] + [1] * (k - 1) + [5]
+            write_run(store, make_spec(speculator="suffix", draft_len=k),
+                      [Req(f"r{i}", f"c{i}", {"answer": hist}, empty={"answer": 5}) for i in range(3)])
+    measured = lookup(Q, "suffix", 4, "off", table=db)
+    assert measured.uses_drafted and measured.al > measured.acceptance_length
+    r = lookup(Q, "suffix", 5, "off", table=db, extrapolate=True)
+    assert r.uses_drafted and r.al >= measured.al and r.proposal_rate == measured.proposal_rate
+    assert "steps that drafted" in r.extrapolation_method
+    assert r.acceptance_length == pytest.approx(1 + sum(r.unconditional_rates))
+    assert r.drafted_acceptance_length == pytest.approx(1 + sum(r.unconditional_rates) / r.proposal_rate)
+    cut = lookup(Q, "suffix", 3, "off", table=db, extrapolate=True)  # the k=4 curve, cut: between 2 and 4
+    assert lookup(Q, "suffix", 2, "off", table=db).al <= cut.al <= measured.al
+    common = ("lookup", "--table", str(db), "--model", Q, "--speculator", "suffix", "--thinking", "off",
+              "--extrapolate", "-k", "5")
+    value = invoke(*common)
+    assert value.exit_code == 0 and float(value.stdout) == r.al
+    assert "over drafted steps" in value.stderr  # the model-free warning, as for a measured k
+    env = invoke(*common, "--format", "sglang-env")
+    assert f"SGLANG_SIMULATE_ACC_LEN={r.value()}" in env.stdout and "over drafted steps" in env.stderr
+    rates = json.loads(invoke(*common, "--format", "vllm-config", "--mode", "rates").stdout)
+    assert 1 + sum(rates["synthetic_acceptance_rates"]) == pytest.approx(r.al, abs=0.01)
