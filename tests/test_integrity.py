@@ -364,7 +364,11 @@ def test_nothing_to_export_is_no_answer(tmp_path: Path, hand_store: Path, comman
     extra = ("--to", "json") if command == "export" else ("--out", str(tmp_path / "p"))
     res = invoke(command, "--db", str(hand_store), *extra, "--temperature", "0.9")
     assert res.exit_code == ExitCode.NO_ANSWER, res.output
-    assert "nothing to" in res.output
+    assert "no measurement in" in res.output and "measured: temperature 0.0" in res.output
+    empty = tmp_path / "empty.duckdb"
+    Store(empty).close()
+    res = invoke(command, "--db", str(empty), *extra)
+    assert res.exit_code == ExitCode.NO_ANSWER and "nothing to" in res.output, res.output
 
 
 def server_config(path: Path, target: Path, backend: str, url: str) -> Path:
@@ -648,3 +652,27 @@ def test_extrapolation_keeps_the_model_free_basis(tmp_path: Path) -> None:
     assert f"SGLANG_SIMULATE_ACC_LEN={r.value()}" in env.stdout and "over drafted steps" in env.stderr
     rates = json.loads(invoke(*common, "--format", "vllm-config", "--mode", "rates").stdout)
     assert 1 + sum(rates["synthetic_acceptance_rates"]) == pytest.approx(r.al, abs=0.01)
+
+
+@pytest.mark.parametrize("args, says", [
+    (("-k", "9"), "matches --draft-len 9; measured: draft_len 1, 2, 3"),
+    (("--where", "max_new_tokens=12", "--thinking", "on"), "measured: thinking off, on; max_new_tokens 256"),
+])
+def test_show_of_nothing_that_matches_says_what_exists(hand_store: Path, args: tuple, says: str) -> None:
+    """Item 12: `show -k 9` on a store with rows said "no measurements in ..."; it is no answer (exit 1)
+    naming what was measured."""
+    res = invoke("show", "--db", str(hand_store), *args)
+    assert res.exit_code == ExitCode.NO_ANSWER, res.output
+    assert says in res.output, res.output
+
+
+@pytest.mark.parametrize("where, says", [("max_new_tokens=abc", "max_new_tokens is an integer"),
+                                         ("max_new_tokens=1.5", "max_new_tokens is an integer"),
+                                         ("temperature=warm", "temperature is a number")])
+def test_a_non_numeric_where_value_is_refused(hand_store: Path, where: str, says: str) -> None:
+    res = invoke("show", "--db", str(hand_store), "--where", where)
+    assert res.exit_code == ExitCode.BAD_INPUT and says in res.output, res.output
+
+
+def test_a_numeric_where_value_matches_as_a_number(hand_store: Path) -> None:
+    assert shown(hand_store, "--where", "max_new_tokens=0256") == shown(hand_store)

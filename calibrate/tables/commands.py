@@ -102,9 +102,34 @@ def _load(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int)
     con = connect(db, read_only=True)
     try:
         with _reading(db):
-            return query.load_records(con, _filters(con, *filters_args), segments=segments, n_boot=n_boot, seed=seed)
+            filters = _filters(con, *filters_args)
+            records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
+            if not records and filters.narrowed and query.catalog(con):
+                raise _no_match(con, filters, db)
+            return records
     finally:
         con.close()
+
+
+# Filters -> (the runs column, the option that set it), for saying what was asked and what exists.
+FILTER_OPTIONS = (("targets", "target", "--model"), ("speculators", "speculator", "--speculator"),
+                  ("draft_lens", "draft_len", "--draft-len"), ("thinking", "thinking", "--thinking"),
+                  ("temperatures", "temperature", "--temperature"), ("datasets", "dataset", "--dataset"))
+
+
+def _no_match(con: Any, filters: query.Filters, db: Path) -> NotMeasured:
+    """A store with rows none of which match: what was asked and, per filtered field, what was measured
+    (it said "no measurements in ..." of a store that has them)."""
+    asked, measured = [], []
+    for attr, column, option in FILTER_OPTIONS:
+        values = getattr(filters, attr)
+        if values is not None:
+            asked.append(f"{option} {', '.join(map(str, values))}")
+            measured.append(f"{column} {', '.join(query.distinct_values(con, column))}")
+    for column, value in filters.where_fields:
+        asked.append(f"--where {column}={value}")
+        measured.append(f"{column} {', '.join(query.distinct_values(con, column))}")
+    return NotMeasured(f"no measurement in {db} matches {'; '.join(asked)}; measured: {'; '.join(measured)}")
 
 
 @contextlib.contextmanager
