@@ -8,15 +8,19 @@
     3  busy: the store is being written by another process (try again when that run ends)
     4  engine: a server engine (vLLM, SGLang, llama.cpp) could not be started or reached, or answered what
        cannot be counted; the message names the engine and its URL, and what was committed stays
-  130  interrupted (Ctrl-C); what was committed stays and a re-run resumes from it
+  130  interrupted (Ctrl-C, or SIGTERM during `run`); what was committed stays and a re-run resumes from it
 
 Library code raises ordinary exceptions (LookupError for "no answer", ValueError / OSError for bad input,
-`StoreBusy` for a locked store, `EngineError` for a failing server engine); `exit_code` maps them, and the CLI prints one line, never a traceback.
+`StoreBusy` for a locked store, `EngineError` for a failing server engine); `exit_code` maps them, and
+the CLI prints one line, never a traceback.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from enum import IntEnum
 from functools import wraps
 from typing import Any
@@ -74,6 +78,25 @@ def one_line(exc: BaseException) -> str:
     text = str(exc.args[0]) if isinstance(exc, LookupError) and exc.args else str(exc)
     text = text or type(exc).__name__
     return "; ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While measuring, SIGTERM (a scheduler's or `kill`'s) ends the run as Ctrl-C does: runs are marked
+    interrupted, the open transaction rolls back, and `cli_errors` says what was kept (the default action
+    dies silently). Only the main thread may set handlers; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

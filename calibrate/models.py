@@ -60,6 +60,15 @@ def _not_found(name: str, where: str, access: dict[str, Any], what: str, exc: Ex
     return ValueError(f"model {name!r}: not a path, not a built test model in {built_models_dir()}, and {hub}")
 
 
+def refuse_plain_file(name: str, model_id: str) -> None:
+    """A model path that is a file but not a .gguf (a config.json, a .safetensors) is named as such; the
+    loader would take it for a hub repo id and say so, which misleads."""
+    path = Path(model_id)
+    if path.is_file() and path.suffix != ".gguf":
+        raise ValueError(f"model {name!r}: {model_id} is a file, not a model folder or a .gguf file: give the "
+                         "folder that holds its config.json")
+
+
 def resolve_dtype(dtype: str) -> torch.dtype:
     try:
         return DTYPES[dtype]
@@ -160,6 +169,7 @@ def load_tokenizer(name: str) -> Any:
     from transformers import AutoTokenizer
 
     model_id = resolve(name)
+    refuse_plain_file(name, model_id)
     access = hub_access(name, model_id)
     where, extra = _split_gguf(model_id)
     try:
@@ -173,6 +183,7 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
     from transformers import AutoModelForCausalLM
 
     model_id = resolve(name)
+    refuse_plain_file(name, model_id)
     device = resolve_device(device)
     access = hub_access(name, model_id)
     dtype = choose_dtype(dtype, device).dtype

@@ -676,3 +676,49 @@ def test_a_non_numeric_where_value_is_refused(hand_store: Path, where: str, says
 
 def test_a_numeric_where_value_matches_as_a_number(hand_store: Path) -> None:
     assert shown(hand_store, "--where", "max_new_tokens=0256") == shown(hand_store)
+
+
+def test_runs_table_shows_the_truncation_warning(tmp_path: Path, tiny_folder: Path) -> None:
+    """Item 12: `run`'s own table warned nothing where `show` warns that most prompts were cut."""
+    config = write_config(tmp_path / "c.toml", tiny_folder, max_requests=2, draft_lengths="[1]",
+                          speculators='[{ kind = "ngram" }]')
+    config.write_text(config.read_text().replace("context_tokens = 256", "context_tokens = 24"))
+    res = runner.invoke(app, ["run", str(config), "--db", str(tmp_path / "a.duckdb")], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    assert "2 of 2 requests had their prompt left-truncated" in res.output.replace("\n", " "), res.output
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_a_model_path_that_is_a_file(tmp_path: Path, tiny_folder: Path, name: str) -> None:
+    """Item 12: a file given as the model is named as a file (it got the hub's repo-id message)."""
+    error = run_error(tmp_path, tiny_folder / name)
+    assert f"{tiny_folder / name} is a file, not a model folder" in error, error
+
+
+def test_sigterm_on_an_in_process_run_says_what_was_kept(tmp_path: Path, tiny_folder: Path) -> None:
+    """Item 12: SIGTERM mid-run ends like Ctrl-C (exit 130, the kept-and-resumable line), not silently;
+    the same command then resumes to a finished store."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    config = write_config(tmp_path / "c.toml", tiny_folder, max_requests=3, max_new_tokens=8,
+                          draft_lengths="[1]", speculators='[{ kind = "ngram" }]')
+    db = tmp_path / "a.duckdb"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "calibrate.cli", "run", str(config), "--db", str(db), "--no-show"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:  # terminated on what it prints, never on a clock
+        seen.append(line.rstrip())
+        if ": 0/3 requests" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == ExitCode.INTERRUPTED, (seen, rest)
+    assert "interrupted: what was committed is kept; the same command resumes from it" in rest, (seen, rest)
+    assert "Traceback" not in rest
+    again = invoke("run", str(config), "--db", str(db), "--no-show")
+    assert again.exit_code == 0 and {r["requests"] for r in shown(db)} == {3}

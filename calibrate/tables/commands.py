@@ -291,6 +291,8 @@ def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool =
             records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
     finally:
         con.close()
+    for warning in truncation_warnings(records):  # as `show` says it: the table alone would hide it
+        typer.echo(f"warning: {warning}", err=True)
     if records:
         _render_table(records, segments)
     else:
