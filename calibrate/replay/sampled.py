@@ -371,13 +371,13 @@ def _draft_with_model(dcache: _SlotCache, active: list[_Loop], temperature: floa
     return drafts, probs
 
 
-def _draft_with_speculator(speculator: Speculator, active: list[_Loop], temperature: float,
+def _draft_with_speculator(speculator: Speculator, active: list[_Loop], temperature: float, s: _Settings,
                            vocab: int) -> tuple[list[list[int]], torch.Tensor | None]:
     """Up to k_r drafts per loop from Speculator.draft; q (B, max k, V) when any proposal carries probs
     (one-hot rows for those that do not), else None."""
     drafts, q_list = [], []
     for r in active:
-        proposal = speculator.draft(r.loop_id, r.k, temperature, r.generator)
+        proposal = speculator.draft(r.loop_id, r.k, temperature, r.generator, top_k=s.top_k, top_p=s.top_p)
         drafts.append([int(t) for t in proposal.tokens[:r.k]])
         q_list.append(proposal.probs)
     if temperature <= 0 or all(q is None for q in q_list):
@@ -452,7 +452,7 @@ def _run_loops(target: Prefix, draft: Prefix | None, speculator: Speculator | No
         if dcache is not None:
             drafts, probs = _draft_with_model(dcache, active, s.draft_temperature, s, ids, positions, vocab)
         else:
-            drafts, probs = _draft_with_speculator(speculator, active, s.draft_temperature, vocab)
+            drafts, probs = _draft_with_speculator(speculator, active, s.draft_temperature, s, vocab)
         proposed = [len(d) for d in drafts]
         drafts = [before_eos(d, s.eos_token_ids) for d in drafts]
 
