@@ -722,3 +722,15 @@ def test_sigterm_on_an_in_process_run_says_what_was_kept(tmp_path: Path, tiny_fo
     assert "Traceback" not in rest
     again = invoke("run", str(config), "--db", str(db), "--no-show")
     assert again.exit_code == 0 and {r["requests"] for r in shown(db)} == {3}
+
+
+def test_a_named_hub_dataset_offline_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 12: a datasets.toml name with the hub unreachable spent ~25 s in third-party retries."""
+    import time
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    res = runner.invoke(app, ["datasets", "inspect", "swe-gym-openhands"], terminal_width=200)
+    assert res.exit_code == ExitCode.BAD_INPUT, res.output
+    assert "swe-gym-openhands" in res.output and "unreachable" in res.output
+    assert time.perf_counter() - start < 5

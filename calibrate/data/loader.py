@@ -225,6 +225,11 @@ def _resolve(source: str, *, split: str | None, revision: str | None, subset: st
         return _folder_groups(files), None
     entry = find_manifest_entry(source, manifest)
     if entry is not None:
+        # as for a hub id: no ~25 s of third-party retries before the same failure (a local folder in the
+        # hub's layout needs no hub)
+        if not Path(entry.hf_id).expanduser().exists() and not hub_reachable():
+            raise FileNotFoundError(f"dataset {source!r} (calibrate/data/datasets.toml: {entry.hf_id} on the "
+                                    "Hugging Face hub) cannot be streamed: the hub is unreachable (offline)")
         group = _hub_group(entry.hf_id, split or entry.split, revision or entry.revision, subset or entry.subset)
         return [group], entry.format
     if _looks_like_hub_id(source) and not looks_like_path(source):
