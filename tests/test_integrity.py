@@ -734,3 +734,22 @@ def test_a_named_hub_dataset_offline_fails_fast(monkeypatch: pytest.MonkeyPatch)
     assert res.exit_code == ExitCode.BAD_INPUT, res.output
     assert "swe-gym-openhands" in res.output and "unreachable" in res.output
     assert time.perf_counter() - start < 5
+
+
+def test_sigterm_under_the_cli_is_an_interrupt_while_a_server_lives_too() -> None:
+    """Item 12: a launched server's SIGTERM handler (SystemExit 143, silent) defers to the CLI's, so a
+    `calibrate run` through a server also ends with the interrupted line and exit 130."""
+    import os
+    import signal
+
+    import time
+
+    from calibrate.engines.server import terminate_as_exit
+    from calibrate.errors import terminate_as_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with terminate_as_interrupt(), terminate_as_exit():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here, at once
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -117,9 +117,11 @@ def _die_with_parent() -> None:
 def terminate_as_exit() -> Iterator[None]:
     """While a launched server lives, SIGTERM ends us through SystemExit, so `finally` blocks and context
     managers run: the server is stopped and the open DuckDB transaction rolls back (the default action
-    would end the process on the spot). Only the main thread may set handlers; elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    would end the process on the spot). Only the main thread may set handlers; elsewhere nothing changes, and
+    nor where a handler is set already (`calibrate run`'s, which makes SIGTERM an interrupt that says what
+    was kept: the same finally blocks run)."""
+    if threading.current_thread() is not threading.main_thread() or callable(signal.getsignal(signal.SIGTERM)):
+        yield  # elsewhere, or a caller already turns SIGTERM into an exception (`calibrate run`: an interrupt)
         return
 
     def exit_on_term(signum: int, frame: object) -> None:
