@@ -52,6 +52,11 @@ class EngineError(RuntimeError):
     Defined here, not in calibrate.engines, so `exit_code` maps it without importing the engines."""
 
 
+class NothingUsable(LookupError, ValueError):
+    """The input was read but holds nothing to answer with: no usable conversation, nothing to export (exit
+    1, no answer). A ValueError too, as these always were, for library callers that catch that."""
+
+
 class StoreError(ValueError):
     """A store that cannot be opened or read: the message names the file."""
 

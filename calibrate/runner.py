@@ -27,6 +27,7 @@ from calibrate.data import RenderedPrompt, label_segments, render_prompt, select
 from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
 from calibrate.engines import TargetIdentity, open_server, plan_servers
+from calibrate.errors import NothingUsable
 from calibrate.models import LoadedModel, load_model, load_tokenizer, resolve_device
 from calibrate.progress import RunProgress
 from calibrate.replay.counts import RequestOutcome
@@ -90,10 +91,10 @@ def prepare(config: Config) -> Prepared:
     )
     if not picked.conversations:
         shown = "; ".join(str(p) for p in picked.problems[:5]) or "no rows"
-        raise ValueError(f"dataset {ds.source!r}: no usable conversation ({shown})")
+        raise NothingUsable(f"dataset {ds.source!r}: no usable conversation ({shown})")
     requests = picked.requests
     if not requests:
-        raise ValueError(f"dataset {ds.source!r}: no assistant turn to replay")
+        raise NothingUsable(f"dataset {ds.source!r}: no assistant turn to replay")
     for pair in config.pairs:
         tokenizer = load_tokenizer(pair.target)
         for spec in pair.speculators:  # e.g. a draft's tokenizer, a head's shapes: before any weights load

@@ -753,3 +753,15 @@ def test_sigterm_under_the_cli_is_an_interrupt_while_a_server_lives_too() -> Non
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler raises here, at once
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_dataset_with_nothing_usable_is_no_answer(tmp_path: Path, tiny_folder: Path) -> None:
+    """Item 12: errors.py documents "a dataset with nothing usable" as exit 1; `run` said 2."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"foo": 1}\n{"foo": 2}\n')
+    config = write_config(tmp_path / "c.toml", tiny_folder)
+    config.write_text(config.read_text().replace(str(QUICKSTART), str(data)))
+    res = invoke("run", str(config), "--db", str(tmp_path / "a.duckdb"), "--no-show")
+    assert res.exit_code == ExitCode.NO_ANSWER, res.output
+    assert "no usable conversation" in res.output and str(data) in res.output
+    assert not (tmp_path / "a.duckdb").exists()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate import __version__
+from calibrate.errors import NothingUsable
 from calibrate.tables.lookup import EXPORT_SCHEMA
 from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, SGLANG_TOKEN_MODES, AcceptanceRecord
 
@@ -312,9 +313,8 @@ ENGINE_FORMATS = tuple(name for name, f in FORMATS.items() if f.engine)
 TABLE_FORMATS = tuple(name for name, f in FORMATS.items() if not f.engine)
 
 
-class NothingToExport(LookupError, ValueError):
-    """No measured key matches the filters: no answer (exit 1), and still the ValueError it always was for
-    library callers that catch that."""
+class NothingToExport(NothingUsable):
+    """No measured key matches the filters: no answer (exit 1)."""
 
 
 def refuse_overwrite(paths: Sequence[Path], force: bool) -> None:
