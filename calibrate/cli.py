@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from calibrate.errors import EXIT_CODES_HELP, cli_errors
+from calibrate.errors import EXIT_CODES_HELP, cli_errors, terminate_as_interrupt
 
 # Plain help (no rich markup): markup would eat the [dataset] / [[pairs]] table names of the help texts.
 app = typer.Typer(
@@ -42,7 +42,7 @@ def run(
     cfg = load_config(config, {"dataset": {"max_requests": max_requests}})
     for warning in cfg.warnings():
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
-    with quiet_third_party(enabled=not verbose):
+    with quiet_third_party(enabled=not verbose), terminate_as_interrupt():
         summary = execute(cfg, db, console=console)
     console.print(
         f"measured {summary.measured} request(s) ({summary.resumed} already in {db}), "

@@ -54,10 +54,40 @@ def hub_access(name: str, where: str) -> dict[str, Any]:
 
 def _not_found(name: str, where: str, access: dict[str, Any], what: str, exc: Exception) -> ValueError:
     if where != name or Path(where).exists():
-        return ValueError(f"model {name!r}: cannot load {what} from {where!r}: {exc}")
+        return ValueError(f"model {name!r}: cannot load {what} from {where!r}: {type(exc).__name__}: {exc}")
     hub = ("the Hugging Face hub is unreachable (offline) and its local cache lacks it"
            if access.get("local_files_only") else "the Hugging Face hub has no such model (or refused access)")
     return ValueError(f"model {name!r}: not a path, not a built test model in {built_models_dir()}, and {hub}")
+
+
+def refuse_plain_file(name: str, model_id: str) -> None:
+    """A model path that is a file but not a .gguf (a config.json, a .safetensors) is named as such; the
+    loader would take it for a hub repo id and say so, which misleads. A folder's JSON files must be JSON
+    objects: transformers ends in a TypeError traceback on `null` or a list."""
+    path = Path(model_id)
+    if path.is_file() and path.suffix != ".gguf":
+        raise ValueError(f"model {name!r}: {model_id} is a file, not a model folder or a .gguf file: give the "
+                         "folder that holds its config.json")
+    for file in (path / "config.json", path / "tokenizer_config.json"):
+        if file.is_file():
+            _check_json_object(file, name)
+
+
+def _check_json_object(file: Path, name: str) -> None:
+    import json
+
+    try:
+        value = json.loads(file.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"model {name!r}: {file} is not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"model {name!r}: {file} holds a JSON {type(value).__name__}, not an object")
+
+
+def _local_load_failure(exc: Exception, model_id: str) -> bool:
+    """Whether a loader's exception is the input's fault: any failure on a local folder or file is (a
+    config whose values break transformers, weights of other shapes); elsewhere only OSError / ValueError."""
+    return isinstance(exc, (OSError, ValueError)) or Path(model_id).exists()
 
 
 def resolve_dtype(dtype: str) -> torch.dtype:
@@ -101,6 +131,27 @@ def fingerprint(source: str) -> str:
     return h.hexdigest()[:16]
 
 
+def check_safetensors(path: Path, owner: str) -> None:
+    """Read a safetensors file's header (cheap: no weights are read): a truncated or damaged file is one
+    ValueError naming it, where transformers would end in a SafetensorError traceback naming no file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"{owner}: {path} is not a readable safetensors file ({exc}): truncated or damaged? "
+                         "copy or download it again") from None
+
+
+def check_weight_files(model_id: str, owner: str) -> None:
+    """Every safetensors file of a local model folder (or the file itself), checked before weights load."""
+    path = Path(model_id)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path] if path.suffix == ".safetensors" else []
+    for file in files:
+        check_safetensors(file, owner)
+
+
 @dataclass
 class LoadedModel:
     """A causal LM ready for inference, its tokenizer, and where it came from."""
@@ -139,12 +190,15 @@ def load_tokenizer(name: str) -> Any:
     from transformers import AutoTokenizer
 
     model_id = resolve(name)
+    refuse_plain_file(name, model_id)
     access = hub_access(name, model_id)
     where, extra = _split_gguf(model_id)
     try:
         return AutoTokenizer.from_pretrained(where, **extra, **access)
-    except (OSError, ValueError) as exc:
-        raise _not_found(name, model_id, access, "its tokenizer", exc) from exc
+    except Exception as exc:
+        if not _local_load_failure(exc, model_id):
+            raise
+        raise _not_found(name, model_id, access, "its tokenizer", exc) from None
 
 
 def load_model(name: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
@@ -152,15 +206,19 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
     from transformers import AutoModelForCausalLM
 
     model_id = resolve(name)
+    refuse_plain_file(name, model_id)
     device = resolve_device(device)
     access = hub_access(name, model_id)
     dtype = choose_dtype(dtype, device).dtype
     torch_dtype = resolve_dtype(dtype)
     where, extra = _split_gguf(model_id)
+    check_weight_files(model_id, f"model {name!r}")
     try:
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra, **access)
-    except (OSError, ValueError) as exc:
-        raise _not_found(name, model_id, access, "its weights (not a folder, a .gguf file, or a hub id)", exc) from exc
+    except Exception as exc:
+        if not _local_load_failure(exc, model_id):
+            raise
+        raise _not_found(name, model_id, access, "its weights (not a folder, a .gguf file, or a hub id)", exc) from None
     model = model.to(device).eval()
     fp = fingerprint(model_id)
     revision = getattr(model.config, "_commit_hash", None)

@@ -8,16 +8,18 @@ at most one batch and a re-run picks up where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import platform
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from rich.console import Console
 
 from calibrate.config import Config, PairConfig
@@ -25,6 +27,7 @@ from calibrate.data import RenderedPrompt, label_segments, render_prompt, select
 from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
 from calibrate.engines import TargetIdentity, open_server, plan_servers
+from calibrate.errors import NothingUsable
 from calibrate.models import LoadedModel, load_model, load_tokenizer, resolve_device
 from calibrate.progress import RunProgress
 from calibrate.replay.counts import RequestOutcome
@@ -88,10 +91,10 @@ def prepare(config: Config) -> Prepared:
     )
     if not picked.conversations:
         shown = "; ".join(str(p) for p in picked.problems[:5]) or "no rows"
-        raise ValueError(f"dataset {ds.source!r}: no usable conversation ({shown})")
+        raise NothingUsable(f"dataset {ds.source!r}: no usable conversation ({shown})")
     requests = picked.requests
     if not requests:
-        raise ValueError(f"dataset {ds.source!r}: no assistant turn to replay")
+        raise NothingUsable(f"dataset {ds.source!r}: no assistant turn to replay")
     for pair in config.pairs:
         tokenizer = load_tokenizer(pair.target)
         for spec in pair.speculators:  # e.g. a draft's tokenizer, a head's shapes: before any weights load
@@ -154,7 +157,7 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
     summary = RunSummary(problems=prepared.problems)
     started = time.perf_counter()
     drafts: dict[str, LoadedModel] = {}
-    with Store(db) as store:
+    with open_store(db) as store:
         for pair in config.pairs:
             if pair.backend == "transformers":
                 _run_in_process(config, pair, store, prepared, drafts, summary, console)
@@ -162,6 +165,29 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
                 _run_server(config, pair, store, prepared, summary, console)
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+@contextlib.contextmanager
+def open_store(db: str | Path) -> Iterator[Store]:
+    """The store a run writes. One this invocation created is removed again when the run fails before it
+    holds a single measured request (a server that cannot be reached, a model that does not load): an
+    empty store file left behind would pass for a measured one."""
+    path = Path(db)
+    created = not path.exists()
+    store = Store(path)
+    try:
+        yield store
+    except BaseException:
+        try:
+            empty = created and not store.holds_requests()
+        except duckdb.Error:  # the store itself failed: leave it for the user to see
+            empty = False
+        store.close()
+        if empty:
+            for leftover in (path, path.with_name(path.name + ".wal")):
+                leftover.unlink(missing_ok=True)
+        raise
+    store.close()
 
 
 def _announce_dtype(choice: DtypeChoice, device: str, console: Console) -> None:

@@ -83,6 +83,6 @@ from IPython.display import Image, display
 
 from calibrate.tables.report import plot
 
-for path in plot(records, PLOTS):
+for path in plot(records, PLOTS, force=True):  # the notebook regenerates its plots on every run
     print(path)
     display(Image(filename=str(path)))

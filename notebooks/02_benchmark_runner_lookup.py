@@ -89,7 +89,7 @@ try:
 finally:
     con.close()
 exported = OUT / "acceptance.json"
-exports.export(records, "json", exported)
+exports.export(records, "json", exported, force=True)  # the notebook regenerates it on every run
 again = lookup(MODEL, SPECULATOR, K, "off", table=exported)
 print(f"from {exported.name}: AL = {again.value()}")
 assert again.value() == record.value()

@@ -26,7 +26,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-Route = Callable[[dict[str, Any] | None], tuple[int, Any]]
+Route = Callable[[dict[str, Any] | None], tuple[int, Any]]  # payload: JSON value, text or bytes
 
 
 class StandIn:
@@ -45,7 +45,10 @@ class StandIn:
                 outer.requests.append((self.path, body))
                 route = outer.routes.get(self.path)
                 status, payload = route(body) if route else (404, {"error": "not found"})
-                data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+                if isinstance(payload, bytes):  # raw bytes, as a server that is not the engine might answer
+                    data = payload
+                else:
+                    data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

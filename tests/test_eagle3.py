@@ -187,6 +187,17 @@ def test_sampled_loop_emits_target_tokens_with_head_q(target, spec):
     torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(2))
     assert proposal.probs[:, 31::2].sum() == 0  # odd ids past 29 are outside the draft vocabulary
     assert all(proposal.probs[j, t] > 0 for j, t in enumerate(proposal.tokens))
+    # Issue 25 item 11: the target's top-k / top-p warp the head's q too (else drafts land where p = 0)
+    for top_k, top_p, most in ((3, None, 3), (None, 0.5, 63)):
+        spec.start(99, PROMPTS[0], target_features(target, [PROMPTS[0][:-1]], [[PROMPTS[0][-1]]], spec.needs)[0]
+                   .rows(0, len(PROMPTS[0]) - 1))
+        warped = spec.draft(99, 2, temperature=0.8, generator=torch.Generator().manual_seed(0), top_k=top_k,
+                            top_p=top_p)
+        spec.finish(99)
+        kept = (warped.probs > 0).sum(-1)
+        assert (kept <= most).all() and (kept < (proposal.probs > 0).sum(-1)).all(), kept
+        torch.testing.assert_close(warped.probs.sum(-1), torch.ones(2))
+        assert all(warped.probs[j, t] > 0 for j, t in enumerate(warped.tokens))
 
 
 def test_name_params_and_needs(spec):

@@ -16,6 +16,7 @@ from calibrate.config import load_config
 from calibrate.engines import EngineError
 from calibrate.runner import execute
 from calibrate.tables.lookup import lookup
+from calibrate.tables.store import Store
 from tests.standin_engines import StandIn, llamacpp_routes
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]  # SmolLM2 tokenizer, mini-swe-agent data
@@ -135,6 +136,13 @@ def test_connected_server_drafting_another_k_is_not_recorded(tmp_path, smollm, m
     db = tmp_path / "acc.duckdb"
     with pytest.raises(EngineError, match=r"8 drafted tokens is not a whole number of steps of k=3"):
         execute(config, db)
-    con = duckdb.connect(str(db), read_only=True)
+    # Nothing was recorded: a store the failed run created is not left behind at all (issue 25 item 1);
+    # into a store that existed, the refused request is not recorded either.
+    assert not db.exists()
+    kept = tmp_path / "kept.duckdb"
+    Store(kept).close()
+    with pytest.raises(EngineError, match=r"8 drafted tokens is not a whole number of steps of k=3"):
+        execute(config, kept)
+    con = duckdb.connect(str(kept), read_only=True)
     assert con.execute("SELECT count(*) FROM requests").fetchone()[0] == 0
     con.close()

@@ -174,3 +174,105 @@ def test_exported_table_fields_hypothesis_broke(tmp_path: Path, exported: dict, 
     result = runner.invoke(app, ["lookup", "--table", str(table), "--model", record["target"], "-k",
                                  str(record["draft_len"]), "--thinking", record["thinking"], "--speculator", "ngram"])
     assert result.exit_code == 2 and name in result.output and str(table) in result.output, result.output
+
+
+# -- issue 25: server replies, model folders, EAGLE-3 head folders ------------------------------------------
+
+from tests.test_integrity import DESCRIBE_PATH, server_config, tiny_folder  # noqa: E402,F401  (fixture)
+
+reply_bodies = json_values | st.binary(max_size=64) | st.text(max_size=32)
+SERVER_PATHS = {"vllm": ("/version", "/v1/models", "/metrics", "/v1/completions"),
+                "sglang": ("/get_server_info", "/generate"), "llama.cpp": ("/props", "/completion")}
+
+
+def assert_engine_failure(result, url: str, db: Path) -> None:
+    """A run against a broken server: done, or one `error:` line with a documented status; a server fault
+    (4) names the engine's URL, and a failed run that measured nothing leaves no store behind."""
+    assert result.exit_code in (0, 1, 2, 4), (result.exit_code, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    if result.exit_code != 0:
+        errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, result.output
+        assert result.exit_code != 4 or url in errors[0], errors[0]
+        assert not db.exists(), result.output
+
+
+@settings(FUZZ, max_examples=15)  # each example is a `calibrate run` (tokenizer, data, a loopback server)
+@given(backend=st.sampled_from(sorted(SERVER_PATHS)), data=st.data())
+def test_corrupt_server_replies(tmp_path: Path, tiny_folder: Path, backend: str, data) -> None:
+    from tests.standin_engines import StandIn
+
+    routes = {}
+    for path in SERVER_PATHS[backend]:
+        status = data.draw(st.sampled_from([200, 200, 404, 500]), label=f"{path} status")
+        body = data.draw(reply_bodies, label=f"{path} body")
+        routes[path] = lambda _, status=status, body=body: (status, body)
+    standin = StandIn(routes)
+    try:
+        config = tmp_path / "server.toml"
+        config.write_text(server_config(tmp_path / "base.toml", tiny_folder, backend, standin.url))
+        db = tmp_path / "fuzz.duckdb"
+        db.unlink(missing_ok=True)
+        result = runner.invoke(app, ["run", str(config), "--db", str(db), "--no-show"])
+    finally:
+        standin.close()
+    assert_engine_failure(result, standin.url, db)
+
+
+def mutate_file(path: Path, data) -> None:
+    """Truncate, overwrite a stretch of, or replace the file (the three ways a copy goes wrong)."""
+    raw = bytearray(path.read_bytes())
+    kind = data.draw(st.sampled_from(["truncate", "overwrite", "replace"]), label=f"{path.name} mutation")
+    if kind == "truncate":
+        raw = raw[: data.draw(st.integers(0, max(0, len(raw) - 1)))]
+    elif kind == "overwrite" and raw:
+        at = data.draw(st.integers(0, len(raw) - 1))
+        chunk = data.draw(st.binary(min_size=1, max_size=64))
+        raw[at: at + len(chunk)] = chunk
+    else:
+        raw = bytearray(json.dumps(data.draw(json_values)).encode())
+    path.write_bytes(bytes(raw))
+
+
+def run_with(tmp_path: Path, target: Path, speculators: str) -> tuple:
+    from tests.test_integrity import write_config
+
+    config = write_config(tmp_path / "c.toml", target, max_requests=1, max_new_tokens=4, draft_lengths="[1]",
+                          speculators=speculators)
+    db = tmp_path / "fuzz.duckdb"
+    db.unlink(missing_ok=True)
+    return runner.invoke(app, ["run", str(config), "--db", str(db), "--no-show"]), db
+
+
+@settings(FUZZ, max_examples=15)
+@given(name=st.sampled_from(["config.json", "tokenizer_config.json", "chat_template.jinja", "model.safetensors"]),
+       data=st.data())
+def test_corrupt_model_folders(tmp_path: Path, tiny_folder: Path, name: str, data) -> None:
+    import shutil
+
+    folder = tmp_path / "model"
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(tiny_folder, folder)
+    mutate_file(folder / name, data)
+    result, db = run_with(tmp_path, folder, '[{ kind = "ngram" }]')
+    assert_clean_failure(result, (str(folder),))
+    assert result.exit_code == 0 or not db.exists()
+
+
+@FUZZ
+@given(config=json_values | st.fixed_dictionaries({"speculators_model_type": st.just("eagle3")},
+                                                  optional={"transformer_layer_config": json_values,
+                                                            "draft_vocab_size": json_values,
+                                                            "eagle_aux_hidden_state_layer_ids": json_values}),
+       garble=st.booleans())
+def test_corrupt_eagle3_head_configs(tmp_path: Path, tiny_folder: Path, config, garble: bool) -> None:
+    head = tmp_path / "head"
+    head.mkdir(exist_ok=True)
+    text = json.dumps(config)
+    (head / "config.json").write_text(text[: len(text) // 2] if garble else text)
+    result, db = run_with(tmp_path, tiny_folder, f'[{{ kind = "eagle3", model = "{head}" }}]')
+    assert result.exit_code == 2, result.output  # no such config is a usable head
+    assert_clean_failure(result, (str(head),))
+    assert not db.exists()

@@ -156,6 +156,14 @@ def test_sampled_loop_hands_q(tmp_path):
     assert proposal.probs.shape == (2, 97)
     torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(2))
     assert all(proposal.probs[j, t] > 0 for j, t in enumerate(proposal.tokens))
+    # Issue 25 item 11: the target's top-k / top-p warp q too (else drafts land where p = 0)
+    for top_k, top_p, most in ((3, None, 3), (None, 0.5, 96)):
+        warped = spec.draft(7, 2, temperature=0.8, generator=torch.Generator().manual_seed(0), top_k=top_k,
+                            top_p=top_p)
+        kept = (warped.probs > 0).sum(-1)
+        assert (kept <= most).all() and (kept < (proposal.probs > 0).sum(-1)).all(), kept
+        torch.testing.assert_close(warped.probs.sum(-1), torch.ones(2))
+        assert all(warped.probs[j, t] > 0 for j, t in enumerate(warped.tokens))
 
 
 def test_checkpoints_without_usable_mtp_layers_are_refused(tmp_path):

@@ -156,6 +156,18 @@ def test_self_speculation_accepts_everything(target, temperature):
         assert tokens == len(res.tokens[3])
 
 
+@pytest.mark.parametrize("top_p, top_k", [(0.9, None), (None, 5), (0.8, 20)])
+def test_self_speculation_accepts_everything_with_top_p_and_top_k(target, top_p, top_k):
+    """Issue 25 item 11: the draft's q is warped by top-p / top-k like the target's p, so q = p and every
+    draft is accepted (an unwarped q drafts outside the nucleus, where p = 0, and is rejected there)."""
+    results = run_sampled(target, target, PROMPTS, draft_lens=[3], temperature=0.7, top_p=top_p, top_k=top_k,
+                          max_new_tokens=20, eos_token_ids={EOS}, seed=1, batch_size=3)
+    for res in results:
+        hist, tokens, expected = totals(res, 3)
+        assert hist.sum() > 3 and hist[:3].sum() == 0, hist
+        assert expected == pytest.approx(3.0 * hist.sum(), rel=1e-4)
+
+
 def test_first_token_follows_the_target_distribution(target, near_draft):
     prompt, n, temperature = [3, 1, 4, 1, 5], 300, 1.5
     results = run_sampled(target, near_draft, [prompt] * n, draft_lens=[2], temperature=temperature,
@@ -293,6 +305,33 @@ def test_both_verification_rules_keep_the_target_distribution(target, near_draft
     big = second.size * p >= 5
     counts = np.array([(second == j).sum() for j in np.flatnonzero(big)] + [(~big[second]).sum()])
     probs = np.append(p[big], p[~big].sum())
+    assert stats.chisquare(counts, counts.sum() * probs / probs.sum()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("top_p, top_k", [(0.8, None), (None, 4)])
+def test_top_p_and_top_k_keep_the_target_distribution(target, near_draft, top_p, top_k):
+    """Issue 25 item 11: with the draft's q warped like p, the emitted tokens still follow the target's
+    top-p / top-k distribution (chi-square on the second token, as above), and nothing outside it is emitted."""
+    from calibrate.kernels.reference import sampling_probs
+
+    prompt, n, temperature = [3, 1, 4, 1, 5], 600, 1.0
+    results = run_sampled(target, near_draft, [prompt] * n, draft_lens=[2], temperature=temperature, top_p=top_p,
+                          top_k=top_k, max_new_tokens=2, eos_token_ids=set(), seed=5, batch_size=n)
+    pairs = np.array([r.tokens[2][:2] for r in results])
+    first = np.bincount(pairs[:, 0]).argmax()
+    second = pairs[pairs[:, 0] == first, 1]
+    assert second.size >= 60
+    with torch.no_grad():
+        logits = target(torch.tensor([prompt + [int(first)]])).logits[0, -1:]
+    p = sampling_probs(logits, temperature, top_k, top_p)[0].double().numpy()
+    assert (p[second] > 0).all()  # never a token outside the kept set
+    kept = p > 0
+    assert 1 < kept.sum() < p.size  # the filter cut something and left a choice
+    big = second.size * p >= 5
+    counts = np.array([(second == j).sum() for j in np.flatnonzero(big)] + [(~big[second]).sum()])
+    probs = np.append(p[big], p[~big].sum())
+    if probs[-1] == 0:  # every kept token is frequent: no pooled cell
+        counts, probs = counts[:-1], probs[:-1]
     assert stats.chisquare(counts, counts.sum() * probs / probs.sum()).pvalue > 1e-3
 
 

@@ -222,9 +222,14 @@ def _resolve(source: str, *, split: str | None, revision: str | None, subset: st
         files = folder_files(path)
         if not files:
             raise FileNotFoundError(f"{path}: folder holds no .json, .jsonl or .parquet files")
-        return ((str(f), iter_file_rows(f)) for f in files), None
+        return _folder_groups(files), None
     entry = find_manifest_entry(source, manifest)
     if entry is not None:
+        # as for a hub id: no ~25 s of third-party retries before the same failure (a local folder in the
+        # hub's layout needs no hub)
+        if not Path(entry.hf_id).expanduser().exists() and not hub_reachable():
+            raise FileNotFoundError(f"dataset {source!r} (calibrate/data/datasets.toml: {entry.hf_id} on the "
+                                    "Hugging Face hub) cannot be streamed: the hub is unreachable (offline)")
         group = _hub_group(entry.hf_id, split or entry.split, revision or entry.revision, subset or entry.subset)
         return [group], entry.format
     if _looks_like_hub_id(source) and not looks_like_path(source):
@@ -234,6 +239,20 @@ def _resolve(source: str, *, split: str | None, revision: str | None, subset: st
         return [_hub_group(source, split, revision, subset)], None
     raise FileNotFoundError(f"dataset source {source!r} is neither a file, a folder, a name in calibrate/data/datasets.toml "
                             "nor a Hugging Face id (org/name)")
+
+
+def _folder_groups(files: list[Path]) -> Iterator[RowGroup]:
+    """One row group per file of a folder. Beside mini-swe-agent trajectories, a .jsonl or .parquet that holds
+    conversations is read with them (never dropped unsaid); one whose readable rows are no conversation
+    format is the run's index (a manifest listing the trajectories), left out as its report.json files are.
+    A file with no readable first rows stays, so its problems are reported."""
+    run_folder = any(f.name.endswith(".traj.json") for f in files)
+    for f in files:
+        if run_folder and not f.name.endswith(".traj.json"):
+            head = list(itertools.islice(iter_file_rows(f), DETECT_ROWS))
+            if any(r.data is not None for r in head) and _detect(head) is None:
+                continue
+        yield str(f), iter_file_rows(f)
 
 
 def _hub_group(dataset_id: str, split: str | None, revision: str | None, subset: str | None) -> RowGroup:

@@ -99,6 +99,42 @@ def template_variables(template: str) -> set[str]:
         return set()
 
 
+def template_file(tokenizer: Any) -> str:
+    """Where the tokenizer's chat template was read from (the file a user must fix), as well as we can tell:
+    the folder's chat_template.jinja, else its tokenizer_config.json, else the name it was loaded by."""
+    from pathlib import Path
+
+    name = str(getattr(tokenizer, "name_or_path", "") or "")
+    folder = Path(name) if name else None
+    for file in ("chat_template.jinja", "tokenizer_config.json"):
+        if folder is not None and (folder / file).is_file():
+            return str(folder / file)
+    return name or "the tokenizer"
+
+
+def check_template_syntax(template: str, tokenizer: Any, model_name: str) -> None:
+    """A template that does not parse is one ValueError naming its file and line (jinja2's own error is a
+    traceback from deep inside transformers)."""
+    import jinja2
+
+    try:
+        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"{model_name}: chat template {template_file(tokenizer)} has a syntax error at line "
+                         f"{exc.lineno}: {exc.message}") from None
+
+
+def apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, model_name: str, what: str,
+                   **kwargs: Any) -> str:
+    """`apply_chat_template` as text; any failure of the template (a sandbox block, `raise_exception`, a bad
+    value) is one ValueError naming the model, the template's file and what was being rendered."""
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+    except Exception as exc:  # jinja2 TemplateError (SecurityError, raise_exception), TypeError, ValueError
+        raise ValueError(f"{model_name}: chat template {template_file(tokenizer)} cannot render {what}: "
+                         f"{type(exc).__name__}: {exc}") from None
+
+
 def think_markers(tokenizer: Any) -> tuple[tuple[str, str], ...]:
     """The think markers this tokenizer's template or vocabulary uses (`<think>` when it names none)."""
     text = chat_template_source(tokenizer)
@@ -128,6 +164,7 @@ def detect_thinking_switch(tokenizer: Any, *, model_name: str = "model") -> Thin
     template = chat_template_source(tokenizer)
     if not template:
         raise ValueError(f"{model_name}: tokenizer has no chat template")
+    check_template_syntax(template, tokenizer, model_name)
     variables = template_variables(template)
     for variable, modes in SWITCHES:
         if variable in variables:
@@ -135,8 +172,8 @@ def detect_thinking_switch(tokenizer: Any, *, model_name: str = "model") -> Thin
     if HARMONY_ANALYSIS in template:
         # gpt-oss always reasons in its analysis channel; reasoning_effort sets how much, not whether
         return ThinkingSwitch(kind="always-thinking (harmony)", modes={"on": {}, "off": None})
-    probe = tokenizer.apply_chat_template([{"role": "user", "content": "ping"}], add_generation_prompt=True,
-                                          tokenize=False)
+    probe = apply_template(tokenizer, [{"role": "user", "content": "ping"}], model_name=model_name,
+                           what="a probe message (to tell whether it opens a think block)")
     if opens_thinking(probe, think_markers(tokenizer)):
         return ThinkingSwitch(kind="always-thinking", modes={"on": {}, "off": None})
     return ThinkingSwitch(kind="non-thinking", modes={"on": None, "off": {}})
@@ -198,12 +235,8 @@ def render_prompt(
             raise ValueError(f"{model_name}: chat template drops the {' and '.join(dropped)} of request "
                              f"{request.request_id}")
     messages = [m.to_template() for m in request.messages]
-    try:
-        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
-                                             **kwargs)
-    except Exception as exc:  # jinja2 TemplateError (raise_exception in templates), TypeError, ValueError
-        raise ValueError(f"{model_name}: chat template cannot render request {request.request_id}: "
-                         f"{type(exc).__name__}: {exc}") from exc
+    text = apply_template(tokenizer, messages, model_name=model_name, what=f"request {request.request_id}",
+                          tools=tools, **kwargs)
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     truncated = max(0, len(ids) - context_tokens)
     if truncated:

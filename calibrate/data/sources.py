@@ -39,13 +39,14 @@ def is_data_file(path: Path) -> bool:
 def folder_files(folder: Path) -> list[Path]:
     """The data files of a folder, recursively and in sorted order (so loading is deterministic).
 
-    A folder holding `*.traj.json` files is a mini-swe-agent run folder: only the trajectories are read,
-    because the harness reports, summaries and manifests that sit beside them are not conversations.
+    In a folder holding `*.traj.json` files (a mini-swe-agent run folder) the other `.json` files are the
+    harness's reports (report.json, preds.json), not conversations, and are left out; its .jsonl and
+    .parquet files stay (the loader reads those that hold conversations: `loader._folder_groups`).
     """
-    trajectories = sorted(p for p in folder.rglob("*.traj.json") if p.is_file())
-    if trajectories:
-        return trajectories
-    return sorted(p for p in folder.rglob("*") if is_data_file(p) and not p.name.startswith("."))
+    files = sorted(p for p in folder.rglob("*") if is_data_file(p) and not p.name.startswith("."))
+    if any(p.name.endswith(".traj.json") for p in files):
+        return [p for p in files if p.name.endswith(".traj.json") or p.suffix.lower() != ".json"]
+    return files
 
 
 def iter_file_rows(path: Path) -> Iterator[RawRow]:
@@ -53,8 +54,13 @@ def iter_file_rows(path: Path) -> Iterator[RawRow]:
     src = str(path)
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        with path.open("r", encoding="utf-8", errors="replace") as fh:
-            for i, line in enumerate(fh):
+        with path.open("rb") as fh:
+            for i, raw_line in enumerate(fh):
+                try:
+                    line = raw_line.decode("utf-8")
+                except UnicodeDecodeError as exc:  # reported, never replaced: U+FFFD would change the text
+                    yield RawRow(src, i, None, Problem(src, _not_utf8(exc, f"line {i + 1}"), row=i))
+                    continue
                 if not line.strip():
                     continue
                 try:
@@ -65,7 +71,10 @@ def iter_file_rows(path: Path) -> Iterator[RawRow]:
                 yield _as_row(src, i, value)
     elif suffix == ".json":
         try:
-            value = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+            value = json.loads(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            yield RawRow(src, 0, None, Problem(src, _not_utf8(exc, "the file")))
+            return
         except json.JSONDecodeError as exc:
             yield RawRow(src, 0, None, Problem(src, f"invalid JSON: {exc.msg} at line {exc.lineno}"))
             return
@@ -92,6 +101,10 @@ def iter_file_rows(path: Path) -> Iterator[RawRow]:
                 i += 1
     else:
         raise ValueError(f"{src}: unsupported file type {suffix!r} (expected one of {', '.join(FILE_SUFFIXES)})")
+
+
+def _not_utf8(exc: UnicodeDecodeError, where: str) -> str:
+    return f"not valid UTF-8: byte {exc.object[exc.start]:#04x} at offset {exc.start} of {where}"
 
 
 def _as_row(src: str, i: int, value: Any) -> RawRow:

@@ -26,24 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
-class EngineError(RuntimeError):
-    """A server engine failed or answered something we cannot count; the message names engine and URL."""
+from calibrate.errors import EngineError
 
 
 def http_json(engine: str, url: str, body: dict[str, Any] | None = None, timeout: float = 600.0) -> Any:
     """GET (body None) or POST JSON; any failure becomes an EngineError naming the engine and the URL."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            text = resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:500]
-        raise EngineError(f"{engine} at {url}: HTTP {exc.code}: {detail}") from None
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise EngineError(f"{engine} at {url}: not reachable ({reason})") from None
+    text = _read(engine, url, req, timeout)
     if not text.strip():
         return None
     try:
@@ -53,13 +43,25 @@ def http_json(engine: str, url: str, body: dict[str, Any] | None = None, timeout
 
 
 def http_text(engine: str, url: str, timeout: float = 60.0) -> str:
+    return _read(engine, url, urllib.request.Request(url), timeout)
+
+
+def _read(engine: str, url: str, req: urllib.request.Request, timeout: float) -> str:
+    """The reply body as text; a refused connection, an HTTP error status or bytes that are not UTF-8 text
+    become an EngineError naming the engine and the URL (a bare codec or socket message names neither)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.read().decode()
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read()
     except urllib.error.HTTPError as exc:
-        raise EngineError(f"{engine} at {url}: HTTP {exc.code}") from None
+        detail = exc.read().decode(errors="replace")[:500]
+        raise EngineError(f"{engine} at {url}: HTTP {exc.code}: {detail}") from None
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
         raise EngineError(f"{engine} at {url}: not reachable ({getattr(exc, 'reason', exc)})") from None
+    try:
+        return body.decode()
+    except UnicodeDecodeError as exc:
+        raise EngineError(f"{engine} at {url}: the reply is not UTF-8 text (byte {body[exc.start]:#04x} at "
+                          f"offset {exc.start}): is this the {engine} server?") from None
 
 
 def free_port(host: str) -> int:
@@ -115,9 +117,11 @@ def _die_with_parent() -> None:
 def terminate_as_exit() -> Iterator[None]:
     """While a launched server lives, SIGTERM ends us through SystemExit, so `finally` blocks and context
     managers run: the server is stopped and the open DuckDB transaction rolls back (the default action
-    would end the process on the spot). Only the main thread may set handlers; elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    would end the process on the spot). Only the main thread may set handlers; elsewhere nothing changes, and
+    nor where a handler is set already (`calibrate run`'s, which makes SIGTERM an interrupt that says what
+    was kept: the same finally blocks run)."""
+    if threading.current_thread() is not threading.main_thread() or callable(signal.getsignal(signal.SIGTERM)):
+        yield  # elsewhere, or a caller already turns SIGTERM into an exception (`calibrate run`: an interrupt)
         return
 
     def exit_on_term(signum: int, frame: object) -> None:

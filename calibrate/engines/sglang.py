@@ -80,6 +80,8 @@ class SGLangBackend:
         info = http_json(self.name, url + "/get_server_info", timeout=timeout)
         if not isinstance(info, dict):
             raise EngineError(f"sglang at {url}: /get_server_info did not answer JSON")
+        if not info.get("model_path"):  # every SGLang server names its model: this is something else
+            raise EngineError(f"sglang at {url}: /get_server_info names no model_path: is this an SGLang server?")
         return {"engine_version": info.get("version"), "model": info.get("model_path"),
                 "speculative_algorithm": info.get("speculative_algorithm"),
                 "speculative_num_draft_tokens": info.get("speculative_num_draft_tokens")}

@@ -126,7 +126,7 @@ class VLLMBackend:
             model = models["data"][0]["id"]
         except (KeyError, IndexError, TypeError):
             raise EngineError(f"vllm at {url}: /v1/models lists no model") from None
-        return {"engine_version": (version or {}).get("version"), "model": model}
+        return {"engine_version": version.get("version") if isinstance(version, dict) else None, "model": model}
 
     def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
                  seed: int, info: dict[str, Any], timeout: float, kind: str = "draft") -> Reply:

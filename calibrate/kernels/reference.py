@@ -171,6 +171,20 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, floor: torch.T
     return probs_of_scaled(masked_scaled(logits, temperature, floor), logits, temperature)
 
 
+def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int | None = None,
+                   top_p: float | None = None) -> torch.Tensor:
+    """(N, V) float32: the distribution a row samples from under (T > 0, top-k, top-p), computed exactly as
+    the verifier computes the target's p. A drafter sampling with the target's settings must draw from
+    this, not from softmax(logits / T): outside the target's top-k / top-p set p = 0, so a draft drawn
+    there is always rejected, and self-speculation (q = p) would not accept every draft."""
+    n = logits.shape[0]
+    t = torch.full((n,), float(temperature), dtype=torch.float32, device=logits.device)
+    k = _per_request(top_k, n, torch.int64, logits.device, 0)
+    p = _per_request(top_p, n, torch.float32, logits.device, 1.0)
+    floor = sampling_floor(logits.float() * inverse_temperature(t).unsqueeze(1), k, p)
+    return target_probs(logits, t, floor)
+
+
 def softmax_parts(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e, inv_z) with softmax(s) = e * inv_z: e = exp(s - max) (N, V), inv_z = 1 / sum(e) (N, 1). Kept apart so
     that a caller needing p at a few rows or tokens multiplies only those (the same bits as the whole p)."""

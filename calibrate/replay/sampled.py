@@ -59,7 +59,7 @@ import torch
 from transformers import DynamicCache
 
 from calibrate.kernels import rng, verify_greedy, verify_rejection
-from calibrate.kernels.reference import VerifyOutput
+from calibrate.kernels.reference import VerifyOutput, sampling_probs
 from calibrate.replay.counts import StepCounts
 from calibrate.replay.steps import step_accepted
 from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds, select_features
@@ -271,13 +271,15 @@ def _pad_stack(parts: Sequence[torch.Tensor], slots: int) -> torch.Tensor:
     return out
 
 
-def _sample_drafts(logits: torch.Tensor, temperature: float, seed: int, request_ids: torch.Tensor,
+def _sample_drafts(logits: torch.Tensor, s: _Settings, temperature: float, request_ids: torch.Tensor,
                    positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Draft tokens (B,) from logits (B, V), and q = softmax(logits / T) (B, V) at T > 0 (None at T = 0)."""
+    """Draft tokens (B,) from logits (B, V), and q (B, V) at T > 0 (None at T = 0): softmax(logits / T) warped
+    by the sweep's top-k / top-p exactly as the target's p is (`reference.sampling_probs`), so a draft model
+    samples as the target does and self-speculation accepts every draft."""
     if temperature <= 0:
         return logits.argmax(dim=-1), None
-    q = torch.softmax(logits.float() / temperature, dim=-1)
-    keys = rng.stream_key(seed, request_ids, positions, rng.DRAFT).to(q.device)
+    q = sampling_probs(logits, temperature, s.top_k, s.top_p)
+    keys = rng.stream_key(s.seed, request_ids, positions, rng.DRAFT).to(q.device)
     return rng.exponential_race(q, keys), q
 
 
@@ -332,7 +334,7 @@ class _Loop:
         return self.finish_reason is None
 
 
-def _draft_with_model(dcache: _SlotCache, active: list[_Loop], temperature: float, seed: int, ids: torch.Tensor,
+def _draft_with_model(dcache: _SlotCache, active: list[_Loop], temperature: float, s: _Settings, ids: torch.Tensor,
                       positions: torch.Tensor, vocab: int) -> tuple[list[list[int]], torch.Tensor | None]:
     """k_r drafts per loop from a draft model with a KV cache: feed what it has not seen, then single tokens.
 
@@ -352,7 +354,7 @@ def _draft_with_model(dcache: _SlotCache, active: list[_Loop], temperature: floa
         rows = [j for j in range(b) if ks[j] > i]
         pick = torch.tensor(rows, dtype=torch.int64)
         sub = step_logits if len(rows) == b else step_logits[pick.to(step_logits.device)]
-        tok, q = _sample_drafts(sub, temperature, seed, ids[pick], positions[pick] + i)
+        tok, q = _sample_drafts(sub, s, temperature, ids[pick], positions[pick] + i)
         for j, t in zip(rows, tok.tolist()):
             drafts[j].append(t)
         if q is not None:
@@ -369,13 +371,13 @@ def _draft_with_model(dcache: _SlotCache, active: list[_Loop], temperature: floa
     return drafts, probs
 
 
-def _draft_with_speculator(speculator: Speculator, active: list[_Loop], temperature: float,
+def _draft_with_speculator(speculator: Speculator, active: list[_Loop], temperature: float, s: _Settings,
                            vocab: int) -> tuple[list[list[int]], torch.Tensor | None]:
     """Up to k_r drafts per loop from Speculator.draft; q (B, max k, V) when any proposal carries probs
     (one-hot rows for those that do not), else None."""
     drafts, q_list = [], []
     for r in active:
-        proposal = speculator.draft(r.loop_id, r.k, temperature, r.generator)
+        proposal = speculator.draft(r.loop_id, r.k, temperature, r.generator, top_k=s.top_k, top_p=s.top_p)
         drafts.append([int(t) for t in proposal.tokens[:r.k]])
         q_list.append(proposal.probs)
     if temperature <= 0 or all(q is None for q in q_list):
@@ -448,9 +450,9 @@ def _run_loops(target: Prefix, draft: Prefix | None, speculator: Speculator | No
         ids = torch.tensor([r.key for r in active], dtype=torch.int64)
         positions = torch.tensor([len(r.generated) for r in active], dtype=torch.int64)
         if dcache is not None:
-            drafts, probs = _draft_with_model(dcache, active, s.draft_temperature, s.seed, ids, positions, vocab)
+            drafts, probs = _draft_with_model(dcache, active, s.draft_temperature, s, ids, positions, vocab)
         else:
-            drafts, probs = _draft_with_speculator(speculator, active, s.draft_temperature, vocab)
+            drafts, probs = _draft_with_speculator(speculator, active, s.draft_temperature, s, vocab)
         proposed = [len(d) for d in drafts]
         drafts = [before_eos(d, s.eos_token_ids) for d in drafts]
 

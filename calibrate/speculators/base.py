@@ -174,8 +174,13 @@ class Speculator(ABC):
         self._contexts()[request_id].extend(int(t) for t in tokens)
 
     def draft(self, request_id: int, k: int, temperature: float = 0.0,
-              generator: torch.Generator | None = None) -> Proposal:
-        """Up to k drafts to follow the request's current context."""
+              generator: torch.Generator | None = None, *, top_k: int | None = None,
+              top_p: float | None = None) -> Proposal:
+        """Up to k drafts to follow the request's current context.
+
+        `top_k` / `top_p` are the target's sampling filters: a speculator that samples from its own q warps
+        q by them as the target's p is (`calibrate.kernels.reference.sampling_probs`), so self-speculation
+        accepts every draft. Model-free proposals (and `propose`) have no logits to warp and ignore them."""
         return self.propose(self._contexts()[request_id], k, temperature, generator)
 
     def finish(self, request_id: int) -> None:

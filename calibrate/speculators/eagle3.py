@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
+from calibrate.kernels.reference import sampling_probs
 from calibrate.models import fingerprint, resolve, resolve_dtype
 from calibrate.speculators.base import (
     BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
@@ -169,8 +170,11 @@ class Eagle3Speculator(Speculator):
 
     @torch.inference_mode()
     def draft(self, request_id: int, k: int, temperature: float = 0.0,
-              generator: torch.Generator | None = None) -> Proposal:
-        """k chain drafts from the last verified position; the round's deeper rows are dropped afterwards."""
+              generator: torch.Generator | None = None, *, top_k: int | None = None,
+              top_p: float | None = None) -> Proposal:
+        """k chain drafts from the last verified position; the round's deeper rows are dropped afterwards.
+        At T > 0 the head samples from its softmax warped by the target's top-k / top-p (over the draft
+        vocabulary), as Speculator.draft says."""
         state, head = self._requests[request_id], self.head
         if state.anchor is None:
             return Proposal(tokens=[])
@@ -181,7 +185,7 @@ class Eagle3Speculator(Speculator):
         for j in range(k):
             logits = head.draft_logits(h)[0].float()
             if temperature > 0:
-                qd = torch.softmax(logits / temperature, dim=-1)
+                qd = sampling_probs(logits.unsqueeze(0), temperature, top_k, top_p)[0]
                 draft_id = torch.multinomial(qd.cpu(), 1, generator=generator).to(self._device)
                 probs.append(head.target_probs(qd.unsqueeze(0))[0].cpu())
             else:

@@ -61,10 +61,16 @@ def default_aux_layers(num_layers: int) -> tuple[int, ...]:
 
 def read_head_config(path: Path, name: str) -> HeadConfig:
     """Parse config.json of either format; errors name the head and the key."""
+    file = path / "config.json"
     try:
-        raw = json.loads((path / "config.json").read_text())
+        raw = json.loads(file.read_text())
     except FileNotFoundError:
         raise ValueError(f"eagle3 head {name!r}: no config.json in {str(path)!r}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"eagle3 head {name!r}: {file} is not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"eagle3 head {name!r}: {file} holds a JSON {type(raw).__name__}, not an object of "
+                         "config keys")
     if raw.get("speculators_model_type") is not None:
         if raw["speculators_model_type"] != "eagle3":
             raise ValueError(f"eagle3 head {name!r}: speculators_model_type is {raw['speculators_model_type']!r}, "
@@ -132,6 +138,9 @@ def read_head_weights(path: Path, name: str, cfg: HeadConfig) -> dict[str, torch
     if (path / "model.safetensors").exists():
         from safetensors.torch import load_file
 
+        from calibrate.models import check_safetensors
+
+        check_safetensors(path / "model.safetensors", f"eagle3 head {name!r}")
         raw = load_file(str(path / "model.safetensors"))
     elif (path / "pytorch_model.bin").exists():
         raw = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)

@@ -35,6 +35,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from calibrate.kernels.reference import sampling_probs
 from calibrate.models import resolve
 from calibrate.speculators.base import (
     BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
@@ -364,8 +365,10 @@ class MtpSpeculator(Speculator):
 
     @torch.inference_mode()
     def draft(self, request_id: int, k: int, temperature: float = 0.0,
-              generator: torch.Generator | None = None) -> Proposal:
-        """k chain drafts from the last verified position; the round's rows are cropped away afterwards."""
+              generator: torch.Generator | None = None, *, top_k: int | None = None,
+              top_p: float | None = None) -> Proposal:
+        """k chain drafts from the last verified position; the round's rows are cropped away afterwards.
+        At T > 0 each draft is sampled from the MTP softmax warped by the target's top-k / top-p."""
         state = self._requests[request_id]
         count = len(state.tokens)
         if state.last[0] is None or state.done[0] != count:
@@ -380,7 +383,7 @@ class MtpSpeculator(Speculator):
                     post, pre = self._depth(state, d, tokens, chain, pre)
                 logits = logits_of(self.mtp, post[-1:])[0]
                 if temperature > 0:
-                    q = torch.softmax(logits / temperature, dim=-1)
+                    q = sampling_probs(logits.unsqueeze(0), temperature, top_k, top_p)[0]
                     token = int(torch.multinomial(q.cpu(), 1, generator=generator))
                     probs.append(q.cpu())
                 else:

@@ -283,7 +283,8 @@ class SuffixSpeculator(Speculator):
         self._by_request[request_id].extend(tokens)
 
     def draft(self, request_id: int, k: int, temperature: float = 0.0,
-              generator: torch.Generator | None = None) -> Proposal:
+              generator: torch.Generator | None = None, *, top_k: int | None = None,
+              top_p: float | None = None) -> Proposal:
         index = self._by_request[request_id]
         return Proposal(tokens=list(self.best_at(index, len(index.tokens), k).tokens))
 

@@ -7,10 +7,11 @@ another process holds the store).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -100,11 +101,45 @@ def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_le
 def _load(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int) -> list[AcceptanceRecord]:
     con = connect(db, read_only=True)
     try:
-        return query.load_records(con, _filters(con, *filters_args), segments=segments, n_boot=n_boot, seed=seed)
-    except duckdb.Error as exc:  # a block that fails to read only now (the header opened fine)
-        raise StoreError(f"{db}: cannot read the store ({str(exc).strip().splitlines()[0]})") from None
+        with _reading(db):
+            filters = _filters(con, *filters_args)
+            records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
+            if not records and filters.narrowed and query.catalog(con):
+                raise _no_match(con, filters, db)
+            return records
     finally:
         con.close()
+
+
+# Filters -> (the runs column, the option that set it), for saying what was asked and what exists.
+FILTER_OPTIONS = (("targets", "target", "--model"), ("speculators", "speculator", "--speculator"),
+                  ("draft_lens", "draft_len", "--draft-len"), ("thinking", "thinking", "--thinking"),
+                  ("temperatures", "temperature", "--temperature"), ("datasets", "dataset", "--dataset"))
+
+
+def _no_match(con: Any, filters: query.Filters, db: Path) -> NotMeasured:
+    """A store with rows none of which match: what was asked and, per filtered field, what was measured
+    (it said "no measurements in ..." of a store that has them)."""
+    asked, measured = [], []
+    for attr, column, option in FILTER_OPTIONS:
+        values = getattr(filters, attr)
+        if values is not None:
+            asked.append(f"{option} {', '.join(map(str, values))}")
+            measured.append(f"{column} {', '.join(query.distinct_values(con, column))}")
+    for column, value in filters.where_fields:
+        asked.append(f"--where {column}={value}")
+        measured.append(f"{column} {', '.join(query.distinct_values(con, column))}")
+    return NotMeasured(f"no measurement in {db} matches {'; '.join(asked)}; measured: {'; '.join(measured)}")
+
+
+@contextlib.contextmanager
+def _reading(db: Path) -> Iterator[None]:
+    """A block that fails to read only now (the header opened fine) is a StoreError naming the file,
+    whichever command read it (DuckDB's own message names none)."""
+    try:
+        yield
+    except duckdb.Error as exc:
+        raise StoreError(f"{db}: cannot read the store ({str(exc).strip().splitlines()[0]})") from None
 
 
 def interrupted(record: AcceptanceRecord) -> bool:
@@ -252,9 +287,12 @@ def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool =
     con = connect(db, read_only=True)
     try:
         filters = query.Filters(run_ids=tuple(run_ids) if run_ids is not None else None)
-        records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
+        with _reading(db):
+            records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
     finally:
         con.close()
+    for warning in truncation_warnings(records):  # as `show` says it: the table alone would hide it
+        typer.echo(f"warning: {warning}", err=True)
     if records:
         _render_table(records, segments)
     else:
@@ -285,6 +323,8 @@ _BOOT_OPT = typer.Option(query.DEFAULT_BOOT, "--bootstrap", help="Bootstrap repl
 _SEED_OPT = typer.Option(query.DEFAULT_SEED, "--seed", help="Bootstrap seed (same data, same CI).")
 _WHERE_OPT = typer.Option(None, "--where", help="FIELD=VALUE on a run field (repeatable), e.g. max_new_tokens=256: "
                          "picks one of several conditions a key was measured under.")
+
+_FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out would replace (refused otherwise).")
 
 
 @cli_errors
@@ -342,17 +382,21 @@ def export(
     bootstrap: int = _BOOT_OPT,
     seed: int = _SEED_OPT,
     where: Optional[list[str]] = _WHERE_OPT,
+    force: bool = _FORCE_OPT,
 ) -> None:
     """Export the acceptance table for an engine, InferenceX, or as a full CSV / Parquet / JSON table."""
     full = to.value in exports.TABLE_FORMATS
     records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), full, bootstrap, seed)
     options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, model_prefix=model_prefix,
                                     method=method)
-    text = exports.export(records, to.value, out, options=options)
+    written = exports.export(records, to.value, out, options=options, force=force)
     for warning in exports.export_warnings(records, to.value):
         typer.echo(f"warning: {warning}", err=True)
-    if text is not None:
-        sys.stdout.write(text)
+    if isinstance(written, str):
+        sys.stdout.write(written)
+    else:
+        for path in written:
+            typer.echo(f"wrote {path}", err=True)
 
 @cli_errors
 def lookup(
@@ -406,12 +450,13 @@ def report(
     bootstrap: int = _BOOT_OPT,
     seed: int = _SEED_OPT,
     where: Optional[list[str]] = _WHERE_OPT,
+    force: bool = _FORCE_OPT,
 ) -> None:
     """Plot AL vs k per speculator and thinking mode, and the unconditional rate per position (PNG)."""
     from calibrate.tables.report import plot
 
     records = _load(db, (model, speculator, None, thinking, dataset, temperature, where), False, bootstrap, seed)
-    for path in plot(records, out):
+    for path in plot(records, out, force=force):
         typer.echo(str(path))
 
 

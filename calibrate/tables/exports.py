@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate import __version__
+from calibrate.errors import NothingUsable
 from calibrate.tables.lookup import EXPORT_SCHEMA
 from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, SGLANG_TOKEN_MODES, AcceptanceRecord
 
@@ -238,7 +239,9 @@ def render_csv(records: Sequence[AcceptanceRecord]) -> str:
     return out.getvalue()
 
 
-def write_parquet(records: Sequence[AcceptanceRecord], path: Path, stamp: Stamp) -> None:
+def parquet_bytes(records: Sequence[AcceptanceRecord], stamp: Stamp) -> bytes:
+    """The full table as a Parquet file's bytes, schema name and tool version in its metadata (so nothing
+    touches the disk before the overwrite check has passed)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -246,17 +249,20 @@ def write_parquet(records: Sequence[AcceptanceRecord], path: Path, stamp: Stamp)
     table = table.replace_schema_metadata({
         "schema": EXPORT_SCHEMA, "tool_version": stamp.tool_version, "generated": stamp.day,
     })
-    pq.write_table(table, path)
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
+def write_parquet(records: Sequence[AcceptanceRecord], path: Path, stamp: Stamp) -> None:
+    path.write_bytes(parquet_bytes(records, stamp))
 
 
 def _write_inferencex(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
-                      out: Path | None) -> str | None:
+                      out: Path | None) -> str | dict[str, str]:
     docs = inferencex_documents(records, stamp, options)
     if out is not None and (out.is_dir() or out.suffix not in (".yaml", ".yml")):
-        out.mkdir(parents=True, exist_ok=True)
-        for name, text in docs.items():
-            (out / name).write_text(text)
-        return None
+        return docs  # a folder: one file per curve
     if out is not None and len(docs) > 1:
         raise ValueError(
             f"{len(docs)} curves ({', '.join(docs)}) but InferenceX reads one model per file: "
@@ -266,15 +272,15 @@ def _write_inferencex(records: Sequence[AcceptanceRecord], options: ExportOption
 
 
 def _write_parquet(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
-                   out: Path | None) -> None:
+                   out: Path | None) -> bytes:
     if out is None:
         raise ValueError("parquet is binary: give --out PATH")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_parquet(records, out, stamp)
+    return parquet_bytes(records, stamp)
 
 
-# A writer returns the text to print or save, or None when it wrote its files itself.
-Writer = Callable[[Sequence[AcceptanceRecord], ExportOptions, Stamp, "Path | None"], "str | None"]
+# A writer returns the content of one file (text to print or save, or bytes), or {file name: text} for a
+# folder of files under `out`; `export` alone touches the disk, after checking it overwrites nothing.
+Writer = Callable[[Sequence[AcceptanceRecord], ExportOptions, Stamp, "Path | None"], "str | bytes | dict[str, str]"]
 
 
 @dataclass(frozen=True)
@@ -307,6 +313,26 @@ ENGINE_FORMATS = tuple(name for name, f in FORMATS.items() if f.engine)
 TABLE_FORMATS = tuple(name for name, f in FORMATS.items() if not f.engine)
 
 
+class NothingToExport(NothingUsable):
+    """No measured key matches the filters: no answer (exit 1)."""
+
+
+def refuse_overwrite(paths: Sequence[Path], force: bool) -> None:
+    """Refuse before writing anything when a path to be written exists (a measured table is easily lost by
+    re-running an export): `force` overwrites files, never a folder that stands where a file should go."""
+    for path in paths:
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a folder: give --out a file path")
+        if path.exists() and not force:
+            raise FileExistsError(f"{path} exists: pass --force to overwrite it, or give another --out")
+
+
+def _files(content: str | bytes | dict[str, str], out: Path) -> dict[Path, str | bytes]:
+    if isinstance(content, dict):
+        return {out / name: text for name, text in content.items()}
+    return {out: content}
+
+
 def export(
     records: Sequence[AcceptanceRecord],
     fmt: str,
@@ -314,10 +340,12 @@ def export(
     *,
     options: ExportOptions = ExportOptions(),
     stamp: Stamp | None = None,
-) -> str | None:
+    force: bool = False,
+) -> str | list[Path]:
     """Write `records` as `fmt` to `out` (a file; for inferencex also a folder), or return the text.
 
-    Returns the text when `out` is None (parquet, being binary, needs `out`).
+    Returns the text when `out` is None (parquet, being binary, needs `out`), else the paths written. An
+    existing file is overwritten only with `force`; nothing is written when one would be refused.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; formats: {', '.join(FORMATS)}")
@@ -326,10 +354,17 @@ def export(
     if options.token_mode not in SGLANG_TOKEN_MODES:
         raise ValueError(f"unknown SGLang token mode {options.token_mode!r}; modes: {', '.join(SGLANG_TOKEN_MODES)}")
     if not records:
-        raise ValueError("nothing to export: no measured keys match the filters")
-    text = FORMATS[fmt].writer(records, options, stamp or Stamp.now(), out)
-    if text is None or out is None:
-        return text
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    return None
+        raise NothingToExport("nothing to export: no measured keys match the filters")
+    content = FORMATS[fmt].writer(records, options, stamp or Stamp.now(), out)
+    if out is None:
+        assert isinstance(content, str)  # only inferencex to a folder and parquet need `out`
+        return content
+    files = _files(content, out)
+    refuse_overwrite(list(files), force)
+    for path, data in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data)
+    return list(files)

@@ -32,6 +32,29 @@ DEFAULT_LEVEL = 0.95
 
 
 RUN_COLUMNS = (*(f.name for f in fields(RunSpec)), "run_id", "status")
+NUMERIC_COLUMNS = {f.name: f.metadata["sql"] for f in fields(RunSpec)
+                   if f.metadata["sql"] in ("INTEGER", "BIGINT", "DOUBLE")}
+
+
+def _number(column: str, value: str) -> float:
+    """A --where value for a numeric run field; anything else is refused, naming it (a text compare would
+    just match nothing and read as "no measurements")."""
+    try:
+        number = float(value)
+    except ValueError:
+        kind = "a number" if NUMERIC_COLUMNS[column] == "DOUBLE" else "an integer"
+        raise ValueError(f"--where {column}={value!r}: {column} is {kind}") from None
+    if NUMERIC_COLUMNS[column] != "DOUBLE" and not number.is_integer():
+        raise ValueError(f"--where {column}={value!r}: {column} is an integer")
+    return number
+
+
+def distinct_values(con: duckdb.DuckDBPyConnection, column: str) -> list[str]:
+    """The values a run field takes in the store, as text (for "measured: ..." in a no-match message)."""
+    if column not in RUN_COLUMNS:
+        raise ValueError(f"no such run field {column!r}")
+    rows = con.execute(f"SELECT DISTINCT {column} FROM runs ORDER BY 1 NULLS FIRST").fetchall()
+    return [_text(value) for (value,) in rows]
 
 
 class MixedConditions(LookupError):
@@ -72,10 +95,19 @@ class Filters:
                 raise ValueError(f"--where {column}=...: no such run field; fields: {', '.join(RUN_COLUMNS)}")
             if value.lower() in ("none", "null", ""):
                 clauses.append(f"{column} IS NULL")
+            elif column in NUMERIC_COLUMNS:  # compared as a number: 256 and 256.0 match, abc is refused
+                clauses.append(f"{column} = ?")
+                params.append(_number(column, value))
             else:
                 clauses.append(f"CAST({column} AS VARCHAR) = ?")
                 params.append(value)
         return (" AND ".join(clauses) or "TRUE"), params
+
+    @property
+    def narrowed(self) -> bool:
+        """Whether any filter was given (a store with rows none of which match is then no answer)."""
+        return any(v is not None for v in (self.targets, self.speculators, self.draft_lens, self.thinking,
+                                           self.temperatures, self.datasets)) or bool(self.where_fields)
 
 
 def parse_where(items: Sequence[str] | None) -> tuple[tuple[str, str], ...]:

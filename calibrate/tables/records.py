@@ -311,22 +311,52 @@ def extrapolate(base: AcceptanceRecord, draft_len: int) -> AcceptanceRecord:
     Positions the curve covers come from it; past its end the curve continues with the iid rate fitted to
     base's histogram (Leviathan et al. 2023). No CI: this is a model of the curve, not a measurement.
     Sample sizes and provenance stay those of `base`, the measurement it rests on.
+
+    The basis is the measured one's: for an n-gram / suffix record that exports its drafted AL, the curve
+    is modelled over the steps that drafted (the iid rate fitted without the empty steps) and the share of
+    steps that drafted is taken as measured, so the extrapolated record exports a drafted AL too, never an
+    AL over all steps beside a measured drafted one (issue 25 item 10).
     """
     if base.extrapolated:
         raise ValueError("can only extrapolate from a measured record")
     if not base.histogram:
         raise ValueError(f"extrapolation needs the histogram of accepted drafts, which is not available from "
                          f"this engine ({', '.join(base.engines)} reports totals only)")
-    measured = np.asarray(base.unconditional_rates)
-    alpha = float(stats.iid_rate(base.histogram))
-    rates = stats.extend_rates(measured, draft_len, alpha)
+    drafted = base.uses_drafted
+    share = float(base.proposal_rate) if drafted else 1.0  # of steps that drafted: rates over them are /share
+    histogram = np.asarray(base.histogram, dtype=np.float64)
+    if drafted:
+        histogram[0] -= base.empty_steps  # empty steps accept nothing: they sit in bin 0
+    alpha = float(stats.iid_rate(histogram))
+    rates = stats.extend_rates(np.asarray(base.unconditional_rates) / share, draft_len, alpha)
+    basis = (f" over the {share:.0%} of steps that drafted (that share taken as measured at k={base.draft_len})"
+             if drafted else "")
     if draft_len <= base.draft_len:
-        method = f"first {draft_len} positions of the measured per-position curve at k={base.draft_len}"
+        method = f"first {draft_len} positions of the measured per-position curve at k={base.draft_len}{basis}"
     else:
         method = (
-            f"measured per-position curve at k={base.draft_len}, continued past position {base.draft_len} "
+            f"measured per-position curve at k={base.draft_len}{basis}, continued past position {base.draft_len} "
             f"with the fitted iid rate {alpha:.4f} (Leviathan et al. 2023)"
         )
+    all_steps = rates * share
+    cond = stats.conditional_rates(stats.histogram_from_rates(all_steps))
+    return replace(
+        base,
+        draft_len=draft_len,
+        histogram=(),
+        acceptance_length=float(stats.acceptance_length_from_rates(all_steps)),
+        ci_low=None, ci_high=None,
+        macro_acceptance_length=None, macro_ci_low=None, macro_ci_high=None,
+        expected_acceptance_length=None,
+        unconditional_rates=tuple(float(r) for r in all_steps),
+        rates_ci_low=(), rates_ci_high=(),
+        conditional_rates=tuple(None if math.isnan(c) else float(c) for c in cond),
+        drafted_tokens=None, empty_steps=base.empty_steps if drafted else None,
+        drafted_acceptance_length=float(stats.acceptance_length_from_rates(rates)) if drafted else None,
+        draft_acceptance_rate=None,
+        extrapolated=True,
+        extrapolation_method=method,
+    )
     cond = stats.conditional_rates(stats.histogram_from_rates(rates))
     return replace(
         base,

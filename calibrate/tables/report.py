@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from calibrate.tables import stats
+from calibrate.tables.exports import NothingToExport, refuse_overwrite
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 
 
@@ -20,8 +21,10 @@ def _series_label(r: AcceptanceRecord, with_target: bool) -> str:
     return f"{r.target.rsplit('/', 1)[-1]}: {label}" if with_target else label
 
 
-def plot(records: Sequence[AcceptanceRecord], out: Path) -> list[Path]:
-    """Write al_vs_k.png, rates.png and (when drafts were counted) drafts.png under `out`; returns their paths."""
+def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False) -> list[Path]:
+    """Write al_vs_k.png, rates.png and (when drafts were counted) drafts.png under `out`; returns their paths.
+
+    Plots already in `out` are replaced only with `force` (checked before drawing anything)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -29,7 +32,9 @@ def plot(records: Sequence[AcceptanceRecord], out: Path) -> list[Path]:
 
     rows = [r for r in records if r.segment == SEGMENT_ALL and not r.extrapolated]
     if not rows:
-        raise ValueError("nothing to plot: no measured keys match the filters")
+        raise NothingToExport("nothing to plot: no measured keys match the filters")
+    names = ["al_vs_k.png", "rates.png"] + (["drafts.png"] if any(r.drafted_tokens is not None for r in rows) else [])
+    refuse_overwrite([out / name for name in names], force)
     out.mkdir(parents=True, exist_ok=True)
     with_target = len({r.target for r in rows}) > 1
     series: dict[tuple, list[AcceptanceRecord]] = {}

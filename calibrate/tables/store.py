@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
@@ -50,6 +52,7 @@ from typing import Any
 
 import duckdb
 
+from calibrate import __version__
 from calibrate.data.conversation import Problem
 from calibrate.errors import StoreBusy, StoreError
 from calibrate.replay.counts import UNSEGMENTED, RequestOutcome, StepCounts, TotalCounts
@@ -217,6 +220,21 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def check_writable(path: Path) -> None:
+    """DuckDB writes `<store>.wal` beside the store at its first commit, so a folder that takes no new file
+    would fail a run only after it measured, with DuckDB's raw message: probe the folder (and the file)
+    before anything is measured."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise StoreError(f"cannot write the store {path}: its folder {path.parent} takes no new file "
+                         f"({exc.strerror or exc}), and DuckDB writes {path.name}.wal beside it") from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise StoreError(f"cannot write the store {path}: the file is read-only") from None
+
+
 def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open a store (initialised / migrated when writable). Every failure is one message naming the file:
     StoreBusy when another process holds the write lock, StoreError when it is no readable calibrate store,
@@ -231,6 +249,7 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the store {path}: {exc.strerror or exc}") from None
+        check_writable(path)
     try:
         con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as exc:
@@ -255,6 +274,7 @@ def _check_store(con: duckdb.DuckDBPyConnection, path: Path, read_only: bool) ->
     try:
         tables = {name for (name,) in con.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
+        _refuse_newer(_identity_version(con, tables), path)
         if read_only:
             missing = [t for t in TABLES if t not in tables and t != "problems"]
             if missing:
@@ -276,6 +296,30 @@ def _check_store(con: duckdb.DuckDBPyConnection, path: Path, read_only: bool) ->
         raise StoreError(f"{path}: not a readable calibrate store ({_first_line(exc)})") from None
 
 
+def verify_blocks(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Read every column of every table once. DuckDB checks a block's checksum only when it reads the block,
+    so a store with damaged blocks opens fine and fails later, or never for a run that resumes without
+    reading its counts back (`run --no-show`): a store about to be added to is checked whole first."""
+    tables = [name for (name,) in con.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()]
+    try:
+        for table in tables:
+            con.execute(f'SELECT bit_xor(hash(COLUMNS(*))) FROM "{table}"').fetchall()
+    except duckdb.Error as exc:
+        raise StoreError(f"{path}: damaged store, table {table} cannot be read ({_first_line(exc)}); "
+                         "restore it from a copy, or measure into a new --db") from None
+
+
+def _refuse_newer(version: str | None, path: Path) -> None:
+    """A store from a later calibrate may count or key differently: never read or add to it as if it were
+    ours (nor call it older, as the v1 check alone would)."""
+    if version is None or version == IDENTITY_VERSION:
+        return
+    if not version.isdigit() or int(version) > int(IDENTITY_VERSION):
+        raise StoreError(f"{path} was written by a newer calibrate (run identity v{version}; this calibrate "
+                         f"{__version__} knows v{IDENTITY_VERSION}): upgrade calibrate to read or add to it")
+
+
 def _identity_version(con: duckdb.DuckDBPyConnection, tables: set[str]) -> str | None:
     if "store_meta" not in tables:
         return None
@@ -289,6 +333,11 @@ class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.con = connect(self.path)
+        try:
+            verify_blocks(self.con, self.path)
+        except BaseException:
+            self.con.close()
+            raise
 
     def close(self) -> None:
         self.con.close()
@@ -298,6 +347,10 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def holds_requests(self) -> bool:
+        """Whether any request was measured into this store (run rows alone hold no count)."""
+        return bool(self.con.execute("SELECT count(*) FROM requests").fetchone()[0])
 
     def begin_run(self, spec: RunSpec) -> str:
         """Insert the run row, or mark an existing one (same identity) as running again. Returns run_id.
