@@ -112,8 +112,7 @@ def main() -> None:
         a, b = recs["transformers"].get(k), recs["llama.cpp"].get(k)
         if a is None or b is None:
             continue
-        table.add_row(str(k), f"{a.acceptance_length:.3f} [{a.ci_low:.2f}, {a.ci_high:.2f}]",
-                      f"{b.acceptance_length:.3f} [{b.ci_low:.2f}, {b.ci_high:.2f}]",
+        table.add_row(str(k), f"{a.acceptance_length:.3f} [{a.interval}]", f"{b.acceptance_length:.3f} [{b.interval}]",
                       f"{b.acceptance_length / a.acceptance_length:.3f}")
     Console().print(table)
     con = duckdb.connect(str(dbs["transformers"]), read_only=True)

@@ -51,7 +51,7 @@ print(f"\nbenchmark: {MODEL} with {SPECULATOR}, k = {K} (measured k: {measured_k
 from calibrate import lookup
 
 record = lookup(MODEL, SPECULATOR, K, "off", table=DB)
-print(f"AL = {record.value()} (95% CI {record.ci_low:.3f}-{record.ci_high:.3f}, {record.requests} requests, "
+print(f"AL = {record.value()} (95% CI {record.interval}, {record.requests} requests, "
       f"{record.conversations} conversations)")
 print("per-position acceptance rates:", [round(x, 3) for x in record.rates])
 

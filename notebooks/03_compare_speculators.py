@@ -50,7 +50,9 @@ for spec in speculators:
     rows = sorted((r for r in overall if r.speculator == spec), key=lambda r: r.draft_len)
     ks = [r.draft_len for r in rows]
     al = [r.acceptance_length for r in rows]
-    err = [[r.acceptance_length - r.ci_low for r in rows], [r.ci_high - r.acceptance_length for r in rows]]
+    # no bar where the CI is withheld (fewer than 10 conversations: record.ci_note)
+    err = [[0.0 if r.ci_low is None else r.acceptance_length - r.ci_low for r in rows],
+           [0.0 if r.ci_high is None else r.ci_high - r.acceptance_length for r in rows]]
     ax.errorbar(ks, al, yerr=err, marker="o", capsize=3, label=spec)
 ax.set_xlabel("draft length k")
 ax.set_ylabel("pooled AL (95% CI)")
@@ -69,9 +71,14 @@ for k in sorted({r.draft_len for r in overall}):
     if len(ranked) < 2:
         continue
     best, second = ranked[0], ranked[1]
-    verdict = "clearly ahead" if best.ci_low > second.ci_high else "CIs overlap: not distinguishable here"
-    print(f"k={k}: {best.speculator} {best.acceptance_length:.3f} [{best.ci_low:.3f}, {best.ci_high:.3f}] vs "
-          f"{second.speculator} {second.acceptance_length:.3f} [{second.ci_low:.3f}, {second.ci_high:.3f}]: {verdict}")
+    if best.ci_low is None or second.ci_high is None:
+        verdict = "too few conversations for intervals: not distinguishable here"
+    elif best.ci_low > second.ci_high:
+        verdict = "clearly ahead"
+    else:
+        verdict = "CIs overlap: not distinguishable here"
+    print(f"k={k}: {best.speculator} {best.acceptance_length:.3f} [{best.interval}] vs "
+          f"{second.speculator} {second.acceptance_length:.3f} [{second.interval}]: {verdict}")
 
 # %% [markdown]
 # ## By segment
@@ -80,9 +87,9 @@ for k in sorted({r.draft_len for r in overall}):
 # %%
 print(f"{'speculator':<36} {'k':>2} {'segment':<10} {'steps':>6} {'AL':>6}  95% CI")
 for r in sorted(by_segment, key=lambda r: (r.speculator, r.draft_len, r.segment)):
-    if r.segment == "all" or r.ci_low is None:
+    if r.segment == "all":
         continue
     print(f"{r.speculator:<36} {r.draft_len:>2} {r.segment:<10} {r.steps:>6} {r.acceptance_length:6.3f}  "
-          f"[{r.ci_low:.3f}, {r.ci_high:.3f}]")
+          f"{r.interval}")
 segments_seen = {r.segment for r in by_segment}
 assert "all" in segments_seen and len(segments_seen) >= 2, segments_seen
