@@ -345,7 +345,7 @@ def extrapolate(base: AcceptanceRecord, draft_len: int) -> AcceptanceRecord:
         draft_len=draft_len,
         histogram=(),
         acceptance_length=float(stats.acceptance_length_from_rates(all_steps)),
-        ci_low=None, ci_high=None,
+        ci_low=None, ci_high=None, ci_note=None,  # a model of the curve: no interval to withhold
         macro_acceptance_length=None, macro_ci_low=None, macro_ci_high=None,
         expected_acceptance_length=None,
         unconditional_rates=tuple(float(r) for r in all_steps),
@@ -354,22 +354,6 @@ def extrapolate(base: AcceptanceRecord, draft_len: int) -> AcceptanceRecord:
         drafted_tokens=None, empty_steps=base.empty_steps if drafted else None,
         drafted_acceptance_length=float(stats.acceptance_length_from_rates(rates)) if drafted else None,
         draft_acceptance_rate=None,
-        extrapolated=True,
-        extrapolation_method=method,
-    )
-    cond = stats.conditional_rates(stats.histogram_from_rates(rates))
-    return replace(
-        base,
-        draft_len=draft_len,
-        histogram=(),
-        acceptance_length=float(stats.acceptance_length_from_rates(rates)),
-        ci_low=None, ci_high=None,
-        macro_acceptance_length=None, macro_ci_low=None, macro_ci_high=None,
-        expected_acceptance_length=None,
-        unconditional_rates=tuple(float(r) for r in rates),
-        rates_ci_low=(), rates_ci_high=(),
-        conditional_rates=tuple(None if math.isnan(c) else float(c) for c in cond),
-        drafted_tokens=None, empty_steps=None, drafted_acceptance_length=None, draft_acceptance_rate=None,
         extrapolated=True,
         extrapolation_method=method,
     )
