@@ -87,6 +87,8 @@ class ServerConfig(_Strict):
     startup_timeout: float = Field(default=600.0, gt=0)
     request_timeout: float = Field(default=600.0, gt=0)
     log_dir: str | None = None  # launch: where the engine's log goes (default: the temp folder)
+    env: dict[str, str] = Field(default_factory=dict)  # launch: environment variables for the engine, e.g.
+    # VLLM_CPU_KVCACHE_SPACE (GiB of KV cache for vLLM on CPU) or an SGLANG_* switch
 
     @model_validator(mode="after")
     def _mode(self) -> ServerConfig:
@@ -114,6 +116,17 @@ class PairConfig(_Strict):
             raise ValueError(f"backend {self.backend!r} needs a [pairs.server] table (mode, url or model)")
         if self.server is not None and self.server.mode == "connect" and len(self.speculators) != 1:
             raise ValueError("a connected server runs one speculator: list exactly the one it was started with")
+        for i, spec in enumerate(self.speculators):
+            cls = KINDS[spec.kind]
+            if self.backend == "transformers" and not cls.in_process:
+                raise ValueError(f"speculators[{i}] ({spec.kind}, method {getattr(spec, 'method', '?')!r}) runs only "
+                                 "inside a serving engine: set backend = \"vllm\" or \"sglang\" with a "
+                                 "[pairs.server] table")
+            if self.backend != "transformers" and cls.engine_method(spec, self.backend, str) is None:
+                runs_on = ", ".join(cls.engines) or "no engine"
+                raise ValueError(f"speculators[{i}] ({cls.config_name(spec, self.target)}) has no {self.backend} "
+                                 f"method (this kind runs on: {runs_on}); measure it in-process or on another "
+                                 "backend")
         return self
 
     @field_validator("speculators")

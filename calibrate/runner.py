@@ -97,8 +97,8 @@ def prepare(config: Config) -> Prepared:
         raise NothingUsable(f"dataset {ds.source!r}: no assistant turn to replay")
     for pair in config.pairs:
         tokenizer = load_tokenizer(pair.target)
-        for spec in pair.speculators:  # e.g. a draft's tokenizer, a head's shapes: before any weights load
-            speculator_class(spec.kind).check(spec, pair.target, tokenizer)
+        for spec in pair.speculators if pair.backend == "transformers" else ():  # a server checks its own
+            speculator_class(spec.kind).check(spec, pair.target, tokenizer)  # e.g. a head's shapes, before weights
         for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
             render_prompt(requests[0], tokenizer, thinking=thinking, context_tokens=ds.context_tokens,
                           model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)

@@ -123,12 +123,16 @@ def test_vllm_metrics_text_is_what_prometheus_client_renders():
     assert parsed["num_drafts"] == 2 and parsed["num_accepted_tokens"] == 3 and parsed["num_accepted_tokens_per_pos"] == {0: 2.0, 1: 1.0}
 
 
-def test_vllm_server_with_another_k_is_refused(standin):
-    counters = VLLMCounters(k=5)  # started with num_speculative_tokens 5, configured as 3
-    srv = _vllm(standin, counters, [[2, 5]])
+@pytest.mark.parametrize("served_k, configured_k", [(5, 3), (4, 8)])
+def test_vllm_server_with_another_k_is_refused(standin, served_k, configured_k):
+    """vLLM exports one per-position series per draft position of its k, zeros included, from the start, so a
+    configured k that is larger (a model-free drafter's few drafts would pass a count check) is refused too."""
+    counters = VLLMCounters(k=served_k)
+    srv = _vllm(standin, counters, [[2, 1]])
     backend = VLLMBackend()
-    with pytest.raises(EngineError, match=r"vllm at http://127.0.0.1:\d+: 10 draft tokens over 2 steps .* k=3"):
-        backend.complete(srv.url, [1], 3, 64, GREEDY, 0, backend.describe(srv.url, 5), 5)
+    with pytest.raises(EngineError, match=rf"vllm at http://127.0.0.1:\d+: .* {served_k} draft positions: it "
+                                          rf"drafts k={served_k}, not the configured k={configured_k}"):
+        backend.complete(srv.url, [1], configured_k, 64, GREEDY, 0, backend.describe(srv.url, 5), 5)
 
 
 def test_vllm_per_request_metrics_preferred_both_shapes(standin):
@@ -140,7 +144,7 @@ def test_vllm_per_request_metrics_preferred_both_shapes(standin):
     assert reply.counts.histogram == (1, 1, 2) and reply.counts.steps == 4
     from calibrate.engines.vllm import counts_from_request
     sparse = counts_from_request({"num_spec_steps": 4, "num_accepted_draft_tokens": 5, "num_draft_tokens": 8,
-                                  "acceptance_histogram": {"0": 1, "1": 1, "2": 2}}, 2, 10, "draft", "u")
+                                  "acceptance_histogram": {"0": 1, "1": 1, "2": 2}}, 2, 10, True, "u")
     assert sparse.histogram == (1, 1, 2)
 
 

@@ -6,17 +6,17 @@ for a connected server), `open_server` starts or reaches one and yields an engin
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from calibrate.engines.base import Backend, Served, ServerEngine, ServerSpeculator, TargetIdentity
+from calibrate.engines.base import (
+    Backend, Budget, Served, ServerEngine, ServerSpeculator, TargetIdentity,
+)
 from calibrate.engines.llamacpp import LlamaCppBackend
 from calibrate.engines.server import EngineError
 from calibrate.engines.sglang import SGLangBackend
 from calibrate.engines.vllm import VLLMBackend
 from calibrate.models import fingerprint, resolve
 from calibrate.replay.engine import Sampling
-from calibrate.speculators.base import label
 from calibrate.speculators.registry import speculator_class
 
 BACKENDS: dict[str, type] = {"llama.cpp": LlamaCppBackend, "vllm": VLLMBackend, "sglang": SGLangBackend}
@@ -24,42 +24,41 @@ BACKENDS: dict[str, type] = {"llama.cpp": LlamaCppBackend, "vllm": VLLMBackend, 
 __all__ = ["BACKENDS", "EngineError", "Served", "ServerEngine", "TargetIdentity", "open_server", "plan_servers"]
 
 
-def _weights(path: str) -> str:
-    """A local weights path resolved; anything else (a hub id) as written."""
-    p = Path(path).expanduser()
-    return str(p.resolve()) if p.exists() else resolve(path)
-
-
-def server_speculator(spec: Any) -> ServerSpeculator:
-    """Named exactly as the in-process speculator of the same config, so the rows share a key."""
-    if spec.kind == "draft":
-        weights = _weights(getattr(spec, "gguf", None) or spec.model)
-        return ServerSpeculator(name=f"draft:{spec.model}", kind="draft", params={"model": spec.model},
-                                identity=(weights, fingerprint(weights)), config=spec)
+def server_speculator(spec: Any, pair: Any) -> ServerSpeculator:
+    """The speculator a server runs, named exactly as the in-process speculator of the same config (the
+    kind's `config_name`), so the rows share a key whatever the engine; its engine spelling from the kind."""
+    cls = speculator_class(spec.kind)
+    method = cls.engine_method(spec, pair.backend, resolve)
+    if method is None:  # the config validator refuses this first; a direct caller gets the same line
+        raise EngineError(f"{pair.backend}: speculator kind {spec.kind!r} has no {pair.backend} method")
+    weights = getattr(spec, "gguf", None) if pair.backend == "llama.cpp" else getattr(spec, "model", None)
+    identity = (resolve(weights), fingerprint(resolve(weights))) if weights else (None, None)
     params = {k: v for k, v in spec.model_dump().items() if k != "kind"}
-    defaults = getattr(speculator_class(spec.kind), "defaults", None) or {
-        k: f.default for k, f in type(spec).model_fields.items() if k != "kind"}
-    return ServerSpeculator(name=label(spec.kind, params, defaults), kind=spec.kind, params=params,
-                            identity=(None, None), config=spec)
+    return ServerSpeculator(name=cls.config_name(spec, pair.target), kind=spec.kind, params=params,
+                            identity=identity, method=method, drafts_every_step=cls.drafts_every_step)
 
 
 def plan_servers(config: Any, pair: Any) -> list[Served]:
     """launch: one server per (speculator, k); connect: the one server, at the k the config states."""
     cfg = pair.server
     if cfg.mode == "connect":
-        return [Served(server_speculator(pair.speculators[0]), cfg.draft_len, pair)]
-    return [Served(server_speculator(spec), k, pair) for spec in pair.speculators for k in config.sweep.draft_lengths]
+        return [Served(server_speculator(pair.speculators[0], pair), cfg.draft_len, pair)]
+    return [Served(server_speculator(spec, pair), k, pair) for spec in pair.speculators
+            for k in config.sweep.draft_lengths]
 
 
 def _target(pair: Any, url: str, info: dict[str, Any]) -> TargetIdentity:
     cfg = pair.server
     if cfg.mode == "launch":
-        weights = _weights(cfg.model)
+        weights = resolve(cfg.model)
         return TargetIdentity(pair.target, weights, fingerprint(weights), "server")
     served = info.get("model") or url
     return TargetIdentity(pair.target, str(served), None, "server")
 
 
 def open_server(served: Served, config: Any, sampling: Sampling, labeller: Any) -> ServerEngine:
+    """An engine for one (speculator, k) on its server; the server gets the run's budget, not its config."""
     backend: Backend = BACKENDS[served.pair.backend]()
-    return ServerEngine(backend, served, config, sampling, labeller, target_of=_target)
+    ds = config.dataset
+    budget = Budget(context_tokens=ds.context_tokens, max_new_tokens=ds.max_new_tokens, seed=ds.seed)
+    return ServerEngine(backend, served, budget, sampling, labeller, target_of=_target)

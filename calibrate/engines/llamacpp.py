@@ -18,11 +18,11 @@ drafts; our in-process engines count those as censored steps. Both leave them ou
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from calibrate.engines.base import Reply, Served
+from calibrate.engines.base import Budget, Reply, Served
 from calibrate.engines.server import EngineError, http_json
+from calibrate.models import resolve
 from calibrate.replay.counts import TotalCounts
 from calibrate.replay.engine import Sampling
 
@@ -44,21 +44,16 @@ class LlamaCppBackend:
     health = "/health"
     per_request_counts = True
 
-    def command(self, served: Served, host: str, port: int, config: Any) -> list[str]:
-        cfg, spec = served.pair.server, served.speculator.config
-        if spec.kind != "draft" or not getattr(spec, "gguf", None):
-            raise EngineError(f"llama.cpp: speculator {served.speculator.name!r} needs kind 'draft' with a `gguf` "
-                              "file to launch with (-md)")
-        k = served.k
-        slots = cfg.concurrency
-        ctx = (config.dataset.context_tokens + config.dataset.max_new_tokens + 16) * slots
+    def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]:
+        cfg, method, k = served.pair.server, served.speculator.method, served.k
+        flags = [item for key, value in method.settings.items() for item in (f"--{key}", str(value))]
         return [
-            cfg.command or default_binary(), "--model", str(Path(cfg.model).expanduser()),
+            cfg.command or default_binary(), "--model", resolve(cfg.model),
             # The speculative type defaults to `none` in this version: a draft model alone does not draft.
-            "--spec-type", "draft-simple", "--spec-draft-model", str(Path(spec.gguf).expanduser()),
+            "--spec-type", method.method, *flags,
             "--spec-draft-n-max", str(k), "--spec-draft-n-min", str(k), "--spec-draft-p-min", "0",
-            "--ctx-size", str(ctx), "--parallel", str(slots), "--host", host, "--port", str(port),
-            *cfg.args,
+            "--ctx-size", str(budget.max_model_len * cfg.concurrency), "--parallel", str(cfg.concurrency),
+            "--host", host, "--port", str(port), *cfg.args,
         ]
 
     def describe(self, url: str, timeout: float) -> dict[str, Any]:
@@ -69,7 +64,7 @@ class LlamaCppBackend:
                 "slots": props.get("total_slots")}
 
     def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 seed: int, info: dict[str, Any], timeout: float, kind: str = "draft") -> Reply:
+                 seed: int, info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
         body = {
             "prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": sampling.temperature,
             # llama.cpp samples with top_k 40, top_p 0.95, min_p 0.05 unless told: ours means "unset" = off

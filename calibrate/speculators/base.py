@@ -103,6 +103,16 @@ class Proposal:
     probs: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class EngineMethod:
+    """How one serving engine names a speculator kind and spells its settings, k aside (each engine spells
+    k its own way: calibrate.engines.<engine>). Model names in `settings` are already resolved to what
+    the engine loads (a local folder, or a hub id as written)."""
+
+    method: str  # vLLM speculative-config `method`, SGLang `--speculative-algorithm`, llama.cpp `--spec-type`
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
 def label(kind: str, params: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
     """A model-free speculator's name: its kind, plus each parameter that differs from its default.
 
@@ -134,10 +144,31 @@ class Speculator(ABC):
     kind: str = ""
     needs: TargetNeeds = TargetNeeds()
     config_model: ClassVar[type[SpeculatorConfig] | None] = None
+    in_process: ClassVar[bool] = True  # False: the kind runs only inside a serving engine
+    # True for a model drafter: every verify step drafts k, so an engine that lists only drafted steps
+    # (vLLM) lists them all; model-free drafters propose nothing at some steps.
+    drafts_every_step: ClassVar[bool] = False
+    # How each serving engine runs a config of this kind: engine -> (spec, weights) -> EngineMethod or None.
+    # The one place a kind's engine spellings live; the engine backends hold no list of kinds.
+    engines: ClassVar[Mapping[str, Callable[[Any, Callable[[str], str]], EngineMethod | None]]] = {}
 
     @classmethod
     def check(cls, spec: SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
         """Refuse a config that cannot work with this target, before any weights load (default: nothing)."""
+
+    @classmethod
+    def config_name(cls, spec: SpeculatorConfig, target: str) -> str:
+        """The name a config's speculator measures under, in-process and through every engine alike, so their
+        rows share a key. `target` is the pair's target as written (MTP is named after it)."""
+        raise NotImplementedError(f"speculator kind {cls.kind!r} has no name rule")
+
+    @classmethod
+    def engine_method(cls, spec: SpeculatorConfig, engine: str,
+                      weights: Callable[[str], str]) -> EngineMethod | None:
+        """How `engine` ("vllm", "sglang", "llama.cpp") runs this speculator, or None where it cannot.
+        `weights(name)` resolves a model name to what the engine should load."""
+        spell = cls.engines.get(engine)
+        return spell(spec, weights) if spell else None
 
     @classmethod
     def build(cls, spec: SpeculatorConfig, ctx: BuildContext) -> Speculator:

@@ -19,7 +19,9 @@ import torch
 from transformers import DynamicCache
 
 from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
-from calibrate.speculators.base import BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig
+from calibrate.speculators.base import (
+    BuildContext, EngineMethod, Proposal, ReplayScorer, Speculator, SpeculatorConfig,
+)
 
 
 class DraftSpeculatorConfig(SpeculatorConfig):
@@ -50,6 +52,15 @@ class DraftModelSpeculator(Speculator):
 
     kind = "draft"
     config_model = DraftSpeculatorConfig
+    drafts_every_step = True
+    # llama.cpp loads the draft as a GGUF file (`gguf`), the others as a model folder or hub id.
+    engines = {
+        "vllm": lambda spec, weights: EngineMethod("draft_model", {"model": weights(spec.model)}),
+        "sglang": lambda spec, weights: EngineMethod("STANDALONE",
+                                                     {"speculative-draft-model-path": weights(spec.model)}),
+        "llama.cpp": lambda spec, weights: EngineMethod("draft-simple", {"spec-draft-model": weights(spec.gguf)})
+        if spec.gguf else None,
+    }
 
     @classmethod
     def check(cls, spec: DraftSpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
@@ -60,6 +71,11 @@ class DraftModelSpeculator(Speculator):
         if spec.model not in ctx.loaded:
             ctx.loaded[spec.model] = load_model(spec.model, ctx.dtype, ctx.device)
         return cls(ctx.loaded[spec.model], batch_size=ctx.batch_size)
+
+    @classmethod
+    def config_name(cls, spec: DraftSpeculatorConfig, target: str) -> str:
+        return f"draft:{spec.model}"
+
 
     def __init__(self, draft: LoadedModel, batch_size: int = 4):
         self.draft = draft

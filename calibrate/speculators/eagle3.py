@@ -26,7 +26,7 @@ import torch
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import fingerprint, resolve, resolve_dtype
 from calibrate.speculators.base import (
-    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
+    BuildContext, EngineMethod, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
     chain_replay_scorers,
 )
 
@@ -65,6 +65,15 @@ def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tup
 class Eagle3Speculator(Speculator):
     kind = "eagle3"
     config_model = Eagle3SpeculatorConfig
+    drafts_every_step = True
+    engines = {
+        "vllm": lambda spec, weights: EngineMethod("eagle3", {"model": weights(spec.model)}),
+        "sglang": lambda spec, weights: EngineMethod("EAGLE3", {"speculative-draft-model-path": weights(spec.model)}),
+    }
+
+    @classmethod
+    def config_name(cls, spec: Eagle3SpeculatorConfig, target: str) -> str:
+        return f"eagle3:{spec.model}"
 
     @classmethod
     def check(cls, spec: Eagle3SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:

@@ -38,7 +38,7 @@ import torch
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import resolve
 from calibrate.speculators.base import (
-    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
+    BuildContext, EngineMethod, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
     chain_replay_scorers,
 )
 
@@ -234,6 +234,15 @@ class MtpSpeculator(Speculator):
     kind = "mtp"
     config_model = MtpSpeculatorConfig
     needs = TargetNeeds(last=True)
+    drafts_every_step = True
+    # The target's own MTP layers: vLLM `mtp` (any model type it has MTP for); SGLang's EAGLE, which NEXTN
+    # aliases and which loads the DeepSeek / GLM family's draft from the target checkpoint by default.
+    engines = {"vllm": lambda spec, weights: EngineMethod("mtp"),
+               "sglang": lambda spec, weights: EngineMethod("EAGLE")}
+
+    @classmethod
+    def config_name(cls, spec: MtpSpeculatorConfig, target: str) -> str:
+        return f"mtp:{target}"
 
     @classmethod
     def check(cls, spec: MtpSpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:

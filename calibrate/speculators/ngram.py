@@ -23,10 +23,17 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from calibrate.speculators.base import BuildContext, Proposal, Speculator, SpeculatorConfig, label
+from calibrate.speculators.base import (
+    BuildContext, EngineMethod, Proposal, Speculator, SpeculatorConfig, label,
+)
 
 
 VLLM_DEFAULT_LOOKUP = 5  # vLLM SpeculativeConfig: prompt_lookup_min = prompt_lookup_max = 5 when both unset
+
+
+def _params(spec: Any) -> dict[str, Any]:
+    """The settings that make two n-gram configs different drafters, in vLLM's spelling."""
+    return {"prompt_lookup_max": spec.prompt_lookup_max, "prompt_lookup_min": spec.prompt_lookup_min}
 
 
 class NgramSpeculatorConfig(SpeculatorConfig):
@@ -87,10 +94,17 @@ class NgramSpeculator(Speculator):
     kind = "ngram"
     defaults = {"prompt_lookup_max": VLLM_DEFAULT_LOOKUP, "prompt_lookup_min": VLLM_DEFAULT_LOOKUP}
     config_model = NgramSpeculatorConfig
+    # vLLM's prompt lookup only: SGLang's NGRAM is another algorithm (a trie of earlier tokens searched
+    # breadth-first, `--speculative-ngram-*`), measured there as an engine-only kind, never as this one.
+    engines = {"vllm": lambda spec, weights: EngineMethod("ngram", _params(spec))}
 
     @classmethod
     def build(cls, spec: NgramSpeculatorConfig, ctx: BuildContext) -> NgramSpeculator:
         return cls(prompt_lookup_max=spec.prompt_lookup_max, prompt_lookup_min=spec.prompt_lookup_min)
+
+    @classmethod
+    def config_name(cls, spec: NgramSpeculatorConfig, target: str) -> str:
+        return label(cls.kind, _params(spec), cls.defaults)
 
     def __init__(self, prompt_lookup_max: int = VLLM_DEFAULT_LOOKUP, prompt_lookup_min: int = VLLM_DEFAULT_LOOKUP):
         if not 1 <= prompt_lookup_min <= prompt_lookup_max:
@@ -105,7 +119,7 @@ class NgramSpeculator(Speculator):
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"prompt_lookup_max": self.prompt_lookup_max, "prompt_lookup_min": self.prompt_lookup_min}
+        return _params(self)
 
     def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
                 generator: torch.Generator | None = None) -> Proposal:

@@ -13,13 +13,14 @@ from pydantic import Field
 from calibrate.speculators.base import Speculator
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.speculators.eagle3 import Eagle3Speculator
+from calibrate.speculators.engine_only import EngineOnlySpeculator
 from calibrate.speculators.mtp import MtpSpeculator
 from calibrate.speculators.ngram import NgramSpeculator
 from calibrate.speculators.suffix import SuffixSpeculator
 
 KINDS: dict[str, type[Speculator]] = {
     cls.kind: cls for cls in (DraftModelSpeculator, NgramSpeculator, SuffixSpeculator, Eagle3Speculator,
-                           MtpSpeculator)
+                           MtpSpeculator, EngineOnlySpeculator)
 }
 
 # The `[[pairs]].speculators` entry: one of the kinds' config models, chosen by `kind`.

@@ -33,7 +33,8 @@ import torch
 from pydantic import Field
 
 from calibrate.speculators.base import (
-    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, label, leading_matches,
+    BuildContext, EngineMethod, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, label,
+    leading_matches,
 )
 
 
@@ -48,6 +49,12 @@ class SuffixSpeculatorConfig(SpeculatorConfig):
 
 
 EPS = 1e-9
+
+
+def _params(spec: Any) -> dict[str, Any]:
+    """The settings that make two suffix configs different drafters (a config or a built speculator)."""
+    return {"max_depth": spec.max_depth, "max_spec_factor": spec.max_spec_factor,
+            "max_spec_offset": spec.max_spec_offset, "min_token_prob": spec.min_token_prob}
 
 
 @dataclass(frozen=True)
@@ -218,6 +225,11 @@ class SuffixSpeculator(Speculator):
 
     kind = "suffix"
     defaults = {"max_depth": 24, "max_spec_factor": 1.0, "max_spec_offset": 0.0, "min_token_prob": 0.1}
+    # vLLM's `method: suffix` (ArcticInference inside the engine, with the cross-request cache the module
+    # docstring leaves out); vLLM has no offset option (its offset is 0). No other engine has suffix decoding.
+    engines = {"vllm": lambda spec, weights: None if spec.max_spec_offset else EngineMethod("suffix", {
+        "suffix_decoding_max_tree_depth": spec.max_depth, "suffix_decoding_max_spec_factor": spec.max_spec_factor,
+        "suffix_decoding_min_token_prob": spec.min_token_prob})}
     config_model = SuffixSpeculatorConfig
 
     @classmethod
@@ -225,6 +237,10 @@ class SuffixSpeculator(Speculator):
         return cls(max_depth=spec.max_depth, max_spec_factor=spec.max_spec_factor,
                    max_spec_offset=spec.max_spec_offset, min_token_prob=spec.min_token_prob,
                    cache_size=max(64, ctx.batch_size))
+
+    @classmethod
+    def config_name(cls, spec: SuffixSpeculatorConfig, target: str) -> str:
+        return label(cls.kind, _params(spec), cls.defaults)
 
     def __init__(self, max_depth: int = 24, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
                  min_token_prob: float = 0.1, cache_size: int = 64):
@@ -250,8 +266,7 @@ class SuffixSpeculator(Speculator):
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"max_depth": self.max_depth, "max_spec_factor": self.max_spec_factor,
-                "max_spec_offset": self.max_spec_offset, "min_token_prob": self.min_token_prob}
+        return _params(self)
 
     def best_at(self, index: SuffixIndex, at: int, k: int) -> SuffixCandidate:
         """The winning candidate (tokens, their probabilities, match length) as of tokens[:at]."""

@@ -444,8 +444,8 @@ def _count_rows(rows: dict[str, list[list[Any]]], run_id: str, request_id: str,
                 counts: StepCounts | TotalCounts) -> None:
     """The rows one request's counts become: per-segment histograms, or an engine's unsegmented totals."""
     if isinstance(counts, TotalCounts):
-        rows["seg"].append([run_id, request_id, UNSEGMENTED, counts.tokens, counts.steps, 0, None,
-                            counts.drafted_tokens, None, counts.accepted, counts.histogram is not None])
+        rows["seg"].append([run_id, request_id, UNSEGMENTED, counts.tokens, counts.steps, counts.censored_steps,
+                            None, counts.drafted_tokens, None, counts.accepted, counts.histogram is not None])
         rows["acc"].extend([run_id, request_id, UNSEGMENTED, a, n]
                            for a, n in enumerate(counts.histogram or ()) if n > 0)
         rows["pos"].extend([run_id, request_id, i, n] for i, n in enumerate(counts.per_position or ()))
