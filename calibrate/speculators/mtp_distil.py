@@ -9,7 +9,8 @@ nothing, so tests and the `mtp` kind's integration test need one made here:
    main model's own greedy token at every position: what greedy verification accepts.
 The checkpoint is written in DeepSeek's layout (MTP layer i as decoder layer num_hidden_layers + i, with
 `enorm`, `hnorm`, `eh_proj`, `shared_head.norm`), so it is read back by the loader users' checkpoints go
-through (`mtp.load_mtp`).
+through (`mtp.load_mtp`). Its MLA shapes and routing keys are ones vLLM's CPU build loads (VLLM_CPU_MLA,
+VLLM_ROUTING), so the same checkpoint is measured in-process and through vLLM (`method: mtp`).
 
     python -m calibrate.speculators.mtp_distil --tokenizer smollm2-135m-instruct \
         --dataset ../shared/datasets/mini-swe-agent-gemini3pro-swebv/original --out DIR
@@ -30,16 +31,26 @@ import torch
 from calibrate.speculators.mtp import teacher_forced
 
 
+# MLA shapes vLLM's CPU kernels take (vllm-cpu 0.32: the MLA backends support head size kv_lora_rank +
+# qk_rope_head_dim = 576 only, and the AMX one packs nope / v weights in blocks of 32), and the routing keys
+# vLLM reads where transformers' DeepSeek-V3 has a fixed rule (vLLM defaults scoring_func to softmax and
+# creates e_score_correction_bias only for topk_method "noaux_tc"; transformers always routes that way).
+VLLM_CPU_MLA = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 32, "v_head_dim": 32}
+VLLM_ROUTING = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+
+
 def tiny_config(vocab_size: int = 97, hidden: int = 32, layers: int = 2, mtp_layers: int = 1, **extra: Any):
-    """A DeepSeek-V3 config small enough for unit tests: MLA attention, one dense layer then MoE layers."""
+    """A DeepSeek-V3 config small enough for unit tests: MLA attention, one dense layer then MoE layers;
+    `extra` overrides any key (e.g. VLLM_CPU_MLA)."""
     from transformers import DeepseekV3Config
 
+    mla = {"q_lora_rank": hidden // 2, "kv_lora_rank": hidden // 2, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+           "v_head_dim": 8}
     return DeepseekV3Config(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=hidden // 2,
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
-        q_lora_rank=hidden // 2, kv_lora_rank=hidden // 2, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
-        max_position_embeddings=4096, num_mtp_layers=mtp_layers, **extra)
+        max_position_embeddings=4096, num_mtp_layers=mtp_layers, **{**mla, **extra})
 
 
 def new_model(config: Any, seed: int = 0) -> tuple[Any, Any]:
@@ -171,9 +182,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    if (out / ".complete").exists():
+    recipe = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
+    recipe.update(mla=VLLM_CPU_MLA, routing=VLLM_ROUTING)
+    made = out / "recipe.json"
+    if (out / ".complete").exists() and made.exists() and json.loads(made.read_text()) == recipe:
         print(f"{out} exists")
         return
+    (out / ".complete").unlink(missing_ok=True)  # made by another recipe (or unfinished): made again
     from calibrate.models import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
@@ -182,13 +197,14 @@ def main() -> None:
     eos = tokenizer.eos_token_id
     config = tiny_config(vocab_size=len(tokenizer), hidden=args.hidden, mtp_layers=args.mtp_layers,
                          tie_word_embeddings=True, eos_token_id=eos, bos_token_id=tokenizer.bos_token_id,
-                         pad_token_id=eos)
+                         pad_token_id=eos, **VLLM_CPU_MLA, **VLLM_ROUTING)
     main_model, mtp = new_model(config, seed=args.seed)
     train_main(main_model, sequences, steps=args.main_steps, window=256, lr=3e-3)
     mtp.tie_with_main_model(main_model)
     train_mtp(main_model, mtp, sequences, steps=args.mtp_steps, window=256, lr=3e-3)
     save_with_mtp(main_model, mtp, out)
     tokenizer.save_pretrained(out)
+    made.write_text(json.dumps(recipe, indent=2))
     (out / ".complete").touch()
     print(f"wrote {out}")
 
