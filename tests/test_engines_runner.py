@@ -98,7 +98,7 @@ def test_connect_run_gives_rows_show_export_lookup_read(tmp_path, smollm, mini_s
     with pytest.raises(ValueError, match="not available from this engine"):
         lookup(str(smollm), None, K + 2, "off", table=db, extrapolate=True)
     with pytest.raises(ValueError, match="per-position rates .* not available from this engine"):
-        record.vllm_speculative_config("rates")
+        record.rates  # what vLLM's and llama.cpp's rates modes export
 
 
 def test_server_dying_mid_run_keeps_whole_requests_and_resume_counts_once(tmp_path, smollm, mini_swe_dir):

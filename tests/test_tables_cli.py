@@ -74,16 +74,31 @@ def test_show_uses_the_default_database(app: typer.Typer, db: Path, tmp_path: Pa
 
 def test_export_commands(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "golden"))
+    assert res.exit_code == 2 and res.output.startswith("error: --model-prefix is required") and res.output.count("\n") == 1
+    res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "golden"), "--model", Q,
+                 "--model-prefix", "qwen2.5c")
     assert res.exit_code == 0, res.output
-    curve = yaml.safe_load((tmp_path / "golden" / "qwen2.5-coder-1.5b-instruct_ngram.yaml").read_text())
+    curve = yaml.safe_load((tmp_path / "golden" / "qwen2.5c_ngram.yaml").read_text())
     assert curve["qwen2.5-coder-1.5b-instruct"]["thinking_off"] == {1: 1.45, 3: 2.4}
     assert "warning: ngram k=1: exported AL 1.45 is over drafted steps" in res.output  # on stderr
+    assert ("note: InferenceX loads golden_al_distribution/qwen2.5c_draft_model.yaml for MODEL_PREFIX=qwen2.5c, a vllm "
+            "recipe with speculative-config.method draft_model and speculative-config.num_speculative_tokens in {2}, "
+            "THINKING_MODE thinking_off") in res.output
+    assert "warning: qwen2.5c_draft_model.yaml has no thinking_on curve" in res.output
     res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "named"),
-                 "--model", Q, "--speculator", "ngram", "--model-prefix", "qwen2.5c", "--method", "ngram")
-    assert res.exit_code == 0 and (tmp_path / "named" / "qwen2.5c_ngram.yaml").exists()
+                 "--model", Q, "--speculator", "draft:qwen2.5-coder-0.5b-instruct", "--model-prefix", "qwen2.5c",
+                 "--engine", "sglang")
+    assert res.exit_code == 0 and [p.name for p in (tmp_path / "named").iterdir()] == ["qwen2.5c_standalone.yaml"]
     res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "clash"),
-                 "--model", Q, "--method", "mtp")
-    assert res.exit_code == 2 and "qwen2.5-coder-1.5b-instruct_mtp.yaml would hold several curves" in res.output
+                 "--model", Q, "--model-prefix", "qwen2.5c", "--method", "mtp")
+    assert res.exit_code == 2 and "qwen2.5c_mtp.yaml would hold several curves" in res.output
+    res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--model", Q, "--model-prefix", "qwen2.5c",
+                 "--method", "ngram-max4-min1")
+    assert res.exit_code == 2 and "no vllm recipe carries method 'ngram-max4-min1'" in res.output
+    res = invoke(app, "export", "--to", "tilert", "--db", str(db), "--model", Q)
+    assert res.exit_code == 2 and "tilert runs speculator kinds mtp only" in res.output
+    res = invoke(app, "export", "--to", "sglang", "--db", str(db), "--mode", "rates")
+    assert res.exit_code == 2 and "sglang has no --mode rates (modes: length)" in res.output
     res = invoke(app, "export", "--to", "vllm", "--db", str(db), "--vllm-mode", "rates", "--model", "qwen2.5-coder-1.5b-instruct",
                  "--speculator", "ngram", "--draft-len", "3", "--thinking", "off")
     (row,) = json.loads(res.stdout)
@@ -166,7 +181,7 @@ def test_lookup_from_runner_environment(app: typer.Typer, db: Path) -> None:
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "FRAMEWORK": "tgi"})
     assert res.exit_code == 2 and "FRAMEWORK='tgi'" in res.output and "dynamo-sglang" in res.output
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "NUM_SPEC_TOKENS": ""})
-    assert res.exit_code == 2 and "needs NUM_SPEC_TOKENS" in res.output
+    assert res.exit_code == 2 and "needs k: --draft-len, --recipe" in res.output and "NUM_SPEC_TOKENS" in res.output
 
 
 def test_report_writes_pngs(app: typer.Typer, db: Path, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from calibrate.tables import query
+from calibrate.tables.inferencex import KNOWN_TARGETS
 from calibrate.tables.query import CatalogEntry, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
 from calibrate.tables.store import connect
@@ -225,10 +226,10 @@ def _letters(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-# InferenceX MODEL_PREFIX codes whose letters are not a prefix of the model's name -> a name prefix that is
-# (the runners' MODEL_PREFIX for DeepSeek is dsv4 / dsr1 for deepseek-ai/DeepSeek-V4-Pro / DeepSeek-R1-0528).
-# Codes like qwen3.5, glm5.2, kimik3 or minimaxm3 need no entry: they match with punctuation ignored.
-MODEL_PREFIX_ALIASES = {"dsv4": "deepseek-v4", "dsr1": "deepseek-r1", "dsv3": "deepseek-v3"}
+# InferenceX MODEL_PREFIX codes -> the start of their model's name (inferencex.KNOWN_TARGETS, from the committed
+# curves): `dsv4` is not a prefix of DeepSeek-V4-Pro's letters; codes like qwen3.5, glm5.2, kimik3 or minimaxm3
+# would match with punctuation ignored anyway.
+MODEL_PREFIX_ALIASES = {prefix: start for start, prefix in KNOWN_TARGETS}
 
 
 def _describe_targets(entries: Iterable[CatalogEntry]) -> str:
