@@ -405,3 +405,108 @@ def test_atom_and_llamacpp_read_their_flags_at_k(mode: str, records: list[Accept
         value, n_max = llamacpp_rates(l.split())
         assert n_max == r.draft_len
         assert (value if mode == "length" else 1 + sum(value)) == pytest.approx(r.al, abs=r.draft_len * 5e-5 + 0.005)
+
+
+# ---- specdec_bench speculation_profile.json v1.0 (NVIDIA/Model-Optimizer): the writer
+# examples/specdec_bench/specdec_bench/speculation_profile.py at edf879d3daf7879acdeb2dab9f54a591837da7b0
+# (build_profile, _dense_survival, per_step_mean_accept_length, _consistency_check, _monotonicity_check) and
+# its tests examples/specdec_bench/tests/test_speculation_profile.py at 095124e9d582ea52b3aeb636efc281919f3aa4db.
+# Re-typed: the histogram is keyed by tokens per step (accepted + 1); marginal[i] = P(length >= i + 2), a gap
+# inheriting the next larger observed length, 0 past the largest; conditional = ratio of consecutive marginals
+# (0 after a zero); the mean is per step; 1 + sum(marginals) within 0.02 of it; marginals non-increasing; k-long
+# vectors; chain_analytic only for eagle / eagle1 / eagle2 / eagle3 / draft_model.
+def specdec_expected(histogram: dict[str, int], k: int, method: str) -> dict:
+    lengths = {int(length): n for length, n in histogram.items()}
+    total = sum(lengths.values())
+    joint, running = {}, total
+    for length in sorted(lengths):  # AcceptanceRate: P(length >= L) at each observed L
+        joint[length] = running / total
+        running -= lengths[length]
+    survival, carried = {}, 0.0
+    for length in range(max(joint), 0, -1):
+        carried = joint.get(length, carried)
+        survival[length] = carried
+    marginal = [survival.get(i + 2, 0.0) for i in range(k)]
+    conditional, previous = [], 1.0
+    for m in marginal:
+        conditional.append(m / previous if previous > 0 else 0.0)
+        previous = m
+    mean = sum(length * n for length, n in lengths.items()) / total
+    return {"marginal": marginal, "conditional": conditional, "mean": mean,
+            "model": "chain_analytic" if method.lower() in {"eagle", "eagle1", "eagle2", "eagle3", "draft_model"}
+            else "measured_per_k"}
+
+
+def check_profile(profile: dict) -> None:
+    """What a reader of the format may rely on, with the writer's own rules as the oracle."""
+    assert profile["schema_version"] == "1.0" and profile["measured"] is True
+    k = profile["num_speculative_tokens"]
+    expected = specdec_expected(profile["acceptance_length_histogram"], k, profile["method"])
+    assert len(profile["marginal_accept_rates"]) == len(profile["conditional_accept_rates"]) == k
+    assert profile["marginal_accept_rates"] == pytest.approx(expected["marginal"], abs=1e-6)
+    assert profile["conditional_accept_rates"] == pytest.approx(expected["conditional"], abs=1e-6)
+    assert profile["mean_accept_length"] == pytest.approx(expected["mean"], abs=1e-6)
+    assert abs(1 + sum(profile["marginal_accept_rates"]) - profile["mean_accept_length"]) <= 0.02
+    marginal = profile["marginal_accept_rates"]
+    assert all(a >= b for a, b in zip(marginal, marginal[1:]))
+    assert profile["validation"]["mean_consistency"]["passed"] and profile["validation"]["marginal_monotonicity"]["passed"]
+    assert profile["accept_length_model"] == expected["model"]
+    assert profile["max_supported_k"] >= k and profile["verification_method"] == "longest_prefix"
+    assert profile["accept_length_by_k"][str(k)] == pytest.approx(profile["mean_accept_length"])
+
+
+def test_specdec_profiles_validate_against_the_format(known: list[AcceptanceRecord], tmp_path: Path) -> None:
+    consumers.export(known, "specdec-profile", tmp_path, stamp=STAMP)
+    paths = sorted(tmp_path.glob("*/speculation_profile.json"))
+    assert len(paths) == len(known)
+    methods = set()
+    for path in paths:
+        profile = json.loads(path.read_text())
+        check_profile(profile)
+        methods.add((profile["method"], profile["accept_length_model"]))
+        mine = next(r for r in known if path.parent.name.endswith(f"_k{r.draft_len}_thinking-{r.thinking}")
+                    and profile["method"] == inferencex.RECIPE_METHODS["vllm"][r.speculator.partition(":")[0]])
+        assert profile["mean_accept_length"] == pytest.approx(mine.acceptance_length, abs=1e-6)
+        if mine.thinking == "on":  # k 1 and 3 measured under the same conditions: both in accept_length_by_k
+            assert set(profile["accept_length_by_k"]) == {"1", "3"}
+    assert ("eagle3", "chain_analytic") in methods and ("draft_model", "chain_analytic") in methods
+    assert ("mtp", "measured_per_k") in methods and ("ngram", "measured_per_k") in methods
+    draft = json.loads(next(p for p in paths if "draft" in p.parent.name and "_k3_thinking-on" in p.parent.name).read_text())
+    assert draft["draft_checkpoint"] == {"id": "org/deepseek-v4-draft"}
+    assert draft["target_model"] == {"id": "deepseek-ai/DeepSeek-V4-Pro"}
+
+
+def test_specdec_profile_counts_empty_steps_as_steps(tmp_path: Path) -> None:
+    """An n-gram step that proposed nothing emits one token: it is in the histogram, and the identity holds."""
+    path = tmp_path / "mf.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(speculator="ngram"), [Req("r0", "c0", {"answer": [6, 2, 2, 5]}, empty={"answer": 4})])
+    con = connect(path, read_only=True)
+    try:
+        records = load_records(con, segments=True, n_boot=20)
+    finally:
+        con.close()
+    profile = json.loads(consumers.export(records, "specdec-profile", None, stamp=STAMP))
+    check_profile(profile)
+    assert profile["acceptance_length_histogram"] == {"1": 6, "2": 2, "3": 2, "4": 5}
+    assert profile["mean_accept_length"] == pytest.approx(2.4)  # over every step, not the drafted AL 2.91
+    assert profile["per_category"] == {"answer": {"mean_accept_length": 2.4, "steps": 15, "requests": 1}}
+    assert profile["measurement_conditions"]["empty_steps"] == 4
+
+
+def test_specdec_profile_is_one_key_per_file(records: list[AcceptanceRecord]) -> None:
+    with pytest.raises(ValueError, match="a speculation profile describes one: give --out a folder"):
+        consumers.export(records, "specdec-profile", None, stamp=STAMP)
+
+
+# ---- TileRT, as InferenceX sets it (infx/srt_slurm/synthetic_acceptance.py, newest in the search index:
+# TILERT_VARIABLES = TILERT_SIMULATE_ACC_LEN, TILERT_SIMULATE_ACC_METHOD, values f"{al:g}" and "match-expected",
+# decode role only, k from the recipe's with-mtp / num-mtp).
+def test_tilert_reads_the_env_at_k(known: list[AcceptanceRecord]) -> None:
+    mtp = [r for r in known if r.speculator == "mtp"]
+    for env, r in zip(env_lines(consumers.export(mtp, "tilert", None)), mtp, strict=True):
+        assert float(env["TILERT_SIMULATE_ACC_LEN"]) == float(f"{r.al:g}")
+        assert env["TILERT_SIMULATE_ACC_METHOD"] == "match-expected"
+        assert shlex.split(env["TILERT_SPECULATIVE_ARGS"]) == ["--with-mtp", "--num-mtp", str(r.draft_len)]
+    with pytest.raises(ValueError, match="tilert runs speculator kinds mtp only; eagle3 is none of them"):
+        consumers.export([r for r in known if r.speculator == "eagle3"], "tilert", None)
