@@ -276,7 +276,8 @@ def match_speculator(speculator: str, entries: Sequence[CatalogEntry]) -> str | 
     """The stored speculator label a user's label means, or None.
 
     Whole label, case-insensitive; else same kind and the same last path part of what follows the kind
-    ('draft:Qwen/Qwen2.5-Coder-0.5B-Instruct' is 'draft:/models/qwen2.5-coder-0.5b-instruct').
+    ('draft:Qwen/Qwen2.5-Coder-0.5B-Instruct' is 'draft:/models/qwen2.5-coder-0.5b-instruct'); a bare kind
+    ('draft') is the only label of that kind.
     """
     labels = sorted({e.speculator for e in entries})
     wanted = speculator.strip().lower()
@@ -288,6 +289,8 @@ def match_speculator(speculator: str, entries: Sequence[CatalogEntry]) -> str | 
         s for s in labels
         if name and s.partition(":")[0].lower() == kind and _last_part(s.partition(":")[2]) == _last_part(name)
     ]
+    if not name:  # a bare kind (a runner's recipe method: `draft`) means the one label of that kind
+        hits = [s for s in labels if s.partition(":")[0].lower() == kind]
     if len(hits) > 1:
         raise AmbiguousMatch(f"speculator {speculator!r} is ambiguous: it matches {', '.join(hits)}")
     return hits[0] if hits else None

@@ -163,7 +163,9 @@ def question(env: Mapping[str, str], *, model: str | None, speculator: str | Non
         if spec is None:
             raise NoSyntheticAcceptance(f"{recipe}: the generation role runs no speculative decoding")
         k = k if k is not None else spec.checked_draft_len(str(recipe))
-        speculator = speculator or speculator_of(spec.method, prefix)
+        if speculator is None:
+            kind = speculator_of(spec.method, prefix)
+            speculator = f"{kind}:{spec.draft_model}" if kind == "draft" and spec.draft_model else kind
     if k is None and env.get("NUM_SPEC_TOKENS"):
         try:
             k = int(env["NUM_SPEC_TOKENS"])
