@@ -65,8 +65,10 @@ except LookupError as exc:
 # %%
 from calibrate.tables.consumers import LOOKUP_FORMATS, render_lookup
 
-# Every consumer with a lookup form, as `calibrate lookup --format FORM` prints it (calibrate.tables.consumers).
-settings = {form: render_lookup(record, form) for form in LOOKUP_FORMATS if form not in ("value", "json")}
+# Every consumer with a lookup form that runs this speculator, as `calibrate lookup --format FORM` prints it.
+kind = record.speculator.partition(":")[0]
+settings = {form: render_lookup(record, form) for form, c in LOOKUP_FORMATS.items()
+            if c is not None and (c.serves is None or kind in c.serves)}
 for name, text in settings.items():
     (OUT / name).write_text(text if text.endswith("\n") else text + "\n")
     print(f"--- {OUT / name}\n{text.strip()}")

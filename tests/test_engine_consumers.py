@@ -510,3 +510,29 @@ def test_tilert_reads_the_env_at_k(known: list[AcceptanceRecord]) -> None:
         assert shlex.split(env["TILERT_SPECULATIVE_ARGS"]) == ["--with-mtp", "--num-mtp", str(r.draft_len)]
     with pytest.raises(ValueError, match="tilert runs speculator kinds mtp only; eagle3 is none of them"):
         consumers.export([r for r in known if r.speculator == "eagle3"], "tilert", None)
+
+
+# ---- the registry: one entry per consumer is every list the CLI and lookup use.
+def test_the_consumer_registry_is_the_one_list(known: list[AcceptanceRecord]) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from calibrate.tables.commands import register
+
+    app = typer.Typer()
+    register(app)
+    export_help = " ".join(CliRunner().invoke(app, ["export", "--help"], terminal_width=400).output.split())
+    lookup_help = " ".join(CliRunner().invoke(app, ["lookup", "--help"], terminal_width=400).output.split())
+    for c in consumers.CONSUMERS.values():
+        assert c.name in export_help and consumers.consumer(c.name) is c
+        assert all(consumers.consumer(fw) is c for fw in c.frameworks)  # a runner name also names the consumer
+        if c.lookup_format:
+            assert c.lookup_format in lookup_help and c.render is not None and c.engine
+    engines = [c for c in consumers.CONSUMERS.values() if c.render is not None]
+    record = next(r for r in known if r.speculator == "mtp" and r.draft_len == 3)
+    for c in engines:  # every engine setting carries k in the engine's own option
+        text = consumers.render_lookup(record, c.lookup_format)
+        assert re.search(rf"(num_speculative_tokens\": 3|-steps 3|max_draft_len\": 3|-tokens 3|-n-max 3|-num-mtp 3)",
+                         text), (c.name, text)
+    with pytest.raises(ValueError, match="unknown export format 'tgi'; formats: inferencex, vllm"):
+        consumers.consumer("tgi")

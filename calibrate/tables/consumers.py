@@ -243,10 +243,25 @@ CONSUMERS: dict[str, Consumer] = {c.name: c for c in (
              engine=False, segments=True, modes=()),
 )}
 
+
+
+def _index(pairs: Sequence[tuple[str, Consumer | None]], what: str) -> dict[str, Consumer | None]:
+    """A name -> consumer map that refuses, at import, a name two entries claim (a dict would keep the last),
+    or a runner name that is another consumer's name (`consumer` would never reach it)."""
+    out: dict[str, Consumer | None] = {}
+    for name, c in pairs:
+        if name in out or (what == "FRAMEWORK" and CONSUMERS.get(name, c) is not c):
+            raise RuntimeError(f"{what} {name!r} is claimed twice in CONSUMERS")
+        out[name] = c
+    return out
+
+
 # lookup --format: the record's value and the full record, then each consumer's form.
-LOOKUP_FORMATS: dict[str, Consumer | None] = {
-    "value": None, "json": None, **{c.lookup_format: c for c in CONSUMERS.values() if c.lookup_format}}
-FRAMEWORKS: dict[str, Consumer] = {fw: c for c in CONSUMERS.values() for fw in c.frameworks}
+LOOKUP_FORMATS = _index([("value", None), ("json", None),
+                         *((c.lookup_format, c) for c in CONSUMERS.values() if c.lookup_format)], "lookup format")
+# Runner FRAMEWORK values (lookup --from-env) and export --to aliases.
+FRAMEWORKS: dict[str, Consumer] = _index([(fw, c) for c in CONSUMERS.values() for fw in c.frameworks],
+                                         "FRAMEWORK")  # type: ignore[assignment]
 
 
 def consumer(name: str) -> Consumer:
