@@ -89,7 +89,8 @@ def test_connect_run_gives_rows_show_export_lookup_read(tmp_path, smollm, mini_s
     shown = json.loads(res.stdout)
     assert shown[0]["acceptance_length"] == pytest.approx(3.5)
     out = tmp_path / "golden"
-    res = CliRunner().invoke(app, ["export", "--to", "inferencex", "--db", str(db), "--out", str(out)])
+    res = CliRunner().invoke(app, ["export", "--to", "inferencex", "--db", str(db), "--out", str(out),
+                                   "--model-prefix", "smollm2"])
     assert res.exit_code == 0, res.output
     assert "3.5" in "".join(p.read_text() for p in out.rglob("*") if p.is_file())
     res = CliRunner().invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "plots")])
