@@ -168,7 +168,7 @@ def test_inferencex_newest_loader_finds_every_curve_we_export(engine: str, known
                f"recipe with {field} " in n and "in {1, 3}, THINKING_MODE thinking_on / thinking_off" in n for n in notes)
     unserved = [r for r in known if r not in served]
     if unserved:
-        with pytest.raises(ValueError, match=f"a {engine} recipe has no method for speculator kind"):
+        with pytest.raises(ValueError, match=f"{engine} recipes have no method for speculator kind"):
             consumers.export(unserved, "inferencex", None, stamp=STAMP, options=ExportOptions(naming=naming))
 
 
@@ -227,7 +227,7 @@ def test_inferencex_special_names_and_dspark_identity(tmp_path: Path, target: st
     (Naming(model_prefix="Q/Coder", method="ngram"), r"InferenceX refuses curve name 'Q/Coder_ngram'"),
     (Naming(model_prefix="kimik3", method="dspark"), "without the recipe's draft_sample_method"),
     (Naming(model_prefix="q", engine="sglang", method="suffix"), "no sglang recipe carries method 'suffix'"),
-    (Naming(model_prefix="q", engine="tilert"), "a tilert recipe has no method for speculator kind 'ngram'"),
+    (Naming(model_prefix="q", engine="tilert"), "tilert recipes have no method for speculator kind 'ngram'"),
 ])
 def test_inferencex_refuses_names_it_cannot_resolve(records: list[AcceptanceRecord], naming: Naming, reason: str,
                                                     tmp_path: Path) -> None:

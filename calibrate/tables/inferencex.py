@@ -158,7 +158,7 @@ def _recipe_method(record: AcceptanceRecord, engine: str) -> str:
         return RECIPE_METHODS[engine][kind]
     except KeyError:
         servable = ", ".join(RECIPE_METHODS[engine]) or "none"
-        raise ValueError(f"{record.speculator}: a {engine} recipe has no method for speculator kind {kind!r} "
+        raise ValueError(f"{record.speculator}: {engine} recipes have no method for speculator kind {kind!r} "
                          f"(kinds it serves: {servable}); pick another --engine or name the recipe's --method") from None
 
 

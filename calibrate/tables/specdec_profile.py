@@ -110,8 +110,11 @@ def _slug(name: str) -> str:
 
 
 def _folder(r: AcceptanceRecord) -> str:
-    """One folder per key, holding its speculation_profile.json (a profile travels under that exact name)."""
-    return f"{_slug(r.target)}_{_slug(r.speculator)}_k{r.draft_len}_thinking-{r.thinking}"
+    """One folder per key, holding its speculation_profile.json (a profile travels under that exact name); the
+    speculator part keeps its kind ('draft:/models/x' is draft-x)."""
+    kind, _, rest = r.speculator.partition(":")
+    speculator = f"{kind}-{_slug(rest)}" if rest else kind
+    return f"{_slug(r.target)}_{_slug(speculator)}_k{r.draft_len}_thinking-{r.thinking}"
 
 
 def documents(records: Sequence[AcceptanceRecord], tool: str) -> dict[str, str]:
