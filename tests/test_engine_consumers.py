@@ -536,3 +536,21 @@ def test_the_consumer_registry_is_the_one_list(known: list[AcceptanceRecord]) ->
                          text), (c.name, text)
     with pytest.raises(ValueError, match="unknown export format 'tgi'; formats: inferencex, vllm"):
         consumers.consumer("tgi")
+
+
+def test_inferencex_two_recipes_one_name_is_one_file(tmp_path: Path) -> None:
+    """On SGLang, MiniMax-M3's NEXTN head and its EAGLE3 both resolve minimaxm3_eagle3: two speculators, one file,
+    so the export refuses rather than let one overwrite the other."""
+    path = tmp_path / "m3.duckdb"
+    with Store(path) as store:
+        for speculator in ("mtp", "eagle3"):
+            write_run(store, make_spec(target="MiniMaxAI/MiniMax-M3", speculator=speculator, thinking="on"),
+                      [Req("r0", "c0", {"answer": [1, 1, 1, 3]})])
+    con = connect(path, read_only=True)
+    try:
+        records = load_records(con, n_boot=20)
+    finally:
+        con.close()
+    with pytest.raises(ValueError, match=r"minimaxm3_eagle3\.yaml would hold several curves .*eagle3; .*mtp"):
+        consumers.export(records, "inferencex", tmp_path / "out", stamp=STAMP,
+                         options=ExportOptions(naming=Naming(engine="sglang")))

@@ -194,10 +194,12 @@ def _same_model(rows: Sequence[AcceptanceRecord]) -> bool:
 def groups(records: Sequence[AcceptanceRecord], naming: Naming) -> dict[Curve, list[AcceptanceRecord]]:
     """Records per curve. Two curves never share a file: several targets or speculators under one name are
     refused, naming them, unless they are one model by fingerprint (a name and its folder), merged."""
-    out: dict[Curve, list[AcceptanceRecord]] = {}
+    by_name: dict[str, tuple[Curve, list[AcceptanceRecord]]] = {}
     for r in records:
         if r.segment == SEGMENT_ALL:
-            out.setdefault(resolve(r, naming), []).append(r)
+            curve = resolve(r, naming)  # two recipes can resolve one name (minimaxm3: eagle3 and nextn)
+            by_name.setdefault(curve.name, (curve, []))[1].append(r)
+    out = dict(by_name.values())
     for curve, rows in out.items():
         pairs = sorted({(r.target, r.speculator) for r in rows})
         if len(pairs) > 1 and not (len({s for _, s in pairs}) == 1 and _same_model(rows)):
