@@ -18,7 +18,6 @@
 # the same way.
 
 # %%
-import json
 import os
 from pathlib import Path
 
@@ -64,13 +63,12 @@ except LookupError as exc:
 # ## Each engine's setting
 
 # %%
-settings = {
-    "sglang.env": record.sglang_env(),
-    "vllm-speculative-config.json": json.dumps(record.vllm_speculative_config("length")),
-    "trtllm.env": record.trtllm_env(),
-    "atom-args.txt": " ".join(record.atom_args("length")),
-    "llamacpp-args.txt": " ".join(record.llamacpp_args("length")),
-}
+from calibrate.tables.consumers import LOOKUP_FORMATS, render_lookup
+
+# Every consumer with a lookup form that runs this speculator, as `calibrate lookup --format FORM` prints it.
+kind = record.speculator.partition(":")[0]
+settings = {form: render_lookup(record, form) for form, c in LOOKUP_FORMATS.items()
+            if c is not None and (c.serves is None or kind in c.serves)}
 for name, text in settings.items():
     (OUT / name).write_text(text if text.endswith("\n") else text + "\n")
     print(f"--- {OUT / name}\n{text.strip()}")
@@ -80,7 +78,7 @@ for name, text in settings.items():
 # `calibrate export --to json` writes a table a benchmark machine can carry without DuckDB.
 
 # %%
-from calibrate.tables import exports, query
+from calibrate.tables import consumers, query
 from calibrate.tables.store import connect
 
 con = connect(DB, read_only=True)
@@ -89,7 +87,7 @@ try:
 finally:
     con.close()
 exported = OUT / "acceptance.json"
-exports.export(records, "json", exported, force=True)  # the notebook regenerates it on every run
+consumers.export(records, "json", exported, force=True)  # the notebook regenerates it on every run
 again = lookup(MODEL, SPECULATOR, K, "off", table=exported)
 print(f"from {exported.name}: AL = {again.value()}")
 assert again.value() == record.value()

@@ -19,8 +19,9 @@ import pytest
 import yaml
 from test_tables_support import Req, basic_store, make_spec, write_run
 
-from calibrate.tables import exports
+from calibrate.tables import consumers, inferencex
 from calibrate.tables.exports import ExportOptions, Stamp
+from calibrate.tables.inferencex import Naming
 from calibrate.tables.query import load_records
 from calibrate.tables.records import AcceptanceRecord
 from calibrate.tables.store import Store, connect
@@ -51,42 +52,203 @@ def env_lines(text: str) -> list[dict[str, str]]:
     return blocks
 
 
-# ---- InferenceX: infx/srt_slurm/synthetic_acceptance.py, golden_length, at commit
-# 1014800402a255a2452c4dcc011848b2a67ef481 (SemiAnalysisAI/InferenceX): the curve is
-# golden_al_distribution/{MODEL_PREFIX}_{method}.yaml, [a-z0-9_.-]+; exactly one top-level key; the value
-# is float(modes[THINKING_MODE][k]) with an int k, finite, in [1, k + 1].
-def inferencex_golden_length(model_prefix: str, method: str, thinking: str, k: int, golden_dir: Path) -> float:
-    curve = f"{model_prefix}_{method}"
+# ---- InferenceX, newest loader (SemiAnalysisAI/InferenceX): infx/golden_al_distribution (curves.py: curve_name,
+# load_curve, golden_length; newest in the search index, after mirror HEAD 843c6254f) fed by
+# infx/srt_slurm/synthetic_acceptance.py spec_parameters (nearest commit in the index
+# 5101757502ac52745473d1f1dec21af1d3c5da6c; the newest version adds atom's dspark sampler and tilert). Re-typed:
+# a recipe's generation role gives the method and k per engine; the curve is {MODEL_PREFIX}_{method}, with
+# eagle / nextn -> mtp (eagle3 for minimaxm3), minimaxm3 eagle3 + "gqa" in the draft model -> _gqa, dsv4 dspark ->
+# dsv4-pro-0813-dspark, kimik3 dspark -> greedy or the probabilistic curve (anything else refused); the name is
+# [a-z0-9_.-]+; the file has one top-level key; the value is float(modes[THINKING_MODE][k]), finite, in [1, k+1].
+def infx_recipe(engine: str, method: str, k: int, draft_model: str = "", draft_sample_method: str | None = None) -> dict:
+    """A decode role as each engine's recipe spells its speculation (what InferenceX's recipes contain)."""
+    if engine == "vllm":
+        config = {"method": method, "num_speculative_tokens": k, "model": draft_model}
+        if draft_sample_method:
+            config["draft_sample_method"] = draft_sample_method
+        return {"args": {"speculative-config": json.dumps(config)}}
+    if engine == "sglang":
+        k_key = "speculative-dspark-block-size" if method == "dspark" else "speculative-num-steps"
+        return {"args": {"speculative-algorithm": method.upper(), k_key: k, "speculative-draft-model-path": draft_model}}
+    if engine == "trtllm":
+        spelled = {"mtp": "MTP", "eagle3": "Eagle3", "ngram": "NGram", "draft_target": "Draft_Target"}[method]
+        return {"args": {"speculative_config": {"decoding_type": spelled, "max_draft_len": k,
+                                                "speculative_model": draft_model}}}
+    if engine == "atom":
+        return {"args": {"method": method, "num-speculative-tokens": k, "draft-model": draft_model}}
+    assert engine == "tilert" and method == "mtp"
+    return {"args": {"with-mtp": True, "num-mtp": k}}
+
+
+def infx_spec_parameters(role: dict, engine: str) -> dict:
+    args = role["args"]
+    if engine == "tilert":
+        return {"method": "mtp", "num_speculative_tokens": args["num-mtp"]} if args.get("with-mtp") is True else {}
+    if engine == "atom":
+        spec = {"method": str(args["method"]).lower(), "num_speculative_tokens": args["num-speculative-tokens"],
+                "model": args.get("draft-model", "")}
+        if spec["method"] == "dspark":
+            spec["draft_sample_method"] = "probabilistic"
+        return spec
+    if engine == "vllm":
+        return dict(json.loads(args["speculative-config"]))
+    if engine == "sglang":
+        algorithm = str(args["speculative-algorithm"]).lower()
+        k_key = "speculative-dspark-block-size" if algorithm == "dspark" else "speculative-num-steps"
+        return {"method": algorithm, "num_speculative_tokens": args[k_key],
+                "model": args.get("speculative-draft-model-path", "")}
+    spec = args["speculative_config"]
+    return {"method": str(spec["decoding_type"]).lower(), "num_speculative_tokens": spec["max_draft_len"],
+            "model": spec.get("speculative_model", "")}
+
+
+def infx_curve_name(model: str, spec: dict) -> str:
+    method = str(spec.get("method", "")).lower()
+    if method in ("eagle", "nextn"):
+        method = "eagle3" if model == "minimaxm3" else "mtp"
+    curve = f"{model}_{method}"
+    if model in ("dsv4", "dsv4dspark", "dsv4dsparkprob") and method == "dspark":
+        curve = "dsv4-pro-0813-dspark"
+    elif model == "minimaxm3" and method == "eagle3" and "gqa" in str(spec.get("model", "")).lower():
+        curve += "_gqa"
+    elif model == "kimik3" and method == "dspark":
+        sampling = spec.get("draft_sample_method")
+        if sampling == "probabilistic":
+            curve += "_probabilistic_sample_method_block_rejection_sample_method"
+        elif sampling != "greedy":
+            raise ValueError("no Kimi DSpark curve")
     assert re.fullmatch(r"[a-z0-9_.-]+", curve)
-    data = yaml.safe_load((golden_dir / f"{curve}.yaml").read_text())
+    return curve
+
+
+def infx_golden_length(model: str, spec: dict, thinking: str, golden_dir: Path) -> float:
+    k = spec["num_speculative_tokens"]
+    assert isinstance(k, int) and not isinstance(k, bool) and k > 0
+    data = yaml.safe_load((golden_dir / f"{infx_curve_name(model, spec)}.yaml").read_text())
     assert isinstance(data, dict) and len(data) == 1
-    value = float(next(iter(data.values()))[thinking][k])
+    ((_, modes),) = data.items()
+    value = float(modes[thinking][k])
     assert math.isfinite(value) and 1 <= value <= k + 1
     return value
 
 
-def test_inferencex_runner_finds_and_reads_the_curve(tmp_path: Path, records: list[AcceptanceRecord]) -> None:
-    draft = [r for r in records if r.speculator.startswith("draft")]
-    exports.export(draft, "inferencex", tmp_path, stamp=STAMP,
-                   options=ExportOptions(model_prefix="qwen2.5c", method="draft_model"))
-    assert [p.name for p in tmp_path.iterdir()] == ["qwen2.5c_draft_model.yaml"]
-    assert inferencex_golden_length("qwen2.5c", "draft_model", "thinking_off", 2, tmp_path) == draft[0].al
-    # The collector's key (golden_al_distribution/minimaxm3_eagle3.yaml at ce4e6f0737 has `minimax-m3:`):
-    # the lowercased basename, unquoted.
-    assert "\nqwen2.5-coder-1.5b-instruct:\n  thinking_off:\n    2: " in (tmp_path / "qwen2.5c_draft_model.yaml").read_text()
+@pytest.fixture(scope="module")
+def known(tmp_path_factory: pytest.TempPathFactory) -> list[AcceptanceRecord]:
+    """DeepSeek-V4-Pro (runner prefix dsv4) with every kind InferenceX names, k 1 and 3, thinking on and off."""
+    path = tmp_path_factory.mktemp("infx") / "known.duckdb"
+    with Store(path) as store:
+        for speculator in ("mtp", "eagle3", "draft:deepseek-v4-draft", "ngram", "suffix"):
+            for k, thinking in ((1, "on"), (3, "on"), (3, "off")):
+                spec = make_spec(target="deepseek-ai/DeepSeek-V4-Pro", speculator=speculator, draft_len=k,
+                                 thinking=thinking, draft_id="org/deepseek-v4-draft" if "draft" in speculator else None)
+                write_run(store, spec, [Req("r0", "c0", {"answer": [1] * k + [3]}), Req("r1", "c1", {"answer": [2] + [1] * k})])
+    con = connect(path, read_only=True)
+    try:
+        return load_records(con, n_boot=20)
+    finally:
+        con.close()
 
 
-def test_inferencex_default_names_are_vllm_methods(tmp_path: Path, records: list[AcceptanceRecord]) -> None:
-    exports.export([r for r in records if r.target.startswith("Qwen")], "inferencex", tmp_path, stamp=STAMP)
-    ngram = next(r for r in records if r.speculator == "ngram" and r.draft_len == 3 and r.thinking == "on")
-    assert inferencex_golden_length("qwen2.5-coder-1.5b-instruct", "ngram", "thinking_on", 3, tmp_path) == ngram.al
-    assert (tmp_path / "qwen2.5-coder-1.5b-instruct_draft_model.yaml").exists()
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm", "atom", "tilert"])
+def test_inferencex_newest_loader_finds_every_curve_we_export(engine: str, known: list[AcceptanceRecord],
+                                                              tmp_path: Path) -> None:
+    """For every (engine, method, thinking, k) we export, the engine's recipe makes InferenceX open our file
+    and read our value; a kind the engine cannot serve is refused with the reason."""
+    naming = Naming(engine=engine)  # no --model-prefix: DeepSeek-V4-Pro is a known target (dsv4)
+    served = [r for r in known if r.speculator.partition(":")[0] in inferencex.RECIPE_METHODS[engine]]
+    consumers.export(served, "inferencex", tmp_path, stamp=STAMP, options=ExportOptions(naming=naming))
+    for r in served:
+        method = inferencex.RECIPE_METHODS[engine][r.speculator.partition(":")[0]]
+        role = infx_recipe(engine, method, r.draft_len, " ".join(r.draft_ids))
+        assert infx_golden_length("dsv4", infx_spec_parameters(role, engine), f"thinking_{r.thinking}", tmp_path) == r.al
+    notes = consumers.export_notes(served, "inferencex", ExportOptions(naming=naming))
+    assert len(notes) == len(list(tmp_path.iterdir()))
+    field = inferencex.RECIPE_FIELDS[engine][0]
+    assert any(n.startswith(f"InferenceX loads golden_al_distribution/dsv4_") and f"MODEL_PREFIX=dsv4, a {engine} "
+               f"recipe with {field} " in n and "in {1, 3}, THINKING_MODE thinking_on / thinking_off" in n for n in notes)
+    unserved = [r for r in known if r not in served]
+    if unserved:
+        with pytest.raises(ValueError, match=f"{engine} recipes have no method for speculator kind"):
+            consumers.export(unserved, "inferencex", None, stamp=STAMP, options=ExportOptions(naming=naming))
+
+
+def test_inferencex_names_model_heads_the_way_the_loader_does(known: list[AcceptanceRecord], tmp_path: Path) -> None:
+    """SGLang's NEXTN is the model's MTP head (dsv4_mtp.yaml), as vLLM's mtp; the draft model's file differs per
+    engine because its method does (draft_model, standalone, draft_target)."""
+    mtp = [r for r in known if r.speculator == "mtp"]
+    draft = [r for r in known if r.speculator.startswith("draft")]
+    names = {}
+    for engine in ("vllm", "sglang", "trtllm"):
+        options = ExportOptions(naming=Naming(engine=engine))
+        names[engine] = sorted(consumers.inferencex_documents([*mtp, *draft], options, STAMP))
+    assert names == {"vllm": ["dsv4_draft_model.yaml", "dsv4_mtp.yaml"],
+                     "sglang": ["dsv4_mtp.yaml", "dsv4_standalone.yaml"],
+                     "trtllm": ["dsv4_draft_target.yaml", "dsv4_mtp.yaml"]}
+
+
+def _one_curve(tmp_path: Path, target: str, speculator: str, draft_id: str | None = None) -> list[AcceptanceRecord]:
+    path = tmp_path / "one.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(target=target, speculator=speculator, draft_len=3, thinking="on",
+                                   draft_id=draft_id), [Req("r0", "c0", {"answer": [1, 1, 1, 3]})])
+    con = connect(path, read_only=True)
+    try:
+        return load_records(con, n_boot=20)
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize(("target", "speculator", "draft_id", "naming", "engine_method", "prefix", "expected"), [
+    ("deepseek-ai/DeepSeek-V4-Pro-0813", "dspark", None, Naming(engine="sglang", method="dspark"), "dspark", "dsv4",
+     "dsv4-pro-0813-dspark.yaml"),
+    ("moonshotai/Kimi-K3", "dspark", None, Naming(method="dspark", draft_sample_method="probabilistic"), "dspark",
+     "kimik3", "kimik3_dspark_probabilistic_sample_method_block_rejection_sample_method.yaml"),
+    ("moonshotai/Kimi-K3", "dspark", None, Naming(method="dspark", draft_sample_method="greedy"), "dspark", "kimik3",
+     "kimik3_dspark.yaml"),
+    ("MiniMaxAI/MiniMax-M3", "eagle3", "org/MiniMax-M3-EAGLE3-GQA", Naming(), "eagle3", "minimaxm3",
+     "minimaxm3_eagle3_gqa.yaml"),
+    ("MiniMaxAI/MiniMax-M3", "mtp", None, Naming(engine="sglang"), "nextn", "minimaxm3", "minimaxm3_eagle3.yaml"),
+    ("Qwen/Qwen2.5-Coder-1.5B-Instruct", "ngram", None, Naming(model_prefix="qwen2.5c"), "ngram", "qwen2.5c",
+     "qwen2.5c_ngram.yaml"),
+])
+def test_inferencex_special_names_and_dspark_identity(tmp_path: Path, target: str, speculator: str, draft_id: str | None,
+                                                      naming: Naming, engine_method: str, prefix: str,
+                                                      expected: str) -> None:
+    records = _one_curve(tmp_path, target, speculator, draft_id)
+    out = tmp_path / "golden"
+    consumers.export(records, "inferencex", out, stamp=STAMP, options=ExportOptions(naming=naming))
+    assert [p.name for p in out.iterdir()] == [expected]
+    role = infx_recipe(naming.engine, engine_method, 3, draft_id or "", naming.draft_sample_method)
+    assert infx_golden_length(prefix, infx_spec_parameters(role, naming.engine), "thinking_on", out) == records[0].al
+
+
+@pytest.mark.parametrize(("naming", "reason"), [
+    (Naming(model_prefix="q", method="ngram-max4-min1"), "no vllm recipe carries method 'ngram-max4-min1'"),
+    (Naming(model_prefix="Q/Coder", method="ngram"), r"InferenceX refuses curve name 'Q/Coder_ngram'"),
+    (Naming(model_prefix="kimik3", method="dspark"), "without the recipe's draft_sample_method"),
+    (Naming(model_prefix="q", engine="sglang", method="suffix"), "no sglang recipe carries method 'suffix'"),
+    (Naming(model_prefix="q", engine="tilert"), "tilert recipes have no method for speculator kind 'ngram'"),
+])
+def test_inferencex_refuses_names_it_cannot_resolve(records: list[AcceptanceRecord], naming: Naming, reason: str,
+                                                    tmp_path: Path) -> None:
+    ngram = [r for r in records if r.speculator == "ngram" and r.target.startswith("Qwen")]
+    with pytest.raises(ValueError, match=reason):
+        consumers.export(ngram, "inferencex", tmp_path, stamp=STAMP, options=ExportOptions(naming=naming))
+    assert not list(tmp_path.iterdir())
+
+
+def test_inferencex_warns_when_the_default_thinking_mode_finds_nothing(records: list[AcceptanceRecord]) -> None:
+    draft = [r for r in records if r.speculator.startswith("draft")]  # thinking off only
+    options = ExportOptions(naming=Naming(model_prefix="qwen2.5c"))
+    (warning,) = consumers.export_warnings(draft, "inferencex", options)
+    assert "qwen2.5c_draft_model.yaml has no thinking_on curve" in warning and "THINKING_MODE" in warning
 
 
 def test_inferencex_never_lets_two_curves_share_a_file(tmp_path: Path, records: list[AcceptanceRecord]) -> None:
     qwen = [r for r in records if r.target.startswith("Qwen")]
-    with pytest.raises(ValueError, match=r"x_y\.yaml would hold several curves .*draft:qwen2.5-coder-0.5b.*ngram"):
-        exports.export(qwen, "inferencex", tmp_path, stamp=STAMP, options=ExportOptions(model_prefix="x", method="y"))
+    options = ExportOptions(naming=Naming(model_prefix="x", method="eagle"))
+    with pytest.raises(ValueError, match=r"x_mtp\.yaml would hold several curves .*draft:qwen2.5-coder-0.5b.*ngram"):
+        consumers.export(qwen, "inferencex", tmp_path, stamp=STAMP, options=options)
     assert not list(tmp_path.iterdir())  # nothing written
 
 
@@ -106,15 +268,16 @@ def _two_spellings(tmp_path: Path, same_model: bool) -> list[AcceptanceRecord]:
 
 
 def test_inferencex_merges_one_model_under_two_names_and_refuses_two_models(tmp_path: Path) -> None:
+    coder = ExportOptions(naming=Naming(model_prefix="coder-7b"))
     same = _two_spellings(tmp_path, same_model=True)
-    exports.export(same, "inferencex", tmp_path / "golden", stamp=STAMP)
+    consumers.export(same, "inferencex", tmp_path / "golden", stamp=STAMP, options=coder)
     (doc,) = (tmp_path / "golden").iterdir()
     assert doc.name == "coder-7b_ngram.yaml"
     assert yaml.safe_load(doc.read_text()) == {"coder-7b": {"thinking_off": {1: 1.75, 3: 2.5}}}
     other = _two_spellings(tmp_path, same_model=False)
     with pytest.raises(ValueError, match=r"coder-7b_ngram\.yaml would hold several curves \(/models/Coder-7B with "
                                          r"ngram; coder-7b with ngram\)"):
-        exports.export(other, "inferencex", tmp_path / "refused", stamp=STAMP)
+        consumers.export(other, "inferencex", tmp_path / "refused", stamp=STAMP, options=coder)
     assert not (tmp_path / "refused").exists() or not list((tmp_path / "refused").iterdir())
 
 
@@ -138,7 +301,7 @@ def vllm_synthetic_rates(config: dict) -> list[float]:
 
 @pytest.mark.parametrize("mode", ["length", "rates"])
 def test_vllm_reads_the_speculative_config(mode: str, records: list[AcceptanceRecord]) -> None:
-    rows = json.loads(exports.export(records, "vllm", None, options=ExportOptions(mode=mode)))
+    rows = json.loads(consumers.export(records, "vllm", None, options=ExportOptions(mode=mode)))
     for row, r in zip(rows, records):
         rates = vllm_synthetic_rates(row["speculative_config"])
         assert 1 + sum(rates) == pytest.approx(r.al, abs=r.draft_len * 5e-5 + (0.005 if mode == "rates" else 1e-9))
@@ -164,7 +327,7 @@ def sglang_server(env: dict[str, str]) -> tuple[float, int]:
 
 @pytest.mark.parametrize("token_mode", ["real-draft-token", "fixed"])
 def test_sglang_reads_the_env_and_runs_at_k(token_mode: str, records: list[AcceptanceRecord]) -> None:
-    text = exports.export(records, "sglang", None, options=ExportOptions(token_mode=token_mode))
+    text = consumers.export(records, "sglang", None, options=ExportOptions(token_mode=token_mode))
     for env, r in zip(env_lines(text), records):
         assert env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] == token_mode
         assert sglang_server(env) == (r.al, r.draft_len)
@@ -182,14 +345,14 @@ def trtllm_two_model(value: str) -> int:
 
 def test_trtllm_integral_values_survive_the_int_parser(records: list[AcceptanceRecord]) -> None:
     integral = replace(records[0], acceptance_length=3.0, empty_steps=None)
-    (env,) = env_lines(exports.export([integral], "trtllm", None))
+    (env,) = env_lines(consumers.export([integral], "trtllm", None))
     assert trtllm_two_model(env["TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS"]) == 2
     assert json.loads(env["TRTLLM_SPECULATIVE_CONFIG"]) == {"speculative_config": {"max_draft_len": integral.draft_len}}
-    assert exports.export_warnings([integral], "trtllm") == []
+    assert consumers.export_warnings([integral], "trtllm") == []
     fractional = replace(integral, acceptance_length=2.43)
-    (env,) = env_lines(exports.export([fractional], "trtllm", None))
+    (env,) = env_lines(consumers.export([fractional], "trtllm", None))
     assert float(env["TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS"]) == 1.43  # the one-model path reads it
-    (warning,) = exports.export_warnings([fractional], "trtllm")
+    (warning,) = consumers.export_warnings([fractional], "trtllm")
     assert "two-model path" in warning and "int()" in warning
 
 
@@ -232,9 +395,9 @@ def llamacpp_rates(argv: list[str]) -> tuple[list[float] | float, int]:
 @pytest.mark.parametrize("mode", ["length", "rates"])
 def test_atom_and_llamacpp_read_their_flags_at_k(mode: str, records: list[AcceptanceRecord]) -> None:
     options = ExportOptions(mode=mode)
-    atom = [line for line in exports.export(records, "atom", None, options=options).splitlines()
+    atom = [line for line in consumers.export(records, "atom", None, options=options).splitlines()
             if line and not line.startswith("#")]
-    llama = [line for line in exports.export(records, "llamacpp", None, options=options).splitlines()
+    llama = [line for line in consumers.export(records, "llamacpp", None, options=options).splitlines()
              if line and not line.startswith("#")]
     for a, l, r in zip(atom, llama, records, strict=True):
         length, n = atom_length(a.split())
@@ -242,3 +405,152 @@ def test_atom_and_llamacpp_read_their_flags_at_k(mode: str, records: list[Accept
         value, n_max = llamacpp_rates(l.split())
         assert n_max == r.draft_len
         assert (value if mode == "length" else 1 + sum(value)) == pytest.approx(r.al, abs=r.draft_len * 5e-5 + 0.005)
+
+
+# ---- specdec_bench speculation_profile.json v1.0 (NVIDIA/Model-Optimizer): the writer
+# examples/specdec_bench/specdec_bench/speculation_profile.py at edf879d3daf7879acdeb2dab9f54a591837da7b0
+# (build_profile, _dense_survival, per_step_mean_accept_length, _consistency_check, _monotonicity_check) and
+# its tests examples/specdec_bench/tests/test_speculation_profile.py at 095124e9d582ea52b3aeb636efc281919f3aa4db.
+# Re-typed: the histogram is keyed by tokens per step (accepted + 1); marginal[i] = P(length >= i + 2), a gap
+# inheriting the next larger observed length, 0 past the largest; conditional = ratio of consecutive marginals
+# (0 after a zero); the mean is per step; 1 + sum(marginals) within 0.02 of it; marginals non-increasing; k-long
+# vectors; chain_analytic only for eagle / eagle1 / eagle2 / eagle3 / draft_model.
+def specdec_expected(histogram: dict[str, int], k: int, method: str) -> dict:
+    lengths = {int(length): n for length, n in histogram.items()}
+    total = sum(lengths.values())
+    joint, running = {}, total
+    for length in sorted(lengths):  # AcceptanceRate: P(length >= L) at each observed L
+        joint[length] = running / total
+        running -= lengths[length]
+    survival, carried = {}, 0.0
+    for length in range(max(joint), 0, -1):
+        carried = joint.get(length, carried)
+        survival[length] = carried
+    marginal = [survival.get(i + 2, 0.0) for i in range(k)]
+    conditional, previous = [], 1.0
+    for m in marginal:
+        conditional.append(m / previous if previous > 0 else 0.0)
+        previous = m
+    mean = sum(length * n for length, n in lengths.items()) / total
+    return {"marginal": marginal, "conditional": conditional, "mean": mean,
+            "model": "chain_analytic" if method.lower() in {"eagle", "eagle1", "eagle2", "eagle3", "draft_model"}
+            else "measured_per_k"}
+
+
+def check_profile(profile: dict) -> None:
+    """What a reader of the format may rely on, with the writer's own rules as the oracle."""
+    assert profile["schema_version"] == "1.0" and profile["measured"] is True
+    k = profile["num_speculative_tokens"]
+    expected = specdec_expected(profile["acceptance_length_histogram"], k, profile["method"])
+    assert len(profile["marginal_accept_rates"]) == len(profile["conditional_accept_rates"]) == k
+    assert profile["marginal_accept_rates"] == pytest.approx(expected["marginal"], abs=1e-6)
+    assert profile["conditional_accept_rates"] == pytest.approx(expected["conditional"], abs=1e-6)
+    assert profile["mean_accept_length"] == pytest.approx(expected["mean"], abs=1e-6)
+    assert abs(1 + sum(profile["marginal_accept_rates"]) - profile["mean_accept_length"]) <= 0.02
+    marginal = profile["marginal_accept_rates"]
+    assert all(a >= b for a, b in zip(marginal, marginal[1:]))
+    assert profile["validation"]["mean_consistency"]["passed"] and profile["validation"]["marginal_monotonicity"]["passed"]
+    assert profile["accept_length_model"] == expected["model"]
+    assert profile["max_supported_k"] >= k and profile["verification_method"] == "longest_prefix"
+    assert profile["accept_length_by_k"][str(k)] == pytest.approx(profile["mean_accept_length"])
+
+
+def test_specdec_profiles_validate_against_the_format(known: list[AcceptanceRecord], tmp_path: Path) -> None:
+    consumers.export(known, "specdec-profile", tmp_path, stamp=STAMP)
+    paths = sorted(tmp_path.glob("*/speculation_profile.json"))
+    assert len(paths) == len(known)
+    methods = set()
+    for path in paths:
+        profile = json.loads(path.read_text())
+        check_profile(profile)
+        methods.add((profile["method"], profile["accept_length_model"]))
+        mine = next(r for r in known if path.parent.name.endswith(f"_k{r.draft_len}_thinking-{r.thinking}")
+                    and profile["method"] == inferencex.RECIPE_METHODS["vllm"][r.speculator.partition(":")[0]])
+        assert profile["mean_accept_length"] == pytest.approx(mine.acceptance_length, abs=1e-6)
+        if mine.thinking == "on":  # k 1 and 3 measured under the same conditions: both in accept_length_by_k
+            assert set(profile["accept_length_by_k"]) == {"1", "3"}
+    assert ("eagle3", "chain_analytic") in methods and ("draft_model", "chain_analytic") in methods
+    assert ("mtp", "measured_per_k") in methods and ("ngram", "measured_per_k") in methods
+    draft = json.loads(next(p for p in paths if "draft" in p.parent.name and "_k3_thinking-on" in p.parent.name).read_text())
+    assert draft["draft_checkpoint"] == {"id": "org/deepseek-v4-draft"}
+    assert draft["target_model"] == {"id": "deepseek-ai/DeepSeek-V4-Pro"}
+
+
+def test_specdec_profile_counts_empty_steps_as_steps(tmp_path: Path) -> None:
+    """An n-gram step that proposed nothing emits one token: it is in the histogram, and the identity holds."""
+    path = tmp_path / "mf.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(speculator="ngram"), [Req("r0", "c0", {"answer": [6, 2, 2, 5]}, empty={"answer": 4})])
+    con = connect(path, read_only=True)
+    try:
+        records = load_records(con, segments=True, n_boot=20)
+    finally:
+        con.close()
+    profile = json.loads(consumers.export(records, "specdec-profile", None, stamp=STAMP))
+    check_profile(profile)
+    assert profile["acceptance_length_histogram"] == {"1": 6, "2": 2, "3": 2, "4": 5}
+    assert profile["mean_accept_length"] == pytest.approx(2.4)  # over every step, not the drafted AL 2.91
+    assert profile["per_category"] == {"answer": {"mean_accept_length": 2.4, "steps": 15, "requests": 1}}
+    assert profile["measurement_conditions"]["empty_steps"] == 4
+
+
+def test_specdec_profile_is_one_key_per_file(records: list[AcceptanceRecord]) -> None:
+    with pytest.raises(ValueError, match="a speculation profile describes one: give --out a folder"):
+        consumers.export(records, "specdec-profile", None, stamp=STAMP)
+
+
+# ---- TileRT, as InferenceX sets it (infx/srt_slurm/synthetic_acceptance.py, newest in the search index:
+# TILERT_VARIABLES = TILERT_SIMULATE_ACC_LEN, TILERT_SIMULATE_ACC_METHOD, values f"{al:g}" and "match-expected",
+# decode role only, k from the recipe's with-mtp / num-mtp).
+def test_tilert_reads_the_env_at_k(known: list[AcceptanceRecord]) -> None:
+    mtp = [r for r in known if r.speculator == "mtp"]
+    for env, r in zip(env_lines(consumers.export(mtp, "tilert", None)), mtp, strict=True):
+        assert float(env["TILERT_SIMULATE_ACC_LEN"]) == float(f"{r.al:g}")
+        assert env["TILERT_SIMULATE_ACC_METHOD"] == "match-expected"
+        assert shlex.split(env["TILERT_SPECULATIVE_ARGS"]) == ["--with-mtp", "--num-mtp", str(r.draft_len)]
+    with pytest.raises(ValueError, match="tilert runs speculator kinds mtp only; eagle3 is none of them"):
+        consumers.export([r for r in known if r.speculator == "eagle3"], "tilert", None)
+
+
+# ---- the registry: one entry per consumer is every list the CLI and lookup use.
+def test_the_consumer_registry_is_the_one_list(known: list[AcceptanceRecord]) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from calibrate.tables.commands import register
+
+    app = typer.Typer()
+    register(app)
+    export_help = " ".join(CliRunner().invoke(app, ["export", "--help"], terminal_width=400).output.split())
+    lookup_help = " ".join(CliRunner().invoke(app, ["lookup", "--help"], terminal_width=400).output.split())
+    for c in consumers.CONSUMERS.values():
+        assert c.name in export_help and consumers.consumer(c.name) is c
+        assert all(consumers.consumer(fw) is c for fw in c.frameworks)  # a runner name also names the consumer
+        if c.lookup_format:
+            assert c.lookup_format in lookup_help and c.render is not None and c.engine
+    engines = [c for c in consumers.CONSUMERS.values() if c.render is not None]
+    record = next(r for r in known if r.speculator == "mtp" and r.draft_len == 3)
+    for c in engines:  # every engine setting carries k in the engine's own option
+        text = consumers.render_lookup(record, c.lookup_format)
+        assert re.search(rf"(num_speculative_tokens\": 3|-steps 3|max_draft_len\": 3|-tokens 3|-n-max 3|-num-mtp 3)",
+                         text), (c.name, text)
+    with pytest.raises(ValueError, match="unknown export format 'tgi'; formats: inferencex, vllm"):
+        consumers.consumer("tgi")
+
+
+def test_inferencex_two_recipes_one_name_is_one_file(tmp_path: Path) -> None:
+    """On SGLang, MiniMax-M3's NEXTN head and its EAGLE3 both resolve minimaxm3_eagle3: two speculators, one file,
+    so the export refuses rather than let one overwrite the other."""
+    path = tmp_path / "m3.duckdb"
+    with Store(path) as store:
+        for speculator in ("mtp", "eagle3"):
+            write_run(store, make_spec(target="MiniMaxAI/MiniMax-M3", speculator=speculator, thinking="on"),
+                      [Req("r0", "c0", {"answer": [1, 1, 1, 3]})])
+    con = connect(path, read_only=True)
+    try:
+        records = load_records(con, n_boot=20)
+    finally:
+        con.close()
+    with pytest.raises(ValueError, match=r"minimaxm3_eagle3\.yaml would hold several curves .*eagle3; .*mtp"):
+        consumers.export(records, "inferencex", tmp_path / "out", stamp=STAMP,
+                         options=ExportOptions(naming=Naming(engine="sglang")))

@@ -89,7 +89,8 @@ def test_connect_run_gives_rows_show_export_lookup_read(tmp_path, smollm, mini_s
     shown = json.loads(res.stdout)
     assert shown[0]["acceptance_length"] == pytest.approx(3.5)
     out = tmp_path / "golden"
-    res = CliRunner().invoke(app, ["export", "--to", "inferencex", "--db", str(db), "--out", str(out)])
+    res = CliRunner().invoke(app, ["export", "--to", "inferencex", "--db", str(db), "--out", str(out),
+                                   "--model-prefix", "smollm2"])
     assert res.exit_code == 0, res.output
     assert "3.5" in "".join(p.read_text() for p in out.rglob("*") if p.is_file())
     res = CliRunner().invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "plots")])
@@ -98,7 +99,7 @@ def test_connect_run_gives_rows_show_export_lookup_read(tmp_path, smollm, mini_s
     with pytest.raises(ValueError, match="not available from this engine"):
         lookup(str(smollm), None, K + 2, "off", table=db, extrapolate=True)
     with pytest.raises(ValueError, match="per-position rates .* not available from this engine"):
-        record.vllm_speculative_config("rates")
+        record.rates  # what vLLM's and llama.cpp's rates modes export
 
 
 def test_server_dying_mid_run_keeps_whole_requests_and_resume_counts_once(tmp_path, smollm, mini_swe_dir):

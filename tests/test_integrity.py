@@ -321,6 +321,8 @@ def test_exports_refuse_to_overwrite_unless_forced(tmp_path: Path, hand_store: P
     it wrote."""
     out = tmp_path / ("golden" if fmt == "inferencex" else f"t.{fmt}")
     args = ("export", "--to", fmt, "--db", str(hand_store), "--out", str(out))
+    if fmt == "inferencex":  # one curve per file, named by the runner's MODEL_PREFIX
+        args += ("--model", "smollm2-135m-instruct", "--model-prefix", "smollm2")
     first = invoke(*args)
     assert first.exit_code == 0, first.output
     written = [Path(line.removeprefix("wrote ")) for line in first.stderr.splitlines() if line.startswith("wrote ")]

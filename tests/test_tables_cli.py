@@ -74,16 +74,31 @@ def test_show_uses_the_default_database(app: typer.Typer, db: Path, tmp_path: Pa
 
 def test_export_commands(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "golden"))
+    assert res.exit_code == 2 and res.output.startswith("error: --model-prefix is required") and res.output.count("\n") == 1
+    res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "golden"), "--model", Q,
+                 "--model-prefix", "qwen2.5c")
     assert res.exit_code == 0, res.output
-    curve = yaml.safe_load((tmp_path / "golden" / "qwen2.5-coder-1.5b-instruct_ngram.yaml").read_text())
+    curve = yaml.safe_load((tmp_path / "golden" / "qwen2.5c_ngram.yaml").read_text())
     assert curve["qwen2.5-coder-1.5b-instruct"]["thinking_off"] == {1: 1.45, 3: 2.4}
     assert "warning: ngram k=1: exported AL 1.45 is over drafted steps" in res.output  # on stderr
+    assert ("note: InferenceX loads golden_al_distribution/qwen2.5c_draft_model.yaml for MODEL_PREFIX=qwen2.5c, a vllm "
+            "recipe with speculative-config.method draft_model and speculative-config.num_speculative_tokens in {2}, "
+            "THINKING_MODE thinking_off") in res.output
+    assert "warning: qwen2.5c_draft_model.yaml has no thinking_on curve" in res.output
     res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "named"),
-                 "--model", Q, "--speculator", "ngram", "--model-prefix", "qwen2.5c", "--method", "ngram")
-    assert res.exit_code == 0 and (tmp_path / "named" / "qwen2.5c_ngram.yaml").exists()
+                 "--model", Q, "--speculator", "draft:qwen2.5-coder-0.5b-instruct", "--model-prefix", "qwen2.5c",
+                 "--engine", "sglang")
+    assert res.exit_code == 0 and [p.name for p in (tmp_path / "named").iterdir()] == ["qwen2.5c_standalone.yaml"]
     res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "clash"),
-                 "--model", Q, "--method", "mtp")
-    assert res.exit_code == 2 and "qwen2.5-coder-1.5b-instruct_mtp.yaml would hold several curves" in res.output
+                 "--model", Q, "--model-prefix", "qwen2.5c", "--method", "mtp")
+    assert res.exit_code == 2 and "qwen2.5c_mtp.yaml would hold several curves" in res.output
+    res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--model", Q, "--model-prefix", "qwen2.5c",
+                 "--method", "ngram-max4-min1")
+    assert res.exit_code == 2 and "no vllm recipe carries method 'ngram-max4-min1'" in res.output
+    res = invoke(app, "export", "--to", "tilert", "--db", str(db), "--model", Q)
+    assert res.exit_code == 2 and "tilert runs speculator kinds mtp only" in res.output
+    res = invoke(app, "export", "--to", "sglang", "--db", str(db), "--mode", "rates")
+    assert res.exit_code == 2 and "sglang has no --mode rates (modes: length)" in res.output
     res = invoke(app, "export", "--to", "vllm", "--db", str(db), "--vllm-mode", "rates", "--model", "qwen2.5-coder-1.5b-instruct",
                  "--speculator", "ngram", "--draft-len", "3", "--thinking", "off")
     (row,) = json.loads(res.stdout)
@@ -166,7 +181,89 @@ def test_lookup_from_runner_environment(app: typer.Typer, db: Path) -> None:
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "FRAMEWORK": "tgi"})
     assert res.exit_code == 2 and "FRAMEWORK='tgi'" in res.output and "dynamo-sglang" in res.output
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "NUM_SPEC_TOKENS": ""})
-    assert res.exit_code == 2 and "needs NUM_SPEC_TOKENS" in res.output
+    assert res.exit_code == 2 and "needs k: --draft-len, --recipe" in res.output and "NUM_SPEC_TOKENS" in res.output
+
+
+# The newest InferenceX runners (infx/srt_slurm/synthetic_acceptance.py build_overrides / spec_parameters, newest in
+# the search index; nearest commit 5101757502ac52745473d1f1dec21af1d3c5da6c): k and the method come from the
+# recipe's generation role (decode, else agg), each engine spelling them its own way; acceptance is forced only
+# when IS_AGENTIC is 1/true, SPEC_DECODING is not none and EVAL_ONLY is not true.
+NEW_ENV = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "THINKING_MODE": "thinking_off", "IS_AGENTIC": "1",
+           "SPEC_DECODING": "ngram", "EVAL_ONLY": "false"}
+RECIPES = {  # FRAMEWORK -> (recipe, what the answer must contain)
+    "sglang-disagg": ({"roles": {"prefill": {"args": {"speculative-algorithm": "NGRAM", "speculative-num-steps": 1}},
+                                 "decode": {"args": {"speculative-algorithm": "NGRAM", "speculative-num-steps": 3}}}},
+                      "SGLANG_SIMULATE_ACC_LEN=2.40\n"),
+    "mori-sglang": ({"roles": {"agg": {"args": {"speculative-algo": "STANDALONE", "speculative-num-steps": 2}}}},
+                    "SGLANG_SIMULATE_ACC_LEN=2.12\n"),
+    "vllm-disagg": ({"roles": {"decode": {"args": {"speculative-config": json.dumps(
+        {"method": "draft_model", "num_speculative_tokens": 2, "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct"})}}}},
+                    '"synthetic_acceptance_length": 2.12'),
+    "llmd-vllm": ({"decode": {"extra-args": '--max-model-len 8192 --speculative-config {"method": "ngram", '
+                                            '"num_speculative_tokens": 1} --enforce-eager'}},
+                  '"synthetic_acceptance_length": 1.45'),
+    "dynamo-trt": ({"roles": {"decode": {"args": {"speculative_config": {"decoding_type": "Draft_Target",
+                                                                         "max_draft_len": 2}}}}},
+                   "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.12\n"),
+    "atom-disagg": ({"roles": {"decode": {"args": {"method": "ngram", "num-speculative-tokens": 3}}}},
+                    "--num-speculative-tokens 3 --spec-decode-acceptance-length 2.40"),
+}
+
+
+@pytest.mark.parametrize("framework", list(RECIPES))
+def test_lookup_from_the_newest_runner_reads_k_and_method_from_the_recipe(app: typer.Typer, db: Path, tmp_path: Path,
+                                                                         framework: str) -> None:
+    recipe, expected = RECIPES[framework]
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    env = {**NEW_ENV, "FRAMEWORK": framework, "SPEC_DECODING": "mtp"}  # the recipe's method wins over the hint
+    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db), env=env)
+    assert res.exit_code == 0, res.output
+    assert expected in res.stdout
+
+
+def test_lookup_from_env_speaks_every_runner_framework(app: typer.Typer, db: Path) -> None:
+    from calibrate.tables.consumers import FRAMEWORKS
+
+    assert {"mori-sglang", "sglang-disagg", "vllm-disagg", "atom-disagg", "llmd-vllm", "tilert", "dynamo-trt",
+            "dynamo-vllm", "dynamo-sglang", "trt"} <= set(FRAMEWORKS)
+    for framework, consumer in FRAMEWORKS.items():
+        env = {**NEW_ENV, "FRAMEWORK": framework, "NUM_SPEC_TOKENS": "3"}
+        res = invoke(app, "lookup", "--from-env", "--table", str(db), env=env)
+        if consumer.name == "tilert":  # TileRT runs MTP only: an n-gram AL is refused, not written
+            assert res.exit_code == 2 and "tilert runs speculator kinds mtp only" in res.output
+        else:
+            assert res.exit_code == 0, (framework, res.output)
+            assert any(v in res.stdout for v in ("2.40", ": 2.4}", "=1.4\n")), (framework, res.stdout)
+
+
+def test_lookup_from_env_says_why_a_run_forces_nothing(app: typer.Typer, db: Path) -> None:
+    base = {**NEW_ENV, "FRAMEWORK": "sglang", "NUM_SPEC_TOKENS": "3"}
+    for variable, value, reason in (("IS_AGENTIC", "0", "IS_AGENTIC=0: InferenceX forces acceptance only in agentic"),
+                                    ("SPEC_DECODING", "none", "SPEC_DECODING=none"),
+                                    ("EVAL_ONLY", "true", "EVAL_ONLY=true: accuracy runs verify drafts for real")):
+        res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**base, variable: value})
+        assert res.exit_code == 1 and reason in res.output and res.stdout == ""
+    # THINKING_MODE unset: the runners' default, thinking_on
+    res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**base, "THINKING_MODE": None})
+    assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=2.24\n" in res.stdout
+
+
+def test_lookup_recipe_errors_are_one_line(app: typer.Typer, db: Path, tmp_path: Path) -> None:
+    env = {**NEW_ENV, "FRAMEWORK": "sglang"}
+    override = tmp_path / "override.yaml"
+    override.write_text(yaml.safe_dump({"base": {}, "override_a": {}}))
+    none = tmp_path / "plain.yaml"
+    none.write_text(yaml.safe_dump({"roles": {"agg": {"args": {"tp": 8}}}}))
+    bad_k = tmp_path / "bad_k.yaml"
+    bad_k.write_text(yaml.safe_dump({"roles": {"agg": {"args": {"speculative-algorithm": "NGRAM",
+                                                                "speculative-num-steps": "3"}}}}))
+    for path, code, reason in ((override, 2, "override-format recipe"), (none, 1, "runs no speculative decoding"),
+                               (bad_k, 2, "the draft length is '3', not a positive integer")):
+        res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db), env=env)
+        assert res.exit_code == code and reason in res.output and res.output.count("\n") == 1, res.output
+    res = invoke(app, "lookup", "--model", Q, "-k", "3", "--thinking", "off", "--recipe", str(none), "--table", str(db))
+    assert res.exit_code == 2 and "--recipe is read with --from-env" in res.output
 
 
 def test_report_writes_pngs(app: typer.Typer, db: Path, tmp_path: Path) -> None:

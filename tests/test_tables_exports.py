@@ -15,8 +15,9 @@ import pytest
 import yaml
 from test_tables_support import Req, basic_store, make_spec, write_run
 
-from calibrate.tables import exports, stats
+from calibrate.tables import consumers, inferencex, stats
 from calibrate.tables.exports import ExportOptions, Stamp
+from calibrate.tables.inferencex import Naming
 from calibrate.tables.lookup import read_exported
 from calibrate.tables.query import Filters, load_records
 from calibrate.tables.records import AcceptanceRecord
@@ -25,8 +26,14 @@ from calibrate.tables.store import Store, connect
 GOLDEN = Path(__file__).parent / "golden" / "tables"
 STAMP = Stamp(tool_version="0.1.0", day="2026-01-01")
 
+# The InferenceX name needs the runner's MODEL_PREFIX (these test targets are no known target); one curve per
+# file, so the golden file holds the Qwen target's two curves. A profile describes one key.
+QWEN = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+PREFIXES = {QWEN: "qwen2.5c", "smollm2-135m-instruct": "smollm2"}
+ONLY: dict[str, tuple[str, ...]] = {"inferencex.yaml": (QWEN,), "specdec_profile.json": (QWEN, "ngram", "3", "off")}
 CASES = {
-    "inferencex.yaml": ("inferencex", {}),
+    "inferencex.yaml": ("inferencex", {"naming": Naming(model_prefix="qwen2.5c")}),
+    "specdec_profile.json": ("specdec-profile", {}),
     "vllm_length.json": ("vllm", {"mode": "length"}),
     "vllm_rates.json": ("vllm", {"mode": "rates"}),
     "sglang.env": ("sglang", {}),
@@ -67,10 +74,12 @@ def full(db: Path) -> list[AcceptanceRecord]:
 @pytest.mark.parametrize("name", list(CASES))
 def test_golden(name: str, overall: list[AcceptanceRecord], full: list[AcceptanceRecord]) -> None:
     fmt, kw = CASES[name]
-    records = full if fmt in exports.TABLE_FORMATS else overall
+    records = full if consumers.consumer(fmt).segments else overall
+    only = ONLY.get(name, ())
+    records = [r for r in records if tuple(map(str, (r.target, r.speculator, r.draft_len, r.thinking)))[:len(only)] == only]
     # Run times are the only provenance that changes between test runs (run ids are hashes of the spec).
     records = [replace(r, started_at="2026-01-01T00:00:00", finished_at="2026-01-01T00:01:00") for r in records]
-    text = exports.export(records, fmt, None, stamp=STAMP, options=ExportOptions(**kw))
+    text = consumers.export(records, fmt, None, stamp=STAMP, options=ExportOptions(**kw))
     path = GOLDEN / name
     if os.environ.get("UPDATE_GOLDEN"):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,36 +87,58 @@ def test_golden(name: str, overall: list[AcceptanceRecord], full: list[Acceptanc
     assert text == path.read_text(), f"{name} changed; UPDATE_GOLDEN=1 regenerates it (review the diff)"
 
 
+def _curves(records: list[AcceptanceRecord]) -> dict[str, str]:
+    """Every target's curves, each named with its own MODEL_PREFIX."""
+    docs: dict[str, str] = {}
+    for target, prefix in PREFIXES.items():
+        options = ExportOptions(naming=Naming(model_prefix=prefix))
+        docs.update(consumers.inferencex_documents([r for r in records if r.target == target], options, STAMP))
+    return docs
+
+
 def test_inferencex_parses_as_golden_al_distribution(overall: list[AcceptanceRecord]) -> None:
-    docs = exports.inferencex_documents(overall, STAMP)
-    assert set(docs) == {  # {MODEL_PREFIX}_{method}.yaml; by default the prefix is the model's basename
-        "qwen2.5-coder-1.5b-instruct_draft_model.yaml",
-        "qwen2.5-coder-1.5b-instruct_ngram.yaml",
-        "smollm2-135m-instruct_ngram.yaml",
-    }
-    text = docs["qwen2.5-coder-1.5b-instruct_draft_model.yaml"]
-    for needle in ("dataset: mini-swe-agent", "sampling: temperature=0", "spec-calibrate 0.1.0", "2026-01-01"):
-        assert needle in text.split("\nqwen")[0]  # in the header comment
+    docs = _curves(overall)
+    assert set(docs) == {"qwen2.5c_draft_model.yaml", "qwen2.5c_ngram.yaml", "smollm2_ngram.yaml"}
+    text = docs["qwen2.5c_draft_model.yaml"]
+    header = text.split("\nqwen")[0]
+    for needle in ("dataset: mini-swe-agent", "sampling: temperature=0", "spec-calibrate 0.1.0", "2026-01-01",
+                   "loaded by InferenceX for MODEL_PREFIX=qwen2.5c, a vllm recipe with speculative-config.method "
+                   "draft_model and speculative-config.num_speculative_tokens in {2}, THINKING_MODE thinking_off"):
+        assert needle in header  # in the header comment
     data = yaml.safe_load(text)
     # top key: the lowercased model basename, unquoted, as InferenceX's collector writes it
     assert "\nqwen2.5-coder-1.5b-instruct:\n" in text
-    draft = [r for r in overall if r.speculator.startswith("draft") and r.target.startswith("Qwen")]
+    draft = [r for r in overall if r.speculator.startswith("draft") and r.target == QWEN]
     assert data == {"qwen2.5-coder-1.5b-instruct": {"thinking_off": {r.draft_len: r.al for r in draft}}}
     assert re.search(r"^    \d: \d\.\d\d$", text, re.M)  # two decimals, always
-    for doc in yaml.safe_load_all(exports.export(overall, "inferencex", None, stamp=STAMP)):
-        (modes,) = doc.values()  # InferenceX reads one model per file
+    for doc in docs.values():
+        (modes,) = yaml.safe_load(doc).values()  # InferenceX reads one model per file
         for cells in modes.values():
             assert all(1 <= al <= k + 1 for k, al in cells.items())
 
 
+def test_inferencex_needs_the_runners_model_prefix(overall: list[AcceptanceRecord]) -> None:
+    with pytest.raises(ValueError, match=r"--model-prefix is required: .* Qwen/Qwen2.5-Coder-1.5B-Instruct is no "
+                                         r"known target \(deepseek-v4-pro\* -> dsv4"):
+        consumers.export(overall, "inferencex", None, stamp=STAMP)
+
+
 def test_inferencex_to_folder_or_single_file(tmp_path: Path, overall: list[AcceptanceRecord]) -> None:
-    exports.export(overall, "inferencex", tmp_path / "golden", stamp=STAMP)
-    assert len(list((tmp_path / "golden").glob("*.yaml"))) == 3
+    qwen = ExportOptions(naming=Naming(model_prefix="qwen2.5c"))
+    qwen_rows = [r for r in overall if r.target == QWEN]
+    consumers.export(qwen_rows, "inferencex", tmp_path / "golden", stamp=STAMP, options=qwen)
+    assert sorted(p.name for p in (tmp_path / "golden").glob("*.yaml")) == ["qwen2.5c_draft_model.yaml",
+                                                                            "qwen2.5c_ngram.yaml"]
     with pytest.raises(ValueError, match="one model per file"):
-        exports.export(overall, "inferencex", tmp_path / "one.yaml", stamp=STAMP)
+        consumers.export(qwen_rows, "inferencex", tmp_path / "one.yaml", stamp=STAMP, options=qwen)
     one = [r for r in overall if r.target.startswith("smollm")]
-    exports.export(one, "inferencex", tmp_path / "one.yaml", stamp=STAMP)
-    assert yaml.safe_load((tmp_path / "one.yaml").read_text()) == {"smollm2-135m-instruct": {"thinking_off": {2: one[0].al}}}
+    smol = ExportOptions(naming=Naming(model_prefix="smollm2"))
+    with pytest.raises(ValueError, match="InferenceX would never open one.yaml: it resolves this curve as "
+                                         "smollm2_ngram.yaml"):
+        consumers.export(one, "inferencex", tmp_path / "one.yaml", stamp=STAMP, options=smol)
+    consumers.export(one, "inferencex", tmp_path / "smollm2_ngram.yaml", stamp=STAMP, options=smol)
+    assert yaml.safe_load((tmp_path / "smollm2_ngram.yaml").read_text()) == {
+        "smollm2-135m-instruct": {"thinking_off": {2: one[0].al}}}
 
 
 def test_inferencex_refuses_to_mix_datasets(tmp_path: Path) -> None:
@@ -116,22 +147,24 @@ def test_inferencex_refuses_to_mix_datasets(tmp_path: Path) -> None:
         write_run(store, make_spec(dataset="a"), [Req("r0", "c0", {"answer": [1, 1, 1, 1]})])
         write_run(store, make_spec(dataset="b"), [Req("r0", "c0", {"answer": [1, 1, 1, 1]})])
     records = _load(path, segments=False)
+    options = ExportOptions(naming=Naming(model_prefix="q"))
     with pytest.raises(ValueError, match="dataset=a temperature=0; dataset=b"):
-        exports.export(records, "inferencex", None, stamp=STAMP)
-    assert "dataset: b" in exports.export([r for r in records if r.dataset == "b"], "inferencex", None, stamp=STAMP)
+        consumers.export(records, "inferencex", None, stamp=STAMP, options=options)
+    assert "dataset: b" in consumers.export([r for r in records if r.dataset == "b"], "inferencex", None,
+                                            stamp=STAMP, options=options)
 
 
 def test_formats_agree_with_each_other(overall: list[AcceptanceRecord]) -> None:
     rates_mode = ExportOptions(mode="rates")
-    vllm_len = json.loads(exports.export(overall, "vllm", None))
-    vllm_rates = json.loads(exports.export(overall, "vllm", None, options=rates_mode))
-    sglang = exports.export(overall, "sglang", None)
-    trt = exports.export(overall, "trtllm", None)
-    atom_len = exports.export(overall, "atom", None)
-    atom_rate = exports.export(overall, "atom", None, options=rates_mode)
-    llama_len = exports.export(overall, "llamacpp", None)
-    llama_rates = exports.export(overall, "llamacpp", None, options=rates_mode)
-    golden = {name: yaml.safe_load(text) for name, text in exports.inferencex_documents(overall, STAMP).items()}
+    vllm_len = json.loads(consumers.export(overall, "vllm", None))
+    vllm_rates = json.loads(consumers.export(overall, "vllm", None, options=rates_mode))
+    sglang = consumers.export(overall, "sglang", None)
+    trt = consumers.export(overall, "trtllm", None)
+    atom_len = consumers.export(overall, "atom", None)
+    atom_rate = consumers.export(overall, "atom", None, options=rates_mode)
+    llama_len = consumers.export(overall, "llamacpp", None)
+    llama_rates = consumers.export(overall, "llamacpp", None, options=rates_mode)
+    golden = {name: yaml.safe_load(text) for name, text in _curves(overall).items()}
 
     def values(text: str, pattern: str) -> list[str]:
         return re.findall(pattern, text)
@@ -158,13 +191,13 @@ def test_formats_agree_with_each_other(overall: list[AcceptanceRecord]) -> None:
         llama = [float(x) for x in values(llama_rates, r"--spec-synth-rates (\S+)")[i].split(",")]
         assert llama == rates
         assert float(values(atom_rate, r"rate (\S+)")[i]) * r.draft_len == pytest.approx(al[i] - 1, abs=r.draft_len * 5e-5)
-        curve = golden[exports.inferencex_file_name(r, ExportOptions())]
-        assert curve[exports.basename_key(r.target)][f"thinking_{r.thinking}"][r.draft_len] == al[i]
+        curve = golden[inferencex.resolve(r, Naming(model_prefix=PREFIXES[r.target])).file_name]
+        assert curve[inferencex.basename(r.target)][f"thinking_{r.thinking}"][r.draft_len] == al[i]
 
 
 def test_json_and_parquet_parse_back_to_the_same_records(tmp_path: Path, full: list[AcceptanceRecord]) -> None:
-    exports.export(full, "json", tmp_path / "t.json", stamp=STAMP)
-    exports.export(full, "parquet", tmp_path / "t.parquet", stamp=STAMP)
+    consumers.export(full, "json", tmp_path / "t.json", stamp=STAMP)
+    consumers.export(full, "parquet", tmp_path / "t.parquet", stamp=STAMP)
     assert read_exported(tmp_path / "t.json") == full
     assert read_exported(tmp_path / "t.parquet") == full
     doc = json.loads((tmp_path / "t.json").read_text())
@@ -179,7 +212,7 @@ def test_csv_has_every_column_with_lists_as_json(full: list[AcceptanceRecord]) -
     import csv
     import io
 
-    rows = list(csv.DictReader(io.StringIO(exports.export(full, "csv", None))))
+    rows = list(csv.DictReader(io.StringIO(consumers.export(full, "csv", None))))
     assert len(rows) == len(full)
     assert {r["segment"] for r in rows} == {"all", "thinking", "answer", "tool_call"}
     first = rows[0]
@@ -191,11 +224,11 @@ def test_csv_has_every_column_with_lists_as_json(full: list[AcceptanceRecord]) -
 
 def test_export_errors_name_the_problem(overall: list[AcceptanceRecord]) -> None:
     with pytest.raises(ValueError, match="nothing to export"):
-        exports.export([], "sglang", None)
+        consumers.export([], "sglang", None)
     with pytest.raises(ValueError, match="parquet is binary"):
-        exports.export(overall, "parquet", None)
+        consumers.export(overall, "parquet", None)
     with pytest.raises(ValueError, match="formats: inferencex"):
-        exports.export(overall, "yaml", None)
+        consumers.export(overall, "yaml", None)
 
 
 def test_model_free_speculators_export_the_drafted_al_with_the_proposal_rate(tmp_path: Path) -> None:
@@ -210,10 +243,10 @@ def test_model_free_speculators_export_the_drafted_al_with_the_proposal_rate(tmp
     assert suffix.acceptance_length == pytest.approx(2.4)
     assert suffix.drafted_acceptance_length == pytest.approx(1 + 21 / 11) and suffix.proposal_rate == pytest.approx(11 / 15)
     assert suffix.value() == "2.91" and draft.value() == "2.40"
-    cfg = suffix.vllm_speculative_config("rates")
+    cfg = consumers.vllm_config(suffix, ExportOptions(mode="rates"))
     assert 1 + sum(cfg["synthetic_acceptance_rates"]) == pytest.approx(1 + 21 / 11, abs=3e-4)
     assert cfg["synthetic_acceptance_rates"][0] == round(9 / 11, 4)  # P(>= 1 accepted | drafted)
-    (warning,) = exports.export_warnings([suffix, draft], "sglang")
+    (warning,) = consumers.export_warnings([suffix, draft], "sglang")
     assert warning.startswith("suffix k=3: exported AL 2.91 is over drafted steps (73% of steps drafted here; "
                               "AL over all steps 2.40)")
-    assert exports.export_warnings([suffix], "json") == []  # the full table carries every figure itself
+    assert consumers.export_warnings([suffix], "json") == []  # the full table carries every figure itself

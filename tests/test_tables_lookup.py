@@ -11,7 +11,8 @@ import pytest
 from test_tables_support import Req, basic_store, make_spec, write_run
 
 from calibrate import lookup
-from calibrate.tables import exports, stats
+from calibrate.tables import consumers, stats
+from calibrate.tables.exports import ExportOptions
 from calibrate.tables.lookup import AmbiguousMatch, DuckDBTable, NotMeasured, normalize_thinking
 from calibrate.tables.query import load_records
 from calibrate.tables.store import Store, connect
@@ -27,8 +28,8 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     con = connect(db, read_only=True)
     records = load_records(con, segments=True)  # default bootstrap, as lookup computes it
     con.close()
-    exports.export(records, "json", root / "acceptance.json")
-    exports.export(records, "parquet", root / "acceptance.parquet")
+    consumers.export(records, "json", root / "acceptance.json")
+    consumers.export(records, "parquet", root / "acceptance.parquet")
     return {"duckdb": db, "json": root / "acceptance.json", "parquet": root / "acceptance.parquet"}
 
 
@@ -47,20 +48,23 @@ def test_record_contents_and_engine_renderings(tables: dict[str, Path]) -> None:
     assert r.ci_low is None and r.ci_high is None and r.macro_ci_low is None and r.rates_ci_low == ()
     assert r.ci_note == "n too small: 2 conversations, a clustered bootstrap needs >= 10"
     assert not r.extrapolated and r.extrapolation_method is None
-    assert r.sglang_env() == (
+    length, rates, fixed = ExportOptions(), ExportOptions(mode="rates"), ExportOptions(token_mode="fixed")
+    assert consumers.sglang_lines(r, length) == (
         "SGLANG_SIMULATE_ACC_LEN=2.40\nSGLANG_SIMULATE_ACC_METHOD=match-expected\n"
         "SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token\n"
         'SGLANG_SPECULATIVE_ARGS="--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"\n'
     )
-    assert r.sglang_env("fixed").splitlines()[2] == "SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed"
-    assert r.trtllm_env().splitlines()[0] == "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.4"
-    assert r.atom_args() == ["--num-speculative-tokens", "3", "--spec-decode-acceptance-length", "2.40"]
-    assert r.atom_args("rate") == ["--num-speculative-tokens", "3", "--spec-decode-acceptance-rate", "0.4667"]
-    assert r.vllm_speculative_config() == {
+    assert consumers.sglang_lines(r, fixed).splitlines()[2] == "SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed"
+    assert consumers.trtllm_lines(r, length).splitlines()[0] == "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.4"
+    assert consumers.atom_args(r, length) == "--num-speculative-tokens 3 --spec-decode-acceptance-length 2.40\n"
+    assert consumers.atom_args(r, rates) == "--num-speculative-tokens 3 --spec-decode-acceptance-rate 0.4667\n"
+    assert consumers.vllm_config(r, length) == {
         "num_speculative_tokens": 3, "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.4,
     }
-    assert r.vllm_speculative_config("rates")["synthetic_acceptance_rates"] == [0.6, 0.4667, 0.3333]
-    assert r.llamacpp_args("rates") == ["--spec-draft-n-max", "3", "--spec-synth-rates", "0.6000,0.4667,0.3333"]
+    assert consumers.vllm_config(r, rates)["synthetic_acceptance_rates"] == [0.6, 0.4667, 0.3333]
+    assert consumers.llamacpp_args(r, rates) == "--spec-draft-n-max 3 --spec-synth-rates 0.6000,0.4667,0.3333\n"
+    assert consumers.tilert_lines(r, length).splitlines()[:2] == [
+        "TILERT_SIMULATE_ACC_LEN=2.40", "TILERT_SIMULATE_ACC_METHOD=match-expected"]
     with pytest.raises(AttributeError):
         r.acceptance_length = 3.0  # type: ignore[misc]  # frozen
 
@@ -141,7 +145,7 @@ def test_extrapolation_only_with_the_flag_and_always_flagged(tables: dict[str, P
     assert r.unconditional_rates == pytest.approx(expected)
     assert r.acceptance_length == pytest.approx(1 + sum(expected))
     assert r.ci_low is None and r.histogram == ()  # a model of the curve, not a measurement
-    assert r.sglang_env().startswith("SGLANG_SIMULATE_ACC_LEN=")
+    assert consumers.sglang_lines(r, ExportOptions()).startswith("SGLANG_SIMULATE_ACC_LEN=")
     # A k between measured ones comes from the next longer measured curve, cut.
     mid = lookup(Q, "ngram", 2, "off", table=tables["json"], extrapolate=True)
     assert mid.unconditional_rates == pytest.approx(measured.unconditional_rates[:2])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from enum import Enum
@@ -19,29 +18,16 @@ from typing import Any, Optional
 import duckdb
 import typer
 
-from calibrate.errors import cli_errors
-from calibrate.tables import exports, query, stats
+from calibrate.errors import StoreError, cli_errors
+from calibrate.tables import consumers, exports, inferencex, query, runner_env, stats
+from calibrate.tables.inferencex import Naming
 from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.lookup import lookup as lookup_record
-from calibrate.errors import StoreError
-from calibrate.tables.records import SGLANG_TOKEN_MODES, AcceptanceRecord
+from calibrate.tables.records import AcceptanceRecord
 from calibrate.tables.store import connect
 
 SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
              "acceptance_length", "ci_low", "ci_high", "ci_note", "macro_acceptance_length")
-
-# InferenceX's FRAMEWORK values (runners/launch_*.sh, benchmarks/*, .github/configs/*-master.yaml) and the
-# plain engine names -> the lookup format that engine reads. Disaggregated and orchestrated deployments run
-# the same engine underneath (llm-d serves vLLM, dynamo serves vLLM / SGLang / TensorRT-LLM).
-FRAMEWORK_FORMATS = {
-    "vllm": "vllm-config", "dynamo-vllm": "vllm-config", "vllm-disagg": "vllm-config", "llmd-vllm": "vllm-config",
-    "sglang": "sglang-env", "dynamo-sglang": "sglang-env", "sglang-disagg": "sglang-env",
-    "trt": "trtllm-env", "trtllm": "trtllm-env", "dynamo-trt": "trtllm-env",
-    "atom": "atom-args", "atom-disagg": "atom-args",
-    "llamacpp": "llamacpp-args", "llama.cpp": "llamacpp-args",
-}
-FROM_ENV_VARIABLES = ("MODEL_PREFIX", "NUM_SPEC_TOKENS", "THINKING_MODE", "FRAMEWORK")
-
 
 class ShowFormat(str, Enum):
     table = "table"
@@ -49,24 +35,15 @@ class ShowFormat(str, Enum):
     csv = "csv"
 
 
-# The export formats' registry (exports.FORMATS) is the one list; the CLI's choices are made from it.
-ExportFormat = Enum("ExportFormat", {name: name for name in exports.FORMATS}, type=str)
-TokenMode = Enum("TokenMode", {mode: mode for mode in SGLANG_TOKEN_MODES}, type=str)
+# Choices the CLI offers come from the consumer registry (consumers.CONSUMERS).
+TokenMode = Enum("TokenMode", {mode: mode for mode in consumers.SGLANG_TOKEN_MODES}, type=str)
+InferencexEngine = Enum("InferencexEngine", {e: e for e in inferencex.ENGINES}, type=str)
+DraftSampleMethod = Enum("DraftSampleMethod", {m: m for m in inferencex.DRAFT_SAMPLE_METHODS}, type=str)
 
 
 class Mode(str, Enum):
     length = "length"
     rates = "rates"
-
-
-class LookupFormat(str, Enum):
-    value = "value"
-    json = "json"
-    sglang_env = "sglang-env"
-    vllm_config = "vllm-config"
-    trtllm_env = "trtllm-env"
-    atom_args = "atom-args"
-    llamacpp_args = "llamacpp-args"
 
 
 def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_len: list[int] | None,
@@ -359,20 +336,32 @@ def show(
     else:
         sys.stdout.write(_csv_text(show_rows(records, segments)))
 
+_FORMATS_HELP = "; ".join(f"{c.name}: {c.reads}" for c in consumers.CONSUMERS.values())
+_LOOKUP_HELP = ", ".join(consumers.LOOKUP_FORMATS)
+
+
 @cli_errors
 def export(
-    to: ExportFormat = typer.Option(..., "--to", help="Consumer format."),
+    to: str = typer.Option(..., "--to", help=f"Consumer ({_FORMATS_HELP})."),
     db: Path = _DB_OPT,
-    out: Optional[Path] = typer.Option(None, "--out", help="File (inferencex: file or folder); default stdout."),
+    out: Optional[Path] = typer.Option(None, "--out",
+                                       help="File (inferencex, specdec-profile: file or folder); default stdout."),
     mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode",
                               help="length or per-position rates (vllm, llamacpp; atom: rates = rate form)."),
     token_mode: TokenMode = typer.Option(
-        SGLANG_TOKEN_MODES[0], "--token-mode",
+        consumers.SGLANG_TOKEN_MODES[0], "--token-mode",
         help="sglang: SGLANG_SIMULATE_ACC_TOKEN_MODE (real-draft-token needs --speculative-eagle-topk 1)."),
     model_prefix: Optional[str] = typer.Option(
-        None, "--model-prefix", help="inferencex: MODEL_PREFIX of the file name (dsv4, qwen3.5, ...)."),
+        None, "--model-prefix", help="inferencex: the runner's MODEL_PREFIX (dsv4, qwen3.5, ...; known targets "
+                                     "have one, see calibrate/tables/inferencex.py KNOWN_TARGETS)."),
+    engine: InferencexEngine = typer.Option(
+        InferencexEngine.vllm, "--engine", help="inferencex: the engine whose recipe names the method."),
     method: Optional[str] = typer.Option(
-        None, "--method", help="inferencex: method of the file name (mtp, eagle3, ngram, draft_model, ...)."),
+        None, "--method", help="inferencex: the recipe's method (default: the engine's for the speculator kind)."),
+    draft_sample_method: Optional[DraftSampleMethod] = typer.Option(
+        None, "--draft-sample-method", help="inferencex DSpark: the recipe's draft_sample_method."),
+    draft_model: Optional[str] = typer.Option(
+        None, "--draft-model", help="inferencex: the recipe's draft model path (default: the measured draft)."),
     model: Optional[str] = _MODEL_OPT,
     speculator: Optional[list[str]] = _SPEC_OPT,
     draft_len: Optional[list[int]] = _K_OPT,
@@ -384,14 +373,19 @@ def export(
     where: Optional[list[str]] = _WHERE_OPT,
     force: bool = _FORCE_OPT,
 ) -> None:
-    """Export the acceptance table for an engine, InferenceX, or as a full CSV / Parquet / JSON table."""
-    full = to.value in exports.TABLE_FORMATS
-    records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), full, bootstrap, seed)
-    options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, model_prefix=model_prefix,
-                                    method=method)
-    written = exports.export(records, to.value, out, options=options, force=force)
-    for warning in exports.export_warnings(records, to.value):
+    """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
+    target = consumers.consumer(to)
+    records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), target.segments,
+                    bootstrap, seed)
+    naming = Naming(model_prefix=model_prefix, method=method, engine=engine.value,
+                    draft_sample_method=draft_sample_method.value if draft_sample_method else None,
+                    draft_model=draft_model)
+    options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, naming=naming)
+    written = consumers.export(records, target.name, out, options=options, force=force)
+    for warning in consumers.export_warnings(records, target.name, options):
         typer.echo(f"warning: {warning}", err=True)
+    for note in consumers.export_notes(records, target.name, options):
+        typer.echo(f"note: {note}", err=True)
     if isinstance(written, str):
         sys.stdout.write(written)
     else:
@@ -405,7 +399,7 @@ def lookup(
     draft_len: Optional[int] = typer.Option(None, "--draft-len", "-k", help="Draft length k."),
     thinking: Optional[str] = typer.Option(None, "--thinking", help="on / off."),
     table: Optional[Path] = typer.Option(None, "--table", help="A .duckdb store or an exported .json/.parquet."),
-    format: Optional[LookupFormat] = typer.Option(None, "--format", help="Output form (default value)."),
+    format: Optional[str] = typer.Option(None, "--format", help=f"Output form: {_LOOKUP_HELP} (default value)."),
     dataset: Optional[str] = typer.Option(None, "--dataset"),
     temperature: Optional[float] = typer.Option(None, "--temperature"),
     segment: str = typer.Option("all", "--segment", help="all, thinking, answer or tool_call."),
@@ -414,29 +408,50 @@ def lookup(
     mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode",
                               help="length or rates: vllm-config / llamacpp-args / atom-args form."),
     shell: bool = typer.Option(False, "--shell", help="Env formats: prefix lines with `export` for eval."),
-    from_env: bool = typer.Option(False, "--from-env",
-                                  help="Read MODEL_PREFIX, NUM_SPEC_TOKENS, THINKING_MODE, FRAMEWORK."),
+    from_env: bool = typer.Option(False, "--from-env", help="Ask what an InferenceX runner asks: "
+                                  f"{', '.join(runner_env.ENV_VARIABLES)}, k and method from --recipe."),
+    recipe: Optional[Path] = typer.Option(None, "--recipe", help="--from-env: the engine recipe (srtctl / llm-d "
+                                          "YAML) whose generation role holds k and the method."),
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
     match_prefix = False
     if from_env:
-        model, draft_len, thinking, format, match_prefix = _from_environment(model, draft_len, thinking, format)
+        asked = runner_env.question(runner_env.environment(), model=model, speculator=speculator,
+                                    draft_len=draft_len, thinking=thinking, recipe=recipe,
+                                    dialect_of={fw: d for c in consumers.CONSUMERS.values()
+                                                for fw, d in c.frameworks.items()})
+        model, speculator, draft_len, thinking, match_prefix = (asked.model, asked.speculator, asked.draft_len,
+                                                                asked.thinking, asked.prefix)
+        if format is None:
+            format = _framework_format(asked.framework)
+    elif recipe is not None:
+        raise ValueError("--recipe is read with --from-env (it needs the runner's FRAMEWORK)")
     missing_opts = [name for name, v in (("--model", model), ("--draft-len", draft_len), ("--thinking", thinking))
                     if v is None]
     if missing_opts:
         raise ValueError(f"missing {', '.join(missing_opts)} (or use --from-env)")
+    form = format or "value"
+    consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
     record = lookup_record(
         model, speculator, draft_len, thinking, table=table, dataset=dataset, temperature=temperature,
         extrapolate=extrapolate, segment=segment, match_prefix=match_prefix,
     )
-    sys.stdout.write(render_lookup(record, format or LookupFormat.value, mode.value, shell))
-    notes = [record.model_free_note()]
-    if format is LookupFormat.trtllm_env:
-        notes.append(record.trtllm_warning())
-    for note in filter(None, notes):
+    sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell))
+    for note in consumers.lookup_warnings(record, form):
         typer.echo(f"warning: {note}", err=True)
     if record.extrapolated:
         typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
+
+
+def _framework_format(framework: str | None) -> str:
+    """The lookup form a runner's FRAMEWORK reads (registry aliases: dynamo-*, *-disagg, llmd-vllm, ...)."""
+    if framework is None:
+        raise ValueError("--from-env needs FRAMEWORK set (or --format)")
+    found = consumers.FRAMEWORKS.get(framework)
+    if found is None or found.lookup_format is None:
+        raise ValueError(f"FRAMEWORK={framework!r} has no synthetic-acceptance form; "
+                         f"known: {', '.join(consumers.FRAMEWORKS)}")
+    return found.lookup_format
 
 @cli_errors
 def report(
@@ -460,55 +475,10 @@ def report(
         typer.echo(str(path))
 
 
-def _from_environment(model: str | None, draft_len: int | None, thinking: str | None,
-                      format: LookupFormat | None) -> tuple[str, int, str, LookupFormat | None, bool]:
-    """Fill what the command line left out from InferenceX's runner variables (FROM_ENV_VARIABLES).
-
-    Returns (model, k, thinking, format, whether the model is a MODEL_PREFIX to match loosely)."""
-    missing = [v for v in FROM_ENV_VARIABLES if not os.environ.get(v)]
-    if missing:
-        raise ValueError(f"--from-env needs {', '.join(missing)} set (reads {', '.join(FROM_ENV_VARIABLES)})")
-    env = {v: os.environ[v] for v in FROM_ENV_VARIABLES}
-    model = model or env["MODEL_PREFIX"]
-    if draft_len is None:
-        try:
-            draft_len = int(env["NUM_SPEC_TOKENS"])
-        except ValueError:
-            raise ValueError(f"NUM_SPEC_TOKENS={env['NUM_SPEC_TOKENS']!r} is not an integer") from None
-    if format is None:
-        framework = env["FRAMEWORK"].strip().lower()
-        if framework not in FRAMEWORK_FORMATS:
-            raise ValueError(f"FRAMEWORK={env['FRAMEWORK']!r} has no synthetic-acceptance form; "
-                             f"known: {', '.join(FRAMEWORK_FORMATS)}")
-        format = LookupFormat(FRAMEWORK_FORMATS[framework])
-    return model, draft_len, thinking or env["THINKING_MODE"], format, model == env["MODEL_PREFIX"]
-
-
 def register(app: typer.Typer) -> None:
     """Add show, export, lookup and report to the calibrate Typer app."""
     for command in (show, export, lookup, report):
         app.command()(command)
 
 
-def render_lookup(record: AcceptanceRecord, fmt: LookupFormat, mode: str = "length", shell: bool = False) -> str:
-    """A lookup answer as text for stdout; env forms carry a comment line saying what they are."""
-    comment = (f"# {record.target} | {record.speculator} | k={record.draft_len} | thinking={record.thinking}"
-               + (f" | drafted AL, proposal rate {record.proposal_rate:.2f}" if record.uses_drafted else "")
-               + (f" | EXTRAPOLATED: {record.extrapolation_method}" if record.extrapolated else "") + "\n")
-    prefix = "export " if shell else ""
-    if fmt is LookupFormat.value:
-        return record.value() + "\n"
-    if fmt is LookupFormat.json:
-        return json.dumps(record.to_dict(), indent=2) + "\n"
-    if fmt is LookupFormat.sglang_env:
-        return comment + "".join(prefix + line + "\n" for line in record.sglang_env().splitlines())
-    if fmt is LookupFormat.trtllm_env:
-        return comment + prefix + record.trtllm_env()
-    if fmt is LookupFormat.vllm_config:
-        return json.dumps(record.vllm_speculative_config(mode)) + "\n"
-    if fmt is LookupFormat.atom_args:
-        return " ".join(record.atom_args("rate" if mode == "rates" else "length")) + "\n"
-    return " ".join(record.llamacpp_args(mode)) + "\n"
-
-
-__all__ = ["register", "print_table", "render_lookup", "show_rows"]
+__all__ = ["register", "print_table", "show_rows"]

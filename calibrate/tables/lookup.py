@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from calibrate.tables import query
+from calibrate.tables.inferencex import KNOWN_TARGETS
 from calibrate.tables.query import CatalogEntry, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
 from calibrate.tables.store import connect
@@ -225,10 +226,10 @@ def _letters(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-# InferenceX MODEL_PREFIX codes whose letters are not a prefix of the model's name -> a name prefix that is
-# (the runners' MODEL_PREFIX for DeepSeek is dsv4 / dsr1 for deepseek-ai/DeepSeek-V4-Pro / DeepSeek-R1-0528).
-# Codes like qwen3.5, glm5.2, kimik3 or minimaxm3 need no entry: they match with punctuation ignored.
-MODEL_PREFIX_ALIASES = {"dsv4": "deepseek-v4", "dsr1": "deepseek-r1", "dsv3": "deepseek-v3"}
+# InferenceX MODEL_PREFIX codes -> the start of their model's name (inferencex.KNOWN_TARGETS, from the committed
+# curves): `dsv4` is not a prefix of DeepSeek-V4-Pro's letters; codes like qwen3.5, glm5.2, kimik3 or minimaxm3
+# would match with punctuation ignored anyway.
+MODEL_PREFIX_ALIASES = {prefix: start for start, prefix in KNOWN_TARGETS}
 
 
 def _describe_targets(entries: Iterable[CatalogEntry]) -> str:
@@ -275,7 +276,8 @@ def match_speculator(speculator: str, entries: Sequence[CatalogEntry]) -> str | 
     """The stored speculator label a user's label means, or None.
 
     Whole label, case-insensitive; else same kind and the same last path part of what follows the kind
-    ('draft:Qwen/Qwen2.5-Coder-0.5B-Instruct' is 'draft:/models/qwen2.5-coder-0.5b-instruct').
+    ('draft:Qwen/Qwen2.5-Coder-0.5B-Instruct' is 'draft:/models/qwen2.5-coder-0.5b-instruct'); a bare kind
+    ('draft') is the only label of that kind.
     """
     labels = sorted({e.speculator for e in entries})
     wanted = speculator.strip().lower()
@@ -287,6 +289,8 @@ def match_speculator(speculator: str, entries: Sequence[CatalogEntry]) -> str | 
         s for s in labels
         if name and s.partition(":")[0].lower() == kind and _last_part(s.partition(":")[2]) == _last_part(name)
     ]
+    if not name:  # a bare kind (a runner's recipe method: `draft`) means the one label of that kind
+        hits = [s for s in labels if s.partition(":")[0].lower() == kind]
     if len(hits) > 1:
         raise AmbiguousMatch(f"speculator {speculator!r} is ambiguous: it matches {', '.join(hits)}")
     return hits[0] if hits else None

@@ -2,14 +2,13 @@
 
 An `AcceptanceRecord` is the statistics of one key (target, speculator, k, thinking, sampling, dataset)
 and one segment, with provenance. Exports and lookups never compute numbers of their own: they render a
-record, so a value exported for SGLang, vLLM, TensorRT-LLM, ATOM, llama.cpp and InferenceX is the same
-number. Derived values (AL - 1 for TensorRT-LLM, (AL - 1) / k for ATOM's rate, the per-position rates for
-vLLM) come from `calibrate.tables.stats`.
+record, so a value exported for SGLang, vLLM, TensorRT-LLM, ATOM, TileRT, llama.cpp and InferenceX is the
+same number. Derived values (AL - 1 for TensorRT-LLM, (AL - 1) / k for ATOM's rate, the per-position rates
+for vLLM) come from `calibrate.tables.stats`; how each consumer spells them is `calibrate.tables.consumers`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any
@@ -29,14 +28,11 @@ SEGMENT_ALL = "all"
 # their drafted AL, with the proposal rate beside it (calibrate/tables/README.md says why).
 MODEL_FREE_KINDS = ("ngram", "suffix")
 
-# SGLANG_SIMULATE_ACC_TOKEN_MODE values (python/sglang/srt/environ.py); the first is the export default.
-SGLANG_TOKEN_MODES = ("real-draft-token", "fixed")
-
 # Fields of the key a record answers for, in display order.
 KEY_FIELDS = ("target", "speculator", "draft_len", "thinking", "temperature", "top_p", "top_k", "dataset")
 
 
-def _fmt(value: float, digits: int) -> str:
+def fmt(value: float, digits: int) -> str:
     """Fixed decimals without a negative zero (round(-0.0001, 2) prints '-0.00')."""
     text = f"{value:.{digits}f}"
     return text[1:] if text.startswith("-") and float(text) == 0 else text
@@ -185,80 +181,8 @@ class AcceptanceRecord:
                 f"1 + p' x ({self.value()} - 1) at its own proposal rate p'.")
 
     def value(self) -> str:
-        return _fmt(self.al, LENGTH_DIGITS)
-
-    # ---- engine renderings --------------------------------------------------------------------------
-    # Each carries k in the engine's own option, so a server started from the export cannot run at another k.
-
-    def sglang_env(self, token_mode: str = "real-draft-token") -> str:
-        """Lines for `eval` or an env file, plus SGLang's own k flags in SGLANG_SPECULATIVE_ARGS.
-
-        token_mode: "real-draft-token" (InferenceX's setting: verification sees the drafter's real tokens;
-        SGLang refuses it unless --speculative-eagle-topk is 1, which the flags set) or "fixed" (SGLang's
-        default: every draft is token id 100). A chain of k drafts is --speculative-num-steps k with
-        --speculative-num-draft-tokens k + 1 (the verified token included) at top-k 1.
-        """
-        if token_mode not in SGLANG_TOKEN_MODES:
-            raise ValueError(f"unknown SGLang token mode {token_mode!r} (expected {' or '.join(SGLANG_TOKEN_MODES)})")
-        args = (f"--speculative-num-steps {self.draft_len} --speculative-eagle-topk 1 "
-                f"--speculative-num-draft-tokens {self.draft_len + 1}")
-        return "\n".join([f"SGLANG_SIMULATE_ACC_LEN={self.value()}", "SGLANG_SIMULATE_ACC_METHOD=match-expected",
-                          f"SGLANG_SIMULATE_ACC_TOKEN_MODE={token_mode}",
-                          f'SGLANG_SPECULATIVE_ARGS="{args}"']) + "\n"
-
-    def vllm_speculative_config(self, mode: str = "length") -> dict[str, Any]:
-        """The synthetic-acceptance part of vLLM's --speculative-config: a length or k rates, never both."""
-        config: dict[str, Any] = {"num_speculative_tokens": self.draft_len, "rejection_sample_method": "synthetic"}
-        if mode == "length":
-            config["synthetic_acceptance_length"] = float(self.value())
-        elif mode == "rates":
-            config["synthetic_acceptance_rates"] = list(self.rates)
-        else:
-            raise ValueError(f"unknown vLLM mode {mode!r} (expected length or rates)")
-        return config
-
-    @property
-    def trtllm_value(self) -> str:
-        """AL - 1 as TensorRT-LLM must read it: an integral value without decimals ('2', not '2.00'), since
-        its two-model path and older releases parse the variable with int()."""
-        text = _fmt(self.accepted_drafts, LENGTH_DIGITS)
-        return text.rstrip("0").rstrip(".") if "." in text else text
-
-    def trtllm_warning(self) -> str | None:
-        """Why a fractional forced count may be silently ignored, or None when the value is integral."""
-        if "." not in self.trtllm_value:
-            return None
-        return (f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS={self.trtllm_value} is fractional: only the one-model "
-                "path (MTP, one-model EAGLE3; get_force_num_accepted_tokens_float in "
-                "tensorrt_llm/_torch/speculative/interface.py) of a release that has it reads fractions. The "
-                "two-model path (NGRAM, DRAFT_TARGET, two-model EAGLE3) and older releases parse int() and turn "
-                "forcing off with only a log warning.")
-
-    def trtllm_env(self) -> str:
-        """TensorRT-LLM counts accepted drafts only (AL - 1); k is speculative_config.max_draft_len of its
-        LLM API options, given as the JSON/YAML for --extra_llm_api_options in TRTLLM_SPECULATIVE_CONFIG."""
-        config = json.dumps({"speculative_config": {"max_draft_len": self.draft_len}})
-        return (f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS={self.trtllm_value}\n"
-                f"TRTLLM_SPECULATIVE_CONFIG='{config}'\n")
-
-    def atom_args(self, form: str = "length") -> list[str]:
-        """ATOM server flags: k, then the length, or the mean per-draft rate (AL - 1) / k."""
-        k = ["--num-speculative-tokens", str(self.draft_len)]
-        if form == "length":
-            return k + ["--spec-decode-acceptance-length", self.value()]
-        if form == "rate":
-            return k + ["--spec-decode-acceptance-rate", _fmt(self.acceptance_rate, RATE_DIGITS)]
-        raise ValueError(f"unknown ATOM form {form!r} (expected length or rate)")
-
-    def llamacpp_args(self, form: str = "length") -> list[str]:
-        """llama-server flags: k (--spec-draft-n-max; its default is 3, and rates for another k are refused),
-        then --spec-synth-len (target token included) or k unconditional rates."""
-        k = ["--spec-draft-n-max", str(self.draft_len)]
-        if form == "length":
-            return k + ["--spec-synth-len", self.value()]
-        if form == "rates":
-            return k + ["--spec-synth-rates", ",".join(_fmt(r, RATE_DIGITS) for r in self.rates)]
-        raise ValueError(f"unknown llama.cpp form {form!r} (expected length or rates)")
+        """The exported AL as every consumer writes it: fixed 2 decimals."""
+        return fmt(self.al, LENGTH_DIGITS)
 
     # ---- serialisation ------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,355 @@
+"""Every consumer of our tables, one entry each: its names, modes, export, lookup form and runner names.
+
+A consumer is whoever reads what we write: an engine forced to an acceptance length (vLLM, SGLang,
+TensorRT-LLM, ATOM, TileRT, llama.cpp), InferenceX's golden curves, specdec_bench's speculation profile, or a
+person reading the full table. `export --to`, `lookup --format`, `lookup --from-env`'s FRAMEWORK and the CLI
+help all come from `CONSUMERS`; adding a consumer is one entry here (its spelling function beside it) and its
+test in `tests/test_engine_consumers.py`. How each engine spells a setting was checked against the engine's
+source (`notes/engine-exports.md` of the workplace, and the oracle tests, name file and commit).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from calibrate.tables import inferencex, specdec_profile
+from calibrate.tables.exports import (
+    MODES, ExportOptions, NothingToExport, Stamp, blocks, model_free_notes, overall, parquet_bytes, render_csv,
+    render_json, write_files,
+)
+from calibrate.tables.records import LENGTH_DIGITS, RATE_DIGITS, AcceptanceRecord, fmt
+
+# SGLANG_SIMULATE_ACC_TOKEN_MODE values (python/sglang/srt/environ.py); the first is the export default.
+SGLANG_TOKEN_MODES = ("real-draft-token", "fixed")
+
+
+# ---- engine spellings: one record -> what the engine reads, k always in the engine's own option ----------
+
+def vllm_config(r: AcceptanceRecord, options: ExportOptions) -> dict[str, object]:
+    """The synthetic-acceptance part of vLLM's --speculative-config: a length or k rates, never both."""
+    config: dict[str, object] = {"num_speculative_tokens": r.draft_len, "rejection_sample_method": "synthetic"}
+    if options.mode == "rates":
+        config["synthetic_acceptance_rates"] = list(r.rates)
+    else:
+        config["synthetic_acceptance_length"] = float(r.value())
+    return config
+
+
+def sglang_lines(r: AcceptanceRecord, options: ExportOptions) -> str:
+    """Env lines plus SGLang's own k flags in SGLANG_SPECULATIVE_ARGS.
+
+    token_mode "real-draft-token" (InferenceX's setting: verification sees the drafter's real tokens; SGLang
+    refuses it unless --speculative-eagle-topk is 1, which the flags set) or "fixed" (SGLang's default: every
+    draft is token id 100). A chain of k drafts is --speculative-num-steps k with --speculative-num-draft-tokens
+    k + 1 (the verified token included) at top-k 1.
+    """
+    args = (f"--speculative-num-steps {r.draft_len} --speculative-eagle-topk 1 "
+            f"--speculative-num-draft-tokens {r.draft_len + 1}")
+    return "\n".join([f"SGLANG_SIMULATE_ACC_LEN={r.value()}", "SGLANG_SIMULATE_ACC_METHOD=match-expected",
+                      f"SGLANG_SIMULATE_ACC_TOKEN_MODE={options.token_mode}",
+                      f'SGLANG_SPECULATIVE_ARGS="{args}"']) + "\n"
+
+
+def trtllm_value(r: AcceptanceRecord) -> str:
+    """AL - 1 as TensorRT-LLM must read it: an integral value without decimals ('2', not '2.00'), since its
+    two-model path and older releases parse the variable with int()."""
+    text = fmt(r.accepted_drafts, LENGTH_DIGITS)
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def trtllm_warning(r: AcceptanceRecord) -> str | None:
+    """Why a fractional forced count may be silently ignored, or None when the value is integral."""
+    if "." not in trtllm_value(r):
+        return None
+    return (f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS={trtllm_value(r)} is fractional: only the one-model "
+            "path (MTP, one-model EAGLE3; get_force_num_accepted_tokens_float in "
+            "tensorrt_llm/_torch/speculative/interface.py) of a release that has it reads fractions. The "
+            "two-model path (NGRAM, DRAFT_TARGET, two-model EAGLE3) and older releases parse int() and turn "
+            "forcing off with only a log warning.")
+
+
+def trtllm_lines(r: AcceptanceRecord, options: ExportOptions) -> str:
+    """TensorRT-LLM counts accepted drafts only (AL - 1); k is speculative_config.max_draft_len of its LLM API
+    options, given as the JSON/YAML for --extra_llm_api_options in TRTLLM_SPECULATIVE_CONFIG."""
+    config = json.dumps({"speculative_config": {"max_draft_len": r.draft_len}})
+    return (f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS={trtllm_value(r)}\n"
+            f"TRTLLM_SPECULATIVE_CONFIG='{config}'\n")
+
+
+def atom_args(r: AcceptanceRecord, options: ExportOptions) -> str:
+    """ATOM server flags: k, then the length, or (mode rates) the mean per-draft rate (AL - 1) / k."""
+    if options.mode == "rates":
+        value = ["--spec-decode-acceptance-rate", fmt(r.acceptance_rate, RATE_DIGITS)]
+    else:
+        value = ["--spec-decode-acceptance-length", r.value()]
+    return " ".join(["--num-speculative-tokens", str(r.draft_len), *value]) + "\n"
+
+
+def llamacpp_args(r: AcceptanceRecord, options: ExportOptions) -> str:
+    """llama-server flags: k (--spec-draft-n-max; its default is 3, and rates for another k are refused),
+    then --spec-synth-len (target token included) or k unconditional rates."""
+    if options.mode == "rates":
+        value = ["--spec-synth-rates", ",".join(fmt(x, RATE_DIGITS) for x in r.rates)]
+    else:
+        value = ["--spec-synth-len", r.value()]
+    return " ".join(["--spec-draft-n-max", str(r.draft_len), *value]) + "\n"
+
+
+def tilert_lines(r: AcceptanceRecord, options: ExportOptions) -> str:
+    """TileRT's decode runtime forces acceptance from its environment only (no CLI option), and only serves
+    MTP: TILERT_SIMULATE_ACC_LEN is the AL (bonus included), method match-expected, as InferenceX's
+    synthetic_acceptance.py writes them (TILERT_VARIABLES); k is the recipe's --with-mtp --num-mtp k."""
+    return "\n".join([f"TILERT_SIMULATE_ACC_LEN={r.value()}", "TILERT_SIMULATE_ACC_METHOD=match-expected",
+                      f'TILERT_SPECULATIVE_ARGS="--with-mtp --num-mtp {r.draft_len}"']) + "\n"
+
+
+# ---- the registry -----------------------------------------------------------------------------------------
+
+# A writer returns the content of one file (text to print or save, or bytes), or {relative path: text} for a
+# folder of files under `out`; `export` alone touches the disk, after checking it overwrites nothing.
+Writer = Callable[[Sequence[AcceptanceRecord], ExportOptions, Stamp, "Path | None"], "str | bytes | dict[str, str]"]
+Render = Callable[[AcceptanceRecord, ExportOptions], str]
+Selection = Callable[[Sequence[AcceptanceRecord], ExportOptions], list[str]]
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """One consumer: how `export --to NAME` writes for it and how `lookup` answers in its form.
+
+    `engine`: an engine setting (one value per key, segment all; model-free warnings apply). `segments`: its
+    export needs the per-segment records too. `modes`: accepted --mode values (empty: --mode means nothing
+    here). `render`: one record as the engine reads it (lookup, and the export's blocks). `env`: render gives
+    KEY=VALUE lines (lookup adds a comment line, --shell prefixes `export`). `frameworks`: runner FRAMEWORK
+    values that mean this consumer -> the InferenceX recipe dialect `lookup --from-env --recipe` reads.
+    `serves`: speculator kinds the engine runs at all; a setting for another is refused, not written.
+    """
+
+    name: str
+    reads: str
+    write: Writer
+    engine: bool = True
+    segments: bool = False
+    modes: tuple[str, ...] = ("length",)
+    lookup_format: str | None = None
+    render: Render | None = None
+    env: bool = False
+    frameworks: Mapping[str, str | None] = field(default_factory=dict)
+    serves: frozenset[str] | None = None  # the speculator kinds the engine can run (None: any)
+    warnings: Selection | None = None  # what the user must know beyond the model-free note
+    notes: Selection | None = None  # what the consumer will do with the export
+
+
+def _engine_blocks(render: Render) -> Writer:
+    """An env file / args catalogue: per key a comment naming it, then the engine lines."""
+    return lambda records, options, stamp, out: blocks(records, lambda r: render(r, options))
+
+
+def _write_vllm(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp, out: Path | None) -> str:
+    """A JSON list: per key, the --speculative-config fragment to merge into the runner's own."""
+    rows = [{"model": r.target, "speculator": r.speculator, "draft_len": r.draft_len, "thinking": r.thinking,
+             "dataset": r.dataset, "temperature": r.temperature, "speculative_config": vllm_config(r, options)}
+            for r in overall(records)]
+    return json.dumps(rows, indent=2) + "\n"
+
+
+def inferencex_documents(records: Sequence[AcceptanceRecord], options: ExportOptions,
+                         stamp: Stamp) -> dict[str, str]:
+    """One golden_al_distribution YAML per curve InferenceX resolves: {file name: text}."""
+    docs = {}
+    for curve, rows in sorted(inferencex.groups(records, options.naming).items(), key=lambda kv: kv[0].name):
+        docs[curve.file_name] = inferencex.document(curve, rows, str(stamp), model_free_notes(rows))
+    return docs
+
+
+def _write_inferencex(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
+                      out: Path | None) -> str | dict[str, str]:
+    docs = inferencex_documents(records, options, stamp)
+    if out is not None and (out.is_dir() or out.suffix not in (".yaml", ".yml")):
+        return docs  # a folder: one file per curve, named as InferenceX resolves it
+    if out is not None and len(docs) > 1:
+        raise ValueError(f"{len(docs)} curves ({', '.join(docs)}) but InferenceX reads one model per file: "
+                         "give --out a folder, or filter to one model and speculator")
+    if out is not None and out.name not in docs:
+        raise ValueError(f"InferenceX would never open {out.name}: it resolves this curve as {next(iter(docs))} "
+                         "(give --out a folder, or that name)")
+    return "---\n".join(docs.values())
+
+
+def _inferencex_notes(records: Sequence[AcceptanceRecord], options: ExportOptions) -> list[str]:
+    """Which file InferenceX loads for which recipe."""
+    return [f"InferenceX loads golden_al_distribution/{curve.file_name} for {inferencex.load_line(curve, rows)}"
+            for curve, rows in sorted(inferencex.groups(records, options.naming).items(), key=lambda kv: kv[0].name)]
+
+
+def _inferencex_warnings(records: Sequence[AcceptanceRecord], options: ExportOptions) -> list[str]:
+    """Curves a runner with the default THINKING_MODE will not find a value in."""
+    groups = inferencex.groups(records, options.naming)
+    return [w for curve, rows in groups.items() if (w := inferencex.thinking_warning(curve, rows)) is not None]
+
+
+def _trtllm_warnings(records: Sequence[AcceptanceRecord], options: ExportOptions) -> list[str]:
+    return [w for r in overall(records) if (w := trtllm_warning(r)) is not None]
+
+
+def _write_profiles(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
+                    out: Path | None) -> str | dict[str, str]:
+    docs = specdec_profile.documents(records, str(stamp))
+    if out is not None and (out.is_dir() or out.suffix != ".json"):
+        return docs  # a folder: one KEY/speculation_profile.json per key
+    if len(docs) > 1:
+        raise ValueError(f"{len(docs)} keys ({', '.join(d.split('/')[0] for d in docs)}) but a speculation profile "
+                         "describes one: give --out a folder, or filter to one model, speculator, k and thinking mode")
+    return next(iter(docs.values()))
+
+
+def _write_parquet(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
+                   out: Path | None) -> bytes:
+    if out is None:
+        raise ValueError("parquet is binary: give --out PATH")
+    return parquet_bytes(records, stamp)
+
+
+CONSUMERS: dict[str, Consumer] = {c.name: c for c in (
+    Consumer("inferencex", "InferenceX golden_al_distribution/{MODEL_PREFIX}_{method}.yaml", _write_inferencex,
+             warnings=_inferencex_warnings, notes=_inferencex_notes),
+    Consumer("vllm", "vLLM --speculative-config fragments", _write_vllm, modes=MODES, lookup_format="vllm-config",
+             render=lambda r, o: json.dumps(vllm_config(r, o)) + "\n",
+             frameworks={"vllm": "vllm", "dynamo-vllm": "vllm", "vllm-disagg": "vllm", "llmd-vllm": "llmd"}),
+    Consumer("sglang", "SGLang SGLANG_SIMULATE_ACC_* env and speculative flags", _engine_blocks(sglang_lines),
+             lookup_format="sglang-env", render=sglang_lines, env=True,
+             frameworks={"sglang": "sglang", "dynamo-sglang": "sglang", "sglang-disagg": "sglang",
+                         "mori-sglang": "sglang"}),
+    Consumer("trtllm", "TensorRT-LLM TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS env", _engine_blocks(trtllm_lines),
+             lookup_format="trtllm-env", render=trtllm_lines, env=True, warnings=_trtllm_warnings,
+             frameworks={"trt": "trtllm", "trtllm": "trtllm", "dynamo-trt": "trtllm"}),
+    Consumer("atom", "ATOM server flags", _engine_blocks(atom_args), modes=MODES, lookup_format="atom-args",
+             render=atom_args, frameworks={"atom": "atom", "atom-disagg": "atom"}),
+    Consumer("tilert", "TileRT TILERT_SIMULATE_ACC_* env (MTP)", _engine_blocks(tilert_lines),
+             lookup_format="tilert-env", render=tilert_lines, env=True, frameworks={"tilert": "tilert"},
+             serves=frozenset(inferencex.RECIPE_METHODS["tilert"])),
+    Consumer("llamacpp", "llama-server flags", _engine_blocks(llamacpp_args), modes=MODES,
+             lookup_format="llamacpp-args", render=llamacpp_args,
+             frameworks={"llamacpp": None, "llama.cpp": None}),
+    Consumer("specdec-profile", "specdec_bench speculation_profile.json v1.0 (Dynamo mocker, AIC)", _write_profiles,
+             engine=False, segments=True, modes=()),
+    Consumer("csv", "the full table as CSV", lambda rs, o, st, out: render_csv(rs), engine=False, segments=True,
+             modes=()),
+    Consumer("parquet", "the full table as Parquet (needs --out)", _write_parquet, engine=False, segments=True,
+             modes=()),
+    Consumer("json", "the full table as JSON (lookup reads it)", lambda rs, o, st, out: render_json(rs, st),
+             engine=False, segments=True, modes=()),
+)}
+
+
+
+def _index(pairs: Sequence[tuple[str, Consumer | None]], what: str) -> dict[str, Consumer | None]:
+    """A name -> consumer map that refuses, at import, a name two entries claim (a dict would keep the last),
+    or a runner name that is another consumer's name (`consumer` would never reach it)."""
+    out: dict[str, Consumer | None] = {}
+    for name, c in pairs:
+        if name in out or (what == "FRAMEWORK" and CONSUMERS.get(name, c) is not c):
+            raise RuntimeError(f"{what} {name!r} is claimed twice in CONSUMERS")
+        out[name] = c
+    return out
+
+
+# lookup --format: the record's value and the full record, then each consumer's form.
+LOOKUP_FORMATS = _index([("value", None), ("json", None),
+                         *((c.lookup_format, c) for c in CONSUMERS.values() if c.lookup_format)], "lookup format")
+# Runner FRAMEWORK values (lookup --from-env) and export --to aliases.
+FRAMEWORKS: dict[str, Consumer] = _index([(fw, c) for c in CONSUMERS.values() for fw in c.frameworks],
+                                         "FRAMEWORK")  # type: ignore[assignment]
+
+
+def consumer(name: str) -> Consumer:
+    """The consumer `export --to NAME` means (its name, or a runner FRAMEWORK value that names it)."""
+    key = name.strip().lower()
+    found = CONSUMERS.get(key) or FRAMEWORKS.get(key)
+    if found is None:
+        raise ValueError(f"unknown export format {name!r}; formats: {', '.join(CONSUMERS)}")
+    return found
+
+
+def check_served(c: Consumer, records: Sequence[AcceptanceRecord]) -> None:
+    """Refuse a setting for a speculator the engine cannot run (it would force an AL nobody measured there)."""
+    for r in records:
+        if c.serves is not None and r.speculator.partition(":")[0] not in c.serves:
+            raise ValueError(f"{c.name} runs speculator kinds {', '.join(sorted(c.serves))} only; {r.speculator} is "
+                             "none of them: filter with --speculator")
+
+
+def check_options(c: Consumer, options: ExportOptions) -> None:
+    """Refuse an option value the consumer has no use for, rather than ignore it."""
+    if c.modes and options.mode not in c.modes:
+        raise ValueError(f"{c.name} has no --mode {options.mode} (modes: {', '.join(c.modes)})")
+    if options.token_mode not in SGLANG_TOKEN_MODES:
+        raise ValueError(f"unknown SGLang token mode {options.token_mode!r}; modes: {', '.join(SGLANG_TOKEN_MODES)}")
+
+
+def export(records: Sequence[AcceptanceRecord], to: str, out: Path | None, *,
+           options: ExportOptions = ExportOptions(), stamp: Stamp | None = None,
+           force: bool = False) -> str | list[Path]:
+    """Write `records` for consumer `to` to `out` (a file, or a folder for inferencex / specdec-profile), or
+    return the text. Parquet, being binary, needs `out`; an existing file is overwritten only with `force`,
+    and nothing is written when one would be refused."""
+    c = consumer(to)
+    check_options(c, options)
+    if not records:
+        raise NothingToExport("nothing to export: no measured keys match the filters")
+    check_served(c, records)
+    content = c.write(records, options, stamp or Stamp.now(), out)
+    if out is None:
+        assert isinstance(content, str)  # only a folder of files and parquet need `out`
+        return content
+    return write_files(content, out, force)
+
+
+def export_warnings(records: Sequence[AcceptanceRecord], to: str,
+                    options: ExportOptions = ExportOptions()) -> list[str]:
+    """What the user must know before using an export: numbers the engine will not reproduce, values the
+    consumer may ignore, curves it will not find."""
+    c = consumer(to)
+    out = model_free_notes(records) if c.engine else []
+    return out + (c.warnings(records, options) if c.warnings is not None else [])
+
+
+def export_notes(records: Sequence[AcceptanceRecord], to: str, options: ExportOptions = ExportOptions()) -> list[str]:
+    """What the consumer will do with the export (InferenceX: which file it loads for which recipe)."""
+    c = consumer(to)
+    return c.notes(records, options) if c.notes is not None else []
+
+
+def lookup_consumer(form: str) -> Consumer | None:
+    """The consumer behind a lookup --format (None for value / json)."""
+    if form not in LOOKUP_FORMATS:
+        raise ValueError(f"unknown lookup format {form!r}; formats: {', '.join(LOOKUP_FORMATS)}")
+    return LOOKUP_FORMATS[form]
+
+
+def render_lookup(record: AcceptanceRecord, form: str, options: ExportOptions = ExportOptions(),
+                  shell: bool = False) -> str:
+    """A lookup answer as text for stdout; env forms carry a comment line saying what they are."""
+    c = lookup_consumer(form)
+    if c is None:
+        return record.value() + "\n" if form == "value" else json.dumps(record.to_dict(), indent=2) + "\n"
+    check_options(c, options)
+    check_served(c, [record])
+    assert c.render is not None  # every consumer with a lookup format renders one record
+    text = c.render(record, options)
+    if not c.env:
+        return text
+    comment = (f"# {record.target} | {record.speculator} | k={record.draft_len} | thinking={record.thinking}"
+               + (f" | drafted AL, proposal rate {record.proposal_rate:.2f}" if record.uses_drafted else "")
+               + (f" | EXTRAPOLATED: {record.extrapolation_method}" if record.extrapolated else "") + "\n")
+    prefix = "export " if shell else ""
+    return comment + "".join(prefix + line + "\n" for line in text.splitlines())
+
+
+def lookup_warnings(record: AcceptanceRecord, form: str) -> list[str]:
+    """The model-free note (every form: the value is a drafted AL), and the consumer's own warning."""
+    c = lookup_consumer(form)
+    own = c.warnings([record], ExportOptions()) if c is not None and c.warnings is not None else []
+    return [n for n in (record.model_free_note(), *own) if n is not None]

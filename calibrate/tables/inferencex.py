@@ -1,0 +1,261 @@
+"""InferenceX golden curves: the file name its newest loader resolves, and the YAML it parses.
+
+InferenceX finds a curve by itself, never by a path a person types: its runner takes `MODEL_PREFIX` from the
+environment and the speculative method from the engine recipe, and opens
+`golden_al_distribution/{curve}.yaml`. The rules restated here were read from (SemiAnalysisAI/InferenceX):
+
+- `infx/golden_al_distribution` (`curves.py`: `curve_name`, `load_curve`, `golden_length`; stored in the
+  search index after mirror HEAD 843c6254f, whose tree still has the older copy inside
+  `infx/srt_slurm/synthetic_acceptance.py` at 1014800402a255a2452c4dcc011848b2a67ef481);
+- `infx/srt_slurm/synthetic_acceptance.py` (`spec_parameters`: where each engine's recipe keeps the method and
+  k; `ENGINES`: FRAMEWORK -> engine) in the version that imports the package (newest in the index; the
+  commit nearest to it there is 5101757502ac52745473d1f1dec21af1d3c5da6c, which adds ATOM but not TileRT).
+
+The curve name is `{MODEL_PREFIX}_{method}`: the method lowercased from the recipe, SGLang's `eagle` / `nextn`
+standing for the model's own head (`mtp`; `eagle3` for `minimaxm3`), MiniMax-M3's EAGLE3 curve taking `_gqa`
+when the draft model's name says GQA, DeepSeek-V4 DSpark being the special `dsv4-pro-0813-dspark`, and Kimi-K3
+DSpark requiring the recipe's `draft_sample_method` (greedy, or probabilistic with its own curve). The name
+must match `[a-z0-9_.-]+`; the file holds one top-level key, then `thinking_on` / `thinking_off`, then int k,
+then a finite AL in [1, k + 1].
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, AcceptanceRecord
+
+CURVE_ALPHABET = re.compile(r"[a-z0-9_.-]+")
+
+# Where each engine's recipe names the method and k (synthetic_acceptance.py spec_parameters).
+RECIPE_FIELDS = {
+    "vllm": ("speculative-config.method", "speculative-config.num_speculative_tokens"),
+    "sglang": ("--speculative-algorithm", "--speculative-num-steps (DSpark: --speculative-dspark-block-size)"),
+    "trtllm": ("speculative_config.decoding_type", "speculative_config.max_draft_len"),
+    "atom": ("--method", "--num-speculative-tokens"),
+    "tilert": ("--with-mtp (method mtp)", "--num-mtp"),
+}
+ENGINES = tuple(RECIPE_FIELDS)
+
+# Our speculator kind -> the method string that engine's recipe carries for it: vLLM's method names
+# (vllm/config/speculative.py SpeculativeMethod), SGLang's --speculative-algorithm (STANDALONE for a draft
+# model, NEXTN for a model's MTP head), TensorRT-LLM's decoding_type lowercased (Draft_Target, NGram, Eagle3,
+# MTP), ATOM's --method, TileRT's MTP only. A kind an engine cannot serve is absent.
+RECIPE_METHODS: dict[str, dict[str, str]] = {
+    "vllm": {"draft": "draft_model", "ngram": "ngram", "suffix": "suffix", "eagle3": "eagle3", "mtp": "mtp"},
+    "sglang": {"draft": "standalone", "ngram": "ngram", "eagle3": "eagle3", "mtp": "nextn"},
+    "trtllm": {"draft": "draft_target", "ngram": "ngram", "eagle3": "eagle3", "mtp": "mtp"},
+    "atom": {"eagle3": "eagle3", "mtp": "mtp"},
+    "tilert": {"mtp": "mtp"},
+}
+# Every method a recipe of that engine can carry (for --method); engine-only methods (DSpark, DFlash, EAGLE-1)
+# pass through like the kinds above.
+ENGINE_METHODS: dict[str, frozenset[str]] = {
+    "vllm": frozenset({*RECIPE_METHODS["vllm"].values(), "eagle", "ngram_gpu", "medusa", "mlp_speculator",
+                       "dflash", "dspark"}),
+    "sglang": frozenset({*RECIPE_METHODS["sglang"].values(), "eagle", "dflash", "dspark"}),
+    "trtllm": frozenset({*RECIPE_METHODS["trtllm"].values(), "eagle", "medusa"}),
+    "atom": frozenset({*RECIPE_METHODS["atom"].values(), "dspark"}),
+    "tilert": frozenset(RECIPE_METHODS["tilert"].values()),
+}
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+
+# Known targets -> their runners' MODEL_PREFIX: the committed curves' file prefixes and top-level keys
+# (golden_al_distribution/*.yaml at 843c6254f: dsv4_mtp.yaml `deepseek-v4-pro:`, qwen3.5_mtp.yaml
+# `qwen3.5-397b-a17b-nvfp4:`, glm5.2_mtp.yaml `glm-5.2-fp8:`, kimik2.5_eagle3.yaml `kimi-k2.5-nvfp4:`,
+# kimik3_dspark.yaml `kimi-k3:`, minimaxm3_eagle3.yaml `minimax-m3:`; glm5.3_mtp.yaml `glm-5.3-fp8` in the
+# package's tests) and the legacy runner's MODEL_PREFIX_TO_YAML_KEY (dsr1). Matched against the start of the
+# target's lowercased last path part.
+KNOWN_TARGETS: tuple[tuple[str, str], ...] = (
+    ("deepseek-v4-pro", "dsv4"), ("deepseek-r1", "dsr1"), ("qwen3.5-397b-a17b", "qwen3.5"),
+    ("glm-5.2", "glm5.2"), ("glm-5.3", "glm5.3"), ("kimi-k2.5", "kimik2.5"), ("kimi-k3", "kimik3"),
+    ("minimax-m3", "minimaxm3"),
+)
+
+
+def basename(target: str) -> str:
+    return target.rstrip("/").rsplit("/", 1)[-1].lower()
+
+
+def known_prefix(target: str) -> str | None:
+    """The MODEL_PREFIX InferenceX's runners use for a known target, or None."""
+    name = basename(target)
+    return next((prefix for start, prefix in KNOWN_TARGETS if name.startswith(start)), None)
+
+
+def curve_name(prefix: str, method: str, draft_model: str = "", draft_sample_method: str | None = None) -> str:
+    """The curve InferenceX's loader opens for MODEL_PREFIX `prefix` and a recipe's method (our restatement
+    of curve_name: see the module docstring). A recipe it cannot resolve is a ValueError saying why."""
+    method = method.lower()
+    if method in ("eagle", "nextn"):  # SGLang's names for a model's own head
+        method = "eagle3" if prefix == "minimaxm3" else "mtp"
+    name = f"{prefix}_{method}"
+    if method == "dspark" and prefix in ("dsv4", "dsv4dspark", "dsv4dsparkprob"):
+        name = "dsv4-pro-0813-dspark"
+    elif method == "eagle3" and prefix == "minimaxm3" and "gqa" in draft_model.lower():
+        name += "_gqa"
+    elif method == "dspark" and prefix == "kimik3":
+        if draft_sample_method == "probabilistic":
+            name += "_probabilistic_sample_method_block_rejection_sample_method"
+        elif draft_sample_method != "greedy":
+            raise ValueError("InferenceX has no Kimi-K3 DSpark curve without the recipe's draft_sample_method: "
+                             "give --draft-sample-method greedy or probabilistic")
+    if not CURVE_ALPHABET.fullmatch(name):
+        raise ValueError(f"InferenceX refuses curve name {name!r}: it must match [a-z0-9_.-]+ "
+                         "(fix --model-prefix / --method)")
+    return name
+
+
+@dataclass(frozen=True)
+class Naming:
+    """What the user chose for the InferenceX file name (export options); None means derive it."""
+
+    model_prefix: str | None = None
+    method: str | None = None  # the recipe's method string for `engine`
+    engine: str = "vllm"
+    draft_sample_method: str | None = None  # DSpark recipes: greedy / probabilistic
+    draft_model: str | None = None  # the recipe's draft model path (MiniMax-M3 EAGLE3 GQA); default: the record's
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One resolved curve: its name and the recipe InferenceX loads it for."""
+
+    name: str
+    prefix: str
+    engine: str
+    method: str  # as the recipe writes it
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.name}.yaml"
+
+
+def resolve(record: AcceptanceRecord, naming: Naming) -> Curve:
+    """The curve InferenceX resolves for this record under `naming`, or a ValueError with the reason."""
+    if naming.engine not in RECIPE_METHODS:
+        raise ValueError(f"unknown InferenceX engine {naming.engine!r}; engines: {', '.join(ENGINES)}")
+    prefix = naming.model_prefix or known_prefix(record.target)
+    if prefix is None:
+        known = ", ".join(f"{start}* -> {p}" for start, p in KNOWN_TARGETS)
+        raise ValueError(f"--model-prefix is required: InferenceX names curves by the runner's MODEL_PREFIX, and "
+                         f"{record.target} is no known target ({known})")
+    method = naming.method.lower() if naming.method else _recipe_method(record, naming.engine)
+    if method not in ENGINE_METHODS[naming.engine]:
+        raise ValueError(f"no {naming.engine} recipe carries method {method!r} ({RECIPE_FIELDS[naming.engine][0]}), "
+                         f"so InferenceX would never open {prefix}_{method}.yaml; "
+                         f"{naming.engine} methods: {', '.join(sorted(ENGINE_METHODS[naming.engine]))}")
+    draft = naming.draft_model if naming.draft_model is not None else " ".join(record.draft_ids)
+    return Curve(curve_name(prefix, method, draft, naming.draft_sample_method), prefix, naming.engine, method)
+
+
+def _recipe_method(record: AcceptanceRecord, engine: str) -> str:
+    kind = record.speculator.partition(":")[0]
+    try:
+        return RECIPE_METHODS[engine][kind]
+    except KeyError:
+        servable = ", ".join(RECIPE_METHODS[engine]) or "none"
+        raise ValueError(f"{record.speculator}: {engine} recipes have no method for speculator kind {kind!r} "
+                         f"(kinds it serves: {servable}); pick another --engine or name the recipe's --method") from None
+
+
+def top_key(target: str) -> str:
+    """The top-level key: the lowercased model basename, unquoted as InferenceX's collector writes it
+    (`MODEL_KEY=$(basename $SERVE_MODEL | tr upper lower)`); quoted only where YAML would read it as something
+    other than that string (a number, a boolean, a leading symbol)."""
+    key = basename(target)
+    plain = re.fullmatch(r"[a-z][a-z0-9_.-]*", key) and key not in ("yes", "no", "on", "off", "true", "false",
+                                                                     "null", "y", "n")
+    return key if plain else json.dumps(key)
+
+
+def sampling(r: AcceptanceRecord) -> str:
+    parts = [f"temperature={r.temperature:g}"]
+    if r.top_p is not None:
+        parts.append(f"top_p={r.top_p:g}")
+    if r.top_k is not None:
+        parts.append(f"top_k={r.top_k}")
+    if r.verifications:
+        parts.append(f"verification={'+'.join(r.verifications)}")
+    return " ".join(parts)
+
+
+def _same_model(rows: Sequence[AcceptanceRecord]) -> bool:
+    """All rows measured one model: one target name, or names whose content fingerprints agree."""
+    if len({r.target for r in rows}) == 1:
+        return True
+    hashes = [frozenset(r.target_hashes) for r in rows]
+    return all(hashes) and len(set(hashes)) == 1
+
+
+def groups(records: Sequence[AcceptanceRecord], naming: Naming) -> dict[Curve, list[AcceptanceRecord]]:
+    """Records per curve. Two curves never share a file: several targets or speculators under one name are
+    refused, naming them, unless they are one model by fingerprint (a name and its folder), merged."""
+    by_name: dict[str, tuple[Curve, list[AcceptanceRecord]]] = {}
+    for r in records:
+        if r.segment == SEGMENT_ALL:
+            curve = resolve(r, naming)  # two recipes can resolve one name (minimaxm3: eagle3 and nextn)
+            by_name.setdefault(curve.name, (curve, []))[1].append(r)
+    out = dict(by_name.values())
+    for curve, rows in out.items():
+        pairs = sorted({(r.target, r.speculator) for r in rows})
+        if len(pairs) > 1 and not (len({s for _, s in pairs}) == 1 and _same_model(rows)):
+            listed = "; ".join(f"{t} with {s}" for t, s in pairs)
+            raise ValueError(f"{curve.file_name} would hold several curves ({listed}): filter with --model / "
+                             "--speculator, or name each with --model-prefix / --method")
+        cells: dict[tuple[str, int], AcceptanceRecord] = {}
+        for r in rows:
+            other = cells.setdefault((r.thinking, r.draft_len), r)
+            if other is not r and other.value() != r.value():
+                raise ValueError(f"{curve.file_name}: thinking {r.thinking}, k={r.draft_len} was measured as "
+                                 f"{other.target} (AL {other.value()}) and as {r.target} (AL {r.value()}), one "
+                                 "model by fingerprint: filter with --model")
+    return out
+
+
+def document(curve: Curve, rows: Sequence[AcceptanceRecord], tool: str, notes: Sequence[str]) -> str:
+    """One golden_al_distribution YAML. One dataset and one sampling per file: several is an error."""
+    populations = sorted({(r.dataset, sampling(r)) for r in rows})
+    if len(populations) > 1:
+        listed = "; ".join(f"dataset={d} {s}" for d, s in populations)
+        raise ValueError(f"{curve.file_name}: {rows[0].target} with {rows[0].speculator} has several datasets / "
+                         f"samplings ({listed}); an InferenceX curve holds one: filter with --dataset / --temperature")
+    dataset, how = populations[0]
+    fingerprints = sorted({f for r in rows for f in r.dataset_fingerprints})
+    targets = sorted({r.target for r in rows})
+    lines = [
+        f"# golden acceptance-length distribution: {', '.join(targets)} with speculator {rows[0].speculator}",
+        f"# dataset: {dataset} (fingerprint {', '.join(fingerprints) or 'unknown'}); sampling: {how}",
+        f"# AL = mean tokens per verification step, bonus token included (pooled over steps), {LENGTH_DIGITS} "
+        "decimals",
+        f"# loaded by InferenceX for {load_line(curve, rows)}",
+        *(f"# {line}" for line in notes),
+        f"# generated by {tool}",
+        f"{top_key(targets[0])}:",
+    ]
+    for mode in ("on", "off"):
+        cells = sorted({(r.draft_len, r.value()) for r in rows if r.thinking == mode})
+        if cells:
+            lines.append(f"  thinking_{mode}:")
+            lines.extend(f"    {k}: {v}" for k, v in cells)
+    return "\n".join(lines) + "\n"
+
+
+def load_line(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str:
+    """Which recipe loads the curve: MODEL_PREFIX, the engine's method field, the k values, the modes."""
+    method_field, k_field = RECIPE_FIELDS[curve.engine]
+    ks = ", ".join(str(k) for k in sorted({r.draft_len for r in rows}))
+    modes = " / ".join(f"thinking_{m}" for m in ("on", "off") if any(r.thinking == m for r in rows))
+    return (f"MODEL_PREFIX={curve.prefix}, a {curve.engine} recipe with {method_field} {curve.method} and "
+            f"{k_field} in {{{ks}}}, THINKING_MODE {modes}")
+
+
+def thinking_warning(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str | None:
+    """A curve without thinking_on fails a runner that leaves THINKING_MODE at its default (thinking_on)."""
+    if any(r.thinking == "on" for r in rows):
+        return None
+    return (f"{curve.file_name} has no thinking_on curve: InferenceX runners default THINKING_MODE to thinking_on, "
+            "so only a run that sets THINKING_MODE=thinking_off finds a value in it")

@@ -1,0 +1,188 @@
+"""What an InferenceX runner asks `calibrate lookup --from-env`, read from its environment and engine recipe.
+
+Two generations of runner are spoken (SemiAnalysisAI/InferenceX):
+- the older single-node scripts set MODEL_PREFIX, NUM_SPEC_TOKENS, THINKING_MODE and FRAMEWORK
+  (runners/inject_synthetic_acceptance.py at 843c6254f; THINKING_MODE defaults to thinking_on there);
+- the newest SRT / llm-d launchers (infx/srt_slurm/synthetic_acceptance.py build_overrides and spec_parameters,
+  newest version in the search index, see calibrate/tables/inferencex.py) take k and the method from the
+  engine recipe's generation role (decode, else agg), and force acceptance only when IS_AGENTIC is 1 / true,
+  SPEC_DECODING is not `none` and EVAL_ONLY is not true.
+Where each engine's recipe keeps method and k is restated in `spec_of`, our way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from calibrate.tables.inferencex import RECIPE_METHODS
+
+ENV_VARIABLES = ("MODEL_PREFIX", "FRAMEWORK", "THINKING_MODE", "NUM_SPEC_TOKENS", "IS_AGENTIC", "SPEC_DECODING",
+                 "EVAL_ONLY")
+DEFAULT_THINKING = "thinking_on"  # the runners' default when THINKING_MODE is unset
+
+# A recipe method -> our speculator kind (the inverse of RECIPE_METHODS over every engine).
+KIND_OF_METHOD = {method: kind for methods in RECIPE_METHODS.values() for kind, method in methods.items()}
+
+
+class NoSyntheticAcceptance(LookupError):
+    """The runner's environment says this run forces no acceptance (not agentic, no speculation, an eval)."""
+
+
+@dataclass(frozen=True)
+class RecipeSpec:
+    """The speculative part of a recipe's generation role, as InferenceX reads it."""
+
+    method: str
+    draft_len: object  # as written; checked by `draft_len`
+    draft_model: str = ""
+
+    def checked_draft_len(self, where: str) -> int:
+        k = self.draft_len
+        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+            raise ValueError(f"{where}: the draft length is {k!r}, not a positive integer")
+        return k
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the runner asks: model (a MODEL_PREFIX when `prefix`), speculator, k, thinking, output form."""
+
+    model: str | None
+    speculator: str | None
+    draft_len: int | None
+    thinking: str
+    framework: str | None
+    prefix: bool
+
+
+def _roles_args(recipe: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The args of the generation role: decode, else agg (prefill may run another depth)."""
+    if "base" in recipe:
+        raise ValueError("an override-format recipe (base / override_*) is expanded by srtctl: pass one expanded "
+                         "variant, or --draft-len and --speculator")
+    roles = recipe.get("roles") or {}
+    role = roles.get("decode", roles.get("agg")) or {}
+    return role.get("args") or {}
+
+
+def spec_of(recipe: Mapping[str, Any], dialect: str) -> RecipeSpec | None:
+    """The recipe's speculative method and k for an engine dialect, or None when it does not speculate."""
+    if dialect == "llmd":
+        extra = str((recipe.get("decode") or {}).get("extra-args") or "")
+        found = re.search(r"--speculative-config\s+", extra)
+        if not found:
+            return None
+        config, _ = json.JSONDecoder().raw_decode(extra[found.end():])
+        return _vllm_spec(config)
+    args = _roles_args(recipe)
+    if dialect == "vllm":
+        raw = args.get("speculative-config")
+        return None if raw is None else _vllm_spec(json.loads(raw) if isinstance(raw, str) else raw)
+    if dialect == "sglang":
+        algorithms = {str(args[key]).lower() for key in ("speculative-algorithm", "speculative-algo") if key in args}
+        if len(algorithms) > 1:
+            raise ValueError(f"recipe sets two speculative algorithms: {', '.join(sorted(algorithms))}")
+        if not algorithms:
+            return None
+        (algorithm,) = algorithms
+        k_key = "speculative-dspark-block-size" if algorithm == "dspark" else "speculative-num-steps"
+        return RecipeSpec(algorithm, args.get(k_key), str(args.get("speculative-draft-model-path", "")))
+    if dialect == "trtllm":
+        config = args.get("speculative_config") or {}
+        return RecipeSpec(str(config.get("decoding_type", "")).lower(), config.get("max_draft_len"),
+                          str(config.get("speculative_model", ""))) if config else None
+    if dialect == "atom":
+        method = args.get("method")
+        return RecipeSpec(str(method).lower(), args.get("num-speculative-tokens"),
+                          str(args.get("draft-model", ""))) if method else None
+    if dialect == "tilert":
+        return RecipeSpec("mtp", args.get("num-mtp")) if args.get("with-mtp") is True else None
+    raise ValueError(f"no recipe dialect {dialect!r}")
+
+
+def _vllm_spec(config: object) -> RecipeSpec:
+    if not isinstance(config, dict):
+        raise ValueError("speculative-config must be a JSON object")
+    return RecipeSpec(str(config.get("method", "")).lower(), config.get("num_speculative_tokens"),
+                      str(config.get("model", "")))
+
+
+def read_recipe(path: Path) -> Mapping[str, Any]:
+    """A recipe file as a mapping; anything else is a ValueError naming the file."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not a YAML recipe ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a recipe is a mapping, not a {type(data).__name__}")
+    return data
+
+
+def speculator_of(method: str, model_prefix: str | None) -> str:
+    """Our speculator kind for a recipe method (SGLang's eagle / nextn are the model's head, as InferenceX
+    reads them: mtp, eagle3 for minimaxm3); an engine-only method (dspark, dflash) stays itself."""
+    method = method.lower()
+    if method in ("eagle", "nextn"):
+        return "eagle3" if model_prefix == "minimaxm3" else "mtp"
+    return KIND_OF_METHOD.get(method, method)
+
+
+def _synthetic_gate(env: Mapping[str, str]) -> None:
+    """The newest runners force acceptance only for agentic, speculative, non-eval runs; say which failed."""
+    agentic = env.get("IS_AGENTIC")
+    if agentic is not None and agentic.strip().lower() not in ("1", "true"):
+        raise NoSyntheticAcceptance(f"IS_AGENTIC={agentic}: InferenceX forces acceptance only in agentic runs")
+    if env.get("SPEC_DECODING", "").strip().lower() == "none":
+        raise NoSyntheticAcceptance("SPEC_DECODING=none: this run decodes without speculation")
+    if env.get("EVAL_ONLY", "").strip().lower() == "true":
+        raise NoSyntheticAcceptance("EVAL_ONLY=true: accuracy runs verify drafts for real, with no forced acceptance")
+
+
+def question(env: Mapping[str, str], *, model: str | None, speculator: str | None, draft_len: int | None,
+             thinking: str | None, recipe: Path | None, dialect_of: Mapping[str, str | None]) -> Question:
+    """Fill what the command line left out from the runner's environment and recipe (explicit options win).
+
+    `dialect_of`: FRAMEWORK -> the recipe dialect its engine reads (from the consumer registry)."""
+    _synthetic_gate(env)
+    framework = (env.get("FRAMEWORK") or "").strip().lower() or None
+    prefix = (env.get("MODEL_PREFIX") or "").strip() or None
+    k = draft_len
+    if recipe is not None:
+        if framework is None or framework not in dialect_of or dialect_of[framework] is None:
+            raise ValueError(f"--recipe needs FRAMEWORK set to an engine whose recipe InferenceX reads; "
+                             f"FRAMEWORK={framework!r} (known: {', '.join(f for f, d in dialect_of.items() if d)})")
+        spec = spec_of(read_recipe(recipe), dialect_of[framework])  # type: ignore[arg-type]
+        if spec is None:
+            raise NoSyntheticAcceptance(f"{recipe}: the generation role runs no speculative decoding")
+        k = k if k is not None else spec.checked_draft_len(str(recipe))
+        if speculator is None:
+            kind = speculator_of(spec.method, prefix)
+            speculator = f"{kind}:{spec.draft_model}" if kind == "draft" and spec.draft_model else kind
+    if k is None and env.get("NUM_SPEC_TOKENS"):
+        try:
+            k = int(env["NUM_SPEC_TOKENS"])
+        except ValueError:
+            raise ValueError(f"NUM_SPEC_TOKENS={env['NUM_SPEC_TOKENS']!r} is not an integer") from None
+    if k is None:
+        raise ValueError("--from-env needs k: --draft-len, --recipe (the engine recipe holds it), or NUM_SPEC_TOKENS")
+    spec_decoding = (env.get("SPEC_DECODING") or "").strip()
+    if speculator is None and spec_decoding:
+        speculator = speculator_of(spec_decoding, prefix)
+    if model is None and prefix is None:
+        raise ValueError("--from-env needs MODEL_PREFIX set (or --model)")
+    return Question(model=model or prefix, speculator=speculator, draft_len=k,
+                    thinking=thinking or env.get("THINKING_MODE") or DEFAULT_THINKING, framework=framework,
+                    prefix=model is None)
+
+
+def environment() -> dict[str, str]:
+    """The runner variables this module reads, as set (empty ones left out)."""
+    return {v: os.environ[v] for v in ENV_VARIABLES if os.environ.get(v)}

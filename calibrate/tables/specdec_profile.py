@@ -1,0 +1,138 @@
+"""specdec_bench's `speculation_profile.json` (schema 1.0), built from our stored counts.
+
+The format is NVIDIA Model-Optimizer's, read from `examples/specdec_bench/specdec_bench/speculation_profile.py`
+at edf879d3daf7879acdeb2dab9f54a591837da7b0 (writer: build_profile, with its checks) and its tests
+(`examples/specdec_bench/tests/test_speculation_profile.py` at 095124e9d582ea52b3aeb636efc281919f3aa4db). It
+travels with a draft checkpoint; the Dynamo mocker and AIC read the conditional rates, vLLM's synthetic sampler
+the marginal ones. Its rules, as we meet them:
+
+- per draft position i (0-based), `marginal_accept_rates[i]` = P(at least i + 1 drafts accepted) over decode
+  steps (our unconditional rates) and `conditional_accept_rates[i]` = marginal[i] / marginal[i - 1] (the
+  first over 1; 0.0 after a zero), both k long, 6 decimals;
+- `mean_accept_length` is per decode step (our pooled AL), `mean_accept_length_per_request` the per-request
+  mean (our macro AL); `acceptance_length_histogram` is keyed by tokens per step (accepted drafts + 1),
+  observed lengths only;
+- `validation.mean_consistency`: 1 + sum(marginals) within 0.02 of the mean; `validation.marginal_monotonicity`:
+  marginals non-increasing;
+- `accept_length_model` is `chain_analytic` for chain drafters (eagle*, draft_model), else `measured_per_k`.
+
+Our steps are every verification step; specdec_bench's AcceptanceRate drops a turn's first step when it
+emitted one token and its last step, so its figures on the same traffic differ slightly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from calibrate.tables.inferencex import RECIPE_METHODS, basename, sampling
+from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
+
+SCHEMA_VERSION = "1.0"
+FILE_NAME = "speculation_profile.json"
+CONSISTENCY_TOLERANCE = 0.02
+CHAIN_METHODS = frozenset({"eagle", "eagle1", "eagle2", "eagle3", "draft_model"})
+DIGITS = 6
+
+
+def checkpoint_id(path: str) -> str:
+    """`org/model` of a checkpoint path: the profile is published, so no cluster layout goes into it."""
+    parts = [p for p in path.replace("\\", "/").split("/") if p]
+    return "/".join(parts[-2:])
+
+
+def conditional_rates(marginal: Sequence[float]) -> list[float]:
+    """P(draft i accepted | drafts before it accepted) as ratios of consecutive marginals (0 after a zero)."""
+    out, previous = [], 1.0
+    for m in marginal:
+        out.append(m / previous if previous > 0 else 0.0)
+        previous = m
+    return out
+
+
+def _validation(mean: float, marginal: Sequence[float]) -> dict[str, object]:
+    implied = 1.0 + sum(marginal)
+    delta = abs(implied - mean)
+    rising = [{"position": i, "value": marginal[i], "previous": marginal[i - 1]}
+              for i in range(1, len(marginal)) if marginal[i] > marginal[i - 1] + 1e-9]
+    return {
+        "mean_consistency": {"implied_mean_accept_length": round(implied, DIGITS),
+                             "reported_mean_accept_length": round(mean, DIGITS), "abs_delta": round(delta, DIGITS),
+                             "tolerance": CONSISTENCY_TOLERANCE, "passed": delta <= CONSISTENCY_TOLERANCE},
+        "marginal_monotonicity": {"passed": not rising, "violations": rising},
+    }
+
+
+def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
+            siblings: Sequence[AcceptanceRecord], tool: str) -> dict[str, object]:
+    """The profile of one key: `segments` are its per-segment records (its per_category), `siblings` the same
+    target, speculator, thinking mode and population at other k (its accept_length_by_k)."""
+    kind = record.speculator.partition(":")[0]
+    method = RECIPE_METHODS["vllm"].get(kind, kind)
+    marginal = [float(x) for x in record.unconditional_rates]
+    by_k = {r.draft_len: r.acceptance_length for r in (*siblings, record)}
+    conditions: dict[str, object] = {
+        "dataset": record.dataset, "dataset_fingerprints": list(record.dataset_fingerprints),
+        "thinking": record.thinking, "sampling": sampling(record), "engines": list(record.engines),
+        "requests": record.requests, "conversations": record.conversations, "steps": record.steps,
+        "censored_steps": record.censored_steps, "empty_steps": record.empty_steps,
+        "ci95_mean_accept_length": None if record.ci_low is None else [record.ci_low, record.ci_high],
+        "producer": tool,
+    }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "measured": True,
+        "method": method,
+        "draft_checkpoint": {"id": checkpoint_id(record.draft_ids[0])} if record.draft_ids else None,
+        "target_model": {"id": checkpoint_id(record.target_ids[0] if record.target_ids else record.target)},
+        "num_speculative_tokens": record.draft_len,
+        "block_size": None,
+        "max_supported_k": record.draft_len,
+        "verification_method": "longest_prefix",
+        "conditional_accept_rates": [round(x, DIGITS) for x in conditional_rates(marginal)],
+        "marginal_accept_rates": [round(x, DIGITS) for x in marginal],
+        "mean_accept_length": round(record.acceptance_length, DIGITS),
+        "mean_accept_length_per_request": (None if record.macro_acceptance_length is None
+                                           else round(record.macro_acceptance_length, DIGITS)),
+        "accept_length_model": "chain_analytic" if method in CHAIN_METHODS else "measured_per_k",
+        "accept_length_by_k": {str(k): round(al, DIGITS) for k, al in sorted(by_k.items())},
+        "acceptance_length_histogram": {str(a + 1): n for a, n in enumerate(record.histogram) if n},
+        "per_category": {s.segment: {"mean_accept_length": round(s.acceptance_length, DIGITS), "steps": s.steps,
+                                     "requests": s.requests} for s in segments} or None,
+        "measurement_conditions": conditions,
+        "validation": _validation(record.acceptance_length, marginal),
+    }
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9_.-]+", "-", basename(name)).strip("-")
+
+
+def _folder(r: AcceptanceRecord) -> str:
+    """One folder per key, holding its speculation_profile.json (a profile travels under that exact name); the
+    speculator part keeps its kind ('draft:/models/x' is draft-x)."""
+    kind, _, rest = r.speculator.partition(":")
+    speculator = f"{kind}-{_slug(rest)}" if rest else kind
+    return f"{_slug(r.target)}_{_slug(speculator)}_k{r.draft_len}_thinking-{r.thinking}"
+
+
+def documents(records: Sequence[AcceptanceRecord], tool: str) -> dict[str, str]:
+    """{KEY/speculation_profile.json: text} for every measured key; two keys that differ only in dataset or
+    sampling would share a folder: refused, naming them."""
+    mains = [r for r in records if r.segment == SEGMENT_ALL]
+    docs: dict[str, str] = {}
+    owners: dict[str, AcceptanceRecord] = {}
+    for r in mains:
+        name = f"{_folder(r)}/{FILE_NAME}"
+        if name in owners:
+            raise ValueError(f"{name} would describe two populations (dataset={owners[name].dataset} "
+                             f"{sampling(owners[name])}; dataset={r.dataset} {sampling(r)}): filter with --dataset / "
+                             "--temperature")
+        owners[name] = r
+        segments = [s for s in records if s.key == r.key and s.segment != SEGMENT_ALL]
+        siblings = [s for s in mains if s is not r and (s.target, s.speculator, s.thinking, s.dataset,
+                                                       sampling(s)) == (r.target, r.speculator, r.thinking,
+                                                                        r.dataset, sampling(r))]
+        docs[name] = json.dumps(profile(r, segments, siblings, tool), indent=2) + "\n"
+    return docs
