@@ -1,0 +1,165 @@
+"""AL by context length and by turn depth: each bucket's record is the key's statistics over its requests only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_tables_support import Req, make_spec, write_run
+
+from calibrate.data.conversation import Conversation, Message
+from calibrate.data.turns import conversation_requests
+from calibrate.tables import stats
+from calibrate.tables.buckets import CONTEXT, TURN, UNRECORDED, context_bucket, dimension
+from calibrate.tables.query import Filters, load_bucketed, load_records
+from calibrate.tables.records import AcceptanceRecord
+from calibrate.tables.store import Store, connect
+
+K = 3
+N_BOOT = 300
+
+
+def _requests(seed: int = 7) -> list[Req]:
+    """40 requests of 14 conversations: prompt lengths across every context bucket (some truncated to a 16k
+    budget, so before-truncation lengths differ from what the engine saw), depths 1..40."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(40):
+        full = int(rng.choice([900, 3000, 5000, 12000, 20000, 40000, 70000, 90000]))
+        kept = min(full, 16 * 1024)
+        hist = rng.integers(0, 6, size=K + 1)
+        hist[0] += 1  # every request has a step
+        out.append(Req(f"r{i:02d}", f"c{i % 14:02d}", {"answer": hist.tolist()}, prompt_tokens=kept,
+                       truncated_tokens=full - kept, depth=1 + int(rng.integers(0, 40))))
+    return out
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> tuple[Path, list[Req]]:
+    path = tmp_path / "b.duckdb"
+    reqs = _requests()
+    with Store(path) as store:
+        write_run(store, make_spec(draft_len=K), reqs)
+    return path, reqs
+
+
+def _bucketed(path: Path, dim_name: str) -> list[AcceptanceRecord]:
+    con = connect(path, read_only=True)
+    try:
+        return load_bucketed(con, dimension(dim_name), n_boot=N_BOOT)
+    finally:
+        con.close()
+
+
+def _value(req: Req, dim_name: str) -> int | None:
+    return req.prompt_tokens + req.truncated_tokens if dim_name == "context" else req.depth
+
+
+@pytest.mark.parametrize("dim_name", ["context", "turn"])
+def test_each_bucket_is_the_brute_force_statistics_of_its_requests(store_path, dim_name: str) -> None:
+    path, reqs = store_path
+    records = _bucketed(path, dim_name)
+    dim = dimension(dim_name)
+    seen = set()
+    for record in records:
+        label = record.bucket.split("=", 1)[1]
+        bucket = dim.parse(label)
+        mine = [r for r in reqs if bucket.contains(_value(r, dim_name))]
+        assert mine, f"a record for an empty bucket {record.bucket}"
+        hists = np.array([r.segments["answer"] for r in mine])
+        pooled = hists.sum(axis=0)
+        assert record.histogram == tuple(int(x) for x in pooled)
+        assert record.requests == len(mine) and record.conversations == len({r.conversation_id for r in mine})
+        assert record.acceptance_length == pytest.approx(1 + (pooled * np.arange(K + 1)).sum() / pooled.sum())
+        per_request = [1 + (h * np.arange(K + 1)).sum() / h.sum() for h in hists]
+        assert record.macro_acceptance_length == pytest.approx(np.mean(per_request))
+        assert record.truncated_requests == sum(r.truncated_tokens > 0 for r in mine)
+        # the interval is the clustered bootstrap over exactly these requests, or withheld as for a whole key
+        brute = stats.summarize(hists, [r.conversation_id for r in mine], n_boot=N_BOOT)
+        if record.conversations >= stats.MIN_CI_CONVERSATIONS:
+            assert (record.ci_low, record.ci_high) == pytest.approx((brute.ci_low, brute.ci_high))
+        else:
+            assert record.ci_low is None and record.ci_note == stats.ci_withheld(record.conversations)
+        seen.update(r.request_id for r in mine)
+    # every request is in exactly one bucket: nothing measured is left out or counted twice
+    assert seen == {r.request_id for r in reqs}
+    assert sum(r.steps for r in records) == sum(sum(r.segments["answer"]) for r in reqs)
+    assert [r.bucket for r in records] == sorted({r.bucket for r in records},
+                                                 key=[f"{dim_name}={b.label}" for b in dim.buckets].index)
+
+
+def test_context_buckets_use_the_length_before_truncation(store_path) -> None:
+    path, reqs = store_path
+    by_bucket = {r.bucket: r for r in _bucketed(path, "context")}
+    # every prompt was truncated to at most 16k: by the kept length nothing would sit above 16k
+    assert {"context=16k-64k", "context=>64k"} <= set(by_bucket)
+    assert by_bucket["context=>64k"].requests == sum(r.prompt_tokens + r.truncated_tokens >= 65536 for r in reqs)
+    assert by_bucket["context=>64k"].truncated_requests == by_bucket["context=>64k"].requests
+
+
+def test_a_small_bucket_withholds_its_interval(tmp_path: Path) -> None:
+    path = tmp_path / "s.duckdb"
+    reqs = [Req(f"r{i}", f"c{i}", {"answer": [1, 1, 1, 1]}, prompt_tokens=100 if i < 12 else 9000)
+            for i in range(14)]
+    with Store(path) as store:
+        write_run(store, make_spec(draft_len=K), reqs)
+    small, big = (next(r for r in _bucketed(path, "context") if r.bucket == name)
+                  for name in ("context=4k-16k", "context=<4k"))
+    assert small.conversations == 2 and small.ci_low is None and small.ci_note.startswith("n too small")
+    assert big.conversations == 12 and big.ci_low is not None and big.ci_note is None
+
+
+def test_a_store_written_before_turn_depth_still_reads(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(draft_len=K), [Req("r0", "c0", {"answer": [1, 3, 0, 0]}, prompt_tokens=5000),
+                                                 Req("r1", "c1", {"answer": [2, 0, 0, 1]})])
+        store.con.execute("ALTER TABLE requests DROP COLUMN turn_depth")
+    old = _bucketed(path, "turn")  # read-only, as `show --by turn` opens it: not migrated
+    assert [r.bucket for r in old] == [f"turn={UNRECORDED}"] and old[0].requests == 2
+    assert [r.bucket for r in _bucketed(path, "context")] == ["context=<4k", "context=4k-16k"]
+    with Store(path) as store:  # opened for writing: the column comes back, empty for the old requests
+        assert store.con.execute("SELECT turn_depth FROM requests").fetchall() == [(None,), (None,)]
+    assert [r.bucket for r in _bucketed(path, "turn")] == [f"turn={UNRECORDED}"]
+    con = connect(path, read_only=True)
+    try:
+        (whole,) = load_records(con, Filters(), n_boot=N_BOOT)
+    finally:
+        con.close()
+    assert whole.bucket is None and whole.histogram == (3, 3, 0, 1)
+
+
+def test_bucket_names_labels_aliases_and_lengths() -> None:
+    assert context_bucket(None) is None
+    assert context_bucket("16k-64k").label == "16k-64k" and context_bucket("16K-64K").label == "16k-64k"
+    assert context_bucket("0-4k").label == "<4k" and context_bucket("64k+").label == ">64k"
+    assert context_bucket("4095").label == "<4k" and context_bucket("4096").label == "4k-16k"
+    assert context_bucket("20k").label == "16k-64k" and context_bucket("64k").label == ">64k"
+    assert TURN.parse("5").label == "4-7" and TURN.parse("1").label == "1" and TURN.parse("32+").label == "32+"
+    for bad, dim in (("huge", CONTEXT), ("0", TURN), ("2-5", TURN)):
+        with pytest.raises(ValueError, match=rf"--{dim.name} .*not a {dim.name} bucket \("):
+            dim.parse(bad)
+    with pytest.raises(ValueError, match="--by 'segment': known: context, turn"):
+        dimension("segment")
+
+
+def test_a_bucket_record_says_so_in_its_row_and_a_whole_key_row_is_unchanged(store_path) -> None:
+    path, _ = store_path
+    record = _bucketed(path, "context")[0]
+    row = record.to_dict()
+    assert row["bucket"] == record.bucket and AcceptanceRecord.from_dict(row) == record
+    con = connect(path, read_only=True)
+    try:
+        (whole,) = load_records(con, Filters(), n_boot=N_BOOT)
+    finally:
+        con.close()
+    assert "bucket" not in whole.to_dict() and AcceptanceRecord.from_dict(whole.to_dict()) == whole
+
+
+def test_turn_depth_counts_answers_not_messages() -> None:
+    messages = (Message("system", "s"), Message("user", "task"), Message("assistant", "a1"),
+                Message("tool", "out"), Message("tool", "out"), Message("assistant", "a2"),
+                Message("user", "more"), Message("assistant", "a3"))
+    requests = conversation_requests(Conversation(id="c", messages=messages))
+    assert [(r.turn, r.depth) for r in requests] == [(2, 1), (5, 2), (7, 3)]
