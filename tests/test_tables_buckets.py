@@ -163,3 +163,111 @@ def test_turn_depth_counts_answers_not_messages() -> None:
                 Message("user", "more"), Message("assistant", "a3"))
     requests = conversation_requests(Conversation(id="c", messages=messages))
     assert [(r.turn, r.depth) for r in requests] == [(2, 1), (5, 2), (7, 3)]
+
+
+# ---- the commands: show --by, export / lookup --context, report ---------------------------------------------
+
+
+@pytest.fixture
+def app():
+    import typer
+
+    from calibrate.tables.commands import register
+
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+def _invoke(app, *args: str):
+    from typer.testing import CliRunner
+
+    return CliRunner().invoke(app, list(args), terminal_width=200)
+
+
+@pytest.mark.parametrize("dim_name", ["context", "turn"])
+def test_show_by_prints_one_row_per_bucket_with_its_statistics(app, store_path, dim_name: str) -> None:
+    import json
+
+    path, _ = store_path
+    res = _invoke(app, "show", "--db", str(path), "--by", dim_name, "--format", "json", "--bootstrap", str(N_BOOT))
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    records = _bucketed(path, dim_name)
+    assert [row[dim_name] for row in rows] == [r.bucket.split("=", 1)[1] for r in records]
+    assert [row["acceptance_length"] for row in rows] == [r.acceptance_length for r in records]
+    assert list(rows[0])[6] == dim_name  # after the key, before the sample
+    table = _invoke(app, "show", "--db", str(path), "--by", dim_name, "--bootstrap", "50")
+    assert table.exit_code == 0 and dimension(dim_name).description in " ".join(table.output.split())
+    assert all(r.bucket.split("=", 1)[1] in table.output for r in records)
+
+
+def test_show_by_refuses_segments_in_one_line(app, store_path) -> None:
+    path, _ = store_path
+    res = _invoke(app, "show", "--db", str(path), "--by", "context", "--segments")
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "does not combine with --segments" in res.output
+
+
+def test_export_and_lookup_select_a_context_bucket(app, store_path, tmp_path: Path) -> None:
+    import json
+
+    path, _ = store_path
+    bucket = next(r for r in _bucketed(path, "context") if r.bucket == "context=16k-64k")
+    res = _invoke(app, "lookup", "--table", str(path), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
+                  "--thinking", "off", "--context", "20k")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip() == bucket.value() and "context=16k-64k only" in res.stderr
+    out = tmp_path / "t.json"
+    res = _invoke(app, "export", "--to", "json", "--db", str(path), "--context", "16k-64k", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())["records"]
+    assert {row["bucket"] for row in rows} == {"context=16k-64k"}
+    # the export answers for its bucket, and only for it
+    res = _invoke(app, "lookup", "--table", str(out), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
+                  "--thinking", "off", "--context", "16k-64k", "--format", "json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["acceptance_length"] == pytest.approx(
+        bucket.acceptance_length)
+    res = _invoke(app, "lookup", "--table", str(out), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
+                  "--thinking", "off")
+    assert res.exit_code == 1 and "holds context=16k-64k" in res.output
+    res = _invoke(app, "export", "--to", "sglang", "--db", str(path), "--context", ">64k")
+    assert res.exit_code == 0 and "| requests context=>64k" in res.stdout
+
+
+def test_an_empty_or_unknown_bucket_is_one_line_naming_what_exists(app, tmp_path: Path) -> None:
+    path = tmp_path / "short.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(draft_len=K), [Req("r0", "c0", {"answer": [1, 1, 1, 1]}, prompt_tokens=300)])
+    res = _invoke(app, "export", "--to", "vllm", "--db", str(path), "--context", ">64k")
+    assert res.exit_code == 1 and res.output.count("\n") == 1
+    assert "no measured request" in res.output and "context=>64k" in res.output and "<4k (1)" in res.output
+    res = _invoke(app, "lookup", "--table", str(path), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
+                  "--thinking", "off", "--context", "16k-64k")
+    assert res.exit_code == 1 and "no counts for segment 'all' in context=16k-64k" in res.output and "<4k (1)" in res.output
+    res = _invoke(app, "export", "--to", "vllm", "--db", str(path), "--context", "long")
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "<4k, 4k-16k, 16k-64k, >64k" in res.output
+
+
+def test_report_plots_al_vs_context(app, store_path, tmp_path: Path) -> None:
+    path, _ = store_path
+    res = _invoke(app, "report", "--db", str(path), "--out", str(tmp_path / "r"), "--bootstrap", "50")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "r" / "al_vs_context.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("dim_name", ["context", "turn"])
+def test_the_truncation_warning_counts_a_keys_buckets_together(store_path, dim_name: str) -> None:
+    from calibrate.tables.commands import truncation_warnings
+
+    path, reqs = store_path
+    con = connect(path, read_only=True)
+    try:
+        whole = load_records(con, Filters(), n_boot=N_BOOT)
+    finally:
+        con.close()
+    bucketed = _bucketed(path, dim_name)
+    assert truncation_warnings(bucketed) == truncation_warnings(whole)
+    cut = sum(r.truncated_tokens > 0 for r in reqs)
+    assert (cut > len(reqs) / 2) == bool(truncation_warnings(whole))
+    if truncation_warnings(whole):
+        assert f"{cut} of {len(reqs)} requests" in truncation_warnings(bucketed)[0]

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -21,10 +22,11 @@ import typer
 
 from calibrate.errors import cli_errors
 from calibrate.tables import exports, query, stats
+from calibrate.tables.buckets import CONTEXT, DIMENSIONS, Bucket, Dimension, context_bucket
 from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.lookup import lookup as lookup_record
 from calibrate.errors import StoreError
-from calibrate.tables.records import SGLANG_TOKEN_MODES, AcceptanceRecord
+from calibrate.tables.records import KEY_FIELDS, SGLANG_TOKEN_MODES, AcceptanceRecord
 from calibrate.tables.store import connect
 
 SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
@@ -52,6 +54,7 @@ class ShowFormat(str, Enum):
 # The export formats' registry (exports.FORMATS) is the one list; the CLI's choices are made from it.
 ExportFormat = Enum("ExportFormat", {name: name for name in exports.FORMATS}, type=str)
 TokenMode = Enum("TokenMode", {mode: mode for mode in SGLANG_TOKEN_MODES}, type=str)
+ByDimension = Enum("ByDimension", {name: name for name in DIMENSIONS}, type=str)
 
 
 class Mode(str, Enum):
@@ -98,17 +101,34 @@ def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_le
     )
 
 
-def _load(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int) -> list[AcceptanceRecord]:
+def _load(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int, *, bucket: Bucket | None = None,
+          by: Dimension | None = None) -> list[AcceptanceRecord]:
+    """The records the filters ask for: of the requests in `bucket` only, or one per bucket of `by`."""
+    if by is not None and segments:
+        raise ValueError(f"--by {by.name} gives the overall AL per bucket: it does not combine with --segments")
     con = connect(db, read_only=True)
     try:
         with _reading(db):
-            filters = _filters(con, *filters_args)
-            records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
+            filters = replace(_filters(con, *filters_args), bucket=bucket)
+            if by is not None:
+                records = query.load_bucketed(con, by, filters, n_boot=n_boot, seed=seed)
+            else:
+                records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
             if not records and filters.narrowed and query.catalog(con):
                 raise _no_match(con, filters, db)
+            if not records and bucket is not None and query.catalog(con):
+                raise _empty_bucket(con, filters, bucket, db)
             return records
     finally:
         con.close()
+
+
+def _empty_bucket(con: Any, filters: query.Filters, bucket: Bucket, db: Path) -> NotMeasured:
+    """No request of the selection falls in the bucket: which buckets hold requests instead."""
+    held = query.bucket_requests(con, DIMENSIONS[bucket.dimension], replace(filters, bucket=None))
+    listed = ", ".join(f"{label} ({n})" for label, n in held.items() if n) or "none"
+    return NotMeasured(f"no measured request in {db} is in {bucket.name} "
+                       f"({DIMENSIONS[bucket.dimension].description}); requests per {bucket.dimension}: {listed}")
 
 
 # Filters -> (the runs column, the option that set it), for saying what was asked and what exists.
@@ -156,6 +176,9 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
         row = {key: getattr(r, key) for key in SHOW_KEYS}
         if segments:
             row = {**{k: row[k] for k in SHOW_KEYS[:6]}, "segment": r.segment, **{k: row[k] for k in SHOW_KEYS[6:]}}
+        if r.bucket is not None:  # `--by context`: the bucket's column, named by its dimension
+            dim, label = r.bucket.split("=", 1)
+            row = {**{k: row[k] for k in SHOW_KEYS[:6]}, dim: label, **{k: row[k] for k in SHOW_KEYS[6:]}}
         if r.expected_acceptance_length is not None:
             row["expected_acceptance_length"] = r.expected_acceptance_length
         if r.empty_steps:  # model-free drafters: what vLLM would log, over the steps that drafted
@@ -217,6 +240,9 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
             del cells[col]
     if segments:
         cells["segment"] = [r.segment for r in records]
+    dims = sorted({r.bucket.split("=", 1)[0] for r in records if r.bucket is not None})
+    for dim in dims:  # `--by`: one bucket per row
+        cells[dim] = [r.bucket.split("=", 1)[1] if r.bucket else "all" for r in records]
     cells["reqs"] = [f"{r.requests}*" if interrupted(r) else str(r.requests) for r in records]
     cells["steps"] = [str(r.steps) for r in records]
     cells["AL"] = [f"{r.acceptance_length:.3f}" for r in records]
@@ -244,6 +270,9 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
                                                  "few for a clustered bootstrap: no interval")
     if any(interrupted(r) for r in records):
         caption += ("\n" if caption else "") + "* a run was interrupted: the same `calibrate run` resumes it"
+    for dim in dims:
+        edges = ", ".join(b.label for b in DIMENSIONS[dim].buckets)
+        caption += ("\n" if caption else "") + f"{dim}: {DIMENSIONS[dim].description}; buckets {edges}"
     table = Table(title="Acceptance length: pooled AL, 95% CI, macro AL",
                   caption=caption or None, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
                   padding=(0, 1, 0, 0))
@@ -270,11 +299,17 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
 def truncation_warnings(records: Sequence[AcceptanceRecord]) -> list[str]:
     """One line per (target, dataset) whose runs left-truncated most of their requests' prompts: n-gram and
     suffix copy from the context, so their AL there understates what full prompts give."""
-    worst: dict[tuple[str, str], tuple[int, int]] = {}
+    sums: dict[tuple[Any, ...], tuple[int, int]] = {}  # a key's buckets (`--by`) partition its requests: summed
     for r in records:
-        if r.truncated_requests is not None and r.requests and r.truncated_requests > r.requests / 2:
-            key = (r.target, r.dataset)
-            worst[key] = max(worst.get(key, (0, 1)), (r.truncated_requests, r.requests), key=lambda t: t[0] / t[1])
+        if r.truncated_requests is not None and r.requests:
+            cut, total = sums.get((r.key, r.segment), (0, 0))
+            sums[(r.key, r.segment)] = (cut + r.truncated_requests, total + r.requests)
+    worst: dict[tuple[str, str], tuple[int, int]] = {}
+    for (key, _), (cut, total) in sums.items():
+        if cut > total / 2:
+            named = dict(zip(KEY_FIELDS, key))
+            pair = (named["target"], named["dataset"])
+            worst[pair] = max(worst.get(pair, (0, 1)), (cut, total), key=lambda t: t[0] / t[1])
     return [f"{target} on {dataset}: {cut} of {total} requests had their prompt left-truncated to the context "
             "budget; model-free speculators (n-gram, suffix) match against the context, so their AL is "
             "understated (README: how much the prompt budget moves AL)"
@@ -325,6 +360,9 @@ _WHERE_OPT = typer.Option(None, "--where", help="FIELD=VALUE on a run field (rep
                          "picks one of several conditions a key was measured under.")
 
 _FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out would replace (refused otherwise).")
+_CONTEXT_OPT = typer.Option(
+    None, "--context", help="Only requests whose prompt, before truncation, is in this bucket (<4k or 0-4k, 4k-16k, "
+    "16k-64k, >64k or 64k+) or the bucket of this length (20k, 20000): the AL measured at a benchmark's length.")
 
 
 @cli_errors
@@ -343,10 +381,13 @@ def show(
     seed: int = _SEED_OPT,
     where: Optional[list[str]] = _WHERE_OPT,
     wide: bool = typer.Option(False, "--wide", help="Table: full speculator labels, however wide."),
+    by: Optional[ByDimension] = typer.Option(
+        None, "--by", help="One row per bucket: context (prompt tokens before truncation: <4k, 4k-16k, 16k-64k, "
+        ">64k) or turn (the answer's turn in its conversation: 1, 2-3, 4-7, 8-15, 16-31, 32+)."),
 ) -> None:
     """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
     records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), segments, bootstrap,
-                    seed)
+                    seed, by=DIMENSIONS[by.value] if by is not None else None)
     for warning in truncation_warnings(records):
         typer.echo(f"warning: {warning}", err=True)
     if format is ShowFormat.table:
@@ -383,10 +424,12 @@ def export(
     seed: int = _SEED_OPT,
     where: Optional[list[str]] = _WHERE_OPT,
     force: bool = _FORCE_OPT,
+    context: Optional[str] = _CONTEXT_OPT,
 ) -> None:
     """Export the acceptance table for an engine, InferenceX, or as a full CSV / Parquet / JSON table."""
     full = to.value in exports.TABLE_FORMATS
-    records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), full, bootstrap, seed)
+    records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), full, bootstrap, seed,
+                    bucket=context_bucket(context))
     options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, model_prefix=model_prefix,
                                     method=method)
     written = exports.export(records, to.value, out, options=options, force=force)
@@ -416,6 +459,7 @@ def lookup(
     shell: bool = typer.Option(False, "--shell", help="Env formats: prefix lines with `export` for eval."),
     from_env: bool = typer.Option(False, "--from-env",
                                   help="Read MODEL_PREFIX, NUM_SPEC_TOKENS, THINKING_MODE, FRAMEWORK."),
+    context: Optional[str] = _CONTEXT_OPT,
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
     match_prefix = False
@@ -427,7 +471,7 @@ def lookup(
         raise ValueError(f"missing {', '.join(missing_opts)} (or use --from-env)")
     record = lookup_record(
         model, speculator, draft_len, thinking, table=table, dataset=dataset, temperature=temperature,
-        extrapolate=extrapolate, segment=segment, match_prefix=match_prefix,
+        extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
     )
     sys.stdout.write(render_lookup(record, format or LookupFormat.value, mode.value, shell))
     notes = [record.model_free_note()]
@@ -437,6 +481,9 @@ def lookup(
         typer.echo(f"warning: {note}", err=True)
     if record.extrapolated:
         typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
+    if record.bucket is not None:
+        typer.echo(f"note: AL of the requests in {record.bucket} only ({record.requests} requests, "
+                   f"{record.conversations} conversations)", err=True)
 
 @cli_errors
 def report(
@@ -452,11 +499,14 @@ def report(
     where: Optional[list[str]] = _WHERE_OPT,
     force: bool = _FORCE_OPT,
 ) -> None:
-    """Plot AL vs k per speculator and thinking mode, and the unconditional rate per position (PNG)."""
+    """Plot AL vs k per speculator and thinking mode, the unconditional rate per position, and AL vs context
+    length (prompt tokens before truncation) per speculator (PNG)."""
     from calibrate.tables.report import plot
 
-    records = _load(db, (model, speculator, None, thinking, dataset, temperature, where), False, bootstrap, seed)
-    for path in plot(records, out, force=force):
+    filters_args = (model, speculator, None, thinking, dataset, temperature, where)
+    records = _load(db, filters_args, False, bootstrap, seed)
+    by_context = _load(db, filters_args, False, bootstrap, seed, by=CONTEXT)
+    for path in plot(records, out, force=force, by_context=by_context):
         typer.echo(str(path))
 
 

@@ -67,7 +67,7 @@ def _sampling(r: AcceptanceRecord) -> str:
 
 def _label(r: AcceptanceRecord) -> str:
     return (f"{r.target} | {r.speculator} | k={r.draft_len} | thinking={r.thinking} | "
-            f"dataset={r.dataset} | {_sampling(r)}")
+            f"dataset={r.dataset} | {_sampling(r)}" + (f" | requests {r.bucket}" if r.bucket else ""))
 
 
 def _overall(records: Sequence[AcceptanceRecord]) -> list[AcceptanceRecord]:
@@ -97,6 +97,11 @@ def inferencex_file_name(record: AcceptanceRecord, options: ExportOptions) -> st
     if not re.fullmatch(r"[a-z0-9_.-]+", name):
         raise ValueError(f"InferenceX curve name {name!r} must match [a-z0-9_.-]+: fix --model-prefix / --method")
     return name + ".yaml"
+
+
+def _buckets(rows: Sequence[AcceptanceRecord]) -> list[str]:
+    """The request buckets the rows summarise (none when they cover every request of their keys)."""
+    return sorted({r.bucket for r in rows if r.bucket is not None})
 
 
 def _same_model(rows: Sequence[AcceptanceRecord]) -> bool:
@@ -152,6 +157,7 @@ def inferencex_documents(records: Sequence[AcceptanceRecord], stamp: Stamp,
         lines = [
             f"# golden acceptance-length distribution: {', '.join(targets)} with speculator {rows[0].speculator}",
             f"# dataset: {dataset} (fingerprint {', '.join(fingerprints) or 'unknown'}); sampling: {sampling}",
+            *(f"# requests: {name} only (calibrate.tables.buckets)" for name in _buckets(rows)),
             f"# AL = mean tokens per verification step, bonus token included (pooled over steps), "
             f"{LENGTH_DIGITS} decimals",
             *(f"# {line}" for line in model_free_notes(rows)),

@@ -267,6 +267,17 @@ def _in_bucket(con: duckdb.DuckDBPyConnection, filters: Filters) -> str:
     return DIMENSIONS[filters.bucket.dimension].condition(filters.bucket, _columns(con, "requests"))
 
 
+def bucket_requests(con: duckdb.DuckDBPyConnection, dimension: Dimension, filters: Filters = Filters()
+                    ) -> dict[str, int]:
+    """Bucket label -> distinct requests of the filtered runs in it (what exists, for a message)."""
+    where, params = filters.where()
+    present = _columns(con, "requests")
+    return {bucket.label: con.execute(
+        f"SELECT count(DISTINCT request_id) FROM requests JOIN runs USING (run_id) "
+        f"WHERE {where} AND {dimension.condition(bucket, present)}", params).fetchone()[0]
+        for bucket in dimension.buckets}
+
+
 def load_bucketed(
     con: duckdb.DuckDBPyConnection,
     dimension: Dimension,
@@ -276,11 +287,14 @@ def load_bucketed(
     seed: int = DEFAULT_SEED,
     level: float = DEFAULT_LEVEL,
 ) -> list[AcceptanceRecord]:
-    """`load_records` once per bucket of `dimension` (segment 'all'), in bucket order; a bucket no request of
-    a key falls in has no record for that key. Every request is in exactly one bucket, so nothing measured is
-    left out (the unrecorded bucket holds what was stored before its value was)."""
-    return [record for bucket in dimension.buckets
-            for record in load_records(con, replace(filters, bucket=bucket), n_boot=n_boot, seed=seed, level=level)]
+    """`load_records` once per bucket of `dimension` (segment 'all'), sorted by key, then bucket; a bucket no
+    request of a key falls in has no record for that key. Every request is in exactly one bucket, so nothing
+    measured is left out (the unrecorded bucket holds what was stored before its value was)."""
+    order = {bucket.name: i for i, bucket in enumerate(dimension.buckets)}
+    records = [record for bucket in dimension.buckets
+               for record in load_records(con, replace(filters, bucket=bucket), n_boot=n_boot, seed=seed,
+                                          level=level)]
+    return sorted(records, key=lambda r: (_sort_key(r.key), order[r.bucket]))
 
 
 def _key_rows(scope: _Scope) -> list[tuple[Any, ...]]:
