@@ -87,7 +87,7 @@ def prepare(config: Config) -> Prepared:
     picked = select_from_source(
         ds.source, ds.format, split=ds.split, revision=ds.revision, subset=ds.subset,
         max_requests=None if ds.selection == "all" else ds.max_requests, seed=ds.seed,
-        turns_per_conversation=ds.turns_per_conversation, strategy=ds.selection,
+        turns_per_conversation=ds.turns_per_conversation, strategy=ds.selection, category=ds.category,
     )
     if not picked.conversations:
         shown = "; ".join(str(p) for p in picked.problems[:5]) or "no rows"

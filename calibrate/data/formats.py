@@ -32,7 +32,8 @@ class RowError(Exception):
 
 # Canonical format names, in the order auto-detection tries them.
 FORMATS: tuple[str, ...] = (
-    "mini-swe-agent", "nebius-swe-agent", "sharegpt", "toucan", "openai", "openhands-text", "mini-coder",
+    "mini-swe-agent", "nebius-swe-agent", "sharegpt", "toucan", "speed-bench", "openai", "openhands-text",
+    "mini-coder",
 )
 # Names people use for the public sets, mapped to the adapter that reads them.
 ALIASES: dict[str, str] = {
@@ -41,6 +42,7 @@ ALIASES: dict[str, str] = {
     "swe-smith": "openhands-text", "swe-play": "openhands-text", "openhands": "openhands-text",
     "nebius": "nebius-swe-agent", "swe-agent": "nebius-swe-agent",
     "mini-swe": "mini-swe-agent", "traj": "mini-swe-agent",
+    "speedbench": "speed-bench", "spec-bench": "speed-bench", "specbench": "speed-bench",
 }
 
 _LEADING_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
@@ -344,6 +346,45 @@ def adapt_sharegpt(row: Mapping[str, Any], conv_id: str, source: str) -> Convers
     return Conversation(id=conv_id, messages=_check_usable(merged, "conversations"), tools=tools, source=source)
 
 
+# SPEED-Bench (nvidia/SPEED-Bench) rows, as NVIDIA's specdec_bench reads them
+# (NVIDIA/Model-Optimizer examples/specdec_bench/specdec_bench/datasets/speed.py at 12d434e0775e:
+# `SPEEDBench._preprocess` builds one request per row from `turns`, `category` and `question_id`, with no
+# system prompt) and as `vllm bench serve --dataset-name speed_bench` reads the same prepared files
+# (vllm-project/vllm PR 36029, "Add SPEED-bench support to benchmarking CLI"): question_id, category,
+# sub_category, turns (the user turns, text), source and src_id (where a turn withheld for licence reasons
+# comes from). Such a turn ships as a placeholder until specdec_bench's prepare_data.py resolves it.
+SPEED_BENCH_PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH"
+
+
+def adapt_speed_bench(row: Mapping[str, Any], conv_id: str, source: str) -> Conversation:
+    """SPEED-Bench (and Spec-Bench, same fields): the first user turn is the prompt; the target answers it.
+
+    A row holds prompts only, no recorded answer, so its one request is the first turn, answered by the
+    target as every engine here does; the assistant message is an empty stand-in for that answer. Later
+    turns are asked after the model's own earlier answers (specdec_bench generates them live), which a
+    replay of fixed prompts cannot give, so they are not replayed: vLLM's SpecBench loader likewise takes
+    `turns[0]`. A turn still holding the placeholder is refused, naming the step that resolves it.
+    """
+    turns = row.get("turns")
+    if turns is None:
+        raise RowError("missing", "turns")
+    turns = _maybe_json(turns, "turns")
+    if not isinstance(turns, list):
+        raise RowError(f"expected a list of user turns, got {type(turns).__name__}", "turns")
+    if not turns:
+        raise RowError("no turns", "turns")
+    first = turns[0]
+    if not isinstance(first, str):
+        raise RowError(f"turn is a {type(first).__name__}, not text", "turns[0]")
+    if first.startswith(SPEED_BENCH_PLACEHOLDER):
+        raise RowError("unresolved placeholder: run specdec_bench's prepare_data.py (NVIDIA/Model-Optimizer "
+                       "examples/specdec_bench) and read the parquet it writes", "turns[0]")
+    if not first.strip():
+        raise RowError("empty turn", "turns[0]")
+    messages = (Message(role="user", content=first), Message(role="assistant", content=""))
+    return Conversation(id=conv_id, messages=messages, source=source)
+
+
 Adapter = Callable[[Mapping[str, Any], str, str], Conversation]
 
 ADAPTERS: dict[str, Adapter] = {
@@ -352,6 +393,7 @@ ADAPTERS: dict[str, Adapter] = {
     "sharegpt": adapt_sharegpt,
     "toucan": adapt_toucan,
     "openai": adapt_openai,
+    "speed-bench": adapt_speed_bench,
     # Text-format tool calls stay in content, so these read exactly like OpenAI messages; the names exist so
     # that detection and `datasets inspect` say which flavour a source is.
     "openhands-text": adapt_openai,
@@ -382,6 +424,8 @@ def detect_format(row: Mapping[str, Any]) -> str | None:
     """The format of one raw row from its shape, or None when it is no conversation format we know."""
     if not isinstance(row, Mapping):
         return None
+    if "question_id" in row and "turns" in row and "messages" not in row:  # SPEED-Bench / Spec-Bench
+        return "speed-bench"
     traj_format = row.get("trajectory_format")
     if isinstance(traj_format, str) and traj_format.startswith("mini-swe-agent"):
         return "mini-swe-agent"
@@ -428,7 +472,7 @@ def _safe_json(value: Any) -> Any:
 
 def row_id(row: Mapping[str, Any]) -> str | None:
     """The row's own identifier, when it has one (ids make provenance and error messages readable)."""
-    for key in ("id", "traj_id", "instance_id", "uuid", "run_id"):
+    for key in ("id", "traj_id", "instance_id", "uuid", "run_id", "question_id"):
         value = row.get(key)
         if isinstance(value, (str, int)) and str(value):
             return str(value)
