@@ -43,7 +43,7 @@ def _plot_context(rows: Sequence[AcceptanceRecord], path: Path, with_target: boo
     ks = sorted({r.draft_len for r in rows})
     cols = min(len(ks), 4)
     n_rows = -(-len(ks) // cols)
-    fig, axes = plt.subplots(n_rows, cols, figsize=(4.2 * cols, 3.6 * n_rows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(max(6.0, 4.2 * cols), 3.8 * n_rows), squeeze=False, sharey=True)
     for ax, k in zip(axes.flat, ks):
         series: dict[tuple, list[AcceptanceRecord]] = {}
         for r in rows:
@@ -63,7 +63,8 @@ def _plot_context(rows: Sequence[AcceptanceRecord], path: Path, with_target: boo
     axes[0][0].legend(fontsize="small")
     withheld = any(r.ci_note for r in rows)
     fig.suptitle("Pooled AL by context length, 95% CI over conversations"
-                 + (f"; no bar: < {stats.MIN_CI_CONVERSATIONS} conversations in the bucket" if withheld else ""))
+                 + (f"\nno bar: < {stats.MIN_CI_CONVERSATIONS} conversations in the bucket" if withheld else ""),
+                 fontsize="medium")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
