@@ -356,6 +356,10 @@ def test_a_category_keeps_its_rows_only_and_says_how_many_it_left_out(tmp_path):
     assert picked.provenance["category"] == "coding" and picked.provenance["other_category_rows"] == 2
     assert picked.fingerprint != select_from_source(str(path), max_requests=None, seed=0, strategy="all").fingerprint
     assert "category" not in select_from_source(str(path), max_requests=None, seed=0, strategy="all").provenance
+    from calibrate.data.inspect import inspect_source
+
+    report = inspect_source(str(path), category="coding")
+    assert (report.conversations, len(report.problems)) == (3, 1)  # what a run of that category will read
 
 
 def test_speed_bench_parquet_and_the_manifest_entry(tmp_path, monkeypatch):
