@@ -289,8 +289,12 @@ def test_loading_random_jsonl_never_crashes(lines):
 # Rows in the schema NVIDIA's specdec_bench reads (NVIDIA/Model-Optimizer
 # examples/specdec_bench/specdec_bench/datasets/speed.py at 12d434e0775ee7bb244e705943324f06f7cbf007:
 # question_id, category, sub_category, turns, source, src_id; a withheld turn starts with its
-# TURNS_PLACEHOLDER until prepare_data.py resolves it) and `vllm bench serve --dataset-name speed_bench`
-# reads from the same prepared files (vllm-project/vllm PR 36029). No hub here: the rows are built.
+# TURNS_PLACEHOLDER until a prepare script resolves it), and in the one `vllm bench serve --dataset-name
+# speed_bench` reads (vllm-project/vllm vllm/benchmarks/datasets/datasets.py at
+# 003cf0297cf60998854c652a0ca2b310dd3375af, SpeedBench.load_data: `messages[0]["content"]` of the rows of a
+# `category`), written by NeMo-Skills nemo_skills/dataset/speed-bench/prepare.py at
+# aeda1da41ec2888848ffa094305b7669df493f6c (`turns` -> `messages`, one user message per turn). No hub here:
+# the rows are built.
 
 _PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH"
 
@@ -327,7 +331,7 @@ def test_speed_bench_rows_become_one_first_turn_request_each(tmp_path):
     assert [[(m.role, m.content) for m in r.messages] for r in requests][3] == [("user", "Explain this code.")]
     assert requests[0].messages[0].content == _speed_rows()[0]["turns"][0]
     got = {(p.row, p.field): p.reason for p in result.problems}
-    assert got[(3, "turns[0]")].startswith("unresolved placeholder: run specdec_bench's prepare_data.py")
+    assert got[(3, "turns[0]")].startswith("unresolved placeholder: prepare the data first (NeMo-Skills")
     assert got[(5, "turns")] == "no turns"
     assert load_conversations(str(path), format="speed_bench").conversations == result.conversations
     assert canonical_format("spec-bench") == "speed-bench"  # hemingkx/Spec-Bench question.jsonl: same fields
@@ -342,7 +346,7 @@ def test_speed_bench_malformed_turns_are_named(tmp_path):
     assert result.conversations == []
     assert [(p.row, p.field, p.reason) for p in result.problems] == [
         (0, "turns", "expected a list of user turns, got str"), (1, "turns[0]", "turn is a NoneType, not text"),
-        (2, "turns[0]", "empty turn"), (3, "turns", "missing")]
+        (2, "turns[0]", "empty turn"), (3, "turns", "missing (neither turns nor messages)")]
 
 
 def test_a_category_keeps_its_rows_only_and_says_how_many_it_left_out(tmp_path):
@@ -388,3 +392,27 @@ def test_speed_bench_parquet_and_the_manifest_entry(tmp_path, monkeypatch):
     assert [c.id for c in load_conversations("sb", manifest=manifest).conversations] == ["coding-0", "coding-1"]
     with pytest.raises(ValueError, match="is the 'coding' category of .*not 'math'"):
         load_conversations("sb", manifest=manifest, category="math")
+
+
+def _as_nemo_skills(row: dict) -> dict:
+    """NeMo-Skills' prepare.py rewrite of a hub row: `turns` -> one user message per turn."""
+    out = {k: v for k, v in row.items() if k != "turns"}
+    return {**out, "messages": [{"role": "user", "content": turn} for turn in row["turns"]]}
+
+
+def test_the_prepared_jsonl_vllm_bench_reads_gives_the_same_requests(tmp_path):
+    resolved = [r for r in _speed_rows() if r["turns"] and not r["turns"][0].startswith(_PLACEHOLDER)]
+    hub = load_conversations(str(_write_jsonl(tmp_path / "hub.jsonl", resolved)))
+    nemo = load_conversations(str(_write_jsonl(tmp_path / "qualitative.jsonl",
+                                               [_as_nemo_skills(r) for r in resolved])))
+    assert nemo.format == "speed-bench" and nemo.problems == []
+    assert [(c.id, c.messages) for c in nemo.conversations] == [(c.id, c.messages) for c in hub.conversations]
+    # vLLM's loader takes messages[0]["content"]: a row not starting with the user's prompt is refused
+    odd = {**_as_nemo_skills(resolved[0]), "messages": [{"role": "system", "content": "s"}]}
+    result = load_conversations(str(_write_jsonl(tmp_path / "odd.jsonl", [odd])), format="speed-bench")
+    assert [(p.field, p.reason) for p in result.problems] == [
+        ("messages[0].role", "the first message is 'system', not the user's prompt")]
+    # a recorded conversation that happens to carry question_id and category stays an OpenAI conversation
+    chat = {"question_id": "x", "category": "coding",
+            "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    assert detect_format(chat) == "openai"

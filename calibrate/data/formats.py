@@ -346,14 +346,39 @@ def adapt_sharegpt(row: Mapping[str, Any], conv_id: str, source: str) -> Convers
     return Conversation(id=conv_id, messages=_check_usable(merged, "conversations"), tools=tools, source=source)
 
 
-# SPEED-Bench (nvidia/SPEED-Bench) rows, as NVIDIA's specdec_bench reads them
-# (NVIDIA/Model-Optimizer examples/specdec_bench/specdec_bench/datasets/speed.py at 12d434e0775e:
-# `SPEEDBench._preprocess` builds one request per row from `turns`, `category` and `question_id`, with no
-# system prompt) and as `vllm bench serve --dataset-name speed_bench` reads the same prepared files
-# (vllm-project/vllm PR 36029, "Add SPEED-bench support to benchmarking CLI"): question_id, category,
-# sub_category, turns (the user turns, text), source and src_id (where a turn withheld for licence reasons
-# comes from). Such a turn ships as a placeholder until specdec_bench's prepare_data.py resolves it.
+# SPEED-Bench (nvidia/SPEED-Bench) rows come in two shapes, both read here:
+# - the hub's, which NVIDIA's specdec_bench reads (NVIDIA/Model-Optimizer
+#   examples/specdec_bench/specdec_bench/datasets/speed.py at 12d434e0775e: `SPEEDBench._preprocess` builds one
+#   request per row from `turns`, `category`, `question_id`, with no system prompt): question_id, category,
+#   sub_category, turns (the user turns, text), source, src_id. A turn withheld for licence reasons ships as a
+#   placeholder naming specdec_bench until a prepare script fetches it from `source` / `src_id`;
+# - NeMo-Skills' prepared JSONL (nemo_skills/dataset/speed-bench/prepare.py at aeda1da41ec2: placeholders
+#   resolved, `turns` replaced by `messages`, one {"role": "user", "content": turn} per turn), which is what
+#   `vllm bench serve --dataset-name speed_bench` reads (vllm-project/vllm
+#   vllm/benchmarks/datasets/datasets.py at 003cf0297cf6, `SpeedBench.load_data`: `<path>/<subset>.jsonl`,
+#   rows of `category` when one is given, the prompt `messages[0]["content"]`).
 SPEED_BENCH_PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH"
+
+
+def _first_user_turn(row: Mapping[str, Any]) -> tuple[Any, str]:
+    """The first user turn of either SPEED-Bench shape, and the field it came from."""
+    if "turns" in row:
+        turns = _maybe_json(row["turns"], "turns")
+        if turns is None:
+            raise RowError("missing", "turns")
+        if not isinstance(turns, list):
+            raise RowError(f"expected a list of user turns, got {type(turns).__name__}", "turns")
+        if not turns:
+            raise RowError("no turns", "turns")
+        return turns[0], "turns[0]"
+    if "messages" not in row:
+        raise RowError("missing (neither turns nor messages)", "turns")
+    first = _message_list(row, "messages")[0]
+    if not isinstance(first, Mapping):
+        raise RowError(f"message is a {type(first).__name__}, not an object", "messages[0]")
+    if first.get("role") != "user":
+        raise RowError(f"the first message is {first.get('role')!r}, not the user's prompt", "messages[0].role")
+    return first.get("content"), "messages[0].content"
 
 
 def adapt_speed_bench(row: Mapping[str, Any], conv_id: str, source: str) -> Conversation:
@@ -362,25 +387,19 @@ def adapt_speed_bench(row: Mapping[str, Any], conv_id: str, source: str) -> Conv
     A row holds prompts only, no recorded answer, so its one request is the first turn, answered by the
     target as every engine here does; the assistant message is an empty stand-in for that answer. Later
     turns are asked after the model's own earlier answers (specdec_bench generates them live), which a
-    replay of fixed prompts cannot give, so they are not replayed: vLLM's SpecBench loader likewise takes
-    `turns[0]`. A turn still holding the placeholder is refused, naming the step that resolves it.
+    replay of fixed prompts cannot give, so they are not replayed: vLLM's SpeedBench and SpecBench loaders
+    also take the first turn only. A turn still holding the placeholder is refused, naming the scripts that
+    resolve it.
     """
-    turns = row.get("turns")
-    if turns is None:
-        raise RowError("missing", "turns")
-    turns = _maybe_json(turns, "turns")
-    if not isinstance(turns, list):
-        raise RowError(f"expected a list of user turns, got {type(turns).__name__}", "turns")
-    if not turns:
-        raise RowError("no turns", "turns")
-    first = turns[0]
+    first, field = _first_user_turn(row)
     if not isinstance(first, str):
-        raise RowError(f"turn is a {type(first).__name__}, not text", "turns[0]")
+        raise RowError(f"turn is a {type(first).__name__}, not text", field)
     if first.startswith(SPEED_BENCH_PLACEHOLDER):
-        raise RowError("unresolved placeholder: run specdec_bench's prepare_data.py (NVIDIA/Model-Optimizer "
-                       "examples/specdec_bench) and read the parquet it writes", "turns[0]")
+        raise RowError("unresolved placeholder: prepare the data first (NeMo-Skills "
+                       "nemo_skills/dataset/speed-bench/prepare.py, as `vllm bench` asks, or specdec_bench's "
+                       "prepare_data.py) and read the file it writes", field)
     if not first.strip():
-        raise RowError("empty turn", "turns[0]")
+        raise RowError("empty turn", field)
     messages = (Message(role="user", content=first), Message(role="assistant", content=""))
     return Conversation(id=conv_id, messages=messages, source=source)
 
@@ -424,8 +443,8 @@ def detect_format(row: Mapping[str, Any]) -> str | None:
     """The format of one raw row from its shape, or None when it is no conversation format we know."""
     if not isinstance(row, Mapping):
         return None
-    if "question_id" in row and "turns" in row and "messages" not in row:  # SPEED-Bench / Spec-Bench
-        return "speed-bench"
+    if "question_id" in row and "category" in row and ("turns" in row or _prompts_only(row.get("messages"))):
+        return "speed-bench"  # SPEED-Bench / Spec-Bench (turns), or NeMo-Skills' prepared SPEED-Bench (messages)
     traj_format = row.get("trajectory_format")
     if isinstance(traj_format, str) and traj_format.startswith("mini-swe-agent"):
         return "mini-swe-agent"
@@ -461,6 +480,12 @@ def detect_format(row: Mapping[str, Any]) -> str | None:
     if any("<function=" in t for t in assistant_text):
         return "openhands-text"
     return "openai"
+
+
+def _prompts_only(messages: Any) -> bool:
+    """Messages that are all the user's (a benchmark's prompts, no recorded answer to replay)."""
+    return (isinstance(messages, list) and bool(messages)
+            and all(isinstance(m, Mapping) and m.get("role") == "user" for m in messages))
 
 
 def _safe_json(value: Any) -> Any:
