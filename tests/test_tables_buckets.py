@@ -271,3 +271,20 @@ def test_the_truncation_warning_counts_a_keys_buckets_together(store_path, dim_n
     assert (cut > len(reqs) / 2) == bool(truncation_warnings(whole))
     if truncation_warnings(whole):
         assert f"{cut} of {len(reqs)} requests" in truncation_warnings(bucketed)[0]
+
+
+def test_an_exported_record_with_a_bucket_that_is_none_of_ours_is_refused(store_path, tmp_path: Path) -> None:
+    import json
+
+    from calibrate.tables.lookup import read_exported
+
+    path, _ = store_path
+    row = _bucketed(path, "context")[0].to_dict()
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([row]))
+    assert read_exported(good)[0].bucket == row["bucket"]
+    for bad in ("context=8k-9k", "segment=all", 7):
+        target = tmp_path / "bad.json"
+        target.write_text(json.dumps([{**row, "bucket": bad}]))
+        with pytest.raises(ValueError, match=r"record 0 .*field bucket .* is no request bucket"):
+            read_exported(target)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from calibrate.tables import query
-from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket
+from calibrate.tables.buckets import CONTEXT, DIMENSIONS, Bucket, context_bucket
 from calibrate.tables.query import CatalogEntry, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
 from calibrate.tables.store import connect
@@ -186,6 +186,12 @@ def _real(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _known_bucket(name: object) -> bool:
+    """Whether `name` is `dimension=label` of a bucket calibrate.tables.buckets defines."""
+    dim, _, label = str(name).partition("=")
+    return isinstance(name, str) and dim in DIMENSIONS and label in {b.label for b in DIMENSIONS[dim].buckets}
+
+
 def record_problem(r: AcceptanceRecord) -> str | None:
     """What makes a record's numbers impossible, or None. The checks follow DESIGN's words: AL is tokens per
     step, so 1 <= AL <= k + 1; a histogram has k + 1 bins summing to the steps; rates lie in [0, 1]."""
@@ -195,6 +201,8 @@ def record_problem(r: AcceptanceRecord) -> str | None:
     for name in ("target", "speculator", "thinking", "dataset", "segment"):
         if not isinstance(getattr(r, name), str):
             return f"field {name} is a {type(getattr(r, name)).__name__}, not text"
+    if r.bucket is not None and not _known_bucket(r.bucket):
+        return f"field bucket {r.bucket!r} is no request bucket (context=<label> or turn=<label>)"
     if r.segment not in query.SEGMENT_ORDER:
         return f"field segment {r.segment!r} is none of {', '.join(query.SEGMENT_ORDER)}"
     if r.draft_len < 1:
