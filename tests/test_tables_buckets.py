@@ -288,3 +288,80 @@ def test_an_exported_record_with_a_bucket_that_is_none_of_ours_is_refused(store_
         target.write_text(json.dumps([{**row, "bucket": bad}]))
         with pytest.raises(ValueError, match=r"record 0 .*field bucket .* is no request bucket"):
             read_exported(target)
+
+
+# ---- end to end: a run stores what the buckets read --------------------------------------------------------
+
+
+def test_a_run_stores_turn_depth_and_the_untruncated_prompt_length(tmp_path: Path) -> None:
+    """`calibrate run` on a tiny random pair: every stored request's depth is its ReplayRequest.depth and
+    prompt_tokens + truncated_tokens is its rendered length without a budget; a SPEED-Bench category reads."""
+    import json
+
+    from tiny_pair import QUICKSTART, build_pair
+    from typer.testing import CliRunner
+
+    from calibrate.cli import app
+    from calibrate.data import render_prompt
+    from calibrate.models import load_tokenizer
+
+    target, _ = build_pair(tmp_path / "models")
+    rows = [{"question_id": f"q{i}", "category": "coding" if i < 3 else "math", "turns": [f"def f{i}(x):\n    return x"]}
+            for i in range(4)]
+    sources = {"quickstart": (QUICKSTART, ""), "speed": (_write(tmp_path / "speed.jsonl", rows), 'category = "coding"')}
+    db = tmp_path / "e2e.duckdb"
+    for name, (source, extra) in sources.items():
+        config = tmp_path / f"{name}.toml"
+        config.write_text(f"""
+[dataset]
+source = "{source}"
+name = "{name}"
+selection = "all"
+context_tokens = 64
+max_new_tokens = 6
+{extra}
+[run]
+dtype = "float32"
+device = "cpu"
+batch_size = 4
+[[pairs]]
+target = "{target}"
+speculators = [{{ kind = "ngram" }}]
+[sweep]
+draft_lengths = [1]
+""")
+        res = CliRunner().invoke(app, ["run", str(config), "--db", str(db), "--no-show"])
+        assert res.exit_code == 0, res.output
+    tokenizer = load_tokenizer(str(target))
+    requests = cut_turns_of(QUICKSTART)
+    con = connect(db, read_only=True)
+    try:
+        stored = {r[0]: r[1:] for r in con.execute(
+            "SELECT request_id, turn_depth, prompt_tokens, truncated_tokens FROM requests JOIN runs USING (run_id) "
+            "WHERE dataset = 'quickstart'").fetchall()}
+        speed = con.execute("SELECT request_id, turn_depth FROM requests JOIN runs USING (run_id) "
+                            "WHERE dataset = 'speed' ORDER BY 1").fetchall()
+        selection = json.loads(con.execute("SELECT selection FROM runs WHERE dataset = 'speed'").fetchone()[0])
+    finally:
+        con.close()
+    assert set(stored) == {r.request_id for r in requests}
+    for r in requests:
+        full = render_prompt(r, tokenizer, thinking="off", context_tokens=10**9, model_name="tiny").prompt_tokens
+        depth, kept, cut = stored[r.request_id]
+        assert (depth, kept + cut, kept) == (r.depth, full, min(full, 64))
+    assert max(d for d, *_ in stored.values()) > 1 and any(cut for *_, cut in stored.values())
+    assert speed == [("q0#1", 1), ("q1#1", 1), ("q2#1", 1)]
+    assert (selection["category"], selection["other_category_rows"]) == ("coding", 1)
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def cut_turns_of(source: Path):
+    from calibrate.data import cut_turns, load_conversations
+
+    return cut_turns(load_conversations(str(source)).conversations)
