@@ -77,8 +77,7 @@ class Dimension:
         holding = [b for b in self.buckets if value is not None and b.contains(value)]
         if holding:
             return holding[0]
-        labels = ", ".join(b.label for b in self.buckets)
-        raise ValueError(f"--{self.name} {text!r}: not a {self.name} bucket ({labels}) nor a "
+        raise ValueError(f"--{self.name} {text!r}: not a {self.name} bucket ({bucket_labels(self)}) nor a "
                          f"{'length in tokens (20k, 20000)' if self.name == 'context' else 'turn number'}")
 
 
@@ -123,6 +122,20 @@ def dimension(name: str) -> Dimension:
         return DIMENSIONS[name]
     except KeyError:
         raise ValueError(f"--by {name!r}: known: {', '.join(DIMENSIONS)}") from None
+
+
+def from_name(name: str) -> Bucket:
+    """The bucket a record names (`Bucket.name`, `context=16k-64k`); ValueError for a name that is none."""
+    dim, _, label = name.partition("=")
+    for bucket in DIMENSIONS[dim].buckets if dim in DIMENSIONS else ():
+        if bucket.label == label:
+            return bucket
+    raise ValueError(f"{name!r} is no request bucket (context=<label> or turn=<label>)")
+
+
+def bucket_labels(dim: Dimension) -> str:
+    """The dimension's bucket labels, for help and messages."""
+    return ", ".join(b.label for b in dim.buckets)
 
 
 def context_bucket(text: str | None) -> Bucket | None:

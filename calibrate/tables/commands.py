@@ -22,7 +22,8 @@ import typer
 
 from calibrate.errors import cli_errors
 from calibrate.tables import exports, query, stats
-from calibrate.tables.buckets import CONTEXT, DIMENSIONS, Bucket, Dimension, context_bucket
+from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, context_bucket,
+                                     from_name)
 from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.lookup import lookup as lookup_record
 from calibrate.errors import StoreError
@@ -177,8 +178,9 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
         if segments:
             row = {**{k: row[k] for k in SHOW_KEYS[:6]}, "segment": r.segment, **{k: row[k] for k in SHOW_KEYS[6:]}}
         if r.bucket is not None:  # `--by context`: the bucket's column, named by its dimension
-            dim, label = r.bucket.split("=", 1)
-            row = {**{k: row[k] for k in SHOW_KEYS[:6]}, dim: label, **{k: row[k] for k in SHOW_KEYS[6:]}}
+            bucket = from_name(r.bucket)
+            row = {**{k: row[k] for k in SHOW_KEYS[:6]}, bucket.dimension: bucket.label,
+                   **{k: row[k] for k in SHOW_KEYS[6:]}}
         if r.expected_acceptance_length is not None:
             row["expected_acceptance_length"] = r.expected_acceptance_length
         if r.empty_steps:  # model-free drafters: what vLLM would log, over the steps that drafted
@@ -240,9 +242,10 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
             del cells[col]
     if segments:
         cells["segment"] = [r.segment for r in records]
-    dims = sorted({r.bucket.split("=", 1)[0] for r in records if r.bucket is not None})
+    buckets = [from_name(r.bucket) if r.bucket is not None else None for r in records]
+    dims = sorted({b.dimension for b in buckets if b is not None})
     for dim in dims:  # `--by`: one bucket per row
-        cells[dim] = [r.bucket.split("=", 1)[1] if r.bucket else "all" for r in records]
+        cells[dim] = [b.label if b is not None else "all" for b in buckets]
     cells["reqs"] = [f"{r.requests}*" if interrupted(r) else str(r.requests) for r in records]
     cells["steps"] = [str(r.steps) for r in records]
     cells["AL"] = [f"{r.acceptance_length:.3f}" for r in records]
@@ -270,9 +273,8 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
                                                  "few for a clustered bootstrap: no interval")
     if any(interrupted(r) for r in records):
         caption += ("\n" if caption else "") + "* a run was interrupted: the same `calibrate run` resumes it"
-    for dim in dims:
-        edges = ", ".join(b.label for b in DIMENSIONS[dim].buckets)
-        caption += ("\n" if caption else "") + f"{dim}: {DIMENSIONS[dim].description}; buckets {edges}"
+    for dim in (DIMENSIONS[name] for name in dims):
+        caption += ("\n" if caption else "") + f"{dim.name}: {dim.description}; buckets {bucket_labels(dim)}"
     table = Table(title="Acceptance length: pooled AL, 95% CI, macro AL",
                   caption=caption or None, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
                   padding=(0, 1, 0, 0))
@@ -361,8 +363,9 @@ _WHERE_OPT = typer.Option(None, "--where", help="FIELD=VALUE on a run field (rep
 
 _FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out would replace (refused otherwise).")
 _CONTEXT_OPT = typer.Option(
-    None, "--context", help="Only requests whose prompt, before truncation, is in this bucket (<4k or 0-4k, 4k-16k, "
-    "16k-64k, >64k or 64k+) or the bucket of this length (20k, 20000): the AL measured at a benchmark's length.")
+    None, "--context", help=f"Only requests whose prompt, before truncation, is in this bucket "
+    f"({bucket_labels(CONTEXT)}; 0-4k and 64k+ spell the ends) or the bucket of this length (20k, 20000): the AL "
+    "at a benchmark's length."),
 
 
 @cli_errors
@@ -382,8 +385,8 @@ def show(
     where: Optional[list[str]] = _WHERE_OPT,
     wide: bool = typer.Option(False, "--wide", help="Table: full speculator labels, however wide."),
     by: Optional[ByDimension] = typer.Option(
-        None, "--by", help="One row per bucket: context (prompt tokens before truncation: <4k, 4k-16k, 16k-64k, "
-        ">64k) or turn (the answer's turn in its conversation: 1, 2-3, 4-7, 8-15, 16-31, 32+)."),
+        None, "--by", help=f"One row per bucket: context ({CONTEXT.description}: {bucket_labels(CONTEXT)}) or turn "
+        f"({TURN.description}: {bucket_labels(TURN)})."),
 ) -> None:
     """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
     records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), segments, bootstrap,

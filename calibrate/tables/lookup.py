@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from calibrate.tables import query
-from calibrate.tables.buckets import CONTEXT, DIMENSIONS, Bucket, context_bucket
+from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, from_name
 from calibrate.tables.query import CatalogEntry, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
 from calibrate.tables.store import connect
@@ -188,8 +188,10 @@ def _real(value: object) -> bool:
 
 def _known_bucket(name: object) -> bool:
     """Whether `name` is `dimension=label` of a bucket calibrate.tables.buckets defines."""
-    dim, _, label = str(name).partition("=")
-    return isinstance(name, str) and dim in DIMENSIONS and label in {b.label for b in DIMENSIONS[dim].buckets}
+    try:
+        return isinstance(name, str) and from_name(name) is not None
+    except ValueError:
+        return False
 
 
 def record_problem(r: AcceptanceRecord) -> str | None:

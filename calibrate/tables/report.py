@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from calibrate.tables import stats
-from calibrate.tables.buckets import CONTEXT
+from calibrate.tables.buckets import CONTEXT, from_name
 from calibrate.tables.exports import NothingToExport, refuse_overwrite
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 
@@ -39,7 +39,7 @@ def _plot_context(rows: Sequence[AcceptanceRecord], path: Path, with_target: boo
     """AL per context bucket (x: the buckets in order), a line per speculator and thinking mode, a panel per k."""
     import matplotlib.pyplot as plt
 
-    labels = [b.label for b in CONTEXT.buckets]
+    order = {b.label: i for i, b in enumerate(CONTEXT.buckets)}
     ks = sorted({r.draft_len for r in rows})
     cols = min(len(ks), 4)
     n_rows = -(-len(ks) // cols)
@@ -50,11 +50,11 @@ def _plot_context(rows: Sequence[AcceptanceRecord], path: Path, with_target: boo
             if r.draft_len == k:
                 series.setdefault(_series_key(r), []).append(r)
         for rs in series.values():
-            rs = sorted(rs, key=lambda r: labels.index(r.bucket.split("=", 1)[1]))
-            xs = [labels.index(r.bucket.split("=", 1)[1]) for r in rs]
+            rs = sorted(rs, key=lambda r: order[from_name(r.bucket).label])
+            xs = [order[from_name(r.bucket).label] for r in rs]
             ax.errorbar(xs, [r.acceptance_length for r in rs], yerr=_error_bars(rs), marker="o", capsize=3,
                         label=_series_label(rs[0], with_target))
-        ax.set_xticks(range(len(labels)), labels)
+        ax.set_xticks(range(len(order)), list(order))
         ax.set_title(f"k = {k}")
         ax.set_xlabel("prompt tokens before truncation")
     for ax in axes.flat[len(ks):]:
@@ -84,7 +84,7 @@ def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False,
     rows = [r for r in records if r.segment == SEGMENT_ALL and not r.extrapolated]
     if not rows:
         raise NothingToExport("nothing to plot: no measured keys match the filters")
-    context_rows = [r for r in by_context if r.bucket is not None and r.bucket.startswith(f"{CONTEXT.name}=")]
+    context_rows = [r for r in by_context if r.bucket is not None and from_name(r.bucket).dimension == CONTEXT.name]
     names = ["al_vs_k.png", "rates.png"] + (["drafts.png"] if any(r.drafted_tokens is not None for r in rows) else [])
     names += ["al_vs_context.png"] if context_rows else []
     refuse_overwrite([out / name for name in names], force)
