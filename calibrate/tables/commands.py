@@ -365,7 +365,7 @@ _FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out wou
 _CONTEXT_OPT = typer.Option(
     None, "--context", help=f"Only requests whose prompt, before truncation, is in this bucket "
     f"({bucket_labels(CONTEXT)}; 0-4k and 64k+ spell the ends) or the bucket of this length (20k, 20000): the AL "
-    "at a benchmark's length."),
+    "at a benchmark's length.")
 
 
 @cli_errors
