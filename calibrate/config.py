@@ -42,6 +42,8 @@ class DatasetConfig(_Strict):
     seed: int = 0
     selection: Literal["stratified", "uniform", "first", "all"] = "stratified"
     turns_per_conversation: int | None = Field(default=None, gt=0)
+    # only rows whose `category` field is this (SPEED-Bench, Spec-Bench: "coding", "math", ...)
+    category: str | None = None
     context_tokens: int = Field(default=8192, gt=0)
     max_new_tokens: int = Field(default=256, gt=0)
 

@@ -87,7 +87,7 @@ def prepare(config: Config) -> Prepared:
     picked = select_from_source(
         ds.source, ds.format, split=ds.split, revision=ds.revision, subset=ds.subset,
         max_requests=None if ds.selection == "all" else ds.max_requests, seed=ds.seed,
-        turns_per_conversation=ds.turns_per_conversation, strategy=ds.selection,
+        turns_per_conversation=ds.turns_per_conversation, strategy=ds.selection, category=ds.category,
     )
     if not picked.conversations:
         shown = "; ".join(str(p) for p in picked.problems[:5]) or "no rows"
@@ -300,7 +300,7 @@ def _measure(config: Config, store: Store, prepared: Prepared, engine: Engine, p
             batch_rows = [
                 (RequestOutcome(
                     request_id=request.request_id, conversation_id=request.conversation_id, turn=request.turn,
-                    prompt_tokens=prompt.prompt_tokens, truncated_tokens=prompt.truncated_tokens,
+                    turn_depth=request.depth, prompt_tokens=prompt.prompt_tokens, truncated_tokens=prompt.truncated_tokens,
                     generated_tokens=m.generated_tokens, finish_reason=m.finish_reason,
                 ), {run_id: m.counts})
                 for request, prompt, per_run in rows for run_id, m in per_run.items()

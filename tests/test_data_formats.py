@@ -184,7 +184,7 @@ messageish = st.dictionaries(
     roles | json_values, max_size=6)
 rowish = st.dictionaries(
     st.sampled_from(["messages", "trajectory", "conversations", "tools", "available_tools", "id", "info",
-                     "trajectory_format", "system"]),
+                     "trajectory_format", "system", "turns", "question_id", "category"]),
     st.lists(messageish, max_size=5) | json_values | st.just("mini-swe-agent-1"), max_size=5)
 
 
@@ -283,3 +283,136 @@ def test_loading_random_jsonl_never_crashes(lines):
         else:  # nothing recognisable: the file is one problem
             assert result.conversations == [] and len(result.problems) == 1
         assert all("adapter error" not in p.reason for p in result.problems)
+
+
+# --------------------------------------------------------------------------------------------- SPEED-Bench
+# Rows in the schema NVIDIA's specdec_bench reads (NVIDIA/Model-Optimizer
+# examples/specdec_bench/specdec_bench/datasets/speed.py at 12d434e0775ee7bb244e705943324f06f7cbf007:
+# question_id, category, sub_category, turns, source, src_id; a withheld turn starts with its
+# TURNS_PLACEHOLDER until a prepare script resolves it), and in the one `vllm bench serve --dataset-name
+# speed_bench` reads (vllm-project/vllm vllm/benchmarks/datasets/datasets.py at
+# 003cf0297cf60998854c652a0ca2b310dd3375af, SpeedBench.load_data: `messages[0]["content"]` of the rows of a
+# `category`), written by NeMo-Skills nemo_skills/dataset/speed-bench/prepare.py at
+# aeda1da41ec2888848ffa094305b7669df493f6c (`turns` -> `messages`, one user message per turn). No hub here:
+# the rows are built.
+
+_PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH"
+
+
+def _speed_rows() -> list[dict]:
+    def row(qid: str, category: str, turns: list, source: str = "", src_id: str = "") -> dict:
+        return {"question_id": qid, "category": category, "sub_category": "", "turns": turns, "source": source,
+                "src_id": src_id}
+
+    return [
+        row("coding-0", "coding", ["def add(a, b):\n    \"\"\"Return a + b.\"\"\"\n"]),
+        row("coding-1", "coding", ["Write a function that reverses a string."]),
+        row("math-0", "math", ["What is 2 + 2?", "And times 3?"]),
+        row("coding-2", "coding", [f"{_PLACEHOLDER}\n\n{{question}}"], "livecodebench/code_generation_lite", "lcb_7"),
+        row("coding-3", "coding", ["Explain this code.", "Now add tests.", "Now type hints."]),
+        row("qa-0", "qa", []),
+    ]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_speed_bench_rows_become_one_first_turn_request_each(tmp_path):
+    path = _write_jsonl(tmp_path / "speed.jsonl", _speed_rows())
+    result = load_conversations(str(path))
+    assert result.format == "speed-bench"
+    assert [c.id for c in result.conversations] == ["coding-0", "coding-1", "math-0", "coding-3"]
+    requests = cut_turns(result.conversations)
+    assert [(r.request_id, r.depth) for r in requests] == [
+        ("coding-0#1", 1), ("coding-1#1", 1), ("math-0#1", 1), ("coding-3#1", 1)]
+    # the prompt is the first user turn exactly as written, no system prompt; later turns are not replayed
+    assert [[(m.role, m.content) for m in r.messages] for r in requests][3] == [("user", "Explain this code.")]
+    assert requests[0].messages[0].content == _speed_rows()[0]["turns"][0]
+    got = {(p.row, p.field): p.reason for p in result.problems}
+    assert got[(3, "turns[0]")].startswith("unresolved placeholder: prepare the data first (NeMo-Skills")
+    assert got[(5, "turns")] == "no turns"
+    assert load_conversations(str(path), format="speed_bench").conversations == result.conversations
+    assert canonical_format("spec-bench") == "speed-bench"  # hemingkx/Spec-Bench question.jsonl: same fields
+
+
+def test_speed_bench_malformed_turns_are_named(tmp_path):
+    rows = [{"question_id": "a", "category": "coding", "turns": "just text"},
+            {"question_id": "b", "category": "coding", "turns": [None]},
+            {"question_id": "c", "category": "coding", "turns": ["   "]},
+            {"question_id": "d", "category": "coding"}]
+    result = load_conversations(str(_write_jsonl(tmp_path / "bad.jsonl", rows)), format="speed-bench")
+    assert result.conversations == []
+    assert [(p.row, p.field, p.reason) for p in result.problems] == [
+        (0, "turns", "expected a list of user turns, got str"), (1, "turns[0]", "turn is a NoneType, not text"),
+        (2, "turns[0]", "empty turn"), (3, "turns", "missing (neither turns nor messages)")]
+
+
+def test_a_category_keeps_its_rows_only_and_says_how_many_it_left_out(tmp_path):
+    from calibrate.data import select_from_source
+
+    path = _write_jsonl(tmp_path / "speed.jsonl", _speed_rows())
+    coding = load_conversations(str(path), category="coding")
+    assert [c.id for c in coding.conversations] == ["coding-0", "coding-1", "coding-3"]
+    assert [p.row for p in coding.problems] == [3]  # the other categories' rows are neither read nor problems
+    picked = select_from_source(str(path), max_requests=None, seed=0, strategy="all", category="coding")
+    assert picked.provenance["category"] == "coding" and picked.provenance["other_category_rows"] == 2
+    assert picked.fingerprint != select_from_source(str(path), max_requests=None, seed=0, strategy="all").fingerprint
+    assert "category" not in select_from_source(str(path), max_requests=None, seed=0, strategy="all").provenance
+    from calibrate.data.inspect import inspect_source
+
+    report = inspect_source(str(path), category="coding")
+    assert (report.conversations, len(report.problems)) == (3, 1)  # what a run of that category will read
+
+
+def test_speed_bench_parquet_and_the_manifest_entry(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = _speed_rows()[:3]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "test.parquet")  # what prepare_data.py writes
+    from_parquet = load_conversations(str(tmp_path / "test.parquet"), category="coding")
+    assert [c.messages for c in from_parquet.conversations] == [
+        c.messages for c in load_conversations(str(_write_jsonl(tmp_path / "s.jsonl", rows)),
+                                               category="coding").conversations]
+    entry = load_manifest()["speed-bench-coding"]
+    assert (entry.hf_id, entry.subset, entry.split, entry.category, entry.format) == (
+        "nvidia/SPEED-Bench", "qualitative", "test", "coding", "speed-bench")
+    # a manifest entry's category applies through the hub path (a local folder in the hub's layout here)
+    root = tmp_path / "hub"
+    (root / "qualitative").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(_speed_rows()[:3]), root / "qualitative" / "test-00000-of-00001.parquet")
+    (root / "README.md").write_text("---\nconfigs:\n- config_name: qualitative\n  data_files:\n  - split: test\n"
+                                    "    path: qualitative/*.parquet\n---\n")
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(f'[sb]\nhf_id = "{root}"\nformat = "speed-bench"\nsplit = "test"\nsubset = "qualitative"\n'
+                        'category = "coding"\nlicence = "x"\nhas_reasoning = false\nnotes = "test"\n')
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert [c.id for c in load_conversations("sb", manifest=manifest).conversations] == ["coding-0", "coding-1"]
+    with pytest.raises(ValueError, match="is the 'coding' category of .*not 'math'"):
+        load_conversations("sb", manifest=manifest, category="math")
+
+
+def _as_nemo_skills(row: dict) -> dict:
+    """NeMo-Skills' prepare.py rewrite of a hub row: `turns` -> one user message per turn."""
+    out = {k: v for k, v in row.items() if k != "turns"}
+    return {**out, "messages": [{"role": "user", "content": turn} for turn in row["turns"]]}
+
+
+def test_the_prepared_jsonl_vllm_bench_reads_gives_the_same_requests(tmp_path):
+    resolved = [r for r in _speed_rows() if r["turns"] and not r["turns"][0].startswith(_PLACEHOLDER)]
+    hub = load_conversations(str(_write_jsonl(tmp_path / "hub.jsonl", resolved)))
+    nemo = load_conversations(str(_write_jsonl(tmp_path / "qualitative.jsonl",
+                                               [_as_nemo_skills(r) for r in resolved])))
+    assert nemo.format == "speed-bench" and nemo.problems == []
+    assert [(c.id, c.messages) for c in nemo.conversations] == [(c.id, c.messages) for c in hub.conversations]
+    # vLLM's loader takes messages[0]["content"]: a row not starting with the user's prompt is refused
+    odd = {**_as_nemo_skills(resolved[0]), "messages": [{"role": "system", "content": "s"}]}
+    result = load_conversations(str(_write_jsonl(tmp_path / "odd.jsonl", [odd])), format="speed-bench")
+    assert [(p.field, p.reason) for p in result.problems] == [
+        ("messages[0].role", "the first message is 'system', not the user's prompt")]
+    # a recorded conversation that happens to carry question_id and category stays an OpenAI conversation
+    chat = {"question_id": "x", "category": "coding",
+            "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    assert detect_format(chat) == "openai"

@@ -48,6 +48,8 @@ class Req:
     expected: Mapping[str, float] = field(default_factory=dict)
     empty: Mapping[str, int] = field(default_factory=dict)  # steps that proposed nothing (in bin 0)
     truncated_tokens: int = 0  # prompt tokens dropped from the left to fit the context budget
+    prompt_tokens: int = 100  # after truncation
+    depth: int | None = None  # turn depth (None: the request's position in the run, from 1)
 
 
 def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool = True) -> str:
@@ -67,7 +69,8 @@ def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool
                 empty_steps=req.empty.get(seg, 0),
             )
         outcome = RequestOutcome(
-            request_id=req.request_id, conversation_id=req.conversation_id, turn=i, prompt_tokens=100,
+            request_id=req.request_id, conversation_id=req.conversation_id, turn=i,
+            turn_depth=req.depth if req.depth is not None else i + 1, prompt_tokens=req.prompt_tokens,
             truncated_tokens=req.truncated_tokens, generated_tokens=counts.tokens, finish_reason="eos",
         )
         batch.append((outcome, {run_id: counts}))

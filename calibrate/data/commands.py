@@ -31,6 +31,8 @@ def inspect_command(
     subset: Optional[str] = typer.Option(None, "--subset", help="Subset (config name) of a hub dataset."),
     sample: int = typer.Option(200, "--sample", min=1, help="Requests sampled (stratified) for prompt lengths."),
     seed: int = typer.Option(0, "--seed", help="Seed of that sample."),
+    category: Optional[str] = typer.Option(None, "--category",
+                                           help="Only rows whose `category` is this (SPEED-Bench: coding, math, ...)."),
 ) -> None:
     """Detected format, conversations, assistant turns, prompt lengths, tool calls, reasoning, problems."""
     from calibrate.data.inspect import inspect_source, print_report
@@ -43,7 +45,8 @@ def inspect_command(
         tok = load_tokenizer(tokenizer)
     name = Path(tokenizer).name if tokenizer else "tokenizer"
     report = inspect_source(source, format, limit=limit, tokenizer=tok, tokenizer_name=name,
-                            split=split, revision=revision, subset=subset, sample=sample, seed=seed)
+                            split=split, revision=revision, subset=subset, sample=sample, seed=seed,
+                            category=category)
     print_report(report, console)
     if not report.usable:
         raise typer.Exit(1)

@@ -89,6 +89,12 @@ class ReplayRequest:
     def request_id(self) -> str:
         return f"{self.conversation_id}#{self.turn}"
 
+    @property
+    def depth(self) -> int:
+        """Which answer of its conversation this is (1 = the first assistant message): `turn` counts every
+        message, tool results included, so it says little about how far into an agent's task a turn is."""
+        return 1 + sum(m.role == "assistant" for m in self.messages)
+
 
 @dataclass(frozen=True)
 class Problem:

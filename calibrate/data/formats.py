@@ -32,7 +32,8 @@ class RowError(Exception):
 
 # Canonical format names, in the order auto-detection tries them.
 FORMATS: tuple[str, ...] = (
-    "mini-swe-agent", "nebius-swe-agent", "sharegpt", "toucan", "openai", "openhands-text", "mini-coder",
+    "mini-swe-agent", "nebius-swe-agent", "sharegpt", "toucan", "speed-bench", "openai", "openhands-text",
+    "mini-coder",
 )
 # Names people use for the public sets, mapped to the adapter that reads them.
 ALIASES: dict[str, str] = {
@@ -41,6 +42,7 @@ ALIASES: dict[str, str] = {
     "swe-smith": "openhands-text", "swe-play": "openhands-text", "openhands": "openhands-text",
     "nebius": "nebius-swe-agent", "swe-agent": "nebius-swe-agent",
     "mini-swe": "mini-swe-agent", "traj": "mini-swe-agent",
+    "speedbench": "speed-bench", "spec-bench": "speed-bench", "specbench": "speed-bench",
 }
 
 _LEADING_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
@@ -344,6 +346,64 @@ def adapt_sharegpt(row: Mapping[str, Any], conv_id: str, source: str) -> Convers
     return Conversation(id=conv_id, messages=_check_usable(merged, "conversations"), tools=tools, source=source)
 
 
+# SPEED-Bench (nvidia/SPEED-Bench) rows come in two shapes, both read here:
+# - the hub's, which NVIDIA's specdec_bench reads (NVIDIA/Model-Optimizer
+#   examples/specdec_bench/specdec_bench/datasets/speed.py at 12d434e0775e: `SPEEDBench._preprocess` builds one
+#   request per row from `turns`, `category`, `question_id`, with no system prompt): question_id, category,
+#   sub_category, turns (the user turns, text), source, src_id. A turn withheld for licence reasons ships as a
+#   placeholder naming specdec_bench until a prepare script fetches it from `source` / `src_id`;
+# - NeMo-Skills' prepared JSONL (nemo_skills/dataset/speed-bench/prepare.py at aeda1da41ec2: placeholders
+#   resolved, `turns` replaced by `messages`, one {"role": "user", "content": turn} per turn), which is what
+#   `vllm bench serve --dataset-name speed_bench` reads (vllm-project/vllm
+#   vllm/benchmarks/datasets/datasets.py at 003cf0297cf6, `SpeedBench.load_data`: `<path>/<subset>.jsonl`,
+#   rows of `category` when one is given, the prompt `messages[0]["content"]`).
+SPEED_BENCH_PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH"
+
+
+def _first_user_turn(row: Mapping[str, Any]) -> tuple[Any, str]:
+    """The first user turn of either SPEED-Bench shape, and the field it came from."""
+    if "turns" in row:
+        turns = _maybe_json(row["turns"], "turns")
+        if turns is None:
+            raise RowError("missing", "turns")
+        if not isinstance(turns, list):
+            raise RowError(f"expected a list of user turns, got {type(turns).__name__}", "turns")
+        if not turns:
+            raise RowError("no turns", "turns")
+        return turns[0], "turns[0]"
+    if "messages" not in row:
+        raise RowError("missing (neither turns nor messages)", "turns")
+    first = _message_list(row, "messages")[0]
+    if not isinstance(first, Mapping):
+        raise RowError(f"message is a {type(first).__name__}, not an object", "messages[0]")
+    if first.get("role") != "user":
+        raise RowError(f"the first message is {first.get('role')!r}, not the user's prompt", "messages[0].role")
+    return first.get("content"), "messages[0].content"
+
+
+def adapt_speed_bench(row: Mapping[str, Any], conv_id: str, source: str) -> Conversation:
+    """SPEED-Bench (and Spec-Bench, same fields): the first user turn is the prompt; the target answers it.
+
+    A row holds prompts only, no recorded answer, so its one request is the first turn, answered by the
+    target as every engine here does; the assistant message is an empty stand-in for that answer. Later
+    turns are asked after the model's own earlier answers (specdec_bench generates them live), which a
+    replay of fixed prompts cannot give, so they are not replayed: vLLM's SpeedBench and SpecBench loaders
+    also take the first turn only. A turn still holding the placeholder is refused, naming the scripts that
+    resolve it.
+    """
+    first, field = _first_user_turn(row)
+    if not isinstance(first, str):
+        raise RowError(f"turn is a {type(first).__name__}, not text", field)
+    if first.startswith(SPEED_BENCH_PLACEHOLDER):
+        raise RowError("unresolved placeholder: prepare the data first (NeMo-Skills "
+                       "nemo_skills/dataset/speed-bench/prepare.py, as `vllm bench` asks, or specdec_bench's "
+                       "prepare_data.py) and read the file it writes", field)
+    if not first.strip():
+        raise RowError("empty turn", field)
+    messages = (Message(role="user", content=first), Message(role="assistant", content=""))
+    return Conversation(id=conv_id, messages=messages, source=source)
+
+
 Adapter = Callable[[Mapping[str, Any], str, str], Conversation]
 
 ADAPTERS: dict[str, Adapter] = {
@@ -352,6 +412,7 @@ ADAPTERS: dict[str, Adapter] = {
     "sharegpt": adapt_sharegpt,
     "toucan": adapt_toucan,
     "openai": adapt_openai,
+    "speed-bench": adapt_speed_bench,
     # Text-format tool calls stay in content, so these read exactly like OpenAI messages; the names exist so
     # that detection and `datasets inspect` say which flavour a source is.
     "openhands-text": adapt_openai,
@@ -382,6 +443,8 @@ def detect_format(row: Mapping[str, Any]) -> str | None:
     """The format of one raw row from its shape, or None when it is no conversation format we know."""
     if not isinstance(row, Mapping):
         return None
+    if "question_id" in row and "category" in row and ("turns" in row or _prompts_only(row.get("messages"))):
+        return "speed-bench"  # SPEED-Bench / Spec-Bench (turns), or NeMo-Skills' prepared SPEED-Bench (messages)
     traj_format = row.get("trajectory_format")
     if isinstance(traj_format, str) and traj_format.startswith("mini-swe-agent"):
         return "mini-swe-agent"
@@ -419,6 +482,12 @@ def detect_format(row: Mapping[str, Any]) -> str | None:
     return "openai"
 
 
+def _prompts_only(messages: Any) -> bool:
+    """Messages that are all the user's (a benchmark's prompts, no recorded answer to replay)."""
+    return (isinstance(messages, list) and bool(messages)
+            and all(isinstance(m, Mapping) and m.get("role") == "user" for m in messages))
+
+
 def _safe_json(value: Any) -> Any:
     try:
         return _maybe_json(value, "")
@@ -428,7 +497,7 @@ def _safe_json(value: Any) -> Any:
 
 def row_id(row: Mapping[str, Any]) -> str | None:
     """The row's own identifier, when it has one (ids make provenance and error messages readable)."""
-    for key in ("id", "traj_id", "instance_id", "uuid", "run_id"):
+    for key in ("id", "traj_id", "instance_id", "uuid", "run_id", "question_id"):
         value = row.get(key)
         if isinstance(value, (str, int)) and str(value):
             return str(value)

@@ -158,13 +158,15 @@ def build_report(source: str, tally: Tally, sample: list[ReplayRequest], problem
 
 def inspect_source(source: str, format: str | None = None, *, limit: int | None = None, tokenizer: Any = None,
                    tokenizer_name: str = "tokenizer", split: str | None = None, revision: str | None = None,
-                   subset: str | None = None, sample: int = 200, seed: int = 0) -> DatasetReport:
+                   subset: str | None = None, sample: int = 200, seed: int = 0,
+                   category: str | None = None) -> DatasetReport:
     """Read `source` once (same rules as `open_conversations`) and report on it.
 
     `sample` requests, chosen as a run's stratified selection with `seed` would choose them, have their
     prompt lengths measured; nothing else of a conversation is kept once it is counted.
     """
-    stream = open_conversations(source, format, split=split, revision=revision, subset=subset, limit=limit)
+    stream = open_conversations(source, format, split=split, revision=revision, subset=subset, limit=limit,
+                                category=category)
     tally, sampler = Tally(), Selector(sample, seed)
     for conv in stream:
         requests = conversation_requests(conv)

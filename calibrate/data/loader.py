@@ -15,7 +15,7 @@ from pathlib import Path
 
 from calibrate.data.conversation import Conversation, LoadResult, Problem
 from calibrate.data.formats import ADAPTERS, RowError, canonical_format, detect_format, dropped_fields, row_id
-from calibrate.data.manifests import find_manifest_entry
+from calibrate.data.manifests import DatasetEntry, find_manifest_entry
 from calibrate.hub import hub_reachable, looks_like_path
 from calibrate.data.sources import HUB_PREFIX, RawRow, folder_files, iter_file_rows, iter_hub_rows
 
@@ -32,12 +32,19 @@ class ConversationStream:
     of conversation ids read so far (ids are made unique, which needs it) and the problems.
     """
 
-    def __init__(self, groups: Iterable[RowGroup], fmt: str | None, limit: int | None) -> None:
-        self._groups, self._fmt, self._limit = groups, fmt, limit
+    def __init__(self, groups: Iterable[RowGroup], fmt: str | None, limit: int | None,
+                 category: str | None = None) -> None:
+        self._groups, self._fmt, self._limit, self._category = groups, fmt, limit, category
         self._started = False
         self.problems: list[Problem] = []
         self.formats: list[str] = []  # formats met, in order
         self.count = 0  # conversations yielded so far
+        self.other_category = 0  # readable rows left out because their `category` is not the one asked for
+
+    @property
+    def category(self) -> str | None:
+        """The category kept (asked for, or a manifest entry's), or None when every row is read."""
+        return self._category
 
     @property
     def format(self) -> str:
@@ -56,6 +63,9 @@ class ConversationStream:
             if group_fmt is None:
                 continue
             for raw in group_rows:
+                if self._category is not None and raw.data is not None and raw.data.get("category") != self._category:
+                    self.other_category += 1  # another category's row: left out, not a problem
+                    continue
                 if self._fmt is not None and raw.data is not None and (detected := _detect([raw])) != self._fmt:
                     _refuse_dropping(raw, self._fmt, detected)  # a named format must not drop what the data holds
                 conv = convert_row(raw, group_fmt, self.problems, seen_ids)
@@ -91,6 +101,7 @@ def open_conversations(
     subset: str | None = None,
     limit: int | None = None,
     manifest: str | Path | None = None,
+    category: str | None = None,
 ) -> ConversationStream:
     """Open `source` for streaming: the source is resolved now (a missing path or unknown format raises
     here; a hub dataset that cannot be opened raises when reading starts), rows are read only as the
@@ -101,13 +112,18 @@ def open_conversations(
     path through `datasets.load_dataset` even when it is local (a folder in the hub's layout). `format` names
     the adapter (or an alias); otherwise it is detected per file. `limit` caps the conversations read, and
     reading stops as soon as it is reached. A `.json` file is parsed whole (one row or a list of rows); JSONL,
-    Parquet and hub datasets are read row by row.
+    Parquet and hub datasets are read row by row. `category` (or a manifest entry's) keeps only the rows whose
+    `category` field is that value (SPEED-Bench and Spec-Bench rows carry one: `coding`, `math`, ...).
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     fmt = canonical_format(format) if format else None
-    groups, manifest_format = _resolve(source, split=split, revision=revision, subset=subset, manifest=manifest)
-    return ConversationStream(groups, fmt or manifest_format, limit)
+    groups, entry = _resolve(source, split=split, revision=revision, subset=subset, manifest=manifest)
+    if entry is not None and category is not None and entry.category not in (None, category):
+        raise ValueError(f"dataset {source!r} is the {entry.category!r} category of {entry.hf_id} "
+                         f"(calibrate/data/datasets.toml), not {category!r}: name the hub id with category instead")
+    return ConversationStream(groups, fmt or (entry.format if entry else None), limit,
+                              category or (entry.category if entry else None))
 
 
 def load_conversations(
@@ -119,13 +135,14 @@ def load_conversations(
     subset: str | None = None,
     limit: int | None = None,
     manifest: str | Path | None = None,
+    category: str | None = None,
 ) -> LoadResult:
     """Every conversation of `source` in a list (same arguments as `open_conversations`).
 
     For sources that fit in memory; a run selects from a stream instead (`calibrate.data.stream`).
     """
     stream = open_conversations(source, format, split=split, revision=revision, subset=subset, limit=limit,
-                                manifest=manifest)
+                                manifest=manifest, category=category)
     conversations = list(stream)
     return LoadResult(conversations=conversations, problems=stream.problems, format=stream.format)
 
@@ -210,8 +227,9 @@ def _undetected_reason(head: list[RawRow]) -> str:
 
 
 def _resolve(source: str, *, split: str | None, revision: str | None, subset: str | None,
-             manifest: str | Path | None) -> tuple[list[RowGroup] | Iterator[RowGroup], str | None]:
-    """Turn a source string into row groups (one per file, or one for a hub dataset) and a manifest format."""
+             manifest: str | Path | None) -> tuple[list[RowGroup] | Iterator[RowGroup], DatasetEntry | None]:
+    """Turn a source string into row groups (one per file, or one for a hub dataset) and the manifest entry
+    it names (its format and category apply), if any."""
     if source.startswith(HUB_PREFIX):
         dataset_id = source[len(HUB_PREFIX):]
         return [_hub_group(dataset_id, split, revision, subset)], None
@@ -231,7 +249,7 @@ def _resolve(source: str, *, split: str | None, revision: str | None, subset: st
             raise FileNotFoundError(f"dataset {source!r} (calibrate/data/datasets.toml: {entry.hf_id} on the "
                                     "Hugging Face hub) cannot be streamed: the hub is unreachable (offline)")
         group = _hub_group(entry.hf_id, split or entry.split, revision or entry.revision, subset or entry.subset)
-        return [group], entry.format
+        return [group], entry
     if _looks_like_hub_id(source) and not looks_like_path(source):
         if not hub_reachable():  # streaming needs the hub; do not let huggingface_hub retry for ~50 s
             raise FileNotFoundError(f"dataset source {source!r} is not a file or folder here, nor a name in "

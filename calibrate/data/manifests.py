@@ -34,6 +34,7 @@ class DatasetEntry:
     notes: str
     subset: str | None = None
     revision: str | None = None
+    category: str | None = None  # only rows whose `category` field is this (SPEED-Bench's 80-prompt categories)
 
 
 def load_manifest(path: str | Path | None = None) -> dict[str, DatasetEntry]:
@@ -52,7 +53,7 @@ def load_manifest(path: str | Path | None = None) -> dict[str, DatasetEntry]:
         missing = [k for k in REQUIRED if k not in table]
         if missing:
             raise ValueError(f"{path}: entry {name!r} lacks {', '.join(missing)}")
-        unknown = set(table) - set(REQUIRED) - {"subset", "revision"}
+        unknown = set(table) - set(REQUIRED) - {"subset", "revision", "category"}
         if unknown:
             raise ValueError(f"{path}: entry {name!r} has unknown keys {', '.join(sorted(unknown))}")
         canonical_format(table["format"])  # raises naming the format if it is not one we can read

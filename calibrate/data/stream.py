@@ -43,15 +43,19 @@ def select_from_source(
     subset: str | None = None,
     limit: int | None = None,
     manifest: str | Path | None = None,
+    category: str | None = None,
 ) -> Selection:
-    """Read `source` once (rules of `open_conversations`) and select its requests (rules of `Selector`)."""
+    """Read `source` once (rules of `open_conversations`) and select its requests (rules of `Selector`); the
+    provenance says which category was kept and how many rows of others were left out."""
     selector = Selector(max_requests, seed, turns_per_conversation=turns_per_conversation, strategy=strategy)
     fingerprint = Fingerprint()
     stream = open_conversations(source, format, split=split, revision=revision, subset=subset, limit=limit,
-                                manifest=manifest)
+                                manifest=manifest, category=category)
     for conv in stream:
         selector.add_conversation(conv)
         fingerprint.add(conv)
     requests, provenance = selector.result()
+    if stream.category is not None:
+        provenance.update(category=stream.category, other_category_rows=stream.other_category)
     return Selection(requests=requests, provenance=provenance, fingerprint=fingerprint.hexdigest(),
                      format=stream.format, conversations=stream.count, problems=stream.problems)

@@ -83,8 +83,9 @@ class RequestOutcome:
     request_id: str
     conversation_id: str
     turn: int
+    turn_depth: int  # which answer of the conversation (ReplayRequest.depth)
     prompt_tokens: int  # after truncation
-    truncated_tokens: int  # dropped from the left to fit the context budget
+    truncated_tokens: int  # dropped from the left to fit the context budget (before = prompt + truncated)
     generated_tokens: int
     finish_reason: str  # "eos" | "length"
 

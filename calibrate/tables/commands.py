@@ -11,6 +11,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -20,10 +21,12 @@ import typer
 
 from calibrate.errors import StoreError, cli_errors
 from calibrate.tables import consumers, exports, inferencex, query, runner_env, stats
+from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, context_bucket,
+                                     from_name)
 from calibrate.tables.inferencex import Naming
 from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.lookup import lookup as lookup_record
-from calibrate.tables.records import AcceptanceRecord
+from calibrate.tables.records import KEY_FIELDS, AcceptanceRecord
 from calibrate.tables.store import connect
 
 SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
@@ -35,10 +38,11 @@ class ShowFormat(str, Enum):
     csv = "csv"
 
 
-# Choices the CLI offers come from the consumer registry (consumers.CONSUMERS).
+# Choices the CLI offers come from the consumer registry (consumers.CONSUMERS) and calibrate.tables.buckets.
 TokenMode = Enum("TokenMode", {mode: mode for mode in consumers.SGLANG_TOKEN_MODES}, type=str)
 InferencexEngine = Enum("InferencexEngine", {e: e for e in inferencex.ENGINES}, type=str)
 DraftSampleMethod = Enum("DraftSampleMethod", {m: m for m in inferencex.DRAFT_SAMPLE_METHODS}, type=str)
+ByDimension = Enum("ByDimension", {name: name for name in DIMENSIONS}, type=str)
 
 
 class Mode(str, Enum):
@@ -75,17 +79,34 @@ def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_le
     )
 
 
-def _load(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int) -> list[AcceptanceRecord]:
+def _load(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int, *, bucket: Bucket | None = None,
+          by: Dimension | None = None) -> list[AcceptanceRecord]:
+    """The records the filters ask for: of the requests in `bucket` only, or one per bucket of `by`."""
+    if by is not None and segments:
+        raise ValueError(f"--by {by.name} gives the overall AL per bucket: it does not combine with --segments")
     con = connect(db, read_only=True)
     try:
         with _reading(db):
-            filters = _filters(con, *filters_args)
-            records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
+            filters = replace(_filters(con, *filters_args), bucket=bucket)
+            if by is not None:
+                records = query.load_bucketed(con, by, filters, n_boot=n_boot, seed=seed)
+            else:
+                records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
             if not records and filters.narrowed and query.catalog(con):
                 raise _no_match(con, filters, db)
+            if not records and bucket is not None and query.catalog(con):
+                raise _empty_bucket(con, filters, bucket, db)
             return records
     finally:
         con.close()
+
+
+def _empty_bucket(con: Any, filters: query.Filters, bucket: Bucket, db: Path) -> NotMeasured:
+    """No request of the selection falls in the bucket: which buckets hold requests instead."""
+    held = query.bucket_requests(con, DIMENSIONS[bucket.dimension], replace(filters, bucket=None))
+    listed = ", ".join(f"{label} ({n})" for label, n in held.items() if n) or "none"
+    return NotMeasured(f"no measured request in {db} is in {bucket.name} "
+                       f"({DIMENSIONS[bucket.dimension].description}); requests per {bucket.dimension}: {listed}")
 
 
 # Filters -> (the runs column, the option that set it), for saying what was asked and what exists.
@@ -133,6 +154,10 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
         row = {key: getattr(r, key) for key in SHOW_KEYS}
         if segments:
             row = {**{k: row[k] for k in SHOW_KEYS[:6]}, "segment": r.segment, **{k: row[k] for k in SHOW_KEYS[6:]}}
+        if r.bucket is not None:  # `--by context`: the bucket's column, named by its dimension
+            bucket = from_name(r.bucket)
+            row = {**{k: row[k] for k in SHOW_KEYS[:6]}, bucket.dimension: bucket.label,
+                   **{k: row[k] for k in SHOW_KEYS[6:]}}
         if r.expected_acceptance_length is not None:
             row["expected_acceptance_length"] = r.expected_acceptance_length
         if r.empty_steps:  # model-free drafters: what vLLM would log, over the steps that drafted
@@ -194,6 +219,10 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
             del cells[col]
     if segments:
         cells["segment"] = [r.segment for r in records]
+    buckets = [from_name(r.bucket) if r.bucket is not None else None for r in records]
+    dims = sorted({b.dimension for b in buckets if b is not None})
+    for dim in dims:  # `--by`: one bucket per row
+        cells[dim] = [b.label if b is not None else "all" for b in buckets]
     cells["reqs"] = [f"{r.requests}*" if interrupted(r) else str(r.requests) for r in records]
     cells["steps"] = [str(r.steps) for r in records]
     cells["AL"] = [f"{r.acceptance_length:.3f}" for r in records]
@@ -221,6 +250,8 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
                                                  "few for a clustered bootstrap: no interval")
     if any(interrupted(r) for r in records):
         caption += ("\n" if caption else "") + "* a run was interrupted: the same `calibrate run` resumes it"
+    for dim in (DIMENSIONS[name] for name in dims):
+        caption += ("\n" if caption else "") + f"{dim.name}: {dim.description}; buckets {bucket_labels(dim)}"
     table = Table(title="Acceptance length: pooled AL, 95% CI, macro AL",
                   caption=caption or None, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
                   padding=(0, 1, 0, 0))
@@ -247,11 +278,17 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
 def truncation_warnings(records: Sequence[AcceptanceRecord]) -> list[str]:
     """One line per (target, dataset) whose runs left-truncated most of their requests' prompts: n-gram and
     suffix copy from the context, so their AL there understates what full prompts give."""
-    worst: dict[tuple[str, str], tuple[int, int]] = {}
+    sums: dict[tuple[Any, ...], tuple[int, int]] = {}  # a key's buckets (`--by`) partition its requests: summed
     for r in records:
-        if r.truncated_requests is not None and r.requests and r.truncated_requests > r.requests / 2:
-            key = (r.target, r.dataset)
-            worst[key] = max(worst.get(key, (0, 1)), (r.truncated_requests, r.requests), key=lambda t: t[0] / t[1])
+        if r.truncated_requests is not None and r.requests:
+            cut, total = sums.get((r.key, r.segment), (0, 0))
+            sums[(r.key, r.segment)] = (cut + r.truncated_requests, total + r.requests)
+    worst: dict[tuple[str, str], tuple[int, int]] = {}
+    for (key, _), (cut, total) in sums.items():
+        if cut > total / 2:
+            named = dict(zip(KEY_FIELDS, key))
+            pair = (named["target"], named["dataset"])
+            worst[pair] = max(worst.get(pair, (0, 1)), (cut, total), key=lambda t: t[0] / t[1])
     return [f"{target} on {dataset}: {cut} of {total} requests had their prompt left-truncated to the context "
             "budget; model-free speculators (n-gram, suffix) match against the context, so their AL is "
             "understated (README: how much the prompt budget moves AL)"
@@ -302,6 +339,10 @@ _WHERE_OPT = typer.Option(None, "--where", help="FIELD=VALUE on a run field (rep
                          "picks one of several conditions a key was measured under.")
 
 _FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out would replace (refused otherwise).")
+_CONTEXT_OPT = typer.Option(
+    None, "--context", help=f"Only requests whose prompt, before truncation, is in this bucket "
+    f"({bucket_labels(CONTEXT)}; 0-4k and 64k+ spell the ends) or the bucket of this length (20k, 20000): the AL "
+    "at a benchmark's length.")
 
 
 @cli_errors
@@ -320,10 +361,13 @@ def show(
     seed: int = _SEED_OPT,
     where: Optional[list[str]] = _WHERE_OPT,
     wide: bool = typer.Option(False, "--wide", help="Table: full speculator labels, however wide."),
+    by: Optional[ByDimension] = typer.Option(
+        None, "--by", help=f"One row per bucket: context ({CONTEXT.description}: {bucket_labels(CONTEXT)}) or turn "
+        f"({TURN.description}: {bucket_labels(TURN)})."),
 ) -> None:
     """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
     records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), segments, bootstrap,
-                    seed)
+                    seed, by=DIMENSIONS[by.value] if by is not None else None)
     for warning in truncation_warnings(records):
         typer.echo(f"warning: {warning}", err=True)
     if format is ShowFormat.table:
@@ -372,11 +416,12 @@ def export(
     seed: int = _SEED_OPT,
     where: Optional[list[str]] = _WHERE_OPT,
     force: bool = _FORCE_OPT,
+    context: Optional[str] = _CONTEXT_OPT,
 ) -> None:
     """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
     target = consumers.consumer(to)
     records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), target.segments,
-                    bootstrap, seed)
+                    bootstrap, seed, bucket=context_bucket(context))
     naming = Naming(model_prefix=model_prefix, method=method, engine=engine.value,
                     draft_sample_method=draft_sample_method.value if draft_sample_method else None,
                     draft_model=draft_model)
@@ -412,6 +457,7 @@ def lookup(
                                   f"{', '.join(runner_env.ENV_VARIABLES)}, k and method from --recipe."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="--from-env: the engine recipe (srtctl / llm-d "
                                           "YAML) whose generation role holds k and the method."),
+    context: Optional[str] = _CONTEXT_OPT,
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
     match_prefix = False
@@ -434,13 +480,16 @@ def lookup(
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
     record = lookup_record(
         model, speculator, draft_len, thinking, table=table, dataset=dataset, temperature=temperature,
-        extrapolate=extrapolate, segment=segment, match_prefix=match_prefix,
+        extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
     )
     sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell))
     for note in consumers.lookup_warnings(record, form):
         typer.echo(f"warning: {note}", err=True)
     if record.extrapolated:
         typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
+    if record.bucket is not None:
+        typer.echo(f"note: AL of the requests in {record.bucket} only ({record.requests} requests, "
+                   f"{record.conversations} conversations)", err=True)
 
 
 def _framework_format(framework: str | None) -> str:
@@ -467,11 +516,14 @@ def report(
     where: Optional[list[str]] = _WHERE_OPT,
     force: bool = _FORCE_OPT,
 ) -> None:
-    """Plot AL vs k per speculator and thinking mode, and the unconditional rate per position (PNG)."""
+    """Plot AL vs k per speculator and thinking mode, the unconditional rate per position, and AL vs context
+    length (prompt tokens before truncation) per speculator (PNG)."""
     from calibrate.tables.report import plot
 
-    records = _load(db, (model, speculator, None, thinking, dataset, temperature, where), False, bootstrap, seed)
-    for path in plot(records, out, force=force):
+    filters_args = (model, speculator, None, thinking, dataset, temperature, where)
+    records = _load(db, filters_args, False, bootstrap, seed)
+    by_context = _load(db, filters_args, False, bootstrap, seed, by=CONTEXT)
+    for path in plot(records, out, force=force, by_context=by_context):
         typer.echo(str(path))
 
 

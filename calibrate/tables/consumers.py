@@ -150,7 +150,8 @@ def _engine_blocks(render: Render) -> Writer:
 def _write_vllm(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp, out: Path | None) -> str:
     """A JSON list: per key, the --speculative-config fragment to merge into the runner's own."""
     rows = [{"model": r.target, "speculator": r.speculator, "draft_len": r.draft_len, "thinking": r.thinking,
-             "dataset": r.dataset, "temperature": r.temperature, "speculative_config": vllm_config(r, options)}
+             "dataset": r.dataset, "temperature": r.temperature, **({"bucket": r.bucket} if r.bucket else {}),
+             "speculative_config": vllm_config(r, options)}
             for r in overall(records)]
     return json.dumps(rows, indent=2) + "\n"
 
@@ -343,7 +344,8 @@ def render_lookup(record: AcceptanceRecord, form: str, options: ExportOptions = 
         return text
     comment = (f"# {record.target} | {record.speculator} | k={record.draft_len} | thinking={record.thinking}"
                + (f" | drafted AL, proposal rate {record.proposal_rate:.2f}" if record.uses_drafted else "")
-               + (f" | EXTRAPOLATED: {record.extrapolation_method}" if record.extrapolated else "") + "\n")
+               + (f" | EXTRAPOLATED: {record.extrapolation_method}" if record.extrapolated else "")
+               + (f" | requests {record.bucket}" if record.bucket else "") + "\n")
     prefix = "export " if shell else ""
     return comment + "".join(prefix + line + "\n" for line in text.splitlines())
 

@@ -229,6 +229,7 @@ def document(curve: Curve, rows: Sequence[AcceptanceRecord], tool: str, notes: S
     lines = [
         f"# golden acceptance-length distribution: {', '.join(targets)} with speculator {rows[0].speculator}",
         f"# dataset: {dataset} (fingerprint {', '.join(fingerprints) or 'unknown'}); sampling: {how}",
+        *(f"# requests: {name} only (calibrate.tables.buckets)" for name in sorted({r.bucket for r in rows if r.bucket})),
         f"# AL = mean tokens per verification step, bonus token included (pooled over steps), {LENGTH_DIGITS} "
         "decimals",
         f"# loaded by InferenceX for {load_line(curve, rows)}",

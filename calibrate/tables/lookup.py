@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from calibrate.tables import query
+from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, from_name
 from calibrate.tables.inferencex import KNOWN_TARGETS
 from calibrate.tables.query import CatalogEntry, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
@@ -55,7 +56,13 @@ class Table(Protocol):
 
     def catalog(self) -> list[CatalogEntry]: ...
 
-    def record(self, entry: CatalogEntry, segment: str) -> AcceptanceRecord | None: ...
+    def record(self, entry: CatalogEntry, segment: str, bucket: Bucket | None = None) -> AcceptanceRecord | None:
+        """The entry's record over all its requests, or over those in `bucket`; None when there is none."""
+        ...
+
+    def held(self, entry: CatalogEntry) -> str:
+        """What buckets of the entry the table can answer, in words (for a bucket it cannot)."""
+        ...
 
 
 class DuckDBTable:
@@ -74,18 +81,32 @@ class DuckDBTable:
         finally:
             con.close()
 
-    def record(self, entry: CatalogEntry, segment: str) -> AcceptanceRecord | None:
-        filters = Filters(
-            targets=(entry.target,), speculators=(entry.speculator,), draft_lens=(entry.draft_len,),
-            thinking=(entry.thinking,), temperatures=(entry.temperature,), datasets=(entry.dataset,),
-        )
+    def record(self, entry: CatalogEntry, segment: str, bucket: Bucket | None = None) -> AcceptanceRecord | None:
         con = connect(self.path, read_only=True)
         try:
-            records = query.load_records(con, filters, segments=segment != SEGMENT_ALL,
+            records = query.load_records(con, _entry_filters(entry, bucket), segments=segment != SEGMENT_ALL,
                                          n_boot=self.n_boot, seed=self.seed)
         finally:
             con.close()
         return next((r for r in records if r.key == entry.key and r.segment == segment), None)
+
+    def held(self, entry: CatalogEntry) -> str:
+        con = connect(self.path, read_only=True)
+        try:
+            counts = query.bucket_requests(con, CONTEXT, _entry_filters(entry, None))
+        finally:
+            con.close()
+        if not any(counts.values()):
+            return "no request written yet (a run stopped before its first?)"
+        return "requests per context: " + ", ".join(f"{label} ({n})" for label, n in counts.items() if n)
+
+
+def _entry_filters(entry: CatalogEntry, bucket: Bucket | None) -> Filters:
+    """Exactly one catalog entry's runs (and the bucket's requests of them)."""
+    return Filters(
+        targets=(entry.target,), speculators=(entry.speculator,), draft_lens=(entry.draft_len,),
+        thinking=(entry.thinking,), temperatures=(entry.temperature,), datasets=(entry.dataset,), bucket=bucket,
+    )
 
 
 class ExportedTable:
@@ -101,8 +122,15 @@ class ExportedTable:
             for r in self.records if r.segment == SEGMENT_ALL and not r.extrapolated
         ]
 
-    def record(self, entry: CatalogEntry, segment: str) -> AcceptanceRecord | None:
-        return next((r for r in self.records if r.key == entry.key and r.segment == segment), None)
+    def record(self, entry: CatalogEntry, segment: str, bucket: Bucket | None = None) -> AcceptanceRecord | None:
+        """An export holds whole keys, or one bucket (`export --context`): a record answers only for its own."""
+        name = bucket.name if bucket is not None else None
+        return next((r for r in self.records if r.key == entry.key and r.segment == segment and r.bucket == name),
+                    None)
+
+    def held(self, entry: CatalogEntry) -> str:
+        names = sorted({r.bucket or "all requests" for r in self.records if r.key == entry.key})
+        return f"this export holds {', '.join(names)} (`calibrate export --context` writes one bucket)"
 
 
 def read_exported(path: str | Path) -> list[AcceptanceRecord]:
@@ -159,6 +187,14 @@ def _real(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _known_bucket(name: object) -> bool:
+    """Whether `name` is `dimension=label` of a bucket calibrate.tables.buckets defines."""
+    try:
+        return isinstance(name, str) and from_name(name) is not None
+    except ValueError:
+        return False
+
+
 def record_problem(r: AcceptanceRecord) -> str | None:
     """What makes a record's numbers impossible, or None. The checks follow DESIGN's words: AL is tokens per
     step, so 1 <= AL <= k + 1; a histogram has k + 1 bins summing to the steps; rates lie in [0, 1]."""
@@ -168,6 +204,8 @@ def record_problem(r: AcceptanceRecord) -> str | None:
     for name in ("target", "speculator", "thinking", "dataset", "segment"):
         if not isinstance(getattr(r, name), str):
             return f"field {name} is a {type(getattr(r, name)).__name__}, not text"
+    if r.bucket is not None and not _known_bucket(r.bucket):
+        return f"field bucket {r.bucket!r} is no request bucket (context=<label> or turn=<label>)"
     if r.segment not in query.SEGMENT_ORDER:
         return f"field segment {r.segment!r} is none of {', '.join(query.SEGMENT_ORDER)}"
     if r.draft_len < 1:
@@ -373,12 +411,12 @@ def resolve(
 
 
 def _check_arguments(model: object, speculator: object, draft_len: object, thinking: object, dataset: object,
-                     temperature: object, segment: object, table: object) -> None:
+                     temperature: object, segment: object, table: object, context: object = None) -> None:
     """Python callers get a TypeError naming the argument, not a failure deep inside (or a wrong match)."""
     for name, value, allowed, what in (
         ("model", model, (str,), "a str"), ("speculator", speculator, (str, type(None)), "a str or None"),
         ("thinking", thinking, (str,), "a str ('on' / 'off')"), ("dataset", dataset, (str, type(None)), "a str or None"),
-        ("segment", segment, (str,), "a str"),
+        ("segment", segment, (str,), "a str"), ("context", context, (str, type(None)), "a str or None"),
     ):
         if not isinstance(value, allowed):
             raise TypeError(f"lookup: {name} must be {what}, got {type(value).__name__} {value!r}")
@@ -404,23 +442,26 @@ def lookup(
     extrapolate: bool = False,
     segment: str = SEGMENT_ALL,
     match_prefix: bool = False,
+    context: str | None = None,
 ) -> AcceptanceRecord:
     """The measured acceptance of (model, speculator, k, thinking), as a frozen record.
 
     `table`: a DuckDB store (opened read-only), an exported .json / .parquet table, or an opened Table;
-    default tables/acceptance.duckdb. `speculator=None` means the model's only speculator. Raises
-    NotMeasured / AmbiguousMatch (both LookupError) with what the table does have.
+    default tables/acceptance.duckdb. `speculator=None` means the model's only speculator. `context` (a
+    bucket label such as '16k-64k', or a length such as '20k': calibrate.tables.buckets) answers with the AL
+    of the requests whose prompt, before truncation, is in that bucket. Raises NotMeasured / AmbiguousMatch
+    (both LookupError) with what the table does have.
     """
-    _check_arguments(model, speculator, draft_len, thinking, dataset, temperature, segment, table)
+    _check_arguments(model, speculator, draft_len, thinking, dataset, temperature, segment, table, context)
+    bucket = context_bucket(context)
     source = table if hasattr(table, "catalog") else open_table(table)  # type: ignore[arg-type]
     entry, target_k = resolve(
         source.catalog(), model, speculator, draft_len, thinking, dataset=dataset, temperature=temperature,
         extrapolate=extrapolate, match_prefix=match_prefix,
     )
-    record = source.record(entry, segment)
+    record = source.record(entry, segment, bucket)
     if record is None:
-        raise NotMeasured(
-            f"no counts for segment {segment!r} of {entry.target} with {entry.speculator}, k={entry.draft_len}, "
-            f"thinking={entry.thinking} in {source.source} (a run that has not written any request yet?)"
-        )
+        what = f"segment {segment!r}" + (f" in {bucket.name}" if bucket is not None else "")
+        raise NotMeasured(f"no counts for {what} of {entry.target} with {entry.speculator}, k={entry.draft_len}, "
+                          f"thinking={entry.thinking} in {source.source}: {source.held(entry)}")
     return record if target_k is None else extrapolate_record(record, target_k)

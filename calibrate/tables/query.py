@@ -12,7 +12,7 @@ histograms); Python only scatters the per-request rows into arrays for `stats.su
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from calibrate.replay.counts import SEGMENTS, UNSEGMENTED
 from calibrate.tables import stats
+from calibrate.tables.buckets import DIMENSIONS, Bucket, Dimension
 from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
 from calibrate.tables.store import CONDITION_FIELDS, RunSpec
 
@@ -74,6 +75,8 @@ class Filters:
     run_ids: tuple[str, ...] | None = None  # exactly these runs (what one invocation measured)
     # (runs column, value as text): `--where max_new_tokens=256` picks one condition among several
     where_fields: tuple[tuple[str, str], ...] = ()
+    # only the requests in this bucket (calibrate.tables.buckets): AL at a context length or turn depth
+    bucket: Bucket | None = None
 
     def where(self) -> tuple[str, list[Any]]:
         """A WHERE clause over `runs` and its parameters (values are bound, never pasted into SQL)."""
@@ -227,11 +230,13 @@ def load_records(
     """One record per key (segment 'all'), and per key and segment when `segments`; sorted by key."""
     check_conditions(con, filters)
     where, params = filters.where()
-    # `chosen`: one (run, request) per key and request id, so a request never counts twice in a pool.
+    # `chosen`: one (run, request) per key and request id, so a request never counts twice in a pool; a
+    # bucket keeps only its requests there, so every count below is the bucket's.
     keyed = (
         f"WITH keyed AS (SELECT run_id, dense_rank() OVER (ORDER BY {_KEY_COLS}) - 1 AS key_ix "
         f"FROM runs WHERE {where}), "
         "chosen AS (SELECT run_id, request_id FROM requests JOIN keyed USING (run_id) "
+        f"WHERE {_in_bucket(con, filters)} "
         "QUALIFY row_number() OVER (PARTITION BY key_ix, request_id ORDER BY run_id) = 1)"
     )
     scope = _Scope(con, keyed, params, segments)
@@ -250,7 +255,46 @@ def load_records(
         records.append(_record(keys[key], segment, summary, total_of[(key, segment)], truncated_of.get(key),
                                **stat))
     records.sort(key=lambda r: (_sort_key(r.key), SEGMENT_ORDER.index(r.segment)))
+    if filters.bucket is not None:
+        records = [replace(r, bucket=filters.bucket.name) for r in records]
     return records
+
+
+def _in_bucket(con: duckdb.DuckDBPyConnection, filters: Filters) -> str:
+    """The SQL condition on `requests` for the filters' bucket (TRUE without one)."""
+    if filters.bucket is None:
+        return "TRUE"
+    return DIMENSIONS[filters.bucket.dimension].condition(filters.bucket, _columns(con, "requests"))
+
+
+def bucket_requests(con: duckdb.DuckDBPyConnection, dimension: Dimension, filters: Filters = Filters()
+                    ) -> dict[str, int]:
+    """Bucket label -> distinct requests of the filtered runs in it (what exists, for a message)."""
+    where, params = filters.where()
+    present = _columns(con, "requests")
+    return {bucket.label: con.execute(
+        f"SELECT count(DISTINCT request_id) FROM requests JOIN runs USING (run_id) "
+        f"WHERE {where} AND {dimension.condition(bucket, present)}", params).fetchone()[0]
+        for bucket in dimension.buckets}
+
+
+def load_bucketed(
+    con: duckdb.DuckDBPyConnection,
+    dimension: Dimension,
+    filters: Filters = Filters(),
+    *,
+    n_boot: int = DEFAULT_BOOT,
+    seed: int = DEFAULT_SEED,
+    level: float = DEFAULT_LEVEL,
+) -> list[AcceptanceRecord]:
+    """`load_records` once per bucket of `dimension` (segment 'all'), sorted by key, then bucket; a bucket no
+    request of a key falls in has no record for that key. Every request is in exactly one bucket, so nothing
+    measured is left out (the unrecorded bucket holds what was stored before its value was)."""
+    order = {bucket.name: i for i, bucket in enumerate(dimension.buckets)}
+    records = [record for bucket in dimension.buckets
+               for record in load_records(con, replace(filters, bucket=bucket), n_boot=n_boot, seed=seed,
+                                          level=level)]
+    return sorted(records, key=lambda r: (_sort_key(r.key), order[r.bucket]))
 
 
 def _key_rows(scope: _Scope) -> list[tuple[Any, ...]]:
@@ -294,7 +338,8 @@ def _segment_totals(scope: _Scope) -> dict[tuple[int, str], tuple[Any, ...]]:
 def _truncated_requests(scope: _Scope) -> dict[int, int]:
     """key -> requests whose prompt was left-truncated to the context budget."""
     return dict(scope.run(
-        """SELECT key_ix, count(*) FILTER (WHERE truncated_tokens > 0) FROM requests JOIN keyed USING (run_id)
+        """SELECT key_ix, count(*) FILTER (WHERE truncated_tokens > 0)
+        FROM requests JOIN chosen USING (run_id, request_id) JOIN keyed USING (run_id)
         GROUP BY key_ix"""
     ).fetchall())
 

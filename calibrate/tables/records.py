@@ -108,6 +108,9 @@ class AcceptanceRecord:
     # Why the record carries no confidence interval although it is measured (stats.ci_withheld: too few
     # conversations for a clustered bootstrap); None when it carries one, or is an extrapolation.
     ci_note: str | None = None
+    # The requests summarised, when only some of the key's were (calibrate.tables.buckets): `context=16k-64k`
+    # (prompt length before truncation) or `turn=2-3`; None for all of them.
+    bucket: str | None = None
 
     # ---- values -------------------------------------------------------------------------------------
     @property
@@ -186,8 +189,12 @@ class AcceptanceRecord:
 
     # ---- serialisation ------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict (tuples become lists); `from_dict` inverts it exactly."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        """Plain JSON-able dict (tuples become lists); `from_dict` inverts it exactly. `bucket` appears only
+        on a bucket's record, so a table of whole keys reads as it always did."""
+        row = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        if row["bucket"] is None:
+            del row["bucket"]
+        return row
 
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> AcceptanceRecord:

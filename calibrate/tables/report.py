@@ -1,9 +1,11 @@
-"""PNG plots of measured records: AL vs k (with CIs), the unconditional rate per position, and drafts.
+"""PNG plots of measured records: AL vs k (with CIs), the unconditional rate per position, drafts, and AL
+vs context length.
 
 The first shows where a longer draft stops paying; the second shows the per-position curve an
 extrapolation would continue; the third what each proposed draft is worth (model-free drafters propose
-fewer than k, or nothing, and waste verification differently). All read records only, so they plot
-exactly what exports say.
+fewer than k, or nothing, and waste verification differently); the fourth how AL moves with the prompt's
+length (before truncation), one panel per k, so a benchmark replaying long contexts sees what its length
+gets. All read records only, so they plot exactly what exports say.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from calibrate.tables import stats
+from calibrate.tables.buckets import CONTEXT, from_name
 from calibrate.tables.exports import NothingToExport, refuse_overwrite
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 
@@ -21,8 +24,56 @@ def _series_label(r: AcceptanceRecord, with_target: bool) -> str:
     return f"{r.target.rsplit('/', 1)[-1]}: {label}" if with_target else label
 
 
-def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False) -> list[Path]:
-    """Write al_vs_k.png, rates.png and (when drafts were counted) drafts.png under `out`; returns their paths.
+def _series_key(r: AcceptanceRecord) -> tuple:
+    """One line of a plot: everything of the key but k."""
+    return (r.target, r.speculator, r.thinking, r.dataset, r.temperature)
+
+
+def _error_bars(rs: Sequence[AcceptanceRecord]) -> list[list[float]]:
+    """Asymmetric CI bars; none where the CI was withheld (too few conversations: stats.ci_withheld)."""
+    return [[r.acceptance_length - r.ci_low if r.ci_low is not None else 0.0 for r in rs],
+            [r.ci_high - r.acceptance_length if r.ci_high is not None else 0.0 for r in rs]]
+
+
+def _plot_context(rows: Sequence[AcceptanceRecord], path: Path, with_target: bool) -> None:
+    """AL per context bucket (x: the buckets in order), a line per speculator and thinking mode, a panel per k."""
+    import matplotlib.pyplot as plt
+
+    order = {b.label: i for i, b in enumerate(CONTEXT.buckets)}
+    ks = sorted({r.draft_len for r in rows})
+    cols = min(len(ks), 4)
+    n_rows = -(-len(ks) // cols)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(max(6.0, 4.2 * cols), 3.8 * n_rows), squeeze=False, sharey=True)
+    for ax, k in zip(axes.flat, ks):
+        series: dict[tuple, list[AcceptanceRecord]] = {}
+        for r in rows:
+            if r.draft_len == k:
+                series.setdefault(_series_key(r), []).append(r)
+        for rs in series.values():
+            rs = sorted(rs, key=lambda r: order[from_name(r.bucket).label])
+            xs = [order[from_name(r.bucket).label] for r in rs]
+            ax.errorbar(xs, [r.acceptance_length for r in rs], yerr=_error_bars(rs), marker="o", capsize=3,
+                        label=_series_label(rs[0], with_target))
+        ax.set_xticks(range(len(order)), list(order))
+        ax.set_title(f"k = {k}")
+        ax.set_xlabel("prompt tokens before truncation")
+    for ax in axes.flat[len(ks):]:
+        ax.set_visible(False)
+    axes[0][0].set_ylabel("acceptance length (tokens / step)")
+    axes[0][0].legend(fontsize="small")
+    withheld = any(r.ci_note for r in rows)
+    fig.suptitle("Pooled AL by context length, 95% CI over conversations"
+                 + (f"\nno bar: < {stats.MIN_CI_CONVERSATIONS} conversations in the bucket" if withheld else ""),
+                 fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False,
+         by_context: Sequence[AcceptanceRecord] = ()) -> list[Path]:
+    """Write al_vs_k.png, rates.png, (when drafts were counted) drafts.png and (given records per context bucket,
+    `query.load_bucketed` over CONTEXT) al_vs_context.png under `out`; returns their paths.
 
     Plots already in `out` are replaced only with `force` (checked before drawing anything)."""
     import matplotlib
@@ -33,23 +84,22 @@ def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False) ->
     rows = [r for r in records if r.segment == SEGMENT_ALL and not r.extrapolated]
     if not rows:
         raise NothingToExport("nothing to plot: no measured keys match the filters")
+    context_rows = [r for r in by_context if r.bucket is not None and from_name(r.bucket).dimension == CONTEXT.name]
     names = ["al_vs_k.png", "rates.png"] + (["drafts.png"] if any(r.drafted_tokens is not None for r in rows) else [])
+    names += ["al_vs_context.png"] if context_rows else []
     refuse_overwrite([out / name for name in names], force)
     out.mkdir(parents=True, exist_ok=True)
     with_target = len({r.target for r in rows}) > 1
     series: dict[tuple, list[AcceptanceRecord]] = {}
     for r in rows:
-        series.setdefault((r.target, r.speculator, r.thinking, r.dataset, r.temperature), []).append(r)
+        series.setdefault(_series_key(r), []).append(r)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for rs in series.values():
         rs = sorted(rs, key=lambda r: r.draft_len)
         ks = [r.draft_len for r in rs]
         al = [r.acceptance_length for r in rs]
-        # no bar where the CI was withheld (too few conversations: stats.ci_withheld)
-        err = [[r.acceptance_length - r.ci_low if r.ci_low is not None else 0.0 for r in rs],
-               [r.ci_high - r.acceptance_length if r.ci_high is not None else 0.0 for r in rs]]
-        ax.errorbar(ks, al, yerr=err, marker="o", capsize=3, label=_series_label(rs[0], with_target))
+        ax.errorbar(ks, al, yerr=_error_bars(rs), marker="o", capsize=3, label=_series_label(rs[0], with_target))
     ks_all = sorted({r.draft_len for r in rows})
     ax.plot(ks_all, [k + 1 for k in ks_all], ls=":", color="grey", label="k + 1 (all accepted)")
     ax.set_xlabel("draft length k")
@@ -119,4 +169,8 @@ def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False) ->
         fig.savefig(drafts_path, dpi=120)
         plt.close(fig)
         paths.append(drafts_path)
+    if context_rows:
+        context_path = out / "al_vs_context.png"
+        _plot_context(context_rows, context_path, with_target)
+        paths.append(context_path)
     return paths

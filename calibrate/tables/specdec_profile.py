@@ -78,6 +78,7 @@ def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
         "requests": record.requests, "conversations": record.conversations, "steps": record.steps,
         "censored_steps": record.censored_steps, "empty_steps": record.empty_steps,
         "ci95_mean_accept_length": None if record.ci_low is None else [record.ci_low, record.ci_high],
+        **({"bucket": record.bucket} if record.bucket else {}),  # only the requests of one bucket (export --context)
         "producer": tool,
     }
     return {

@@ -2,7 +2,9 @@
 
 Layout (one row each):
 - `runs`: one per run identity, hashed into `run_id`, plus provenance recorded beside it.
-- `requests`: one per (run, request): conversation id (for clustered CIs), prompt and truncation sizes.
+- `requests`: one per (run, request): conversation id (for clustered CIs), the answer's message index and
+  turn depth, prompt tokens after truncation and tokens truncated (their sum is the prompt's length before
+  truncation), generated tokens.
 - `segment_counts`: one per (run, request, segment): tokens, steps, censored steps, expected acceptance,
   drafts proposed and steps that proposed none.
 - `accept_counts`: one per (run, request, segment, accepted) with steps > 0: the histogram itself.
@@ -76,6 +78,9 @@ CREATE TABLE IF NOT EXISTS requests (
     finish_reason VARCHAR NOT NULL,
     PRIMARY KEY (run_id, request_id)
 );
+-- which answer of its conversation (1 = the first); NULL for requests stored before it was recorded, whose
+-- depth cannot be recovered (`turn` is a message index and the conversation is not stored)
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS turn_depth INTEGER;
 CREATE TABLE IF NOT EXISTS segment_counts (
     run_id VARCHAR NOT NULL,
     request_id VARCHAR NOT NULL,
@@ -411,8 +416,8 @@ class Store:
         for outcome, per_run in batch:
             for run_id, counts in per_run.items():
                 rows["req"].append([
-                    run_id, outcome.request_id, outcome.conversation_id, outcome.turn, outcome.prompt_tokens,
-                    outcome.truncated_tokens, outcome.generated_tokens, outcome.finish_reason,
+                    run_id, outcome.request_id, outcome.conversation_id, outcome.turn, outcome.turn_depth,
+                    outcome.prompt_tokens, outcome.truncated_tokens, outcome.generated_tokens, outcome.finish_reason,
                 ])
                 _count_rows(rows, run_id, outcome.request_id, counts)
                 if raw and (run_id, outcome.request_id) in raw:
@@ -430,7 +435,8 @@ class Store:
 
 
 _WRITE_SQL = {
-    "req": "INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    "req": "INSERT INTO requests (run_id, request_id, conversation_id, turn, turn_depth, prompt_tokens, "
+           "truncated_tokens, generated_tokens, finish_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "seg": "INSERT INTO segment_counts (run_id, request_id, segment, tokens, steps, censored_steps, "
            "expected_accepted, drafted_tokens, empty_steps, accepted_drafts, histogram) "
            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
