@@ -373,9 +373,15 @@ def test_nothing_to_export_is_no_answer(tmp_path: Path, hand_store: Path, comman
     assert res.exit_code == ExitCode.NO_ANSWER and "nothing to" in res.output, res.output
 
 
+# An n-gram drafter as each backend runs it: our `ngram` kind declares vLLM's method only, so SGLang's trie
+# NGRAM and llama.cpp's ngram-simple go through the engine-only kind.
+SERVER_NGRAM = {"vllm": '{ kind = "ngram" }', "sglang": '{ kind = "engine", method = "NGRAM" }',
+                "llama.cpp": '{ kind = "engine", method = "ngram-simple" }'}
+
+
 def server_config(path: Path, target: Path, backend: str, url: str) -> Path:
     """A pair measured through a server engine reached at `url` (connect mode), n-gram at k = 1."""
-    return write_config(path, target, draft_lengths="[1]", speculators='[{ kind = "ngram" }]',
+    return write_config(path, target, draft_lengths="[1]", speculators=f"[{SERVER_NGRAM[backend]}]",
                         extra="").read_text().replace(
         f'target = "{target}"',
         f'target = "{target}"\nbackend = "{backend}"\nserver = {{ mode = "connect", url = "{url}", draft_len = 1 }}',
