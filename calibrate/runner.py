@@ -31,7 +31,7 @@ from calibrate.errors import NothingUsable
 from calibrate.models import LoadedModel, load_model, load_tokenizer, resolve_device
 from calibrate.progress import RunProgress
 from calibrate.replay.counts import RequestOutcome
-from calibrate.replay.engine import Engine, LoopEngine, ReplayEngine, Sampling
+from calibrate.replay.engine import Engine, ExpertProfile, LoopEngine, ReplayEngine, Sampling
 from calibrate.replay.steps import STEP_RULE_VERSION
 from calibrate.speculators.base import BuildContext, Speculator
 from calibrate.speculators.registry import speculator_class
@@ -231,8 +231,9 @@ def _in_process_engine(config: Config, target: LoadedModel, speculators: Sequenc
     if _engine_for(config, temperature) == "replay":
         return ReplayEngine(target, speculators, **common)
     sampling = Sampling(temperature, config.sweep.top_p, config.sweep.top_k, config.dataset.seed)
+    experts = ExpertProfile(tuple(sorted({1, *config.run.expert_batch_sizes}))) if config.run.experts else None
     return LoopEngine(target, speculators, sampling=sampling, verify_backend=config.run.verify_backend,
-                      verification=config.run.verification, **common)
+                      verification=config.run.verification, experts=experts, **common)
 
 
 def _run_server(config: Config, pair: PairConfig, store: Store, prepared: Prepared, summary: RunSummary,
@@ -256,7 +257,7 @@ def _run_server(config: Config, pair: PairConfig, store: Store, prepared: Prepar
 def _engine_for(config: Config, temperature: float) -> str:
     if config.run.engine == "replay" and temperature > 0:
         raise ValueError("engine 'replay' is exact only at temperature 0; use engine 'loop' or 'auto'")
-    if config.run.engine == "loop" or temperature > 0:
+    if config.run.engine == "loop" or temperature > 0 or config.run.experts:  # the profile needs the loop
         return "loop"
     return "replay"
 
@@ -267,6 +268,7 @@ def _run_group(config: Config, store: Store, prepared: Prepared, specs: dict[tup
     """One target generation setting: every (speculator, k) the engine serves, over the selected requests."""
     run_ids = {key: store.begin_run(spec) for key, spec in specs.items()}
     summary.run_ids.extend(run_ids.values())
+    store.write_expert_layers(list(run_ids.values()), getattr(engine, "expert_layers", []))
     store.write_problems(list(run_ids.values()), prepared.problems)
     done = {run_id: store.done_requests(run_id) for run_id in run_ids.values()}
     pending = [i for i, r in enumerate(prepared.requests)
@@ -307,7 +309,10 @@ def _measure(config: Config, store: Store, prepared: Prepared, engine: Engine, p
             ]
             raw = {(run_id, request.request_id): m.raw for request, _, per_run in rows
                    for run_id, m in per_run.items() if m.raw is not None}
-            store.write_requests(batch_rows, raw=raw)
+            experts = {(run_id, request.request_id): [
+                (row, [prepared.requests[idx[j]].request_id for j in row.members]) for row in m.experts]
+                for request, _, per_run in rows for run_id, m in per_run.items() if m.experts}
+            store.write_requests(batch_rows, raw=raw, experts=experts)
             generated = sum(max((m.generated_tokens for m in per_run.values()), default=0) for *_, per_run in rows)
             summary.tokens += generated
             summary.measured += len(idx)
