@@ -134,3 +134,55 @@ def test_simulated_routings_follow_sglang():
     assert all(any(m == (1 << o) | (1 << ((o + 4) % 8)) for o in range(8)) for m in one)  # o, o + E // k
     with pytest.raises(ValueError, match="unknown simulated routing"):
         simulated_masks("random", 1, layer, rng)
+
+
+def _other_family(name: str):
+    """Tiny random models of the other MoE families transformers implements (built from a config)."""
+    import transformers
+
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0,
+                  bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)
+    configs = {
+        "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=6, num_experts_per_tok=2)),
+        "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                      dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16, head_dim=16)),
+        "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=6, num_experts_per_tok=2)),
+        "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                     dict(n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1,
+                          first_k_dense_replace=0, n_group=1, topk_group=1, head_dim=16)),
+        "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                    dict(num_local_experts=6, num_experts_per_tok=2, head_dim=16, sliding_window=16,
+                         layer_types=["sliding_attention", "full_attention"])),
+    }
+    config_cls, model_cls, extra = configs[name]
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**common, **extra)).eval()
+    with torch.no_grad():
+        for layer, _ in find_routers(model):
+            model.get_submodule(layer.name).weight.normal_(0, 1.0)
+    return model
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "olmoe", "glm4_moe", "gpt_oss"])
+@torch.inference_mode()
+def test_other_families_route_through_the_same_hook(family):
+    model = _other_family(family)
+    layers = [layer for layer, _ in find_routers(model)]
+    assert [(l.layer, l.routed_experts, l.top_k) for l in layers] == [(0, 6, 2), (1, 6, 2)]
+    assert all(l.expert_bytes > 0 for l in layers)
+    assert all(l.shared_experts == (1 if family == "glm4_moe" else 0) for l in layers)
+    chunks = [[4, 9, 13], [21, 5]]  # one right-padded verify pass of two rows
+    ids = torch.tensor([chunks[0], chunks[1] + [0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    with ExpertRecorder(model) as recorder:
+        with recorder.verify([0, 1], [0, 0], chunks):
+            model(input_ids=ids, attention_mask=mask, use_cache=False)
+        traces = [recorder.trace(i, chunk + [0]) for i, chunk in enumerate(chunks)]
+    for chunk, trace in zip(chunks, traces):
+        brute = [0] * len(layers)
+        for j in range(len(chunk)):
+            own = alone(model, chunk[:j + 1])
+            assert [m.bit_count() for m in own] == [2, 2] and max(own) < 1 << 6  # top-2 of 6 expert ids
+            brute = [b | m for b, m in zip(brute, own)]
+        assert trace.verify == [brute] and trace.positions == [len(chunk)]
