@@ -28,10 +28,11 @@ from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
 from calibrate.engines import TargetIdentity, open_server, plan_servers
 from calibrate.errors import NothingUsable
-from calibrate.models import LoadedModel, load_model, load_tokenizer, resolve_device
+from calibrate.models import LoadedModel, load_model, load_tokenizer, resolve_device, skeleton
 from calibrate.progress import RunProgress
 from calibrate.replay.counts import RequestOutcome
 from calibrate.replay.engine import Engine, ExpertProfile, LoopEngine, ReplayEngine, Sampling
+from calibrate.replay.experts import NotMoE, find_routers
 from calibrate.replay.steps import STEP_RULE_VERSION
 from calibrate.speculators.base import BuildContext, Speculator
 from calibrate.speculators.registry import speculator_class
@@ -102,9 +103,19 @@ def prepare(config: Config) -> Prepared:
         for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
             render_prompt(requests[0], tokenizer, thinking=thinking, context_tokens=ds.context_tokens,
                           model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
+        if config.run.experts:
+            check_moe(pair.target)
     dtype = choose_dtype(config.run.dtype, resolve_device(config.run.device))
     return Prepared(requests=requests, selection=picked.provenance, fingerprint=picked.fingerprint,
                     dataset_format=picked.format, dtype=dtype, problems=picked.problems)
+
+
+def check_moe(target: str) -> None:
+    """`[run] experts = true` on a dense target: refused from its config alone, before any weights load."""
+    try:
+        find_routers(skeleton(target))
+    except NotMoE as exc:
+        raise NotMoE(f"target {target!r}: {exc}") from None
 
 
 def build_speculators(pair: PairConfig, config: Config, target: LoadedModel,
