@@ -223,7 +223,9 @@ def _batch_positions(members: Sequence[Sequence[int]]) -> list[int]:
 
 def simulated_masks(routing: str, rows: int, layer: MoeLayer, rng: np.random.Generator) -> int:
     """The union mask of one forward pass of `rows` tokens under SGLang's simulated routing, which ignores
-    the router (python/sglang/srt/layers/moe/topk.py `select_experts`; hardware_backend/npu/moe/topk.py):
+    the router. Read in sgl-project/sglang: python/sglang/srt/layers/moe/topk.py `select_experts` (commit
+    000328a8cd54dd3aac97cd9977c39b5408034b26: uniform) and python/sglang/srt/hardware_backend/npu/moe/topk.py
+    `_get_balanced_topk_ids` (round-robin; the CUDA path's version of it was not readable here):
 
     - "uniform" (SGLANG_SIMULATE_UNIFORM_EXPERTS): each token draws an offset o uniformly in [0, E) and
       takes experts (o + j * (E // top_k)) % E, j < top_k;
