@@ -41,7 +41,7 @@ Labeller = Callable[[list[int], bool], list[str]]
 class Engine(Protocol):
     """Measures a batch of prompts for every (speculator, k) it serves."""
 
-    name: str  # stored as the run's `engine`: "replay", "loop", "llama.cpp", "vllm", "sglang"
+    name: str  # stored as the run's `engine`: "replay", "loop", "loop+experts", "llama.cpp", "vllm", "sglang"
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult: ...
 

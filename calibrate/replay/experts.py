@@ -148,8 +148,12 @@ class ExpertRecorder:
         self._handles = [router.register_forward_hook(self._hook) for _, router in sites]
 
     def _hook(self, module: torch.nn.Module, args: object, output: object) -> None:
-        if self._armed is not None:
-            self._armed.append(output[2].detach())  # (tokens, top_k): transformers' routers return (logits, weights, indices)
+        if self._armed is None:
+            return
+        if not (isinstance(output, tuple) and len(output) == 3 and not output[2].is_floating_point()):
+            raise RuntimeError(f"router {type(module).__name__} did not return (logits, weights, expert ids): "
+                               "this transformers version routes differently than calibrate.replay.experts reads")
+        self._armed.append(output[2].detach())  # (tokens, top_k) expert ids
 
     @contextlib.contextmanager
     def verify(self, loop_ids: Sequence[int], starts: Sequence[int], chunks: Sequence[Sequence[int]]) -> Iterator[None]:

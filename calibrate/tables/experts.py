@@ -29,9 +29,6 @@ from calibrate.errors import NothingUsable
 from calibrate.tables import stats
 from calibrate.tables.query import DEFAULT_BOOT, DEFAULT_LEVEL, DEFAULT_SEED, Filters, check_conditions
 
-KEY = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "batch_size", "routing")
-
-
 class NoExpertProfile(NothingUsable):
     """The store holds no expert profile (no `[run] experts = true` run, or written before it existed)."""
 
@@ -100,7 +97,7 @@ def load_expert_records(con: duckdb.DuckDBPyConnection, filters: Filters = Filte
     where, params = filters.where()
     groups: dict[tuple, list[tuple]] = {}
     for row in con.execute(_SQL.format(where=where), params).fetchall():
-        groups.setdefault(row[:8], []).append(row[8:])
+        groups.setdefault(row[:8], []).append(row[8:])  # key: the record's first 8 fields
     if not groups:
         return []
     al = _acceptance_lengths(con, sorted({row[0] for rows in groups.values() for row in rows}))
