@@ -5,6 +5,7 @@ engine are refused with one line."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import duckdb
@@ -124,3 +125,25 @@ def test_store_without_profile_says_so(tmp_path):
     db = basic_store(tmp_path / "old.duckdb")
     out = CliRunner().invoke(app, ["show", "--db", str(db), "--experts"])
     assert out.exit_code == 1 and "no expert profile" in out.output
+
+
+@pytest.mark.parametrize("run, message", [
+    ("experts = true\nexpert_batch_sizes = [4]", "expert_batch_sizes [4] outside 1..batch_size (2)"),
+    ("experts = true\nexpert_batch_sizes = [0]", "expert_batch_sizes [0] outside"),
+])
+def test_config_refuses_batches_an_engine_batch_cannot_hold(tmp_path, run, message):
+    from calibrate.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(_config(tmp_path, tmp_path / "x", run))
+
+
+def test_config_refuses_experts_on_a_server_backend(tmp_path):
+    from calibrate.config import ConfigError, load_config
+
+    path = _config(tmp_path, tmp_path / "x")
+    path.write_text(path.read_text().replace('speculators = [{ kind = "ngram" }]',
+                                             'speculators = [{ kind = "ngram" }]\nbackend = "vllm"\n'
+                                             '[pairs.server]\nmode = "connect"\nurl = "http://h:1"\ndraft_len = 1'))
+    with pytest.raises(ConfigError, match="reads the router in process"):
+        load_config(path)
