@@ -68,6 +68,21 @@ class RunConfig(_Strict):
     # samples drafts from q and accepts with min(1, p/q); "target-only" drafts greedily and accepts with
     # p_target(draft) (vLLM v1's model runner, SGLang's EAGLE). Part of the run's identity.
     verification: Literal["probabilistic", "target-only"] = "probabilistic"
+    # The MoE verify-cost profile (calibrate.replay.experts): distinct routed experts per layer touched by each
+    # verify pass, per request and for batches of each size in expert_batch_sizes (B requests of one engine
+    # batch decoded together). It needs the step-by-step loop, so it picks engine "loop" at T = 0 too.
+    experts: bool = False
+    expert_batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1)
+
+    @model_validator(mode="after")
+    def _expert_batches(self) -> RunConfig:
+        if self.experts and self.engine == "replay":
+            raise ValueError("experts = true needs the step-by-step loop: set engine = \"loop\" or \"auto\"")
+        too_big = [b for b in self.expert_batch_sizes if not 1 <= b <= self.batch_size]
+        if too_big:
+            raise ValueError(f"expert_batch_sizes {too_big} outside 1..batch_size ({self.batch_size}): a batch of B "
+                             "requests is formed within one engine batch")
+        return self
 
 
 class ServerConfig(_Strict):
@@ -175,6 +190,13 @@ class Config(_Strict):
     run: RunConfig = Field(default_factory=RunConfig)
     pairs: list[PairConfig] = Field(min_length=1)
     sweep: SweepConfig
+
+    @model_validator(mode="after")
+    def _experts_in_process(self) -> Config:
+        served = [p.target for p in self.pairs if p.backend != "transformers"]
+        if self.run.experts and served:
+            raise ValueError(f"run.experts = true reads the router in process: pairs {served} use a server backend")
+        return self
 
     def warnings(self) -> list[str]:
         """Settings that run but probably do not measure what was meant (printed before the run starts)."""

@@ -201,6 +201,25 @@ def load_tokenizer(name: str) -> Any:
         raise _not_found(name, model_id, access, "its tokenizer", exc) from None
 
 
+def skeleton(name: str) -> torch.nn.Module:
+    """The model's modules built from its config on the meta device, without weights: what checks of its
+    structure (is it an MoE, where are its routers) read before hours of weights load."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_id = resolve(name)
+    refuse_plain_file(name, model_id)
+    access = hub_access(name, model_id)
+    where, extra = _split_gguf(model_id)
+    try:
+        config = AutoConfig.from_pretrained(where, **extra, **access)
+    except Exception as exc:
+        if not _local_load_failure(exc, model_id):
+            raise
+        raise _not_found(name, model_id, access, "its config", exc) from None
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
 def load_model(name: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
     """Load weights and tokenizer; errors name the model. "auto" dtype: see `calibrate.dtypes.choose_dtype`."""
     from transformers import AutoModelForCausalLM

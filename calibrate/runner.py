@@ -28,10 +28,11 @@ from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
 from calibrate.engines import TargetIdentity, open_server, plan_servers
 from calibrate.errors import NothingUsable
-from calibrate.models import LoadedModel, load_model, load_tokenizer, resolve_device
+from calibrate.models import LoadedModel, load_model, load_tokenizer, resolve_device, skeleton
 from calibrate.progress import RunProgress
 from calibrate.replay.counts import RequestOutcome
-from calibrate.replay.engine import Engine, LoopEngine, ReplayEngine, Sampling
+from calibrate.replay.engine import Engine, ExpertProfile, LoopEngine, ReplayEngine, Sampling
+from calibrate.replay.experts import NotMoE, find_routers
 from calibrate.replay.steps import STEP_RULE_VERSION
 from calibrate.speculators.base import BuildContext, Speculator
 from calibrate.speculators.registry import speculator_class
@@ -102,9 +103,19 @@ def prepare(config: Config) -> Prepared:
         for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
             render_prompt(requests[0], tokenizer, thinking=thinking, context_tokens=ds.context_tokens,
                           model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
+        if config.run.experts:
+            check_moe(pair.target)
     dtype = choose_dtype(config.run.dtype, resolve_device(config.run.device))
     return Prepared(requests=requests, selection=picked.provenance, fingerprint=picked.fingerprint,
                     dataset_format=picked.format, dtype=dtype, problems=picked.problems)
+
+
+def check_moe(target: str) -> None:
+    """`[run] experts = true` on a dense target: refused from its config alone, before any weights load."""
+    try:
+        find_routers(skeleton(target))
+    except NotMoE as exc:
+        raise NotMoE(f"target {target!r}: {exc}") from None
 
 
 def build_speculators(pair: PairConfig, config: Config, target: LoadedModel,
@@ -231,8 +242,9 @@ def _in_process_engine(config: Config, target: LoadedModel, speculators: Sequenc
     if _engine_for(config, temperature) == "replay":
         return ReplayEngine(target, speculators, **common)
     sampling = Sampling(temperature, config.sweep.top_p, config.sweep.top_k, config.dataset.seed)
+    experts = ExpertProfile(tuple(sorted({1, *config.run.expert_batch_sizes}))) if config.run.experts else None
     return LoopEngine(target, speculators, sampling=sampling, verify_backend=config.run.verify_backend,
-                      verification=config.run.verification, **common)
+                      verification=config.run.verification, experts=experts, **common)
 
 
 def _run_server(config: Config, pair: PairConfig, store: Store, prepared: Prepared, summary: RunSummary,
@@ -256,7 +268,7 @@ def _run_server(config: Config, pair: PairConfig, store: Store, prepared: Prepar
 def _engine_for(config: Config, temperature: float) -> str:
     if config.run.engine == "replay" and temperature > 0:
         raise ValueError("engine 'replay' is exact only at temperature 0; use engine 'loop' or 'auto'")
-    if config.run.engine == "loop" or temperature > 0:
+    if config.run.engine == "loop" or temperature > 0 or config.run.experts:  # the profile needs the loop
         return "loop"
     return "replay"
 
@@ -267,6 +279,7 @@ def _run_group(config: Config, store: Store, prepared: Prepared, specs: dict[tup
     """One target generation setting: every (speculator, k) the engine serves, over the selected requests."""
     run_ids = {key: store.begin_run(spec) for key, spec in specs.items()}
     summary.run_ids.extend(run_ids.values())
+    store.write_expert_layers(list(run_ids.values()), getattr(engine, "expert_layers", []))
     store.write_problems(list(run_ids.values()), prepared.problems)
     done = {run_id: store.done_requests(run_id) for run_id in run_ids.values()}
     pending = [i for i, r in enumerate(prepared.requests)
@@ -307,7 +320,10 @@ def _measure(config: Config, store: Store, prepared: Prepared, engine: Engine, p
             ]
             raw = {(run_id, request.request_id): m.raw for request, _, per_run in rows
                    for run_id, m in per_run.items() if m.raw is not None}
-            store.write_requests(batch_rows, raw=raw)
+            experts = {(run_id, request.request_id): [
+                (row, [prepared.requests[idx[j]].request_id for j in row.members]) for row in m.experts]
+                for request, _, per_run in rows for run_id, m in per_run.items() if m.experts}
+            store.write_requests(batch_rows, raw=raw, experts=experts)
             generated = sum(max((m.generated_tokens for m in per_run.values()), default=0) for *_, per_run in rows)
             summary.tokens += generated
             summary.measured += len(idx)

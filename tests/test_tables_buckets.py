@@ -208,6 +208,12 @@ def test_show_by_refuses_segments_in_one_line(app, store_path) -> None:
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "does not combine with --segments" in res.output
 
 
+def test_show_experts_refuses_by_in_one_line(app, store_path) -> None:
+    path, _ = store_path
+    res = _invoke(app, "show", "--db", str(path), "--experts", "--by", "turn")
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "does not combine with --by" in res.output
+
+
 def test_export_and_lookup_select_a_context_bucket(app, store_path, tmp_path: Path) -> None:
     import json
 

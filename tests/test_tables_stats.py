@@ -170,3 +170,15 @@ def test_ci_coverage_needs_clustering_when_conversations_differ() -> None:
     naive, _ = _coverage(lambda rng: rng.beta(a, b), truth, requests=5, steps=30, clustered=False)
     assert 0.89 <= clustered <= 0.99
     assert naive < 0.8
+
+
+def test_clustered_interval_of_a_ratio():
+    # every conversation has the same ratio: every replicate gives it, so the interval is the point
+    totals = np.array([[10.0, 20.0], [5.0, 10.0], [1.0, 2.0]])
+    low, high = stats.clustered_interval(totals, ["a", "b", "b"], lambda t: t[:, 1] / t[:, 0], n_boot=200)
+    assert low == pytest.approx(2.0) and high == pytest.approx(2.0)
+    # different ratios: the interval lies between the conversations' own ratios, and is seeded
+    totals = np.array([[10.0, 10.0], [10.0, 30.0]])
+    args = (totals, [0, 1], lambda t: t[:, 1] / t[:, 0])
+    low, high = stats.clustered_interval(*args, n_boot=500, seed=1)
+    assert 1.0 <= low < high <= 3.0 and (low, high) == stats.clustered_interval(*args, n_boot=500, seed=1)

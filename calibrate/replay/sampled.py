@@ -52,6 +52,7 @@ rows are packed (`_SlotCache.pack`). Finished loops leave the batch (DynamicCach
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -61,6 +62,7 @@ from transformers import DynamicCache
 from calibrate.kernels import rng, verify_greedy, verify_rejection
 from calibrate.kernels.reference import VerifyOutput, sampling_probs
 from calibrate.replay.counts import StepCounts
+from calibrate.replay.experts import ExpertRecorder, ExpertTrace
 from calibrate.replay.steps import step_accepted
 from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds, select_features
 
@@ -81,6 +83,7 @@ class SampledResult:
     counts: dict[int, StepCounts] = field(default_factory=dict)
     tokens: dict[int, list[int]] = field(default_factory=dict)
     finish_reason: dict[int, str] = field(default_factory=dict)  # "eos" | "length"
+    experts: dict[int, ExpertTrace] = field(default_factory=dict)  # when run_sweep was given an ExpertRecorder
 
 
 @dataclass
@@ -426,7 +429,8 @@ def first_tokens(prefix: Prefix, keys: Sequence[int], s: _Settings) -> list[int]
 
 @torch.inference_mode()
 def _run_loops(target: Prefix, draft: Prefix | None, speculator: Speculator | None, loops: list[_Loop],
-               first: Sequence[int], needs: TargetNeeds, s: _Settings) -> None:
+               first: Sequence[int], needs: TargetNeeds, s: _Settings,
+               experts: ExpertRecorder | None = None) -> None:
     """Run the given loops (any mix of requests and k) as one batch of speculative decoders until each ends.
 
     Every loop starts from a copy of its request's prompt cache and its shared first token; a loop's draws
@@ -458,7 +462,11 @@ def _run_loops(target: Prefix, draft: Prefix | None, speculator: Speculator | No
 
         # -- verify: one target pass over [pending token, drafts] ---------------------------------------
         pending = [r.generated[-1] for r in active]  # the cache always holds the context but its last token
-        logits = tcache.feed([[p] + d for p, d in zip(pending, drafts)], hidden=needs.any)  # (B, 1 + max k_r, V)
+        chunks = [[p] + d for p, d in zip(pending, drafts)]
+        watch = (experts.verify([r.loop_id for r in active], [len(r.generated) - 1 for r in active], chunks)
+                 if experts is not None else contextlib.nullcontext())
+        with watch:
+            logits = tcache.feed(chunks, hidden=needs.any)  # (B, 1 + max k_r, V)
         out = _verify(logits, drafts, probs, ids, positions, s)
         accepted, tokens = out.num_accepted.tolist(), out.tokens.tolist()
         expected = out.expected_accepted.tolist()
@@ -549,6 +557,7 @@ def run_sweep(
     loop_rows: int = 8,
     request_keys: Sequence[int] | None = None,
     verification: str = "probabilistic",
+    experts: ExpertRecorder | None = None,
 ) -> list[list[SampledResult]]:
     """Every (speculator, k) loop over every prompt, each prompt prefilled once; see the module docstring.
 
@@ -557,7 +566,8 @@ def run_sweep(
     request; every loop starts from copies. A speculator's loops run `loop_rows` at a time, ordered by
     (k, request), so one batch holds neighbouring draft lengths (rows verify 1 + max k_r positions).
     The counts equal those of each loop run alone, for a fixed seed: draws are keyed by (seed, request key,
-    position), never by the batch.
+    position), never by the batch. With an ExpertRecorder on the target, each result also carries every
+    k's ExpertTrace (calibrate.replay.experts): the experts its verify passes touched.
     """
     keys = _check(speculators, prompts, draft_lens, temperature, verification, request_keys)
     if loop_rows < 1:
@@ -577,13 +587,15 @@ def run_sweep(
         loops = _plan(prompts, keys, draft_lens, seed)
         for start in range(0, len(loops), loop_rows):
             _run_loops(prefixes[id(target_model)], draft, spec if model is None else None,
-                       loops[start:start + loop_rows], first, needs, s)
+                       loops[start:start + loop_rows], first, needs, s, experts)
         results = [SampledResult() for _ in prompts]
         for loop in loops:
             res = results[loop.request]
             res.counts[loop.k] = _result(loop, segment_labeller)
             res.tokens[loop.k] = loop.generated
             res.finish_reason[loop.k] = loop.finish_reason or "length"
+            if experts is not None:
+                res.experts[loop.k] = experts.trace(loop.loop_id, loop.generated)
         out.append(results)
     return out
 

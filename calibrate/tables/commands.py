@@ -27,6 +27,7 @@ from calibrate.tables.inferencex import Naming
 from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.lookup import lookup as lookup_record
 from calibrate.tables.records import KEY_FIELDS, AcceptanceRecord
+from calibrate.tables.experts import ExpertRecord, load_expert_records
 from calibrate.tables.store import connect
 
 SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
@@ -364,10 +365,19 @@ def show(
     by: Optional[ByDimension] = typer.Option(
         None, "--by", help=f"One row per bucket: context ({CONTEXT.description}: {bucket_labels(CONTEXT)}) or turn "
         f"({TURN.description}: {bucket_labels(TURN)})."),
+    experts: bool = typer.Option(False, "--experts", help="The MoE verify-cost profile instead (runs with "
+                                 "`[run] experts = true`): touch multiplier, CI, expert bytes per step and token; "
+                                 "json / csv export it."),
 ) -> None:
     """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
-    records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), segments, bootstrap,
-                    seed, by=DIMENSIONS[by.value] if by is not None else None)
+    filters_args = (model, speculator, draft_len, thinking, dataset, temperature, where)
+    if experts:
+        if by is not None or segments:
+            raise ValueError(f"--experts is the verify-cost profile per key: it does not combine with "
+                             f"{'--by' if by is not None else '--segments'}")
+        _show_experts(db, filters_args, format, bootstrap, seed)
+        return
+    records = _load(db, filters_args, segments, bootstrap, seed, by=DIMENSIONS[by.value] if by is not None else None)
     for warning in truncation_warnings(records):
         typer.echo(f"warning: {warning}", err=True)
     if format is ShowFormat.table:
@@ -379,6 +389,50 @@ def show(
         typer.echo(json.dumps(show_rows(records, segments), indent=2))
     else:
         sys.stdout.write(_csv_text(show_rows(records, segments)))
+
+def _load_experts(db: Path, filters_args: tuple, n_boot: int, seed: int) -> list[ExpertRecord]:
+    con = connect(db, read_only=True)
+    try:
+        with _reading(db):
+            filters = _filters(con, *filters_args)
+            records = load_expert_records(con, filters, n_boot=n_boot, seed=seed)
+            if not records:
+                raise _no_match(con, filters, db)
+            return records
+    finally:
+        con.close()
+
+
+def _show_experts(db: Path, filters_args: tuple, fmt: ShowFormat, n_boot: int, seed: int) -> None:
+    records = _load_experts(db, filters_args, n_boot, seed)
+    if fmt is ShowFormat.json:
+        typer.echo(json.dumps([r.row() for r in records], indent=2))
+    elif fmt is ShowFormat.csv:
+        sys.stdout.write(_csv_text([r.row() for r in records]))
+    else:
+        _render_experts(records)
+
+
+def _render_experts(records: Sequence[ExpertRecord]) -> None:
+    """The profile for humans: per key, batch size and routing, distinct experts at k and 0 and their ratio."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE, caption="distinct: routed experts per MoE layer per verify step (B requests "
+                  "batched: their union); x: distinct at k / at k = 0, 95% CI over conversations; MB read by "
+                  "the experts per step and per emitted token (shared experts included)", caption_justify="left")
+    for header in ("target", "speculator", "k", "B", "routing", "reqs", "distinct", "k=0", "x", "95% CI", "AL",
+                   "MB/step", "MB/token", "k=0 MB/tok"):
+        table.add_column(header, justify="left" if header in ("target", "speculator", "routing") else "right")
+    for r in records:
+        interval = r.ci_note.split(":")[0] if r.ci_note else f"{r.ci_low:.3f}-{r.ci_high:.3f}"
+        table.add_row(r.target.rstrip("/").rsplit("/", 1)[-1], r.speculator, str(r.draft_len), str(r.batch_size),
+                      r.routing, str(r.requests), f"{r.distinct:.2f}", f"{r.distinct_plain:.2f}",
+                      f"{r.multiplier:.3f}", interval, f"{r.acceptance_length:.3f}", f"{r.bytes_per_step / 1e6:.3f}",
+                      f"{r.bytes_per_token / 1e6:.3f}", f"{r.plain_bytes_per_token / 1e6:.3f}")
+    Console(width=200).print(table)
+
 
 _FORMATS_HELP = "; ".join(f"{c.name}: {c.reads}" for c in consumers.CONSUMERS.values())
 _LOOKUP_HELP = ", ".join(consumers.LOOKUP_FORMATS)
@@ -515,12 +569,17 @@ def report(
     seed: int = _SEED_OPT,
     where: Optional[list[str]] = _WHERE_OPT,
     force: bool = _FORCE_OPT,
+    experts: bool = typer.Option(False, "--experts", help="Plot the MoE verify-cost profile instead: distinct "
+                                 "experts vs k, one line per batch size (experts_vs_k.png)."),
 ) -> None:
     """Plot AL vs k per speculator and thinking mode, the unconditional rate per position, and AL vs context
-    length (prompt tokens before truncation) per speculator (PNG)."""
-    from calibrate.tables.report import plot
+    length (prompt tokens before truncation) per speculator (PNG); or, with --experts, the MoE verify cost."""
+    from calibrate.tables.report import plot, plot_experts
 
     filters_args = (model, speculator, None, thinking, dataset, temperature, where)
+    if experts:
+        typer.echo(str(plot_experts(_load_experts(db, filters_args, bootstrap, seed), out, force=force)))
+        return
     records = _load(db, filters_args, False, bootstrap, seed)
     by_context = _load(db, filters_args, False, bootstrap, seed, by=CONTEXT)
     for path in plot(records, out, force=force, by_context=by_context):

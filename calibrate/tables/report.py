@@ -15,6 +15,7 @@ from pathlib import Path
 
 from calibrate.tables import stats
 from calibrate.tables.buckets import CONTEXT, from_name
+from calibrate.tables.experts import ExpertRecord
 from calibrate.tables.exports import NothingToExport, refuse_overwrite
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 
@@ -174,3 +175,42 @@ def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False,
         _plot_context(context_rows, context_path, with_target)
         paths.append(context_path)
     return paths
+
+
+def plot_experts(records: Sequence[ExpertRecord], out: Path, force: bool = False) -> Path:
+    """Write experts_vs_k.png under `out`: distinct routed experts per MoE layer per verify step vs k (k = 0
+    is plain decoding), one line per batch size B, solid for the model's routing and dashed / dotted for
+    SGLang's simulated uniform / round-robin routings on the same positions, one panel per (target,
+    speculator). Replaced only with `force`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not records:
+        raise NothingToExport("nothing to plot: no expert profile matches the filters")
+    path = out / "experts_vs_k.png"
+    refuse_overwrite([path], force)
+    out.mkdir(parents=True, exist_ok=True)
+    panels = sorted({(r.target, r.speculator) for r in records})
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    styles = {"router": "-", "uniform": "--", "round-robin": ":"}
+    for ax, (target, speculator) in zip(axes[0], panels):
+        series: dict[tuple[int, str], list[ExpertRecord]] = {}
+        for r in records:
+            if (r.target, r.speculator) == (target, speculator):
+                series.setdefault((r.batch_size, r.routing), []).append(r)
+        for (batch, routing), rs in sorted(series.items()):
+            rs = sorted(rs, key=lambda r: r.draft_len)
+            ax.plot([0] + [r.draft_len for r in rs], [rs[0].distinct_plain] + [r.distinct for r in rs],
+                    ls=styles.get(routing, "-"), marker="o", label=f"B={batch}, {routing}")
+        top = max(r.routed_experts for r in records if (r.target, r.speculator) == (target, speculator))
+        ax.axhline(top, color="grey", ls=":", lw=0.8)
+        ax.set_xlabel("draft length k (0: plain decoding)")
+        ax.set_ylabel("distinct routed experts per layer per step")
+        ax.set_title(f"{target.rstrip('/').rsplit('/', 1)[-1]}, {speculator}", fontsize="small")
+        ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -8,6 +8,7 @@ the last axis, so the same code serves one request, a stack of requests, or boot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -294,6 +295,31 @@ def summarize(
         rates_ci_high=tuple(float(x) for x in np.atleast_1d(rate_high)),
         conditional_rates=tuple(None if np.isnan(x) else float(x) for x in cond),
     )
+
+
+def clustered_interval(
+    totals: ArrayLike,
+    clusters: ArrayLike,
+    statistic: Callable[[np.ndarray], np.ndarray],
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval of `statistic` over a bootstrap that resamples whole conversations.
+
+    `totals` (R, m) holds additive per-request totals (sums over steps, say) and `statistic` maps pooled
+    totals (n, m) to one value per row (a ratio of sums, a ratio of two ratios): each replicate pools the
+    conversations its multinomial weights draw, as `summarize` does for histograms."""
+    if n_boot < 1 or not 0.0 < level < 1.0:
+        raise ValueError(f"need n_boot >= 1 and 0 < level < 1 (got n_boot={n_boot}, level={level})")
+    values = np.atleast_2d(np.asarray(totals, dtype=np.float64))
+    _, cid = np.unique(np.asarray(clusters), return_inverse=True)
+    n_clusters = int(cid.max()) + 1
+    per_cluster = cluster_sums(values, cid, n_clusters)
+    w = np.random.default_rng(seed).multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=n_boot)
+    low, high = _percentiles(statistic(w.astype(np.float64) @ per_cluster), level)
+    return float(low), float(high)
 
 
 def mean_accepted_drafts(al: ArrayLike) -> np.ndarray | float:

@@ -11,6 +11,11 @@ Layout (one row each):
 - `position_counts`: one per (run, request, position) where an engine reports per-position counts only
   (vLLM's `num_accepted_tokens_per_pos`): steps whose draft at that position was accepted.
 - `engine_responses`: a server engine's raw response fields per (run, request), kept for audit.
+- `expert_counts`: the MoE verify-cost profile (`[run] experts = true`, calibrate.replay.experts), one per
+  (run, request, k, layer, batch size, routing): verify steps, positions fed, and distinct routed experts
+  summed over the steps; k is the run's or 0 (plain decoding, from the same run's accepted positions). A
+  row of batch size B > 1 is a batch of B requests, stored under its first member (`members` lists all).
+- `expert_layers`: per (run, MoE layer) the target's routed experts, top-k, shared experts and their bytes.
 - `problems`: rows of the dataset that were skipped, and why.
 - `store_meta`: the identity version the store was written with.
 
@@ -50,7 +55,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
@@ -60,6 +65,9 @@ from calibrate.errors import StoreBusy, StoreError
 from calibrate.replay.counts import UNSEGMENTED, RequestOutcome, StepCounts, TotalCounts
 from calibrate.replay.steps import STEP_RULE_VERSION
 from calibrate.tables.stats import accepted_drafts
+
+if TYPE_CHECKING:  # the store is read where torch is not imported (lookup): the expert types are only annotations
+    from calibrate.replay.experts import ExpertRow, MoeLayer
 
 IDENTITY_VERSION = "2"
 KEY, CONDITION, PROVENANCE = "key", "condition", "provenance"
@@ -119,6 +127,30 @@ CREATE TABLE IF NOT EXISTS accept_counts (
     accepted INTEGER NOT NULL,
     steps BIGINT NOT NULL,
     PRIMARY KEY (run_id, request_id, segment, accepted)
+);
+CREATE TABLE IF NOT EXISTS expert_counts (
+    run_id VARCHAR NOT NULL,
+    request_id VARCHAR NOT NULL,
+    draft_len INTEGER NOT NULL,
+    layer INTEGER NOT NULL,
+    batch_size INTEGER NOT NULL,
+    routing VARCHAR NOT NULL,  -- 'router' (the model's own) | 'uniform' | 'round-robin' (SGLang's simulated)
+    steps BIGINT NOT NULL,
+    positions BIGINT NOT NULL,
+    distinct_experts BIGINT NOT NULL,  -- summed over the steps
+    members VARCHAR NOT NULL,  -- JSON list of the batch's request ids
+    PRIMARY KEY (run_id, request_id, draft_len, layer, batch_size, routing)
+);
+CREATE TABLE IF NOT EXISTS expert_layers (
+    run_id VARCHAR NOT NULL,
+    layer INTEGER NOT NULL,
+    router VARCHAR NOT NULL,
+    routed_experts INTEGER NOT NULL,
+    top_k INTEGER NOT NULL,
+    shared_experts INTEGER NOT NULL,
+    expert_bytes BIGINT NOT NULL,
+    shared_bytes BIGINT NOT NULL,
+    PRIMARY KEY (run_id, layer)
 );
 CREATE TABLE IF NOT EXISTS problems (
     run_id VARCHAR NOT NULL,
@@ -406,13 +438,26 @@ class Store:
             self.con.execute("ROLLBACK")
             raise
 
+    def write_expert_layers(self, run_ids: Sequence[str], layers: Sequence[MoeLayer]) -> None:
+        """Record the target's MoE layers for each run that profiles experts (replacing an earlier record)."""
+        if not layers:
+            return
+        self.con.executemany("INSERT OR REPLACE INTO expert_layers VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [
+            [run_id, m.layer, m.name, m.routed_experts, m.top_k, m.shared_experts, m.expert_bytes, m.shared_bytes]
+            for run_id in run_ids for m in layers])
+
     def write_requests(self, batch: Sequence[tuple[RequestOutcome, dict[str, StepCounts | TotalCounts]]],
-                       raw: Mapping[tuple[str, str], Any] | None = None) -> None:
+                       raw: Mapping[tuple[str, str], Any] | None = None,
+                       experts: Mapping[tuple[str, str], Sequence[tuple[ExpertRow, list[str]]]] | None = None) -> None:
         """Write finished requests, each with its counts for every run (run_id -> counts), atomically.
 
-        `raw` maps (run_id, request_id) to a server engine's response fields, stored with the counts.
+        `raw` maps (run_id, request_id) to a server engine's response fields, stored with the counts;
+        `experts` to the request's expert rows, each with its batch's member request ids.
         """
-        rows: dict[str, list[list[Any]]] = {"req": [], "seg": [], "acc": [], "pos": [], "raw": []}
+        rows: dict[str, list[list[Any]]] = {"req": [], "seg": [], "acc": [], "pos": [], "raw": [], "exp": []}
+        for (run_id, request_id), expert_rows in (experts or {}).items():
+            rows["exp"].extend([run_id, request_id, e.draft_len, e.layer, e.batch_size, e.routing, e.steps,
+                                e.positions, e.distinct, json.dumps(members)] for e, members in expert_rows)
         for outcome, per_run in batch:
             for run_id, counts in per_run.items():
                 rows["req"].append([
@@ -443,6 +488,7 @@ _WRITE_SQL = {
     "acc": "INSERT INTO accept_counts VALUES (?, ?, ?, ?, ?)",
     "pos": "INSERT INTO position_counts VALUES (?, ?, ?, ?)",
     "raw": "INSERT INTO engine_responses VALUES (?, ?, ?)",
+    "exp": "INSERT INTO expert_counts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 }
 
 
