@@ -113,6 +113,14 @@ class EngineMethod:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+# (spec, weights) -> an engine method's settings, or None where this config cannot run on that engine.
+Settings = Callable[[Any, Callable[[str], str]], "dict[str, Any] | None"]
+
+
+def no_settings(spec: Any, weights: Callable[[str], str]) -> dict[str, Any]:
+    return {}
+
+
 def label(kind: str, params: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
     """A model-free speculator's name: its kind, plus each parameter that differs from its default.
 
@@ -148,9 +156,10 @@ class Speculator(ABC):
     # True for a model drafter: every verify step drafts k, so an engine that lists only drafted steps
     # (vLLM) lists them all; model-free drafters propose nothing at some steps.
     drafts_every_step: ClassVar[bool] = False
-    # How each serving engine runs a config of this kind: engine -> (spec, weights) -> EngineMethod or None.
-    # The one place a kind's engine spellings live; the engine backends hold no list of kinds.
-    engines: ClassVar[Mapping[str, Callable[[Any, Callable[[str], str]], EngineMethod | None]]] = {}
+    # How each serving engine runs a config of this kind: engine -> (its method name, (spec, weights) -> the
+    # method's settings, or None where this config cannot run there). The one place a kind's engine
+    # spellings live: the engine backends and the exports' recipe names read them, and hold no list of kinds.
+    engines: ClassVar[Mapping[str, tuple[str, Settings]]] = {}
 
     @classmethod
     def check(cls, spec: SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
@@ -167,8 +176,11 @@ class Speculator(ABC):
                       weights: Callable[[str], str]) -> EngineMethod | None:
         """How `engine` ("vllm", "sglang", "llama.cpp") runs this speculator, or None where it cannot.
         `weights(name)` resolves a model name to what the engine should load."""
-        spell = cls.engines.get(engine)
-        return spell(spec, weights) if spell else None
+        if engine not in cls.engines:
+            return None
+        method, settings = cls.engines[engine]
+        values = settings(spec, weights)
+        return None if values is None else EngineMethod(method, values)
 
     @classmethod
     def build(cls, spec: SpeculatorConfig, ctx: BuildContext) -> Speculator:
