@@ -113,8 +113,14 @@ class EngineMethod:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
-# (spec, weights) -> an engine method's settings, or None where this config cannot run on that engine.
-Settings = Callable[[Any, Callable[[str], str]], "dict[str, Any] | None"]
+# (spec, weights) -> an engine method's settings; a ValueError says why this config cannot run there.
+Settings = Callable[[Any, Callable[[str], str]], dict[str, Any]]
+
+
+def needs(condition: bool, reason: str) -> None:
+    """In a Settings function: refuse a config an engine cannot run, saying why."""
+    if not condition:
+        raise ValueError(reason)
 
 
 def no_settings(spec: Any, weights: Callable[[str], str]) -> dict[str, Any]:
@@ -157,8 +163,8 @@ class Speculator(ABC):
     # (vLLM) lists them all; model-free drafters propose nothing at some steps.
     drafts_every_step: ClassVar[bool] = False
     # How each serving engine runs a config of this kind: engine -> (its method name, (spec, weights) -> the
-    # method's settings, or None where this config cannot run there). The one place a kind's engine
-    # spellings live: the engine backends and the exports' recipe names read them, and hold no list of kinds.
+    # method's settings, raising ValueError with the reason where this config cannot run there). The one
+    # place a kind's engine spellings live: the engine backends read them and hold no list of kinds.
     engines: ClassVar[Mapping[str, tuple[str, Settings]]] = {}
 
     @classmethod
@@ -174,13 +180,13 @@ class Speculator(ABC):
     @classmethod
     def engine_method(cls, spec: SpeculatorConfig, engine: str,
                       weights: Callable[[str], str]) -> EngineMethod | None:
-        """How `engine` ("vllm", "sglang", "llama.cpp") runs this speculator, or None where it cannot.
-        `weights(name)` resolves a model name to what the engine should load."""
+        """How `engine` ("vllm", "sglang", "llama.cpp") runs this speculator, or None where it has no such
+        method; a ValueError says why this config cannot run there. `weights(name)` resolves a model name
+        to what the engine should load."""
         if engine not in cls.engines:
             return None
         method, settings = cls.engines[engine]
-        values = settings(spec, weights)
-        return None if values is None else EngineMethod(method, values)
+        return EngineMethod(method, settings(spec, weights))
 
     @classmethod
     def build(cls, spec: SpeculatorConfig, ctx: BuildContext) -> Speculator:

@@ -20,7 +20,7 @@ from transformers import DynamicCache
 
 from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
 from calibrate.speculators.base import (
-    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig,
+    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, needs,
 )
 
 
@@ -57,8 +57,8 @@ class DraftModelSpeculator(Speculator):
     engines = {
         "vllm": ("draft_model", lambda spec, weights: {"model": weights(spec.model)}),
         "sglang": ("STANDALONE", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
-        "llama.cpp": ("draft-simple", lambda spec, weights: {"spec-draft-model": weights(spec.gguf)}
-                      if spec.gguf else None),
+        "llama.cpp": ("draft-simple", lambda spec, weights: needs(spec.gguf, "llama.cpp loads a draft from a GGUF "
+                      "file: set `gguf`") or {"spec-draft-model": weights(spec.gguf)}),
     }
 
     @classmethod
