@@ -139,11 +139,16 @@ class PairConfig(_Strict):
                 raise ValueError(f"speculators[{i}] ({spec.kind}, method {getattr(spec, 'method', '?')!r}) runs only "
                                  "inside a serving engine: set backend = \"vllm\" or \"sglang\" with a "
                                  "[pairs.server] table")
-            if self.backend != "transformers" and cls.engine_method(spec, self.backend, str) is None:
-                runs_on = ", ".join(cls.engines) or "no engine"
-                raise ValueError(f"speculators[{i}] ({cls.config_name(spec, self.target)}) has no {self.backend} "
-                                 f"method (this kind runs on: {runs_on}); measure it in-process or on another "
-                                 "backend")
+            if self.server is not None and self.server.mode == "launch":  # a connected server runs what it runs
+                name = cls.config_name(spec, self.target)
+                try:
+                    method = cls.engine_method(spec, self.backend, str)
+                except ValueError as exc:
+                    raise ValueError(f"speculators[{i}] ({name}) cannot be launched on {self.backend}: {exc}") from None
+                if method is None:
+                    runs_on = ", ".join(cls.engines) or "no engine"
+                    raise ValueError(f"speculators[{i}] ({name}) has no {self.backend} method (this kind runs on: "
+                                     f"{runs_on}); measure it in-process or on another backend")
         return self
 
     @field_validator("speculators")

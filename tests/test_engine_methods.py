@@ -127,13 +127,20 @@ def test_llamacpp_runs_a_gguf_draft_at_fixed_k(tmp_path):
     ("transformers", {"kind": "engine", "method": "dflash"}, "runs only inside a serving engine"),
     ("sglang", {"kind": "suffix"}, r"has no sglang method \(this kind runs on: vllm\)"),
     ("sglang", {"kind": "ngram"}, "has no sglang method"),  # SGLang's NGRAM is another algorithm
-    ("llama.cpp", {"kind": "draft", "model": "d"}, "has no llama.cpp method"),  # no gguf to load
-    ("vllm", {"kind": "suffix", "max_spec_offset": 1.0}, "has no vllm method"),  # vLLM has no offset option
+    ("llama.cpp", {"kind": "draft", "model": "d"}, "cannot be launched on llama.cpp: .* set `gguf`"),
+    ("vllm", {"kind": "suffix", "max_spec_offset": 1.0}, "cannot be launched on vllm: vLLM has no max_spec_offset"),
 ])
 def test_a_kind_an_engine_cannot_run_is_refused_when_read(backend, spec, message):
     server = None if backend == "transformers" else {"mode": "launch", "model": "m"}
     with pytest.raises(ValidationError, match=message):
         PairConfig(target="t", backend=backend, speculators=[spec], server=server)
+
+
+def test_a_connected_server_runs_what_it_was_started_with():
+    """Connect mode launches nothing, so no engine spelling is needed: a llama.cpp draft without `gguf`."""
+    pair = PairConfig(target="t", backend="llama.cpp", speculators=[{"kind": "draft", "model": "d"}],
+                      server={"mode": "connect", "url": "http://h:1", "draft_len": 2})
+    assert server_speculator(pair.speculators[0], pair).method is None
 
 
 def test_one_name_per_speculator_in_process_and_served():

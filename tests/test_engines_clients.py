@@ -274,3 +274,25 @@ def test_launched_server_does_not_outlive_us(tmp_path, how):
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child)
+
+
+def test_vllm_learns_from_its_first_reply_whether_it_counts_per_request(standin):
+    """A connected vLLM: counters are read around the first request (it may have no per-request metrics);
+    once a reply carries them, /metrics is not read again and requests may go concurrently."""
+    steps = {"num_spec_steps": 2, "num_accepted_draft_tokens": 3, "num_draft_tokens": 4, "num_spec_tokens": 2,
+             "acceptance_histogram": [0, 1, 1], "per_step_accepted": [2, 1], "per_step_drafted": [2, 2]}
+    srv = _vllm(standin, VLLMCounters(k=2), [[2, 1], [2, 1]], per_request=steps)
+    backend = VLLMBackend()
+    info = backend.describe(srv.url, 5)
+    assert backend.per_request_counts is None
+    first = backend.complete(srv.url, [1], 2, 64, GREEDY, 0, info, 5, every_step=True)
+    assert backend.per_request_counts is True and first.raw["counts_from"] == "per-step"
+    assert first.steps.accepted == (2, 1) and first.steps.drafted == (2, 2)
+    reads = sum(path == "/metrics" for path, _ in srv.requests)
+    backend.complete(srv.url, [1], 2, 64, GREEDY, 0, info, 5, every_step=True)
+    assert sum(path == "/metrics" for path, _ in srv.requests) == reads == 1
+
+    counters_only = _vllm(standin, VLLMCounters(k=2), [[2, 1]])
+    fallback = VLLMBackend()
+    reply = fallback.complete(counters_only.url, [1], 2, 64, GREEDY, 0, fallback.describe(counters_only.url, 5), 5)
+    assert fallback.per_request_counts is False and reply.raw["counts_from"] == "counters" and reply.steps is None

@@ -28,9 +28,9 @@ def server_speculator(spec: Any, pair: Any) -> ServerSpeculator:
     """The speculator a server runs, named exactly as the in-process speculator of the same config (the
     kind's `config_name`), so the rows share a key whatever the engine; its engine spelling from the kind."""
     cls = speculator_class(spec.kind)
-    method = cls.engine_method(spec, pair.backend, resolve)
-    if method is None:  # the config validator refuses this first; a direct caller gets the same line
-        raise EngineError(f"{pair.backend}: speculator kind {spec.kind!r} has no {pair.backend} method")
+    # A launch needs the engine's spelling (the config validator has refused a kind without one); a
+    # connected server runs what it was started with.
+    method = cls.engine_method(spec, pair.backend, resolve) if pair.server.mode == "launch" else None
     weights = getattr(spec, "gguf", None) if pair.backend == "llama.cpp" else getattr(spec, "model", None)
     identity = (resolve(weights), fingerprint(resolve(weights))) if weights else (None, None)
     params = {k: v for k, v in spec.model_dump().items() if k != "kind"}

@@ -45,7 +45,7 @@ class ServerSpeculator:
     kind: str
     params: dict[str, Any]
     identity: tuple[str | None, str | None]
-    method: EngineMethod  # how this server's engine runs it (the kind's own declaration)
+    method: EngineMethod | None  # how a launched engine runs it (the kind's own declaration); None: connected
     drafts_every_step: bool  # a model drafter: each verify step drafts k, so an engine's step list is complete
 
 

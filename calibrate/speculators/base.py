@@ -113,6 +113,20 @@ class EngineMethod:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+# (spec, weights) -> an engine method's settings; a ValueError says why this config cannot run there.
+Settings = Callable[[Any, Callable[[str], str]], dict[str, Any]]
+
+
+def needs(condition: bool, reason: str) -> None:
+    """In a Settings function: refuse a config an engine cannot run, saying why."""
+    if not condition:
+        raise ValueError(reason)
+
+
+def no_settings(spec: Any, weights: Callable[[str], str]) -> dict[str, Any]:
+    return {}
+
+
 def label(kind: str, params: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
     """A model-free speculator's name: its kind, plus each parameter that differs from its default.
 
@@ -148,9 +162,10 @@ class Speculator(ABC):
     # True for a model drafter: every verify step drafts k, so an engine that lists only drafted steps
     # (vLLM) lists them all; model-free drafters propose nothing at some steps.
     drafts_every_step: ClassVar[bool] = False
-    # How each serving engine runs a config of this kind: engine -> (spec, weights) -> EngineMethod or None.
-    # The one place a kind's engine spellings live; the engine backends hold no list of kinds.
-    engines: ClassVar[Mapping[str, Callable[[Any, Callable[[str], str]], EngineMethod | None]]] = {}
+    # How each serving engine runs a config of this kind: engine -> (its method name, (spec, weights) -> the
+    # method's settings, raising ValueError with the reason where this config cannot run there). The one
+    # place a kind's engine spellings live: the engine backends read them and hold no list of kinds.
+    engines: ClassVar[Mapping[str, tuple[str, Settings]]] = {}
 
     @classmethod
     def check(cls, spec: SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
@@ -165,10 +180,13 @@ class Speculator(ABC):
     @classmethod
     def engine_method(cls, spec: SpeculatorConfig, engine: str,
                       weights: Callable[[str], str]) -> EngineMethod | None:
-        """How `engine` ("vllm", "sglang", "llama.cpp") runs this speculator, or None where it cannot.
-        `weights(name)` resolves a model name to what the engine should load."""
-        spell = cls.engines.get(engine)
-        return spell(spec, weights) if spell else None
+        """How `engine` ("vllm", "sglang", "llama.cpp") runs this speculator, or None where it has no such
+        method; a ValueError says why this config cannot run there. `weights(name)` resolves a model name
+        to what the engine should load."""
+        if engine not in cls.engines:
+            return None
+        method, settings = cls.engines[engine]
+        return EngineMethod(method, settings(spec, weights))
 
     @classmethod
     def build(cls, spec: SpeculatorConfig, ctx: BuildContext) -> Speculator:

@@ -20,7 +20,7 @@ from transformers import DynamicCache
 
 from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
 from calibrate.speculators.base import (
-    BuildContext, EngineMethod, Proposal, ReplayScorer, Speculator, SpeculatorConfig,
+    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, needs,
 )
 
 
@@ -55,11 +55,10 @@ class DraftModelSpeculator(Speculator):
     drafts_every_step = True
     # llama.cpp loads the draft as a GGUF file (`gguf`), the others as a model folder or hub id.
     engines = {
-        "vllm": lambda spec, weights: EngineMethod("draft_model", {"model": weights(spec.model)}),
-        "sglang": lambda spec, weights: EngineMethod("STANDALONE",
-                                                     {"speculative-draft-model-path": weights(spec.model)}),
-        "llama.cpp": lambda spec, weights: EngineMethod("draft-simple", {"spec-draft-model": weights(spec.gguf)})
-        if spec.gguf else None,
+        "vllm": ("draft_model", lambda spec, weights: {"model": weights(spec.model)}),
+        "sglang": ("STANDALONE", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
+        "llama.cpp": ("draft-simple", lambda spec, weights: needs(spec.gguf, "llama.cpp loads a draft from a GGUF "
+                      "file: set `gguf`") or {"spec-draft-model": weights(spec.gguf)}),
     }
 
     @classmethod

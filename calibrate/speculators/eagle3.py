@@ -26,7 +26,7 @@ import torch
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import fingerprint, resolve, resolve_dtype
 from calibrate.speculators.base import (
-    BuildContext, EngineMethod, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
+    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
     chain_replay_scorers,
 )
 
@@ -67,8 +67,8 @@ class Eagle3Speculator(Speculator):
     config_model = Eagle3SpeculatorConfig
     drafts_every_step = True
     engines = {
-        "vllm": lambda spec, weights: EngineMethod("eagle3", {"model": weights(spec.model)}),
-        "sglang": lambda spec, weights: EngineMethod("EAGLE3", {"speculative-draft-model-path": weights(spec.model)}),
+        "vllm": ("eagle3", lambda spec, weights: {"model": weights(spec.model)}),
+        "sglang": ("EAGLE3", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
     }
 
     @classmethod

@@ -38,8 +38,8 @@ import torch
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import resolve
 from calibrate.speculators.base import (
-    BuildContext, EngineMethod, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
-    chain_replay_scorers,
+    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
+    chain_replay_scorers, no_settings,
 )
 
 # What the name and provenance say about depths beyond the checkpoint's layers.
@@ -237,8 +237,7 @@ class MtpSpeculator(Speculator):
     drafts_every_step = True
     # The target's own MTP layers: vLLM `mtp` (any model type it has MTP for); SGLang's EAGLE, which NEXTN
     # aliases and which loads the DeepSeek / GLM family's draft from the target checkpoint by default.
-    engines = {"vllm": lambda spec, weights: EngineMethod("mtp"),
-               "sglang": lambda spec, weights: EngineMethod("EAGLE")}
+    engines = {"vllm": ("mtp", no_settings), "sglang": ("EAGLE", no_settings)}
 
     @classmethod
     def config_name(cls, spec: MtpSpeculatorConfig, target: str) -> str:

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field, model_validator
 
 from calibrate.speculators.base import (
-    BuildContext, EngineMethod, Proposal, Speculator, SpeculatorConfig, label,
+    BuildContext, Proposal, Speculator, SpeculatorConfig, label,
 )
 
 
@@ -96,7 +96,7 @@ class NgramSpeculator(Speculator):
     config_model = NgramSpeculatorConfig
     # vLLM's prompt lookup only: SGLang's NGRAM is another algorithm (a trie of earlier tokens searched
     # breadth-first, `--speculative-ngram-*`), measured there as an engine-only kind, never as this one.
-    engines = {"vllm": lambda spec, weights: EngineMethod("ngram", _params(spec))}
+    engines = {"vllm": ("ngram", lambda spec, weights: _params(spec))}
 
     @classmethod
     def build(cls, spec: NgramSpeculatorConfig, ctx: BuildContext) -> NgramSpeculator:

@@ -33,8 +33,8 @@ import torch
 from pydantic import Field
 
 from calibrate.speculators.base import (
-    BuildContext, EngineMethod, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, label,
-    leading_matches,
+    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, label,
+    leading_matches, needs,
 )
 
 
@@ -227,7 +227,8 @@ class SuffixSpeculator(Speculator):
     defaults = {"max_depth": 24, "max_spec_factor": 1.0, "max_spec_offset": 0.0, "min_token_prob": 0.1}
     # vLLM's `method: suffix` (ArcticInference inside the engine, with the cross-request cache the module
     # docstring leaves out); vLLM has no offset option (its offset is 0). No other engine has suffix decoding.
-    engines = {"vllm": lambda spec, weights: None if spec.max_spec_offset else EngineMethod("suffix", {
+    engines = {"vllm": ("suffix", lambda spec, weights: needs(
+        not spec.max_spec_offset, "vLLM has no max_spec_offset option (its offset is 0)") or {
         "suffix_decoding_max_tree_depth": spec.max_depth, "suffix_decoding_max_spec_factor": spec.max_spec_factor,
         "suffix_decoding_min_token_prob": spec.min_token_prob})}
     config_model = SuffixSpeculatorConfig

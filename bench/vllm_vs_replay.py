@@ -1,0 +1,179 @@
+"""Cross-engine check: the same requests through a real vLLM and through in-process measurement.
+
+    python bench/vllm_vs_replay.py [--speculators ngram eagle3 mtp draft] [--ks 1 2 3 4 5 6 7 8]
+                                   [--requests 10] [--max-new-tokens 64] [--temperature 0]
+
+vLLM is the CPU build `make vllm` installs, one launch per (speculator, k) with `--enforce-eager` and bf16;
+`calibrate run` reaches it in connect mode, so the bench also reads the server's Prometheus counters around
+the whole run: InferenceX's own collector arithmetic (1 + delta accepted / delta drafts), printed beside our
+per-request figure from the same server. In-process is greedy replay-once at T = 0 (fp32), or the sampled
+loop at T > 0 with vLLM's verification rule (`verification = "target-only"`: vLLM v1 drafts greedily and
+accepts with p_target). Targets: SmolLM2-135M (n-gram, its distilled EAGLE-3 head, itself as a draft model)
+and the tiny DeepSeek MTP model (`mtp`). Where the figures differ, the table says why:
+- numerics: vLLM runs bf16 with its own kernels, in-process fp32, so greedy responses part at near-ties
+  (the `same response` column counts responses of equal length in both, a cheap proxy: in-process stores
+  keep no response tokens);
+- the budget-cut step: InferenceX's counter arithmetic counts it in full, drafts accepted past max_tokens
+  included; our rows censor it (the one step rule);
+- n-gram / suffix: vLLM counts only steps that proposed drafts, so its rows and the counter figure are the
+  drafted-step AL, printed beside our drafted AL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import duckdb
+from rich.console import Console
+from rich.table import Table
+
+from calibrate.config import PairConfig, load_config
+from calibrate.engines import server_speculator
+from calibrate.engines.base import Budget, Served
+from calibrate.engines.server import free_port, http_text, launch
+from calibrate.engines.vllm import VLLMBackend, read_counters, vllm_env
+from calibrate.models import built_models_dir
+from calibrate.runner import execute
+from calibrate.tables.query import load_records
+from calibrate.tables.store import connect
+
+SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "mini-swe-agent-gemini3pro-swebv" / "original"
+SMOLLM, MTP = "smollm2-135m-instruct", "tiny-deepseek-mtp"
+SPECULATORS = {  # name -> (target, speculator table)
+    "ngram": (SMOLLM, {"kind": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 1}),
+    "eagle3": (SMOLLM, {"kind": "eagle3", "model": "smollm2-135m-instruct-eagle3"}),
+    "draft": (SMOLLM, {"kind": "draft", "model": SMOLLM}),
+    "mtp": (MTP, {"kind": "mtp"}),
+}
+CPU_ARGS = ["--enforce-eager", "--dtype", "bfloat16"]
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def toml_value(value) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)
+
+
+def write_config(tmp: Path, args: argparse.Namespace, target: str, spec: dict, ks: list[int], name: str,
+                 server: dict | None = None) -> Path:
+    backend = f'backend = "vllm"\nserver = {toml_value(server)}' if server else ""
+    path = tmp / f"{name}.toml"
+    path.write_text(f"""
+[dataset]
+source = "{SAMPLE}"
+format = "mini-swe-agent"
+max_requests = {args.requests}
+turns_per_conversation = 1
+seed = 0
+context_tokens = {args.context}
+max_new_tokens = {args.max_new_tokens}
+
+[run]
+dtype = "float32"
+batch_size = 4
+verification = "target-only"
+
+[[pairs]]
+target = "{built_models_dir() / target}"
+speculators = [{toml_value(spec)}]
+{backend}
+
+[sweep]
+draft_lengths = {json.dumps(ks)}
+temperature = [{args.temperature}]
+""")
+    return path
+
+
+def through_vllm(tmp: Path, args: argparse.Namespace, name: str, k: int) -> tuple[Path, float | None]:
+    """One server at k: `calibrate run` against it (connect), and InferenceX's counter AL around that run."""
+    target, spec = SPECULATORS[name]
+    model = str(built_models_dir() / target)
+    pair = PairConfig(target=model, backend="vllm", speculators=[spec],
+                      server={"model": model, "concurrency": 4, "args": CPU_ARGS, "env": CPU_ENV})
+    port = free_port("127.0.0.1")
+    url = f"http://127.0.0.1:{port}"
+    budget = Budget(args.context, args.max_new_tokens, 0)
+    command = VLLMBackend().command(Served(server_speculator(pair.speculators[0], pair), k, pair), "127.0.0.1",
+                                    port, budget)
+    server = launch("vllm", command, url, "/health", 900, log_dir=str(tmp), env=CPU_ENV)
+    try:
+        before = read_counters(http_text("vllm", url + "/metrics"))
+        db = tmp / f"vllm-{name}-{k}.duckdb"
+        connected = {"mode": "connect", "url": url, "draft_len": k, "concurrency": 4}
+        execute(load_config(write_config(tmp, args, target, spec, [k], f"vllm-{name}-{k}", connected)), db)
+        after = read_counters(http_text("vllm", url + "/metrics"))
+    finally:
+        server.stop()
+    drafts = after["num_drafts"] - before["num_drafts"]
+    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    return db, (1 + accepted / drafts) if drafts else None
+
+
+def record(db: Path):
+    con = connect(db, read_only=True)
+    (rec,) = load_records(con)
+    con.close()
+    return rec
+
+
+def responses(db: Path) -> dict[str, list[int]]:
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("SELECT request_id, response FROM engine_responses").fetchall()
+    con.close()
+    return {rid: json.loads(raw)["token_ids"] for rid, raw in rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--speculators", nargs="+", choices=list(SPECULATORS), default=["ngram", "eagle3", "mtp"])
+    ap.add_argument("--ks", type=int, nargs="+", default=list(range(1, 9)))
+    ap.add_argument("--requests", type=int, default=10)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--out", type=Path, default=None, help="keep the stores and server logs here")
+    args = ap.parse_args()
+    if not (vllm_env() / ".complete").exists():
+        raise SystemExit(f"no vLLM at {vllm_env()}: run `make vllm` first")
+    tmp = args.out or Path(tempfile.mkdtemp(prefix="vllm-vs-replay-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    for name in args.speculators:
+        target, spec = SPECULATORS[name]
+        local_db = tmp / f"local-{name}.duckdb"
+        execute(load_config(write_config(tmp, args, target, spec, args.ks, f"local-{name}")), local_db)
+        con = connect(local_db, read_only=True)
+        local = {r.draft_len: r for r in load_records(con)}
+        con.close()
+        table = Table(title=f"{name} on {target}, T={args.temperature:g}, {args.requests} mini-swe-agent turns, "
+                            f"{args.max_new_tokens} new tokens (AL, 95% CI clustered by conversation)")
+        for col in ("k", "in-process", "vLLM (ours)", "vLLM - in-process", "InferenceX counters", "drafted AL ours",
+                    "same response"):
+            table.add_column(col, justify="right")
+        for k in args.ks:
+            db, counter_al = through_vllm(tmp, args, name, k)
+            ours, theirs = local[k], record(db)
+            served = responses(db)
+            con = duckdb.connect(str(local_db), read_only=True)
+            lengths = dict(con.execute("SELECT request_id, any_value(generated_tokens) FROM requests "
+                                       "GROUP BY 1").fetchall())
+            con.close()
+            same = sum(lengths.get(rid) == len(tokens) for rid, tokens in served.items())
+            table.add_row(str(k), f"{ours.acceptance_length:.3f} [{ours.interval}]",
+                          f"{theirs.acceptance_length:.3f} [{theirs.interval}]",
+                          f"{theirs.acceptance_length - ours.acceptance_length:+.3f}",
+                          "-" if counter_al is None else f"{counter_al:.3f}",
+                          f"{ours.drafted_acceptance_length:.3f}" if ours.drafted_acceptance_length else "-",
+                          f"{same}/{len(served)} (length)")
+            console.print(f"{name} k={k}: vLLM {theirs.acceptance_length:.3f}, in-process {ours.acceptance_length:.3f}")
+        console.print(table)
+    console.print(f"stores and server logs in {tmp}")
+
+
+if __name__ == "__main__":
+    main()
