@@ -217,3 +217,24 @@ def test_model_free_steps_censor_the_last_drafted_step_of_a_cut_response():
     assert (whole.steps, whole.accepted, whole.censored_steps) == (3, 3, 0)
     nothing = drafted_steps_counts(StepSeries((2, 0), (3, 3)), 20, 3, ended=False)
     assert (nothing.steps, nothing.censored_steps) == (2, 0)  # a step accepting none cannot cross the cut
+
+
+def test_inferencex_recipe_methods_agree_with_the_kinds_engine_spellings():
+    """The exports name curves by what an engine recipe calls a speculator (calibrate.tables.inferencex, kept
+    torch-free for lookup); the launches use the kinds' own declarations. They must not drift apart. Known,
+    intended differences: SGLang recipes spell MTP `NEXTN` (its alias of EAGLE), and a recipe's SGLang
+    `NGRAM` is SGLang's trie algorithm, which our `ngram` kind is not (so we never launch it as one)."""
+    from calibrate.speculators.registry import KINDS
+    from calibrate.tables.inferencex import RECIPE_METHODS
+
+    aliases = {("sglang", "mtp"): "eagle"}
+    for engine in ("vllm", "sglang"):
+        for kind, recipe in RECIPE_METHODS[engine].items():
+            spelled = KINDS[kind].engines.get(engine)
+            if (engine, kind) == ("sglang", "ngram"):
+                assert spelled is None
+                continue
+            assert spelled is not None, (engine, kind)
+            assert spelled[0].lower() == aliases.get((engine, kind), recipe), (engine, kind)
+        launched = {kind for kind, cls in KINDS.items() if engine in cls.engines and cls.in_process}
+        assert launched <= set(RECIPE_METHODS[engine]), (engine, launched)
