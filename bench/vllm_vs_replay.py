@@ -142,7 +142,7 @@ def main() -> None:
         raise SystemExit(f"no vLLM at {vllm_env()}: run `make vllm` first")
     tmp = args.out or Path(tempfile.mkdtemp(prefix="vllm-vs-replay-"))
     tmp.mkdir(parents=True, exist_ok=True)
-    console = Console()
+    console = Console(width=200)  # the table's seven columns, unfolded
     for name in args.speculators:
         target, spec = SPECULATORS[name]
         local_db = tmp / f"local-{name}.duckdb"

@@ -230,6 +230,14 @@ def test_launched_model_drafter_close_to_in_process_replay(tmp_path, mini_swe_di
     assert served["speculator"] == local["speculator"]
     assert abs(served["acceptance_length"] - local["acceptance_length"]) < tolerance, (served, local)
     assert 1 < served["acceptance_length"] <= K + 1
+    # The rows a benchmark needs: the InferenceX curve its vLLM recipe resolves, and the runner's lookup.
+    out = tmp_path / "golden"
+    res = CliRunner().invoke(app, ["export", "--to", "inferencex", "--db", str(served_db), "--out", str(out),
+                                   "--model-prefix", "tiny", "--engine", "vllm"])
+    assert res.exit_code == 0, res.output
+    assert (out / f"tiny_{spec['kind']}.yaml").exists(), sorted(p.name for p in out.iterdir())
+    record = lookup(str(model), served["speculator"], K, "off", table=served_db)
+    assert record.acceptance_length == pytest.approx(served["acceptance_length"]) and record.engines == ("vllm",)
 
 
 def test_server_dying_mid_run_keeps_whole_requests_only(tmp_path, smollm, mini_swe_dir, ngram_server):
