@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibrate.tables import inferencex, specdec_profile
+from calibrate.tables import inferencex, reference_al, specdec_profile
 from calibrate.tables.exports import (
     MODES, ExportOptions, NothingToExport, Stamp, blocks, model_free_notes, overall, parquet_bytes, render_csv,
     render_json, write_files,
@@ -113,6 +113,9 @@ def tilert_lines(r: AcceptanceRecord, options: ExportOptions) -> str:
 Writer = Callable[[Sequence[AcceptanceRecord], ExportOptions, Stamp, "Path | None"], "str | bytes | dict[str, str]"]
 Render = Callable[[AcceptanceRecord, ExportOptions], str]
 Selection = Callable[[Sequence[AcceptanceRecord], ExportOptions], list[str]]
+# A merger returns the new text of an existing --out file that the consumer shares with others (its existing
+# text, then the records, options, stamp, `force`, the path); it refuses what would replace a value unforced.
+Merger = Callable[[str, Sequence[AcceptanceRecord], ExportOptions, Stamp, bool, Path], str]
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,7 @@ class Consumer:
     serves: frozenset[str] | None = None  # the speculator kinds the engine can run (None: any)
     warnings: Selection | None = None  # what the user must know beyond the model-free note
     notes: Selection | None = None  # what the consumer will do with the export
+    merge: Merger | None = None  # --out is a file shared with other writers: merge into it, never overwrite it
 
 
 def _engine_blocks(render: Render) -> Writer:
@@ -191,6 +195,16 @@ def _inferencex_warnings(records: Sequence[AcceptanceRecord], options: ExportOpt
     return [w for curve, rows in groups.items() if (w := inferencex.thinking_warning(curve, rows)) is not None]
 
 
+def _write_reference(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
+                     out: Path | None) -> str:
+    return reference_al.document(records, options.naming.model_prefix, str(stamp))
+
+
+def _merge_reference(existing: str, records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
+                     force: bool, out: Path) -> str:
+    return reference_al.merge(existing, records, options.naming.model_prefix, str(stamp), force, str(out))
+
+
 def _trtllm_warnings(records: Sequence[AcceptanceRecord], options: ExportOptions) -> list[str]:
     return [w for r in overall(records) if (w := trtllm_warning(r)) is not None]
 
@@ -216,6 +230,10 @@ def _write_parquet(records: Sequence[AcceptanceRecord], options: ExportOptions, 
 CONSUMERS: dict[str, Consumer] = {c.name: c for c in (
     Consumer("inferencex", "InferenceX golden_al_distribution/{MODEL_PREFIX}_{method}.yaml", _write_inferencex,
              warnings=_inferencex_warnings, notes=_inferencex_notes),
+    Consumer("inferencex-reference", f"InferenceX {reference_al.REFERENCE_FILE} (synthetic_acceptance.py; "
+             "merged into an existing --out)", _write_reference,
+             warnings=lambda rs, o: reference_al.warnings(rs, o.naming.model_prefix),
+             notes=lambda rs, o: reference_al.notes(rs, o.naming.model_prefix), merge=_merge_reference),
     Consumer("vllm", "vLLM --speculative-config fragments", _write_vllm, modes=MODES, lookup_format="vllm-config",
              render=lambda r, o: json.dumps(vllm_config(r, o)) + "\n",
              frameworks={"vllm": "vllm", "dynamo-vllm": "vllm", "vllm-disagg": "vllm", "llmd-vllm": "llmd"}),
@@ -294,14 +312,18 @@ def export(records: Sequence[AcceptanceRecord], to: str, out: Path | None, *,
            options: ExportOptions = ExportOptions(), stamp: Stamp | None = None,
            force: bool = False) -> str | list[Path]:
     """Write `records` for consumer `to` to `out` (a file, or a folder for inferencex / specdec-profile), or
-    return the text. Parquet, being binary, needs `out`; an existing file is overwritten only with `force`,
+    return the text. Parquet, being binary, needs `out`; an existing file is overwritten only with `force`
+    (a consumer that merges, inferencex-reference, merges into it instead, replacing a value only with `force`),
     and nothing is written when one would be refused."""
     c = consumer(to)
     check_options(c, options)
     if not records:
         raise NothingToExport("nothing to export: no measured keys match the filters")
     check_served(c, records)
-    content = c.write(records, options, stamp or Stamp.now(), out)
+    stamp = stamp or Stamp.now()
+    content = c.write(records, options, stamp, out)
+    if c.merge is not None and out is not None and out.is_file():
+        return write_files(c.merge(out.read_text(encoding="utf-8"), records, options, stamp, force, out), out, True)
     if out is None:
         assert isinstance(content, str)  # only a folder of files and parquet need `out`
         return content

@@ -1,0 +1,208 @@
+"""InferenceX's reference AL file: `benchmarks/speedbench-reference-al.yaml`, one block per model key.
+
+A second InferenceX loader (SemiAnalysisAI/InferenceX `infx/recipes/synthetic_acceptance.py` at
+18385430d628a4e35795a2f6278fc7fc241df79e, `resolve_acceptance_length`) reads no golden curve per recipe method:
+it opens one YAML, takes the top-level key `MODEL_KEYS.get(MODEL_PREFIX, MODEL_PREFIX)`, merges a block given
+as a list of one-item mappings, picks `THINKING_MODE` (default thinking_on) when a key of the block starts with
+"thinking", then the int k (NUM_SPEC_TOKENS, else the recipe's, else 2), and refuses a value that is not finite
+or below 1. Our restatement of those rules, our way; the file is shared by every model, so an export into an
+existing file replaces our key's values only and leaves every other line as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+
+import yaml
+
+from calibrate.tables.inferencex import KNOWN_TARGETS, _same_model, known_prefix, sampling
+from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, AcceptanceRecord
+
+REFERENCE_FILE = "benchmarks/speedbench-reference-al.yaml"
+# MODEL_PREFIX -> top-level key (synthetic_acceptance.py MODEL_KEYS); any other prefix is its own key.
+MODEL_KEYS = {"dsv4": "deepseek-v4-pro", "dsr1": "deepseek-r1", "dsv4dspark": "deepseek-v4-pro-0813",
+              "dsv4dsparkprob": "deepseek-v4-pro-0813"}
+MODES = ("thinking_on", "thinking_off")
+_PLAIN = re.compile(r"[a-z][a-z0-9_.-]*")
+_YAML_WORDS = frozenset({"yes", "no", "on", "off", "true", "false", "null", "y", "n"})
+
+
+def model_key(prefix: str) -> str:
+    """The key the loader looks up for MODEL_PREFIX `prefix`; a prefix it could not resolve is a ValueError."""
+    if not prefix or prefix != prefix.strip() or any(not c.isprintable() for c in prefix):
+        raise ValueError(f"InferenceX cannot resolve MODEL_PREFIX {prefix!r}: it reads the variable unstripped and "
+                         "looks up MODEL_KEYS.get(MODEL_PREFIX, MODEL_PREFIX); give a non-empty --model-prefix "
+                         "without spaces")
+    return MODEL_KEYS.get(prefix, prefix)
+
+
+def prefixes_of(key: str, chosen: str) -> list[str]:
+    """The runner MODEL_PREFIX values that resolve to `key`: MODEL_KEYS' codes for it, and the one chosen."""
+    return sorted({chosen, *(p for p, k in MODEL_KEYS.items() if k == key)})
+
+
+def _yaml_key(key: str) -> str:
+    """A top-level key unquoted where YAML reads it back as that string, else JSON-quoted (valid YAML)."""
+    return key if _PLAIN.fullmatch(key) and key not in _YAML_WORDS else json.dumps(key)
+
+
+class _Ours(str):
+    """An AL we measured, as its 2-decimal text (written unquoted: YAML reads a float)."""
+
+
+def _scalar(value: object) -> str:
+    """A value written so YAML reads it back as it was: ours as measured text, a kept one unchanged."""
+    if isinstance(value, _Ours):
+        return str(value)
+    return repr(value) if isinstance(value, float) else json.dumps(value)
+
+
+def cells(records: Sequence[AcceptanceRecord], prefix: str | None) -> tuple[str, str, dict[str, dict[int, str]]]:
+    """(MODEL_PREFIX, key, {thinking_on/off: {k: AL text}}) for one model's overall records; several models,
+    speculators or populations under one key, or an AL the loader would refuse, are a ValueError."""
+    rows = [r for r in records if r.segment == SEGMENT_ALL]
+    if not rows:
+        raise ValueError("no overall records to export")
+    prefixes = {prefix or known_prefix(r.target) for r in rows}
+    if None in prefixes:
+        known = ", ".join(f"{start}* -> {p}" for start, p in KNOWN_TARGETS)
+        raise ValueError(f"--model-prefix is required: InferenceX keys {REFERENCE_FILE} by the runner's MODEL_PREFIX, "
+                         f"and {rows[0].target} is no known target ({known})")
+    keys = {model_key(p): p for p in prefixes}  # type: ignore[arg-type]
+    pairs = sorted({(r.target, r.speculator) for r in rows})
+    if len(keys) > 1 or (len(pairs) > 1 and not (len({s for _, s in pairs}) == 1 and _same_model(rows))):
+        listed = "; ".join(f"{t} with {s}" for t, s in pairs)
+        raise ValueError(f"{REFERENCE_FILE} holds one curve per model key, and these records are several ({listed}): "
+                         "filter with --model / --speculator")
+    populations = sorted({(r.dataset, sampling(r)) for r in rows})
+    if len(populations) > 1:
+        listed = "; ".join(f"dataset={d} {s}" for d, s in populations)
+        raise ValueError(f"several datasets / samplings ({listed}); a reference block holds one: filter with "
+                         "--dataset / --temperature")
+    ((key, chosen),) = keys.items()
+    out: dict[str, dict[int, str]] = {}
+    for r in rows:
+        value = _Ours(r.value())
+        if not (math.isfinite(float(value)) and 1 <= float(value) <= r.draft_len + 1):
+            raise ValueError(f"{r.target} k={r.draft_len}: AL {value} is outside [1, k + 1]")
+        other = out.setdefault(f"thinking_{r.thinking}", {}).setdefault(r.draft_len, value)
+        if other != value:
+            raise ValueError(f"thinking_{r.thinking}, k={r.draft_len} was measured twice (AL {other} and {value}): "
+                             "filter with --model")
+    return chosen, key, out
+
+
+def header(records: Sequence[AcceptanceRecord], tool: str) -> list[str]:
+    """Our comment lines, indented under the key so a later merge replaces them with the values."""
+    rows = [r for r in records if r.segment == SEGMENT_ALL]
+    dataset, how = rows[0].dataset, sampling(rows[0])
+    return [f"  # {', '.join(sorted({r.target for r in rows}))} with speculator {rows[0].speculator}; dataset "
+            f"{dataset}; {how}",
+            f"  # AL = mean tokens per verification step, bonus token included, {LENGTH_DIGITS} decimals; "
+            f"generated by {tool}"]
+
+
+def render_block(key: str, block: Mapping[str, Mapping[int, object]], comments: Sequence[str]) -> str:
+    """`key:` then thinking_on / thinking_off (then any other mode kept from the file), int k ascending."""
+    lines = [f"{_yaml_key(key)}:", *comments]
+    for mode in sorted(block, key=lambda m: (MODES.index(m) if m in MODES else len(MODES), str(m))):
+        lines.append(f"  {_yaml_key(str(mode))}:")
+        lines.extend(f"    {k}: {_scalar(v)}" for k, v in sorted(block[mode].items()))
+    return "\n".join(lines) + "\n"
+
+
+def document(records: Sequence[AcceptanceRecord], prefix: str | None, tool: str) -> str:
+    """A new reference file holding our key only."""
+    _, key, block = cells(records, prefix)
+    return ("# Acceptance length (AL) reference values, read by InferenceX infx/recipes/synthetic_acceptance.py\n"
+            "# key = MODEL_KEYS.get(MODEL_PREFIX, MODEL_PREFIX), then THINKING_MODE, then num_speculative_tokens\n"
+            + render_block(key, block, header(records, tool)))
+
+
+def _normalized(value: object) -> dict[object, object]:
+    """A block as the loader sees it: a list of one-item mappings merged into one mapping."""
+    if isinstance(value, list):
+        return {level: al for item in value if isinstance(item, dict) for level, al in item.items()}
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def merge(existing: str, records: Sequence[AcceptanceRecord], prefix: str | None, tool: str, force: bool,
+          where: str) -> str:
+    """`existing` (a reference file's text) with our key's values added or replaced; every other key's lines are
+    kept as they are. Replacing a (key, thinking, k) value that differs, or a block without thinking modes, needs
+    `force`; a file we cannot splice safely is refused. The result is checked by parsing it back."""
+    _, key, new = cells(records, prefix)
+    try:
+        old = yaml.safe_load(existing) if existing.strip() else {}
+        root = yaml.compose(existing) if existing.strip() else None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{where}: not YAML ({str(exc).splitlines()[0]}); nothing written") from None
+    if old is None:
+        old = {}
+    if not isinstance(old, dict) or (root is not None and (not isinstance(root, yaml.MappingNode) or root.flow_style)):
+        raise ValueError(f"{where}: not a block mapping of model keys; nothing written")
+    spots = [n for n, _ in (root.value if root is not None else []) if n.value == key]
+    if len(spots) > 1:
+        raise ValueError(f"{where}: key {key} appears {len(spots)} times; nothing written")
+    block: dict[str, dict[int, object]] = {}
+    if key in old:
+        current = _normalized(old[key])
+        if current and not any(str(m).startswith("thinking") for m in current):
+            if not force:
+                raise ValueError(f"{where}: {key} holds k values without thinking modes ({', '.join(map(str, current))}); "
+                                 "thinking blocks would hide them from InferenceX: pass --force to replace them")
+        else:
+            block = {str(m): dict(_normalized(v)) for m, v in current.items()}
+    replaced = [f"({key}, {mode}, k={k}) = {block[mode][k]} -> {v}" for mode, ks in new.items() for k, v in ks.items()
+                if k in block.get(mode, {}) and not _same(block[mode][k], v)]
+    if replaced and not force:
+        raise ValueError(f"{where}: would replace {'; '.join(replaced)}: pass --force to replace")
+    for mode, ks in new.items():
+        block.setdefault(mode, {}).update(ks)
+    text = render_block(key, block, header(records, tool))
+    lines = existing.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    if spots:
+        start = spots[0].start_mark.line
+        later = [n.start_mark.line for n, _ in root.value if n.start_mark.line > start]  # type: ignore[union-attr]
+        end = min(later) if later else len(lines)
+        while end > start + 1 and (not lines[end - 1].strip() or lines[end - 1].startswith("#")):
+            end -= 1  # comments at column 0 above the next key are that key's
+        merged = "".join(lines[:start]) + text + "".join(lines[end:])
+    else:
+        merged = "".join(lines) + text
+    expected = {**old, key: {m: {k: float(v) if isinstance(v, _Ours) else v for k, v in ks.items()}
+                             for m, ks in block.items()}}
+    if yaml.safe_load(merged) != expected:
+        raise ValueError(f"{where}: cannot splice {key} into this file without changing another key; nothing written")
+    return merged
+
+
+def _same(old: object, new: str) -> bool:
+    try:
+        return float(old) == float(new)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+
+
+def notes(records: Sequence[AcceptanceRecord], prefix: str | None) -> list[str]:
+    """Which key / thinking mode / k InferenceX reads for which MODEL_PREFIX."""
+    chosen, key, block = cells(records, prefix)
+    runners = " or ".join(f"MODEL_PREFIX={p}" for p in prefixes_of(key, chosen))
+    return [f"InferenceX synthetic_acceptance.py reads {REFERENCE_FILE} key {key}, {mode} "
+            f"k in {{{', '.join(str(k) for k in sorted(ks))}}} for {runners}"
+            f"{' (THINKING_MODE unset or ' + mode + ')' if mode == 'thinking_on' else ' (THINKING_MODE=' + mode + ')'}"
+            for mode, ks in sorted(block.items(), key=lambda kv: MODES.index(kv[0]))]
+
+
+def warnings(records: Sequence[AcceptanceRecord], prefix: str | None) -> list[str]:
+    """A block without thinking_on fails a runner that leaves THINKING_MODE at its default."""
+    _, key, block = cells(records, prefix)
+    if "thinking_on" in block:
+        return []
+    return [f"{key} has no thinking_on values: InferenceX defaults THINKING_MODE to thinking_on, so only a run that "
+            "sets THINKING_MODE=thinking_off finds a value (unless the file already holds thinking_on for it)"]
