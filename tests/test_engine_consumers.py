@@ -534,7 +534,7 @@ def test_the_consumer_registry_is_the_one_list(known: list[AcceptanceRecord]) ->
         text = consumers.render_lookup(record, c.lookup_format)
         assert re.search(rf"(num_speculative_tokens\": 3|-steps 3|max_draft_len\": 3|-tokens 3|-n-max 3|-num-mtp 3)",
                          text), (c.name, text)
-    with pytest.raises(ValueError, match="unknown export format 'tgi'; formats: inferencex, vllm"):
+    with pytest.raises(ValueError, match="unknown export format 'tgi'; formats: inferencex, inferencex-reference, vllm"):
         consumers.consumer("tgi")
 
 
@@ -554,3 +554,191 @@ def test_inferencex_two_recipes_one_name_is_one_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"minimaxm3_eagle3\.yaml would hold several curves .*eagle3; .*mtp"):
         consumers.export(records, "inferencex", tmp_path / "out", stamp=STAMP,
                          options=ExportOptions(naming=Naming(engine="sglang")))
+
+
+# ---- InferenceX's second loader (SemiAnalysisAI/InferenceX): infx/recipes/synthetic_acceptance.py at
+# 18385430d628a4e35795a2f6278fc7fc241df79e, resolve_acceptance_length with _spec_tokens and MODEL_KEYS, reading
+# benchmarks/speedbench-reference-al.yaml. Re-typed: key = MODEL_KEYS.get(MODEL_PREFIX, MODEL_PREFIX) (unstripped),
+# absent -> error; a list block is its one-item mappings merged; a block with a key starting "thinking" is narrowed
+# to THINKING_MODE (stripped, empty or unset -> thinking_on); k = int(NUM_SPEC_TOKENS) when set, else the first role
+# (agg / prefill / decode) whose vLLM speculative-config num_speculative_tokens, SGLang speculative-num-steps or
+# TensorRT-LLM speculative_config max_draft_len (else num_nextn_predict_layers) is truthy, else 2; the int k must be
+# a key; the float value must be finite and >= 1.
+INFX_MODEL_KEYS = {"dsv4": "deepseek-v4-pro", "dsr1": "deepseek-r1", "dsv4dspark": "deepseek-v4-pro-0813",
+                   "dsv4dsparkprob": "deepseek-v4-pro-0813"}
+
+
+def infx_reference_k(roles: dict, engine: str) -> int:
+    for role in roles.values():
+        args = role.get("args", {})
+        if engine == "vllm":
+            raw = args.get("speculative-config")
+            found = (json.loads(raw) if isinstance(raw, str) else raw or {}).get("num_speculative_tokens")
+        elif engine == "sglang":
+            found = args.get("speculative-num-steps")
+        else:
+            config = args.get("speculative_config", {})
+            found = config["max_draft_len"] if "max_draft_len" in config else config.get("num_nextn_predict_layers")
+        if found:
+            return int(found)
+    return 2
+
+
+def infx_reference_al(reference: dict, env: dict[str, str], roles: dict | None = None, engine: str = "vllm") -> float:
+    prefix = env.get("MODEL_PREFIX", "")
+    key = INFX_MODEL_KEYS.get(prefix, prefix)
+    if key not in reference:
+        raise KeyError(key)
+    block = reference[key]
+    nst = env.get("NUM_SPEC_TOKENS", "").strip()
+    k = int(nst) if nst else infx_reference_k(roles or {}, engine)
+    if isinstance(block, list):
+        block = {level: al for item in block for level, al in item.items()}
+    if isinstance(block, dict) and any(str(m).startswith("thinking") for m in block):
+        block = block[env.get("THINKING_MODE", "thinking_on").strip() or "thinking_on"]
+    value = float(block[k])
+    assert math.isfinite(value) and value >= 1
+    return value
+
+
+def infx_reference_roles(engine: str, k: int) -> dict:
+    """A decode role of each dialect carrying k where _spec_tokens reads it."""
+    args = {"vllm": {"speculative-config": json.dumps({"method": "mtp", "num_speculative_tokens": k})},
+            "sglang": {"speculative-algorithm": "NEXTN", "speculative-num-steps": k},
+            "trtllm": {"speculative_config": {"decoding_type": "MTP", "num_nextn_predict_layers": k}}}[engine]
+    return {"decode": {"args": args}}
+
+
+# The real file's shape (benchmarks/speedbench-reference-al.yaml at 1f0d9dda71581253339727a5a36b476c214b419f,
+# shortened): a comment header, deepseek-v4-pro with thinking_on / thinking_off, int k -> 2-decimal AL.
+UPSTREAM_REFERENCE = """# Acceptance Length (AL) reference values measured with SPEED-Bench.
+# key = num_speculative_tokens (MTP level); value = golden AL
+deepseek-v4-pro:
+  thinking_on:
+    1: 1.79
+    2: 2.27
+    3: 2.47
+  thinking_off:
+    1: 1.92
+    2: 2.60
+"""
+# Its older version (1de285d3a15139d067e4ace0ad3d195c7257f438): one flat block, no thinking modes.
+UPSTREAM_FLAT = "deepseek-v4-pro:\n  1: 1.90\n  2: 2.60\n"
+
+
+def _reference_options(prefix: str | None) -> ExportOptions:
+    return ExportOptions(naming=Naming(model_prefix=prefix))
+
+
+@pytest.mark.parametrize("prefix,key", [(None, "deepseek-v4-pro"), ("dsv4", "deepseek-v4-pro"),
+                                        ("dsv4dsparkprob", "deepseek-v4-pro-0813"), ("dsr1", "deepseek-r1"),
+                                        ("glm5.2", "glm5.2")])
+def test_inferencex_reference_loader_reads_every_value_we_export(prefix: str | None, key: str,
+                                                                 known: list[AcceptanceRecord], tmp_path: Path) -> None:
+    mtp = [r for r in known if r.speculator == "mtp"]
+    out = tmp_path / "speedbench-reference-al.yaml"
+    consumers.export(mtp, "inferencex-reference", out, stamp=STAMP, options=_reference_options(prefix))
+    reference = yaml.safe_load(out.read_text())
+    assert list(reference) == [key]
+    runner = prefix or "dsv4"
+    for r in mtp:
+        env = {"MODEL_PREFIX": runner, "THINKING_MODE": f"thinking_{r.thinking}"}
+        assert 1 <= infx_reference_al(reference, {**env, "NUM_SPEC_TOKENS": str(r.draft_len)}) == r.al <= r.draft_len + 1
+        for engine in ("vllm", "sglang", "trtllm"):  # k from the recipe when NUM_SPEC_TOKENS is unset
+            assert infx_reference_al(reference, env, infx_reference_roles(engine, r.draft_len), engine) == r.al
+        if r.thinking == "on":  # THINKING_MODE unset or empty: thinking_on
+            assert infx_reference_al(reference, {"MODEL_PREFIX": runner, "THINKING_MODE": " ",
+                                                 "NUM_SPEC_TOKENS": str(r.draft_len)}) == r.al
+    notes = consumers.export_notes(mtp, "inferencex-reference", _reference_options(prefix))
+    assert notes[0].startswith(f"InferenceX synthetic_acceptance.py reads benchmarks/speedbench-reference-al.yaml key "
+                               f"{key}, thinking_on k in {{1, 3}} for ") and f"MODEL_PREFIX={runner}" in notes[0]
+    assert "thinking_off k in {3}" in notes[1] and "THINKING_MODE=thinking_off" in notes[1]
+
+
+def test_inferencex_reference_merges_into_the_shared_file(known: list[AcceptanceRecord], tmp_path: Path) -> None:
+    """Our key is added or its values replaced; every other key keeps its lines, and InferenceX reads both."""
+    mtp = [r for r in known if r.speculator == "mtp"]
+    out = tmp_path / "speedbench-reference-al.yaml"
+    out.write_text(UPSTREAM_REFERENCE)
+    consumers.export(mtp, "inferencex-reference", out, stamp=STAMP, options=_reference_options("dsr1"))
+    text = out.read_text()
+    assert text.startswith(UPSTREAM_REFERENCE)  # byte for byte
+    merged = yaml.safe_load(text)
+    assert merged["deepseek-v4-pro"] == yaml.safe_load(UPSTREAM_REFERENCE)["deepseek-v4-pro"]
+    assert infx_reference_al(merged, {"MODEL_PREFIX": "dsv4", "NUM_SPEC_TOKENS": "2"}) == 2.27
+    r3 = next(r for r in mtp if r.draft_len == 3 and r.thinking == "on")
+    assert infx_reference_al(merged, {"MODEL_PREFIX": "dsr1", "NUM_SPEC_TOKENS": "3"}) == r3.al
+    # Again with the same values: nothing to refuse, same file.
+    consumers.export(mtp, "inferencex-reference", out, stamp=STAMP, options=_reference_options("dsr1"))
+    assert out.read_text() == text
+    # Our dsv4 values differ from upstream's at thinking_on k=1 and k=3: refused unforced, naming them, file untouched.
+    r1 = next(r for r in mtp if r.draft_len == 1)
+    with pytest.raises(ValueError, match=rf"would replace \(deepseek-v4-pro, thinking_on, k=1\) = 1.79 -> "
+                                         rf"{r1.value()}; \(deepseek-v4-pro, thinking_on, k=3\) = 2.47 -> .*--force"):
+        consumers.export(mtp, "inferencex-reference", out, stamp=STAMP, options=_reference_options("dsv4"))
+    assert out.read_text() == text
+    consumers.export(mtp, "inferencex-reference", out, stamp=STAMP, options=_reference_options("dsv4"), force=True)
+    forced = yaml.safe_load(out.read_text())
+    assert forced["deepseek-r1"] == merged["deepseek-r1"]
+    for r in mtp:
+        assert infx_reference_al(forced, {"MODEL_PREFIX": "dsv4", "THINKING_MODE": f"thinking_{r.thinking}",
+                                          "NUM_SPEC_TOKENS": str(r.draft_len)}) == r.al
+    # k values we did not measure stay as upstream wrote them.
+    assert forced["deepseek-v4-pro"]["thinking_on"][2] == 2.27 and forced["deepseek-v4-pro"]["thinking_off"] == {
+        1: 1.92, 2: 2.60, 3: next(r.al for r in mtp if r.thinking == "off")}
+
+
+def test_inferencex_reference_merges_a_list_block_and_refuses_hiding_a_flat_one(known: list[AcceptanceRecord],
+                                                                                tmp_path: Path) -> None:
+    mtp = [r for r in known if r.speculator == "mtp"]
+    out = tmp_path / "ref.yaml"
+    out.write_text(UPSTREAM_FLAT)
+    with pytest.raises(ValueError, match="deepseek-v4-pro holds k values without thinking modes .*--force"):
+        consumers.export(mtp, "inferencex-reference", out, stamp=STAMP, options=_reference_options(None))
+    assert out.read_text() == UPSTREAM_FLAT
+    out.write_text("other: {1: 1.5}\ndeepseek-v4-pro:\n- thinking_off: {2: 2.6}\n")
+    consumers.export(mtp, "inferencex-reference", out, stamp=STAMP, options=_reference_options(None))
+    merged = yaml.safe_load(out.read_text())
+    assert merged["other"] == {1: 1.5} and out.read_text().startswith("other: {1: 1.5}\n")
+    assert infx_reference_al(merged, {"MODEL_PREFIX": "dsv4", "THINKING_MODE": "thinking_off",
+                                      "NUM_SPEC_TOKENS": "2"}) == 2.6
+
+
+@pytest.mark.parametrize("prefix", ["", " dsv4", "dsv4\n"])
+def test_inferencex_reference_refuses_a_prefix_the_loader_cannot_resolve(prefix: str, known: list[AcceptanceRecord]) -> None:
+    """MODEL_PREFIX is read unstripped: an empty or padded name finds no key (an empty --model-prefix falls back
+    to the known target in Naming, so it is asked of the key function itself)."""
+    from calibrate.tables import reference_al
+
+    with pytest.raises(ValueError, match="InferenceX cannot resolve MODEL_PREFIX") as info:
+        reference_al.model_key(prefix)
+    assert "\n" not in str(info.value)
+    if prefix:
+        with pytest.raises(ValueError, match="InferenceX cannot resolve MODEL_PREFIX"):
+            consumers.export([r for r in known if r.speculator == "mtp"], "inferencex-reference", None, stamp=STAMP,
+                             options=_reference_options(prefix))
+    assert reference_al.model_key("dsv4dspark") == "deepseek-v4-pro-0813" and reference_al.model_key("x") == "x"
+
+
+def test_inferencex_reference_refusals(known: list[AcceptanceRecord], records: list[AcceptanceRecord],
+                                       tmp_path: Path) -> None:
+    mtp = [r for r in known if r.speculator == "mtp"]
+    with pytest.raises(ValueError, match="holds one curve per model key"):
+        consumers.export([r for r in known if r.speculator in ("mtp", "eagle3")], "inferencex-reference", None,
+                         stamp=STAMP)
+    with pytest.raises(ValueError, match="--model-prefix is required"):
+        consumers.export(records, "inferencex-reference", None, stamp=STAMP)
+    with pytest.raises(ValueError, match="has no --mode rates"):
+        consumers.export(mtp, "inferencex-reference", None, stamp=STAMP, options=ExportOptions(mode="rates"))
+    out = tmp_path / "ref.yaml"
+    for bad in ("- a\n- b\n", "{a: 1}\n", "a: [1\n"):
+        out.write_text(bad)
+        with pytest.raises(ValueError, match="nothing written"):
+            consumers.export(mtp, "inferencex-reference", out, stamp=STAMP)
+        assert out.read_text() == bad
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(IsADirectoryError):
+        consumers.export(mtp, "inferencex-reference", tmp_path / "folder", stamp=STAMP)
+    off = [r for r in mtp if r.thinking == "off"]
+    (warning,) = consumers.export_warnings(off, "inferencex-reference")
+    assert "no thinking_on values" in warning
