@@ -374,3 +374,74 @@ def test_show_warns_when_most_requests_were_truncated(app: typer.Typer, tmp_path
             "left-truncated") in res.stderr
     assert "smollm2" in res.stderr  # 1 of 1
     assert json.loads(res.stdout)[0]["requests"] == 3
+
+
+# InferenceX's recipes launcher (infx/recipes/synthetic_acceptance.py at 18385430d628a4e35795a2f6278fc7fc241df79e,
+# resolve_acceptance_length / _spec_tokens / build_overrides / ENGINES), re-typed: it runs when SYNTHETIC_ACCEPTANCE
+# is true and EVAL_ONLY is not (IS_AGENTIC / SPEC_DECODING play no part); FRAMEWORK must be vllm, dynamo-vllm,
+# dynamo-sglang, trt or dynamo-trt; SYNTHETIC_ACCEPTANCE_LENGTH, when set, is the AL (finite, >= 1) and no table is
+# read; else k = NUM_SPEC_TOKENS, else the first agg / prefill / decode role naming it, else 2; THINKING_MODE
+# stripped, default thinking_on. SGLang gets SGLANG_SIMULATE_ACC_LEN=AL, match-expected, real-draft-token; TRT
+# AL - 1; vLLM rejection_sample_method synthetic with synthetic_acceptance_length.
+RECIPES_ENV = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "SYNTHETIC_ACCEPTANCE": "true", "THINKING_MODE": "thinking_off",
+               "NUM_SPEC_TOKENS": "3", "IS_AGENTIC": "0"}
+
+
+@pytest.mark.parametrize("framework,expected", [
+    ("dynamo-sglang", ["SGLANG_SIMULATE_ACC_LEN=2.40\n", "SGLANG_SIMULATE_ACC_METHOD=match-expected\n",
+                       "SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token\n"]),
+    ("trt", ["TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.4\n"]), ("dynamo-trt", ["=1.4\n"]),
+    ("vllm", ['"rejection_sample_method": "synthetic"', '"synthetic_acceptance_length": 2.4']),
+    ("dynamo-vllm", ['"num_speculative_tokens": 3'])])
+def test_lookup_from_the_recipes_launcher_environment(app: typer.Typer, db: Path, framework: str,
+                                                      expected: list[str]) -> None:
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+                 env={**RECIPES_ENV, "FRAMEWORK": framework})
+    assert res.exit_code == 0, res.output
+    assert all(e in res.stdout for e in expected), res.stdout
+
+
+def test_lookup_from_the_recipes_launcher_reads_k_its_way(app: typer.Typer, db: Path, tmp_path: Path) -> None:
+    env = {**RECIPES_ENV, "FRAMEWORK": "dynamo-sglang"}
+    path = tmp_path / "recipe.yaml"
+    # NUM_SPEC_TOKENS wins over the recipe; without it the first role naming k (prefill here) gives it.
+    path.write_text(yaml.safe_dump({"roles": {
+        "prefill": {"args": {"speculative-algorithm": "NGRAM", "speculative-num-steps": 3}},
+        "decode": {"args": {"speculative-algorithm": "NGRAM", "speculative-num-steps": 1}}}}, sort_keys=False))
+    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db),
+                 env={**env, "NUM_SPEC_TOKENS": "1"})
+    assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=1.45\n" in res.stdout, res.output
+    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db),
+                 env={**env, "NUM_SPEC_TOKENS": None})
+    assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=2.40\n" in res.stdout, res.output
+    path.write_text(yaml.safe_dump({"roles": {"agg": {"args": {"speculative-algorithm": "STANDALONE"}}}}))
+    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db),
+                 env={**env, "NUM_SPEC_TOKENS": None})
+    assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=2.12\n" in res.stdout and "runs k = 2" in res.output
+
+
+def test_lookup_from_the_recipes_launcher_gate_and_override(app: typer.Typer, db: Path) -> None:
+    env = {**RECIPES_ENV, "FRAMEWORK": "trt"}
+    for variable, value, reason in (("SYNTHETIC_ACCEPTANCE", "false", "SYNTHETIC_ACCEPTANCE=false"),
+                                    ("EVAL_ONLY", "true", "EVAL_ONLY=true")):
+        res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+                     env={**env, variable: value})
+        assert res.exit_code == 1 and reason in res.output and res.stdout == ""
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+                 env={**env, "FRAMEWORK": "atom"})
+    assert res.exit_code == 2 and "no synthetic-acceptance backend" in res.output and "dynamo-trt" in res.output
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+                 env={**env, "SYNTHETIC_ACCEPTANCE_LENGTH": "2.5"})
+    assert res.exit_code == 0 and "SYNTHETIC_ACCEPTANCE_LENGTH=2.5 is set" in res.stderr and "=1.4\n" in res.stdout
+    for bad in ("0.5", "nan", "x"):
+        res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+                     env={**env, "SYNTHETIC_ACCEPTANCE_LENGTH": bad})
+        assert res.exit_code == 2 and "InferenceX refuses it" in res.output and res.output.count("\n") == 1
+
+
+def test_recipes_launcher_model_keys_name_the_model() -> None:
+    from calibrate.tables import runner_env
+
+    asked = runner_env.question({"MODEL_PREFIX": "dsv4dspark", "SYNTHETIC_ACCEPTANCE": "True", "NUM_SPEC_TOKENS": "2"},
+                                model=None, speculator=None, draft_len=None, thinking=None, recipe=None, dialect_of={})
+    assert (asked.model, asked.prefix, asked.draft_len, asked.thinking) == ("deepseek-v4-pro-0813", True, 2, "thinking_on")

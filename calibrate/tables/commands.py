@@ -524,6 +524,13 @@ def lookup(
                                                                 asked.thinking, asked.prefix)
         if format is None:
             format = _framework_format(asked.framework)
+        if asked.override is not None:
+            typer.echo(f"warning: SYNTHETIC_ACCEPTANCE_LENGTH={asked.override:g} is set: InferenceX's "
+                       "synthetic_acceptance.py forces that AL and reads no table; the measured value below is not "
+                       "what this run uses", err=True)
+        if asked.default_k:
+            typer.echo(f"note: no role of {recipe} names k: InferenceX's synthetic_acceptance.py runs "
+                       f"k = {runner_env.REFERENCE_DEFAULT_K}", err=True)
     elif recipe is not None:
         raise ValueError("--recipe is read with --from-env (it needs the runner's FRAMEWORK)")
     missing_opts = [name for name, v in (("--model", model), ("--draft-len", draft_len), ("--thinking", thinking))

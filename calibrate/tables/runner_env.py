@@ -6,13 +6,19 @@ Two generations of runner are spoken (SemiAnalysisAI/InferenceX):
 - the newest SRT / llm-d launchers (infx/srt_slurm/synthetic_acceptance.py build_overrides and spec_parameters,
   newest version in the search index, see calibrate/tables/inferencex.py) take k and the method from the
   engine recipe's generation role (decode, else agg), and force acceptance only when IS_AGENTIC is 1 / true,
-  SPEC_DECODING is not `none` and EVAL_ONLY is not true.
-Where each engine's recipe keeps method and k is restated in `spec_of`, our way.
+  SPEC_DECODING is not `none` and EVAL_ONLY is not true;
+- the recipes launcher (infx/recipes/synthetic_acceptance.py at 18385430d628a4e35795a2f6278fc7fc241df79e,
+  `resolve_acceptance_length`, `_spec_tokens`, `ENGINES`), recognised by SYNTHETIC_ACCEPTANCE being set: it
+  forces acceptance only when that is true and EVAL_ONLY is not, takes SYNTHETIC_ACCEPTANCE_LENGTH as the AL when
+  set (no table read), else reads the reference file (`reference_al.py`) at MODEL_KEYS' key, THINKING_MODE and
+  k = NUM_SPEC_TOKENS, else the recipe's (first of its agg / prefill / decode roles that names one), else 2.
+Where each engine's recipe keeps method and k is restated in `spec_of` and `reference_draft_len`, our way.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -23,9 +29,14 @@ from typing import Any
 import yaml
 
 from calibrate.tables.inferencex import RECIPE_METHODS
+from calibrate.tables.reference_al import MODEL_KEYS
 
 ENV_VARIABLES = ("MODEL_PREFIX", "FRAMEWORK", "THINKING_MODE", "NUM_SPEC_TOKENS", "IS_AGENTIC", "SPEC_DECODING",
-                 "EVAL_ONLY")
+                 "EVAL_ONLY", "SYNTHETIC_ACCEPTANCE", "SYNTHETIC_ACCEPTANCE_LENGTH")
+# The recipes launcher's FRAMEWORK -> engine (synthetic_acceptance.py ENGINES); any other FRAMEWORK it refuses.
+REFERENCE_ENGINES = {"vllm": "vllm", "dynamo-vllm": "vllm", "dynamo-sglang": "sglang", "trt": "trtllm",
+                     "dynamo-trt": "trtllm"}
+REFERENCE_DEFAULT_K = 2  # _spec_tokens when no role names k
 DEFAULT_THINKING = "thinking_on"  # the runners' default when THINKING_MODE is unset
 
 # A recipe method -> our speculator kind (the inverse of RECIPE_METHODS over every engine).
@@ -61,6 +72,8 @@ class Question:
     thinking: str
     framework: str | None
     prefix: bool
+    override: float | None = None  # SYNTHETIC_ACCEPTANCE_LENGTH: the recipes launcher forces it, reading no table
+    default_k: bool = False  # the recipes launcher fell back to k = 2: no role of the recipe names k
 
 
 def _roles_args(recipe: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -146,11 +159,99 @@ def _synthetic_gate(env: Mapping[str, str]) -> None:
         raise NoSyntheticAcceptance("EVAL_ONLY=true: accuracy runs verify drafts for real, with no forced acceptance")
 
 
+def reference_draft_len(recipe: Mapping[str, Any], engine: str) -> int | None:
+    """k as the recipes launcher reads it: the first agg / prefill / decode role (recipe order) whose vLLM
+    speculative-config num_speculative_tokens, SGLang speculative-num-steps or TensorRT-LLM speculative_config
+    max_draft_len (else num_nextn_predict_layers) is set and not 0; None when none is (it then runs k = 2)."""
+    if "base" in recipe:
+        raise ValueError("an override-format recipe (base / override_*) is expanded by srtctl: pass one expanded "
+                         "variant, or --draft-len")
+    roles = recipe.get("roles") or {}
+    for name, role in roles.items():
+        if name not in ("agg", "prefill", "decode") or not isinstance(role, dict):
+            continue
+        args = role.get("args") or {}
+        if engine == "vllm":
+            raw = args.get("speculative-config")
+            found = None if raw is None else _vllm_spec(json.loads(raw) if isinstance(raw, str) else raw).draft_len
+        elif engine == "sglang":
+            found = args.get("speculative-num-steps")
+        else:
+            config = args.get("speculative_config") or {}
+            found = config["max_draft_len"] if "max_draft_len" in config else config.get("num_nextn_predict_layers")
+        if found:
+            try:
+                return int(found)  # type: ignore[call-overload]
+            except (TypeError, ValueError):
+                raise ValueError(f"the recipe's {name} role gives k {found!r}, not an integer") from None
+    return None
+
+
+def _reference_question(env: Mapping[str, str], *, model: str | None, speculator: str | None, draft_len: int | None,
+                        thinking: str | None, recipe: Path | None, dialect_of: Mapping[str, str | None]) -> Question:
+    """The recipes launcher's question (SYNTHETIC_ACCEPTANCE is set): its gate, override, FRAMEWORK and k order."""
+    if env["SYNTHETIC_ACCEPTANCE"].strip().lower() != "true":
+        raise NoSyntheticAcceptance(f"SYNTHETIC_ACCEPTANCE={env['SYNTHETIC_ACCEPTANCE']}: InferenceX forces "
+                                    "acceptance only when it is true")
+    if env.get("EVAL_ONLY", "").strip().lower() == "true":
+        raise NoSyntheticAcceptance("EVAL_ONLY=true: accuracy runs verify drafts for real, with no forced acceptance")
+    framework = (env.get("FRAMEWORK") or "").strip().lower() or None
+    if framework is not None and framework not in REFERENCE_ENGINES:
+        raise ValueError(f"FRAMEWORK={framework!r}: InferenceX's synthetic_acceptance.py has no synthetic-acceptance "
+                         f"backend for it (it has {', '.join(REFERENCE_ENGINES)})")
+    override = None
+    explicit = env.get("SYNTHETIC_ACCEPTANCE_LENGTH", "").strip()
+    if explicit:
+        try:
+            override = float(explicit)
+        except ValueError:
+            override = math.nan
+        if not math.isfinite(override) or override < 1:
+            raise ValueError(f"SYNTHETIC_ACCEPTANCE_LENGTH={explicit!r}: InferenceX refuses it (the synthetic "
+                             "acceptance length must be finite and at least 1)")
+    prefix = (env.get("MODEL_PREFIX") or "").strip() or None
+    k, default_k = draft_len, False
+    if k is None and env.get("NUM_SPEC_TOKENS", "").strip():
+        try:
+            k = int(env["NUM_SPEC_TOKENS"])
+        except ValueError:
+            raise ValueError(f"NUM_SPEC_TOKENS={env['NUM_SPEC_TOKENS']!r} is not an integer") from None
+    if recipe is not None:
+        if framework is None:
+            raise ValueError(f"--recipe needs FRAMEWORK set (one of {', '.join(REFERENCE_ENGINES)})")
+        data = read_recipe(recipe)
+        if k is None:
+            k = reference_draft_len(data, REFERENCE_ENGINES[framework])
+            default_k = k is None
+            k = REFERENCE_DEFAULT_K if k is None else k
+        spec = spec_of(data, dialect_of.get(framework) or REFERENCE_ENGINES[framework])
+        if spec is None and REFERENCE_ENGINES[framework] == "vllm":
+            raise ValueError(f"{recipe}: no role has a speculative-config, so InferenceX refuses SYNTHETIC_ACCEPTANCE")
+        if speculator is None and spec is not None and spec.method:
+            kind = speculator_of(spec.method, prefix)
+            speculator = f"{kind}:{spec.draft_model}" if kind == "draft" and spec.draft_model else kind
+    if k is None:
+        raise ValueError("--from-env needs k: --draft-len, NUM_SPEC_TOKENS, or --recipe (the engine recipe holds it)")
+    spec_decoding = (env.get("SPEC_DECODING") or "").strip()
+    if speculator is None and spec_decoding and spec_decoding.lower() != "none":
+        speculator = speculator_of(spec_decoding, prefix)
+    if model is None and prefix is None:
+        raise ValueError("--from-env needs MODEL_PREFIX set (or --model)")
+    # The reference file's key names the model: MODEL_KEYS' codes stand for it (dsv4dspark -> deepseek-v4-pro-0813).
+    asked = model or MODEL_KEYS.get(prefix, prefix)  # type: ignore[arg-type]
+    return Question(model=asked, speculator=speculator, draft_len=k,
+                    thinking=thinking or (env.get("THINKING_MODE") or "").strip() or DEFAULT_THINKING,
+                    framework=framework, prefix=model is None, override=override, default_k=default_k)
+
+
 def question(env: Mapping[str, str], *, model: str | None, speculator: str | None, draft_len: int | None,
              thinking: str | None, recipe: Path | None, dialect_of: Mapping[str, str | None]) -> Question:
     """Fill what the command line left out from the runner's environment and recipe (explicit options win).
 
     `dialect_of`: FRAMEWORK -> the recipe dialect its engine reads (from the consumer registry)."""
+    if "SYNTHETIC_ACCEPTANCE" in env:
+        return _reference_question(env, model=model, speculator=speculator, draft_len=draft_len, thinking=thinking,
+                                   recipe=recipe, dialect_of=dialect_of)
     _synthetic_gate(env)
     framework = (env.get("FRAMEWORK") or "").strip().lower() or None
     prefix = (env.get("MODEL_PREFIX") or "").strip() or None
