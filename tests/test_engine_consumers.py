@@ -731,7 +731,8 @@ def test_inferencex_reference_refusals(known: list[AcceptanceRecord], records: l
     with pytest.raises(ValueError, match="has no --mode rates"):
         consumers.export(mtp, "inferencex-reference", None, stamp=STAMP, options=ExportOptions(mode="rates"))
     out = tmp_path / "ref.yaml"
-    for bad in ("- a\n- b\n", "{a: 1}\n", "a: [1\n"):
+    for bad in ("- a\n- b\n", "{a: 1}\n", "a: [1\n", "deepseek-v4-pro: &v\n  thinking_on: {1: 1.57}\nother: *v\n",
+                "a: 1\n---\nb: 2\n", "deepseek-v4-pro: 1\ndeepseek-v4-pro: 2\n"):
         out.write_text(bad)
         with pytest.raises(ValueError, match="nothing written"):
             consumers.export(mtp, "inferencex-reference", out, stamp=STAMP)

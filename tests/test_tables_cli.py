@@ -445,3 +445,24 @@ def test_recipes_launcher_model_keys_name_the_model() -> None:
     asked = runner_env.question({"MODEL_PREFIX": "dsv4dspark", "SYNTHETIC_ACCEPTANCE": "True", "NUM_SPEC_TOKENS": "2"},
                                 model=None, speculator=None, draft_len=None, thinking=None, recipe=None, dialect_of={})
     assert (asked.model, asked.prefix, asked.draft_len, asked.thinking) == ("deepseek-v4-pro-0813", True, 2, "thinking_on")
+
+
+def test_export_inferencex_reference_merges_and_says_what_inferencex_reads(app: typer.Typer, db: Path,
+                                                                          tmp_path: Path) -> None:
+    out = tmp_path / "speedbench-reference-al.yaml"
+    upstream = "# theirs\ndeepseek-v4-pro:\n  thinking_on:\n    1: 1.79\n"
+    out.write_text(upstream)
+    args = ("export", "--to", "inferencex-reference", "--db", str(db), "--model", Q, "--speculator", "ngram",
+            "--model-prefix", "qwen2.5c", "--out", str(out), "--bootstrap", "50")
+    res = invoke(app, *args)
+    assert res.exit_code == 0, res.output
+    assert out.read_text().startswith(upstream) and f"wrote {out}" in res.stderr
+    assert ("note: InferenceX synthetic_acceptance.py reads benchmarks/speedbench-reference-al.yaml key qwen2.5c, "
+            "thinking_off k in {1, 3} for MODEL_PREFIX=qwen2.5c (THINKING_MODE=thinking_off)") in res.stderr
+    merged = yaml.safe_load(out.read_text())
+    assert merged["qwen2.5c"]["thinking_off"][3] == 2.40 and merged["deepseek-v4-pro"] == {"thinking_on": {1: 1.79}}
+    out.write_text(upstream + "qwen2.5c:\n  thinking_off:\n    3: 2.0\n")
+    res = invoke(app, *args)
+    assert res.exit_code == 2 and "would replace (qwen2.5c, thinking_off, k=3) = 2.0 -> 2.40" in res.output
+    assert invoke(app, *args, "--force").exit_code == 0
+    assert yaml.safe_load(out.read_text())["qwen2.5c"]["thinking_off"][3] == 2.40

@@ -152,8 +152,9 @@ def merge(existing: str, records: Sequence[AcceptanceRecord], prefix: str | None
         current = _normalized(old[key])
         if current and not any(str(m).startswith("thinking") for m in current):
             if not force:
-                raise ValueError(f"{where}: {key} holds k values without thinking modes ({', '.join(map(str, current))}); "
-                                 "thinking blocks would hide them from InferenceX: pass --force to replace them")
+                raise ValueError(f"{where}: {key} holds k values without thinking modes "
+                                 f"({', '.join(map(str, current))}); thinking blocks would hide them from InferenceX: "
+                                 "pass --force to replace them")
         else:
             block = {str(m): dict(_normalized(v)) for m, v in current.items()}
     replaced = [f"({key}, {mode}, k={k}) = {block[mode][k]} -> {v}" for mode, ks in new.items() for k, v in ks.items()
@@ -177,7 +178,11 @@ def merge(existing: str, records: Sequence[AcceptanceRecord], prefix: str | None
         merged = "".join(lines) + text
     expected = {**old, key: {m: {k: float(v) if isinstance(v, _Ours) else v for k, v in ks.items()}
                              for m, ks in block.items()}}
-    if yaml.safe_load(merged) != expected:
+    try:
+        spliced = yaml.safe_load(merged)
+    except yaml.YAMLError:  # e.g. another key aliased an anchor inside our old block
+        spliced = None
+    if spliced != expected:
         raise ValueError(f"{where}: cannot splice {key} into this file without changing another key; nothing written")
     return merged
 
