@@ -257,8 +257,10 @@ def test_every_consumer_exports_a_context_bucket_and_names_it(app, store_path, t
         args = ["export", "--to", name, "--db", str(path), "--context", "16k-64k", "--model-prefix", "qwen2.5c"]
         res = _invoke(app, *args, *(("--out", str(out)) if name in ("parquet", "specdec-profile") else ()))
         assert res.exit_code == 0, (name, res.output)
-        if consumer.engine and name != "vllm" and name != "inferencex":
+        if consumer.engine and name not in ("vllm", "inferencex", "inferencex-reference"):
             assert "| requests context=16k-64k" in res.stdout, name
+        if name == "inferencex-reference":
+            assert "  # requests: context=16k-64k only" in res.stdout and f"3: {bucket.value()}" in res.stdout
     res = _invoke(app, "export", "--to", "inferencex", "--db", str(path), "--context", "16k-64k", "--model-prefix",
                   "qwen2.5c")
     assert "# requests: context=16k-64k only" in res.stdout and f"3: {bucket.value()}" in res.stdout
