@@ -67,4 +67,4 @@ def test_notebook_runs_top_to_bottom(path: Path, tiny_sweep: tuple[Path, Path], 
     if path.name.startswith("01_"):
         assert own_store.exists() and (tmp_path / "notebook-plots" / "al_vs_k.png").exists()
     if path.name.startswith("02_"):
-        assert "SGLANG_SIMULATE_ACC_LEN" in (tmp_path / "engine-settings" / "sglang.env").read_text()
+        assert "SGLANG_SIMULATE_ACC_LEN" in (tmp_path / "engine-settings" / "sglang-env").read_text()  # one file per lookup form

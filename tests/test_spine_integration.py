@@ -120,11 +120,11 @@ def test_resume_after_interruption_counts_nothing_twice(tmp_path, smollm, mini_s
     real_write = Store.write_requests
     calls = {"n": 0}
 
-    def write_then_die(self, batch, raw=None):
+    def write_then_die(self, batch, raw=None, **rest):
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt  # the user pressed Ctrl-C after the first batch was committed
-        real_write(self, batch, raw)
+        real_write(self, batch, raw, **rest)
 
     monkeypatch.setattr(Store, "write_requests", write_then_die)
     with pytest.raises(KeyboardInterrupt):
