@@ -101,7 +101,7 @@ class Backend(Protocol):
     def describe(self, url: str, timeout: float) -> dict[str, Any]: ...  # version, model, settings
 
     def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 seed: int, info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply: ...  # every_step: the drafter drafts k at every step
+                 seed: int, info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply: ...
 
 
 class ServerEngine:
