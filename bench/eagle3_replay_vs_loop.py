@@ -6,7 +6,7 @@ Target SmolLM2-135M-Instruct with the head `make models` distils for it, on real
 the distillation held out (its first conversations), fp32:
   (a) replay-once: the target's batched greedy generation, one teacher-forced target pass for the aux
       hidden states, one head pass per depth, scoring of every k in 1..8;
-  (b) the loop (calibrate.replay.sampled at T = 0): real speculative decoding, one run per k.
+  (b) the loop (calibrate.replay.loop at T = 0): real speculative decoding, one run per k.
 It prints both wall times and their ratio, checks that the per-k AL (and histograms) are identical, and
 prints n-gram's AL on the same responses next to the head's.
 """
@@ -24,7 +24,8 @@ from rich.table import Table
 from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model
 from calibrate.replay.greedy import generate_greedy, score_replay, target_features
-from calibrate.replay.sampled import run_sampled
+from calibrate.kernels.reference import Sampling
+from calibrate.replay.loop import run_loops
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head
 from calibrate.speculators.ngram import NgramSpeculator
 from calibrate.tables import stats
@@ -58,9 +59,9 @@ def main() -> None:
     t_replay = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    looped = run_sampled(target.model, spec, prompts, draft_lens=ks, temperature=0.0,
-                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, seed=0, batch_size=len(prompts),
-                         verify_backend="reference")
+    looped = run_loops(target.model, [spec], prompts, ks=ks, sampling=Sampling(0.0),
+                       max_new_tokens=args.max_new_tokens, eos_token_ids=eos, loop_rows=len(prompts),
+                       verify_kernel="reference")[0]
     t_loop = time.perf_counter() - t0
     ngram = score_replay(NgramSpeculator(), prompts, responses, ks)
 

@@ -4,7 +4,7 @@ verification, draft sampling, cache operations, and the rest (Python bookkeeping
     python bench/loop_profile.py [--requests 2] [--batch 1,2] [--max-new-tokens 32] [--k 4] [--threads 1]
         [--rng uint32,int64]
 
-Runs run_sampled with the Qwen2.5-Coder 1.5B target and 0.5B draft (fp32, T = 0.7) and times each phase by
+Runs the loop (calibrate.replay.loop.run_loops) with the Qwen2.5-Coder 1.5B target and 0.5B draft (fp32, T = 0.7) and times each phase by
 wrapping the functions that do it (exclusive time: the random numbers drawn inside verification count as
 random numbers, not verification). The prefill is timed apart and left out of the shares: they describe
 the decode loop, which is what a longer response repeats. `--rng int64` draws the per-vocabulary noise the
@@ -20,7 +20,11 @@ from collections import Counter
 
 import torch
 
-import calibrate.replay.sampled as sampled
+import calibrate.kv_slots as kv_slots
+import calibrate.replay.loop as loop
+import calibrate.speculators.draft_model as draft_model
+from calibrate.kernels.reference import Sampling
+from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.kernels import rng
 
 from loop_vs_assisted import add_pair_args, load_pair  # bench/ is on the path when run as a script
@@ -61,12 +65,12 @@ def instrument(clock: PhaseClock, target_model: torch.nn.Module, how: str) -> li
     saved = [(rng, "vocab_uniforms", rng.vocab_uniforms)]
     if how == "int64":
         rng.vocab_uniforms = int64_uniforms
-    cache = sampled._SlotCache
+    cache = kv_slots.SlotCache
     patches = [
         (cache, "feed", lambda self, *a, **k: "target forward" if self.model is target_model else "draft forward"),
-        (cache, "truncate", "cache ops"), (cache, "select", "cache ops"), (sampled.Prefix, "start", "cache ops"),
-        (sampled, "_verify", "verification"), (sampled, "_sample_drafts", "draft sampling"),
-        (sampled, "prefill", "prefill"), (rng, "vocab_uniforms", "random numbers"),
+        (cache, "truncate", "cache ops"), (cache, "select", "cache ops"), (kv_slots.Prefix, "start", "cache ops"),
+        (loop, "verify", "verification"), (draft_model, "sample_drafts", "draft sampling"),
+        (loop, "prefill", "prefill"), (rng, "vocab_uniforms", "random numbers"),
         (rng, "stream_key", "random numbers"),
     ]
     for owner, name, phase in patches:
@@ -92,9 +96,9 @@ def main() -> None:
         saved = instrument(clock, target.model, how)
         t0 = time.perf_counter()
         try:
-            res = sampled.run_sampled(target.model, draft.model, prompts, draft_lens=[args.k], temperature=args.temperature,
-                                max_new_tokens=args.max_new_tokens, eos_token_ids=target.eos_token_ids, seed=0,
-                                batch_size=batch, verify_backend="auto")
+            res = loop.run_loops(target.model, [DraftModelSpeculator(draft)], prompts, ks=[args.k],
+                                 sampling=Sampling(args.temperature), max_new_tokens=args.max_new_tokens,
+                                 eos_token_ids=target.eos_token_ids, loop_rows=batch, verify_kernel="auto")[0]
         finally:
             for owner, name, fn in reversed(saved):
                 setattr(owner, name, fn)

@@ -12,10 +12,10 @@ prefill at 1 thread, so "each loop alone" pays ~26 min of prefill per request):
     python bench/sampled_sweep.py --target qwen2.5-coder-1.5b-instruct --speculators draft,ngram,suffix \
         --requests 1 --context-tokens 2048 --max-new-tokens 16 --loop-rows 1,8 --threads 1
 
-(a) "each loop alone": one run_sampled call per (speculator, k), all requests batched, as the loop ran
+(a) "each loop alone": one run_loops call per (speculator, k), all requests batched, as the loop ran
     before this sweep existed: every call prefills every prompt again (3 speculators x 8 k = 24 prefills of
     each prompt);
-(b) "sweep": one run_sweep call: each prompt prefilled once per model, loops batched `--loop-rows` at a time
+(b) "sweep": one run_loops call over all of them: each prompt prefilled once per model, loops batched `--loop-rows` at a time
     (ordered by (k, request); rows = requests batches each k alone, rows = requests x 8 batches all k).
 It prints the wall time of each, the share of it spent in prefill, and checks that every loop's histogram
 and tokens are identical between (a) and (b) (same seed). fp32, temperature 0.7, top-p 0.95.
@@ -29,16 +29,17 @@ from pathlib import Path
 
 import torch
 
-import calibrate.replay.sampled as sampled
+import calibrate.replay.loop as loop
+from calibrate.kernels.reference import Sampling
 from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "mini-swe-agent-gemini3pro-swebv"
-PREFILL = sampled.prefill
+PREFILL = loop.prefill
 
 
 class PrefillClock:
-    """Wraps calibrate.replay.sampled.prefill to add up the seconds spent in it."""
+    """Wraps the loop's prefill (calibrate.kv_slots.prefill) to add up the seconds spent in it."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -103,28 +104,27 @@ def main() -> None:
                              model_name=target.name).ids for r in requests]
     ks = list(range(1, 9))
     rows = [int(x) for x in args.loop_rows.split(",")] if args.loop_rows else [len(prompts), len(prompts) * len(ks)]
-    kw = dict(temperature=args.temperature, top_p=0.95, max_new_tokens=args.max_new_tokens,
-              eos_token_ids=target.eos_token_ids, seed=0, verify_backend="reference")
+    kw = dict(sampling=Sampling(args.temperature, top_p=0.95), max_new_tokens=args.max_new_tokens,
+              eos_token_ids=target.eos_token_ids, verify_kernel="reference")
     print(f"target {args.target}, speculators {[s.name for s in specs]}, k = 1..8, fp32 CPU "
           f"({torch.get_num_threads()} threads); {len(prompts)} mini-swe-agent requests of "
           f"{[len(p) for p in prompts]} prompt tokens, {args.max_new_tokens} new tokens, T={args.temperature}")
 
     timings, reference = [], None
     if not args.skip_alone:
-        clock = sampled.prefill = PrefillClock()
+        clock = loop.prefill = PrefillClock()
         t0 = time.perf_counter()
-        reference = [outcome(sampled.run_sampled(target.model, spec, prompts, draft_lens=[k], batch_size=len(prompts),
-                                                 **kw), [k])
+        reference = [outcome(loop.run_loops(target.model, [spec], prompts, ks=[k], loop_rows=len(prompts), **kw)[0], [k])
                      for spec in specs for k in ks]
         timings.append(("each loop alone", time.perf_counter() - t0, clock.seconds, True))
     for n in rows:
-        clock = sampled.prefill = PrefillClock()
+        clock = loop.prefill = PrefillClock()
         t0 = time.perf_counter()
-        swept = sampled.run_sweep(target.model, specs, prompts, draft_lens=ks, loop_rows=n, **kw)
+        swept = loop.run_loops(target.model, specs, prompts, ks=ks, loop_rows=n, **kw)
         dt = time.perf_counter() - t0
         got = [outcome(results, [k]) for results in swept for k in ks]
         timings.append((f"sweep, {n} loops per batch", dt, clock.seconds, reference is None or got == reference))
-    sampled.prefill = PREFILL
+    loop.prefill = PREFILL
 
     print(f"{'':<28} {'seconds':>8} {'prefill s':>9} {'prefill %':>9} {'same counts':>11}")
     for name, dt, pre, same in timings:

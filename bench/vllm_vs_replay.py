@@ -32,8 +32,7 @@ from rich.table import Table
 
 from calibrate.config import PairConfig, load_config
 from calibrate.dtypes import cpu_native_bf16
-from calibrate.engines import server_speculator
-from calibrate.engines.base import Budget, Served
+from calibrate.engines import Budget, Served, server_speculator
 from calibrate.engines.server import free_port, http_text, launch
 from calibrate.engines.vllm import VLLMBackend, read_counters, vllm_env
 from calibrate.models import built_models_dir

@@ -63,8 +63,8 @@ class RunConfig(_Strict):
     device: str = Field(default="auto", pattern=DEVICE_PATTERN)  # availability is checked before models load
     batch_size: int = Field(default=4, gt=0)
     engine: Literal["auto", "replay", "loop"] = "auto"
-    verify_backend: Literal["auto", "triton", "reference"] = "auto"
-    # Verification rule at temperature > 0 (calibrate.replay.sampled.VERIFICATION_RULES): "probabilistic"
+    verify_kernel: Literal["auto", "triton", "reference"] = "auto"
+    # Verification rule at temperature > 0 (calibrate.replay.loop.VERIFICATION_RULES): "probabilistic"
     # samples drafts from q and accepts with min(1, p/q); "target-only" drafts greedily and accepts with
     # p_target(draft) (vLLM v1's model runner, SGLang's EAGLE). Part of the run's identity.
     verification: Literal["probabilistic", "target-only"] = "probabilistic"

@@ -220,8 +220,9 @@ def skeleton(name: str) -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(config)
 
 
-def load_model(name: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
-    """Load weights and tokenizer; errors name the model. "auto" dtype: see `calibrate.dtypes.choose_dtype`."""
+def load_model(name: str, dtype: str = "auto", device: str = "auto", tokenizer: Any = None) -> LoadedModel:
+    """Load weights and tokenizer (`tokenizer`: the one already loaded for this name, so it is read once);
+    errors name the model. "auto" dtype: see `calibrate.dtypes.choose_dtype`."""
     from transformers import AutoModelForCausalLM
 
     model_id = resolve(name)
@@ -244,7 +245,8 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
     if fp == model_id and revision:
         fp = revision
     return LoadedModel(name=name, model_id=model_id, fingerprint=fp, model=model,
-                       tokenizer=load_tokenizer(name), dtype=dtype, device=device)
+                       tokenizer=tokenizer if tokenizer is not None else load_tokenizer(name), dtype=dtype,
+                       device=device)
 
 
 def check_same_tokenizer(target_name: str, target_tok: Any, draft_name: str, draft_tok: Any) -> None:

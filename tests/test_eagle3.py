@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 from conftest import tiny_llama  # noqa: E402
 
 from calibrate.replay.greedy import generate_greedy, score_replay, target_features  # noqa: E402
-from calibrate.replay.sampled import run_sampled  # noqa: E402
+from tests.loop_runs import loop_results  # noqa: E402
 from calibrate.speculators.base import leading_matches  # noqa: E402
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head  # noqa: E402
 from calibrate.speculators.eagle3_distil import target_pass, train_head  # noqa: E402
@@ -152,8 +152,8 @@ def test_replay_once_equals_greedy_loop_all_k(target, trained, tmp_path, fmt):
     responses = _responses(target)
     feats = target_features(target, PROMPTS, [r.tokens for r in responses], spec.needs)
     replayed = score_replay(spec, PROMPTS, responses, ks, features=feats)
-    looped = run_sampled(target, spec, PROMPTS, draft_lens=ks, temperature=0.0, max_new_tokens=24,
-                         eos_token_ids={EOS}, seed=0, batch_size=2, verify_backend="reference")
+    looped = loop_results(target, spec, PROMPTS, ks=ks, temperature=0.0, max_new_tokens=24,
+                         eos_token_ids={EOS}, seed=0, loop_rows=2, verify_kernel="reference")
     for r, res, resp in zip(replayed, looped, responses):
         for k in ks:
             assert res.tokens[k] == resp.tokens
@@ -172,8 +172,8 @@ def test_trained_head_accepts_far_from_zero_and_k(target, trained):
 
 
 def test_sampled_loop_emits_target_tokens_with_head_q(target, spec):
-    results = run_sampled(target, spec, PROMPTS, draft_lens=[3], temperature=0.8, max_new_tokens=16,
-                          eos_token_ids={EOS}, seed=0, batch_size=3, verify_backend="reference")
+    results = loop_results(target, spec, PROMPTS, ks=[3], temperature=0.8, max_new_tokens=16,
+                          eos_token_ids={EOS}, seed=0, loop_rows=3, verify_kernel="reference")
     for res in results:
         counts = res.counts[3]
         assert counts.tokens == len(res.tokens[3])

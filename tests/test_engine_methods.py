@@ -16,8 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from calibrate.config import PairConfig
-from calibrate.engines import plan_servers, server_speculator
-from calibrate.engines.base import Budget, Served
+from calibrate.engines import Budget, Served, plan_servers, server_speculator
 from calibrate.engines.llamacpp import LlamaCppBackend
 from calibrate.engines.sglang import SGLangBackend
 from calibrate.engines.vllm import VLLMBackend

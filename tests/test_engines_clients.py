@@ -18,7 +18,7 @@ from calibrate.engines.llamacpp import LlamaCppBackend
 from calibrate.engines.server import EngineError, check_port_free, http_json, launch
 from calibrate.engines.sglang import SGLangBackend, parse_meta
 from calibrate.engines.vllm import VLLMBackend, read_counters
-from calibrate.replay.engine import Sampling
+from calibrate.kernels.reference import Sampling
 from calibrate.tables import stats
 from tests.standin_engines import StandIn, VLLMCounters, llamacpp_routes
 
@@ -45,7 +45,7 @@ def test_llamacpp_counts_steps_from_fixed_k(standin):
     backend = LlamaCppBackend()
     info = backend.describe(srv.url, 5)
     assert info["engine_version"] == "b11434-standin"
-    reply = backend.complete(srv.url, [1, 2, 3], 4, 64, GREEDY, 0, info, 5)
+    reply = backend.complete(srv.url, [1, 2, 3], 4, 64, GREEDY, info, 5)
     assert (reply.counts.steps, reply.counts.accepted, reply.counts.drafted_tokens) == (3, 7, 12)
     assert stats.acceptance_length_from_totals(reply.counts.steps, reply.counts.accepted) == pytest.approx(1 + 7 / 3)
     assert reply.finish_reason == "eos" and reply.tokens == list(range(11))
@@ -57,18 +57,18 @@ def test_llamacpp_counts_steps_from_fixed_k(standin):
 def test_llamacpp_refuses_a_draft_length_other_than_k(standin):
     srv = standin(llamacpp_routes(lambda body: dict(tokens=list(range(11)), draft_n=9, draft_n_accepted=5)))
     with pytest.raises(EngineError, match=r"llama.cpp at http://127.0.0.1:\d+: 9 drafted tokens .* k=4"):
-        LlamaCppBackend().complete(srv.url, [1], 4, 64, GREEDY, 0, {}, 5)
+        LlamaCppBackend().complete(srv.url, [1], 4, 64, GREEDY, {}, 5)
 
 
 def test_llamacpp_without_speculation_names_version_and_flag(standin):
     srv = standin(llamacpp_routes(lambda body: dict(tokens=list(range(20)))))
     with pytest.raises(EngineError, match=r"llama.cpp b11434-standin at http://127.0.0.1:\d+: .*--spec-draft-model"):
-        LlamaCppBackend().complete(srv.url, [1], 4, 64, GREEDY, 0, {"engine_version": "b11434-standin"}, 5)
+        LlamaCppBackend().complete(srv.url, [1], 4, 64, GREEDY, {"engine_version": "b11434-standin"}, 5)
 
 
 def test_llamacpp_short_reply_without_drafts_is_zero_steps(standin):
     srv = standin(llamacpp_routes(lambda body: dict(tokens=[5, 6])))
-    reply = LlamaCppBackend().complete(srv.url, [1], 4, 64, GREEDY, 0, {}, 5)
+    reply = LlamaCppBackend().complete(srv.url, [1], 4, 64, GREEDY, {}, 5)
     assert reply.counts.steps == 0 and reply.counts.tokens == 2
 
 
@@ -102,13 +102,13 @@ def test_vllm_counter_deltas_and_per_position_rates(standin):
     backend = VLLMBackend()
     info = backend.describe(srv.url, 5)
     assert info == {"engine_version": "0.30.0-standin", "model": "m"}
-    first = backend.complete(srv.url, [1, 2], 3, 64, GREEDY, 0, info, 5)
+    first = backend.complete(srv.url, [1, 2], 3, 64, GREEDY, info, 5)
     c = first.counts
     assert (c.steps, c.accepted, c.drafted_tokens) == (4, 6, 12)
     assert c.per_position == (3, 2, 1)  # steps accepting >= 1, >= 2, >= 3 drafts
     assert [p / c.steps for p in c.per_position] == [0.75, 0.5, 0.25]
     assert stats.acceptance_length_from_totals(c.steps, c.accepted) == 2.5
-    second = backend.complete(srv.url, [1, 2], 3, 64, GREEDY, 0, info, 5)
+    second = backend.complete(srv.url, [1, 2], 3, 64, GREEDY, info, 5)
     assert (second.counts.steps, second.counts.accepted, second.counts.per_position) == (2, 0, (0, 0, 0))
     assert srv.requests[-2][1]["prompt"] == [1, 2] and srv.requests[-2][1]["return_token_ids"] is True
 
@@ -132,7 +132,7 @@ def test_vllm_server_with_another_k_is_refused(standin, served_k, configured_k):
     backend = VLLMBackend()
     with pytest.raises(EngineError, match=rf"vllm at http://127.0.0.1:\d+: .* {served_k} draft positions: it "
                                           rf"drafts k={served_k}, not the configured k={configured_k}"):
-        backend.complete(srv.url, [1], configured_k, 64, GREEDY, 0, backend.describe(srv.url, 5), 5)
+        backend.complete(srv.url, [1], configured_k, 64, GREEDY, backend.describe(srv.url, 5), 5)
 
 
 def test_vllm_per_request_metrics_preferred_both_shapes(standin):
@@ -140,7 +140,7 @@ def test_vllm_per_request_metrics_preferred_both_shapes(standin):
              "acceptance_histogram": [1, 1, 2], "mean_acceptance_length": 2.25}
     srv = _vllm(standin, VLLMCounters(k=2), [[2, 2, 1, 0]], per_request=dense)
     backend = VLLMBackend()
-    reply = backend.complete(srv.url, [1], 2, 64, GREEDY, 0, backend.describe(srv.url, 5), 5)
+    reply = backend.complete(srv.url, [1], 2, 64, GREEDY, backend.describe(srv.url, 5), 5)
     assert reply.counts.histogram == (1, 1, 2) and reply.counts.steps == 4
     from calibrate.engines.vllm import counts_from_request
     sparse = counts_from_request({"num_spec_steps": 4, "num_accepted_draft_tokens": 5, "num_draft_tokens": 8,
@@ -153,7 +153,7 @@ def test_vllm_without_speculation_names_version_and_flag(standin):
     srv.routes["/metrics"] = lambda _: (200, "# HELP vllm:num_requests_running x\n")
     backend = VLLMBackend()
     with pytest.raises(EngineError, match=r"vllm 0.30.0-standin at .*--speculative-config"):
-        backend.complete(srv.url, [1], 1, 64, GREEDY, 0, backend.describe(srv.url, 5), 5)
+        backend.complete(srv.url, [1], 1, 64, GREEDY, backend.describe(srv.url, 5), 5)
 
 
 # -- SGLang ----------------------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def test_sglang_meta_info_both_generations(standin, meta):
                    "/generate": lambda body: (200, {"text": "", "output_ids": list(range(11)), "meta_info": meta})})
     backend = SGLangBackend()
     info = backend.describe(srv.url, 5)
-    reply = backend.complete(srv.url, [7, 8], 3, 64, GREEDY, 0, info, 5)
+    reply = backend.complete(srv.url, [7, 8], 3, 64, GREEDY, info, 5)
     c = reply.counts
     assert (c.steps, c.accepted, c.drafted_tokens) == (4, 6, 12)
     # our AL is 1 + accepted / verify_ct = 2.5; SGLang's spec_accept_length 11 / 4 also counts the prefill token
@@ -285,14 +285,14 @@ def test_vllm_learns_from_its_first_reply_whether_it_counts_per_request(standin)
     backend = VLLMBackend()
     info = backend.describe(srv.url, 5)
     assert backend.per_request_counts is None
-    first = backend.complete(srv.url, [1], 2, 64, GREEDY, 0, info, 5, every_step=True)
+    first = backend.complete(srv.url, [1], 2, 64, GREEDY, info, 5, every_step=True)
     assert backend.per_request_counts is True and first.raw["counts_from"] == "per-step"
     assert first.steps.accepted == (2, 1) and first.steps.drafted == (2, 2)
     reads = sum(path == "/metrics" for path, _ in srv.requests)
-    backend.complete(srv.url, [1], 2, 64, GREEDY, 0, info, 5, every_step=True)
+    backend.complete(srv.url, [1], 2, 64, GREEDY, info, 5, every_step=True)
     assert sum(path == "/metrics" for path, _ in srv.requests) == reads == 1
 
     counters_only = _vllm(standin, VLLMCounters(k=2), [[2, 1]])
     fallback = VLLMBackend()
-    reply = fallback.complete(counters_only.url, [1], 2, 64, GREEDY, 0, fallback.describe(counters_only.url, 5), 5)
+    reply = fallback.complete(counters_only.url, [1], 2, 64, GREEDY, fallback.describe(counters_only.url, 5), 5)
     assert fallback.per_request_counts is False and reply.raw["counts_from"] == "counters" and reply.steps is None

@@ -24,8 +24,7 @@ from typer.testing import CliRunner
 from calibrate.cli import app
 from calibrate.config import PairConfig, load_config
 from calibrate.dtypes import cpu_native_bf16
-from calibrate.engines import server_speculator
-from calibrate.engines.base import Budget, Served
+from calibrate.engines import Budget, Served, server_speculator
 from calibrate.engines.server import free_port, launch
 from calibrate.engines.vllm import VLLMBackend, vllm_env
 from calibrate.models import load_tokenizer

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from calibrate.replay.sampled import before_eos, run_sampled
+from calibrate.replay.loop import before_eos
+from tests.loop_runs import loop_results
 from tests.conftest import tiny_llama
 
 EOS = 96
@@ -37,8 +38,8 @@ def test_before_eos_cuts_at_the_first_eos() -> None:
 def test_self_speculation_expected_equals_realised_with_draft_eos() -> None:
     model = eos_prone(2.0)
     prompts = [[1, 5, 9, 13, 2, 7], [3, 4], [8, 8, 8, 1, 2, 3]] * 3
-    results = run_sampled(model, model, prompts, draft_lens=[1, 3], temperature=0.8, max_new_tokens=40,
-                          eos_token_ids={EOS}, seed=1, batch_size=4)
+    results = loop_results(model, model, prompts, ks=[1, 3], temperature=0.8, max_new_tokens=40,
+                          eos_token_ids={EOS}, seed=1, loop_rows=4)
     eos_mid_block = 0
     for res in results:
         for k in (1, 3):
@@ -84,8 +85,8 @@ def test_self_speculation_on_smollm_expected_equals_realised(smollm) -> None:
     from calibrate.models import load_model
 
     model = load_model(str(smollm), dtype="float32", device="cpu")
-    results = run_sampled(model.model, model.model, _prompts(model.tokenizer), draft_lens=[1], temperature=0.8,
-                          max_new_tokens=32, eos_token_ids=model.eos_token_ids, seed=0, batch_size=4)
+    results = loop_results(model.model, model.model, _prompts(model.tokenizer), ks=[1], temperature=0.8,
+                          max_new_tokens=32, eos_token_ids=model.eos_token_ids, seed=0, loop_rows=4)
     for k in (1,):
         for realised, expected, _ in _per_request(results, k):
             # p and q come from two passes of one model (incremental vs block): equal up to float rounding
@@ -105,9 +106,9 @@ def test_expected_and_realised_agree_in_mean_on_the_real_pair(qwen_target, qwen_
     draft = load_model(str(qwen_draft), dtype="float32", device="cpu")
     rows = []
     for seed in (0, 1):
-        results = run_sampled(target.model, draft.model, _prompts(target.tokenizer), draft_lens=[3],
+        results = loop_results(target.model, draft.model, _prompts(target.tokenizer), ks=[3],
                               temperature=0.8, max_new_tokens=24, eos_token_ids=target.eos_token_ids, seed=seed,
-                              batch_size=4)
+                              loop_rows=4)
         rows += _per_request(results, 3)
     realised, expected, steps = (np.array(x, dtype=float) for x in zip(*rows))
     diff = (realised - expected) / np.maximum(steps, 1)  # per-step difference of each request

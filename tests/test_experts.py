@@ -11,7 +11,7 @@ from conftest import tiny_llama
 from calibrate.replay.experts import (
     ExpertRecorder, ExpertTrace, MoeLayer, NotMoE, batch_union, find_routers, profile_rows, simulated_masks,
 )
-from calibrate.replay.sampled import run_sweep
+from tests.loop_runs import sweep
 
 VOCAB = 61
 
@@ -71,8 +71,8 @@ def test_loop_profile_equals_each_position_run_alone(family):
     prompts = [[5, 9, 14, 3, 22], [7, 7, 30, 41], [11, 2, 19, 8, 8, 40]]
     with ExpertRecorder(target) as recorder:
         layers = recorder.layers
-        swept = run_sweep(target, [draft], prompts, draft_lens=[1, 3], temperature=0.0, max_new_tokens=10,
-                          eos_token_ids=set(), seed=0, verify_backend="reference", loop_rows=4, experts=recorder)
+        swept = sweep(target, [draft], prompts, ks=[1, 3], temperature=0.0, max_new_tokens=10,
+                          eos_token_ids=set(), seed=0, verify_kernel="reference", loop_rows=4, experts=recorder)
     for prompt, result in zip(prompts, swept[0]):
         for k, trace in result.experts.items():
             response = result.tokens[k]

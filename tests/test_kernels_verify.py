@@ -21,7 +21,7 @@ from hypothesis import strategies as st  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from calibrate.kernels import reference as R  # noqa: E402
-from calibrate.kernels import resolve_backend, rng, verify_greedy, verify_rejection  # noqa: E402
+from calibrate.kernels import resolve_kernel, rng, verify_greedy, verify_rejection  # noqa: E402
 
 triton = pytest.importorskip("triton")
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -48,11 +48,11 @@ def tri(fn):
     return call
 
 
-def run_backend(backend: str, *args, **kwargs) -> R.VerifyOutput:
-    """verify_rejection on the given backend, inputs on that backend's device."""
-    if backend == "triton":
-        return tri(verify_rejection)(*args, backend="triton", **kwargs)
-    return verify_rejection(*args, backend=backend, **kwargs)
+def run_kernel(kernel: str, *args, **kwargs) -> R.VerifyOutput:
+    """verify_rejection on the given kernel, inputs on that kernel's device."""
+    if kernel == "triton":
+        return tri(verify_rejection)(*args, kernel="triton", **kwargs)
+    return verify_rejection(*args, kernel=kernel, **kwargs)
 
 
 def ragged_case(seed: int, num_draft: list[int], vocab: int, match_bias: float = 0.7, scale: float = 2.0):
@@ -354,8 +354,8 @@ def test_triton_emitted_tokens_follow_the_target_small():
     assert chisq_p(counts, p) > 1e-3
 
 
-@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=needs_triton_device)])
-def test_zero_probability_tokens_never_emitted(backend):
+@pytest.mark.parametrize("kernel", ["reference", pytest.param("triton", marks=needs_triton_device)])
+def test_zero_probability_tokens_never_emitted(kernel):
     num_draft, vocab = [3] * 40, 9
     logits, _, _ = ragged_case(7, num_draft, vocab)
     banned = torch.tensor([0, 4, 8])
@@ -366,17 +366,17 @@ def test_zero_probability_tokens_never_emitted(backend):
     q = q / q.sum(-1, keepdim=True)
     drafts = torch.multinomial(q, 1, generator=torch.Generator().manual_seed(0)).squeeze(1)
     for probs in (q, None):
-        out = run_backend(backend, logits, drafts, num_draft, draft_probs=probs, temperature=1.3, seed=1)
+        out = run_kernel(kernel, logits, drafts, num_draft, draft_probs=probs, temperature=1.3, seed=1)
         toks = out.tokens[out.tokens >= 0]
         assert not torch.isin(toks, banned).any()
 
 
-@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=needs_triton_device)])
-def test_top_k_top_p_outputs_stay_in_the_allowed_set(backend):
+@pytest.mark.parametrize("kernel", ["reference", pytest.param("triton", marks=needs_triton_device)])
+def test_top_k_top_p_outputs_stay_in_the_allowed_set(kernel):
     num_draft, vocab = [2] * 30, 16
     logits, drafts, q = ragged_case(8, num_draft, vocab, match_bias=0.3)
     temperature, top_k, top_p = 0.9, 6, 0.75
-    out = run_backend(backend, logits, drafts, num_draft, draft_probs=q, temperature=temperature, top_k=top_k,
+    out = run_kernel(kernel, logits, drafts, num_draft, draft_probs=q, temperature=temperature, top_k=top_k,
                       top_p=top_p, seed=2)
     scaled = (logits / temperature).numpy()
     for r, row in enumerate(emitted(out)):
@@ -384,23 +384,23 @@ def test_top_k_top_p_outputs_stay_in_the_allowed_set(backend):
             assert tok in brute_allowed(scaled[r * 3 + i], top_k, top_p)
 
 
-@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=needs_triton_device)])
+@pytest.mark.parametrize("kernel", ["reference", pytest.param("triton", marks=needs_triton_device)])
 @pytest.mark.parametrize("temperature", [0.0, 0.3, 1.0, 2.5])
-def test_self_speculation_accepts_everything(backend, temperature):
+def test_self_speculation_accepts_everything(kernel, temperature):
     num_draft, vocab = [4, 2, 3], 12
     logits, _, _ = ragged_case(9, num_draft, vocab, scale=1.0)
     lay = R.make_layout(torch.tensor(num_draft), "cpu")
     t_rows = torch.full((logits.shape[0],), temperature)
     p = R.target_probs(logits, t_rows, torch.full_like(t_rows, float("-inf")))[lay.row_is_draft]
     drafts = torch.multinomial(p, 1, generator=torch.Generator().manual_seed(0)).squeeze(1)
-    out = run_backend(backend, logits, drafts, num_draft, draft_probs=p, temperature=temperature, seed=3)
+    out = run_kernel(kernel, logits, drafts, num_draft, draft_probs=p, temperature=temperature, seed=3)
     assert out.num_accepted.tolist() == num_draft
     torch.testing.assert_close(out.expected_accepted, torch.tensor(num_draft, dtype=torch.float32))
 
 
-@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=needs_triton_device)])
+@pytest.mark.parametrize("kernel", ["reference", pytest.param("triton", marks=needs_triton_device)])
 @pytest.mark.parametrize("with_q", [True, False])
-def test_one_hot_target_equal_to_drafts_accepts_everything(backend, with_q):
+def test_one_hot_target_equal_to_drafts_accepts_everything(kernel, with_q):
     num_draft, vocab = [3, 1, 2], 10
     n_rows = sum(num_draft) + 3
     lay = R.make_layout(torch.tensor(num_draft), "cpu")
@@ -411,17 +411,17 @@ def test_one_hot_target_equal_to_drafts_accepts_everything(backend, with_q):
     logits[torch.arange(n_rows), want] = 0.0
     q = torch.softmax(torch.randn(len(drafts), vocab), -1) if with_q else None
     for temperature in (0.0, 0.5, 1.5):
-        out = run_backend(backend, logits, drafts, num_draft, draft_probs=q, temperature=temperature)
+        out = run_kernel(kernel, logits, drafts, num_draft, draft_probs=q, temperature=temperature)
         assert out.num_accepted.tolist() == num_draft
         bonus = want[lay.row_start + torch.tensor(num_draft)]
         assert out.tokens[torch.arange(3), torch.tensor(num_draft)].tolist() == bonus.tolist()
 
 
 def test_dispatch():
-    assert resolve_backend("auto", torch.device("cpu")) == "reference"
-    assert resolve_backend("triton", torch.device("cpu")) == "triton"
+    assert resolve_kernel("auto", torch.device("cpu")) == "reference"
+    assert resolve_kernel("triton", torch.device("cpu")) == "triton"
     with pytest.raises(ValueError):
-        resolve_backend("cuda-magic", torch.device("cpu"))
+        resolve_kernel("cuda-magic", torch.device("cpu"))
     logits, drafts, _ = ragged_case(0, [2, 1], 7)
     assert torch.equal(verify_greedy(logits, drafts, [2, 1]).tokens, R.greedy_verify(logits, drafts, [2, 1]).tokens)
 

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():  # importing the loop imports Triton: its inte
 import pytest  # noqa: E402
 
 from calibrate.replay.greedy import generate_greedy, score_replay, target_features  # noqa: E402
-from calibrate.replay.sampled import run_sampled  # noqa: E402
+from tests.loop_runs import loop_results  # noqa: E402
 from calibrate.speculators.mtp import DEPTH_RULE, MtpSpeculator, load_mtp, mtp_prefixes  # noqa: E402
 from calibrate.speculators.mtp_distil import new_model, save_with_mtp, tiny_config, train_mtp  # noqa: E402
 
@@ -91,8 +91,8 @@ def test_loop_equals_transformers_generate_use_mtp(trained):
 
     spec.extend = recording
     try:
-        results = run_sampled(target, spec, PROMPTS, draft_lens=[n], temperature=0.0, max_new_tokens=16,
-                              eos_token_ids={EOS}, seed=0, batch_size=3, verify_backend="reference")
+        results = loop_results(target, spec, PROMPTS, ks=[n], temperature=0.0, max_new_tokens=16,
+                              eos_token_ids={EOS}, seed=0, loop_rows=3, verify_kernel="reference")
     finally:
         del spec.extend
     seen = 0
@@ -111,8 +111,8 @@ def test_replay_once_equals_loop_all_k(trained):
     responses = generate_greedy(target, PROMPTS, max_new_tokens=16, eos_token_ids={EOS})
     feats = target_features(target, PROMPTS, [r.tokens for r in responses], spec.needs)
     replayed = score_replay(spec, PROMPTS, responses, ks, features=feats)
-    looped = run_sampled(target, spec, PROMPTS, draft_lens=ks, temperature=0.0, max_new_tokens=16,
-                         eos_token_ids={EOS}, seed=0, batch_size=2, verify_backend="reference")
+    looped = loop_results(target, spec, PROMPTS, ks=ks, temperature=0.0, max_new_tokens=16,
+                         eos_token_ids={EOS}, seed=0, loop_rows=2, verify_kernel="reference")
     for r, res, resp in zip(replayed, looped, responses):
         for k in ks:
             assert res.tokens[k] == resp.tokens
@@ -146,8 +146,8 @@ def test_every_loop_draft_equals_replay_chain(tmp_path, n):
 def test_sampled_loop_hands_q(tmp_path):
     target = _load(_build(tmp_path, 1))
     spec = MtpSpeculator(load_mtp(target, "tiny"), name="tiny")
-    results = run_sampled(target, spec, PROMPTS, draft_lens=[3], temperature=0.8, max_new_tokens=12,
-                          eos_token_ids={EOS}, seed=0, batch_size=3, verify_backend="reference")
+    results = loop_results(target, spec, PROMPTS, ks=[3], temperature=0.8, max_new_tokens=12,
+                          eos_token_ids={EOS}, seed=0, loop_rows=3, verify_kernel="reference")
     for res in results:
         assert res.counts[3].tokens == len(res.tokens[3])
     feats = target_features(target, [PROMPTS[0][:-1]], [PROMPTS[0][-1:]], spec.needs)[0]

@@ -27,7 +27,7 @@ def qwen_pair(qwen_target, qwen_draft):
 
 def test_loop_at_temperature_zero_equals_greedy_replay_once(qwen_pair):
     from calibrate.replay.greedy import generate_greedy, score_replay
-    from calibrate.replay.sampled import run_sampled
+    from tests.loop_runs import loop_results
     from calibrate.speculators.draft_model import DraftModelSpeculator
 
     target, draft, prompts = qwen_pair
@@ -36,8 +36,8 @@ def test_loop_at_temperature_zero_equals_greedy_replay_once(qwen_pair):
     responses = generate_greedy(target.model, prompts, max_new_tokens=32, eos_token_ids=eos)
     speculator = DraftModelSpeculator(draft)
     replay = score_replay(speculator, prompts, responses, draft_lens)
-    loop = run_sampled(target.model, speculator, prompts, draft_lens=draft_lens, temperature=0.0,
-                       max_new_tokens=32, eos_token_ids=eos, seed=0, batch_size=2)
+    loop = loop_results(target.model, speculator, prompts, ks=draft_lens, temperature=0.0,
+                       max_new_tokens=32, eos_token_ids=eos, seed=0, loop_rows=2)
     for response, want, got in zip(responses, replay, loop):
         for k in draft_lens:
             assert got.tokens[k] == response.tokens  # KV rollback: the loop's text is the target's greedy text
@@ -49,13 +49,13 @@ def test_loop_at_temperature_zero_equals_greedy_replay_once(qwen_pair):
 
 
 def test_sampled_loop_runs_on_the_real_pair(qwen_pair):
-    from calibrate.replay.sampled import run_sampled
+    from tests.loop_runs import loop_results
     from calibrate.speculators.draft_model import DraftModelSpeculator
 
     target, draft, prompts = qwen_pair
     torch.manual_seed(0)
-    res = run_sampled(target.model, DraftModelSpeculator(draft), prompts, draft_lens=[4], temperature=0.7,
-                      top_p=0.95, max_new_tokens=24, eos_token_ids=target.eos_token_ids, seed=0, batch_size=2)
+    res = loop_results(target.model, DraftModelSpeculator(draft), prompts, ks=[4], temperature=0.7,
+                      top_p=0.95, max_new_tokens=24, eos_token_ids=target.eos_token_ids, seed=0, loop_rows=2)
     for r in res:
         c = r.counts[4]
         assert c.tokens == len(r.tokens[4]) > 0

@@ -15,9 +15,10 @@ import pytest  # noqa: E402
 from scipy import stats  # noqa: E402
 from transformers import GenerationConfig  # noqa: E402
 
-from calibrate.replay.sampled import SampledResult, draft_model_of, record_step, run_sampled  # noqa: E402
+from calibrate.replay.loop import LoopResult, record_step  # noqa: E402
 from calibrate.speculators.base import Proposal, Speculator  # noqa: E402
 from tests.conftest import tiny_llama  # noqa: E402
+from tests.loop_runs import loop_results  # noqa: E402
 
 EOS = 96  # tiny_llama's eos_token_id (vocab_size - 1)
 PROMPTS = [[1, 5, 9, 13, 2, 7], [3, 4], [8, 8, 8, 8, 8, 8, 8, 8, 8, 1, 2, 3]]
@@ -52,7 +53,7 @@ def greedy_reference(model, prompt, max_new_tokens, eos=EOS):
     return out[:out.index(eos) + 1] if eos in out else out
 
 
-def totals(result: SampledResult, k: int) -> tuple[np.ndarray, int, float]:
+def totals(result: LoopResult, k: int) -> tuple[np.ndarray, int, float]:
     c = result.counts[k]
     exp = sum(s.expected_accepted or 0.0 for s in c.segments.values())
     return c.hist, c.tokens, exp
@@ -92,8 +93,8 @@ def test_record_step_budget_censors_unknown_outcome():
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_loop_at_temperature_zero_equals_plain_greedy(target, near_draft, k):
-    results = run_sampled(target, near_draft, PROMPTS, draft_lens=[k], temperature=0.0, max_new_tokens=24,
-                          eos_token_ids={EOS}, seed=0, batch_size=3)
+    results = loop_results(target, near_draft, PROMPTS, ks=[k], temperature=0.0, max_new_tokens=24,
+                          eos_token_ids={EOS}, seed=0, loop_rows=3)
     accepted_any = 0
     for prompt, res in zip(PROMPTS, results):
         want = greedy_reference(target, prompt, 24)
@@ -107,7 +108,7 @@ def test_loop_at_temperature_zero_equals_plain_greedy(target, near_draft, k):
 
 def test_one_token_prompts(target, near_draft):
     for prompts in ([[5]], [[5], [1, 2, 3]]):
-        results = run_sampled(target, near_draft, prompts, draft_lens=[2], temperature=0.0, max_new_tokens=8,
+        results = loop_results(target, near_draft, prompts, ks=[2], temperature=0.0, max_new_tokens=8,
                               eos_token_ids={EOS}, seed=0)
         for prompt, res in zip(prompts, results):
             assert res.tokens[2] == greedy_reference(target, prompt, 8)
@@ -120,35 +121,35 @@ def test_loop_with_model_free_speculator_equals_plain_greedy(target, kind):
 
     speculator = NgramSpeculator(prompt_lookup_max=3, prompt_lookup_min=1) if kind == "ngram" else SuffixSpeculator(max_spec_factor=2.0)
     prompts = [[4, 5, 6, 7, 4, 5, 6, 7, 4, 5], [9, 9, 9, 9, 9]]
-    results = run_sampled(target, speculator, prompts, draft_lens=[2, 4],
-                          temperature=0.0, max_new_tokens=16, eos_token_ids={EOS}, seed=0, batch_size=2)
+    results = loop_results(target, speculator, prompts, ks=[2, 4],
+                          temperature=0.0, max_new_tokens=16, eos_token_ids={EOS}, seed=0, loop_rows=2)
     for prompt, res in zip(prompts, results):
         for k in (2, 4):
             assert res.tokens[k] == greedy_reference(target, prompt, 16)
 
 
 def test_batching_does_not_change_results(target, near_draft):
-    kw = dict(draft_lens=[3], temperature=0.9, max_new_tokens=16, eos_token_ids={EOS}, seed=7)
-    batched = run_sampled(target, near_draft, PROMPTS, batch_size=3, **kw)
-    single = run_sampled(target, near_draft, PROMPTS, batch_size=1, **kw)
+    kw = dict(ks=[3], temperature=0.9, max_new_tokens=16, eos_token_ids={EOS}, seed=7)
+    batched = loop_results(target, near_draft, PROMPTS, loop_rows=3, **kw)
+    single = loop_results(target, near_draft, PROMPTS, loop_rows=1, **kw)
     for a, b in zip(batched, single):
         assert a.tokens[3] == b.tokens[3]
         assert a.counts[3].hist.tolist() == b.counts[3].hist.tolist()
-    other_seed = run_sampled(target, near_draft, PROMPTS, batch_size=3, **{**kw, "seed": 8})
+    other_seed = loop_results(target, near_draft, PROMPTS, loop_rows=3, **{**kw, "seed": 8})
     assert any(a.tokens[3] != b.tokens[3] for a, b in zip(batched, other_seed))
     # A request's outcome follows its key, not its place in the call.
-    keyed = run_sampled(target, near_draft, PROMPTS[::-1], batch_size=2, request_keys=[2, 1, 0], **kw)
+    keyed = loop_results(target, near_draft, PROMPTS[::-1], loop_rows=2, request_keys=[2, 1, 0], **kw)
     assert [r.tokens[3] for r in keyed] == [r.tokens[3] for r in batched[::-1]]
     with pytest.raises(ValueError, match="request_keys"):
-        run_sampled(target, near_draft, PROMPTS, request_keys=[0, 0, 1], **kw)
+        loop_results(target, near_draft, PROMPTS, request_keys=[0, 0, 1], **kw)
 
 
 # -- sampling ---------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 1.5])
 def test_self_speculation_accepts_everything(target, temperature):
-    results = run_sampled(target, target, PROMPTS, draft_lens=[3], temperature=temperature, max_new_tokens=20,
-                          eos_token_ids={EOS}, seed=1, batch_size=3)
+    results = loop_results(target, target, PROMPTS, ks=[3], temperature=temperature, max_new_tokens=20,
+                          eos_token_ids={EOS}, seed=1, loop_rows=3)
     for res in results:
         hist, tokens, expected = totals(res, 3)
         assert hist[:3].sum() == 0  # every known step accepted all k drafts (EOS-ended steps excepted below)
@@ -160,8 +161,8 @@ def test_self_speculation_accepts_everything(target, temperature):
 def test_self_speculation_accepts_everything_with_top_p_and_top_k(target, top_p, top_k):
     """Issue 25 item 11: the draft's q is warped by top-p / top-k like the target's p, so q = p and every
     draft is accepted (an unwarped q drafts outside the nucleus, where p = 0, and is rejected there)."""
-    results = run_sampled(target, target, PROMPTS, draft_lens=[3], temperature=0.7, top_p=top_p, top_k=top_k,
-                          max_new_tokens=20, eos_token_ids={EOS}, seed=1, batch_size=3)
+    results = loop_results(target, target, PROMPTS, ks=[3], temperature=0.7, top_p=top_p, top_k=top_k,
+                          max_new_tokens=20, eos_token_ids={EOS}, seed=1, loop_rows=3)
     for res in results:
         hist, tokens, expected = totals(res, 3)
         assert hist.sum() > 3 and hist[:3].sum() == 0, hist
@@ -170,8 +171,8 @@ def test_self_speculation_accepts_everything_with_top_p_and_top_k(target, top_p,
 
 def test_first_token_follows_the_target_distribution(target, near_draft):
     prompt, n, temperature = [3, 1, 4, 1, 5], 300, 1.5
-    results = run_sampled(target, near_draft, [prompt] * n, draft_lens=[2], temperature=temperature,
-                          max_new_tokens=1, eos_token_ids=set(), seed=3, batch_size=n)
+    results = loop_results(target, near_draft, [prompt] * n, ks=[2], temperature=temperature,
+                          max_new_tokens=1, eos_token_ids=set(), seed=3, loop_rows=n)
     first = np.array([r.tokens[2][0] for r in results])
     with torch.no_grad():
         p = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double() / temperature, -1).numpy()
@@ -185,8 +186,8 @@ def test_first_token_follows_the_target_distribution(target, near_draft):
 @pytest.mark.slow
 @pytest.mark.parametrize("verification", ["probabilistic", "target-only"])
 def test_realised_and_expected_acceptance_agree(target, near_draft, verification):
-    results = run_sampled(target, near_draft, PROMPTS * 4, draft_lens=[4], temperature=1.0, max_new_tokens=60,
-                          eos_token_ids=set(), seed=11, batch_size=12, verification=verification)
+    results = loop_results(target, near_draft, PROMPTS * 4, ks=[4], temperature=1.0, max_new_tokens=60,
+                          eos_token_ids=set(), seed=11, loop_rows=12, verification=verification)
     realised, expected = [], []
     for res in results:
         for seg in res.counts[4].segments.values():
@@ -202,8 +203,8 @@ def test_realised_and_expected_acceptance_agree(target, near_draft, verification
 
 
 def test_top_k_one_is_greedy(target, near_draft):
-    sampled = run_sampled(target, near_draft, PROMPTS, draft_lens=[2], temperature=1.0, top_k=1,
-                          max_new_tokens=12, eos_token_ids={EOS}, seed=0, batch_size=3)
+    sampled = loop_results(target, near_draft, PROMPTS, ks=[2], temperature=1.0, top_k=1,
+                          max_new_tokens=12, eos_token_ids={EOS}, seed=0, loop_rows=3)
     for prompt, res in zip(PROMPTS, sampled):
         assert res.tokens[2] == greedy_reference(target, prompt, 12)
 
@@ -222,8 +223,8 @@ class _ProbSpeculator(Speculator):
 
 def test_generic_speculator_with_probs_and_segments(target):
     labeller = lambda toks: ["thinking" if i < 5 else "answer" for i in range(len(toks))]  # noqa: E731
-    results = run_sampled(target, _ProbSpeculator(), PROMPTS, draft_lens=[2], temperature=1.0, max_new_tokens=10,
-                          eos_token_ids={EOS}, seed=0, segment_labeller=labeller)
+    results = loop_results(target, _ProbSpeculator(), PROMPTS, ks=[2], temperature=1.0, max_new_tokens=10,
+                          eos_token_ids={EOS}, seed=0, labeller=labeller)
     for res in results:
         c = res.counts[2]
         assert set(c.segments) <= {"thinking", "answer"}
@@ -231,37 +232,24 @@ def test_generic_speculator_with_probs_and_segments(target):
         assert c.tokens == len(res.tokens[2])
 
 
-def test_draft_model_of():
-    model = tiny_llama()
-    assert draft_model_of(model) is model
-
-    class Wrapper:
-        class draft:  # noqa: N801 - mimics DraftModelSpeculator.draft (a LoadedModel)
-            pass
-
-    Wrapper.draft.model = model
-    assert draft_model_of(Wrapper()) is model
-    assert draft_model_of(object()) is None
-
-
 def test_bad_arguments(target):
     with pytest.raises(ValueError):
-        run_sampled(target, target, PROMPTS, draft_lens=[0], temperature=1.0, max_new_tokens=4,
+        loop_results(target, target, PROMPTS, ks=[0], temperature=1.0, max_new_tokens=4,
                     eos_token_ids=set(), seed=0)
     with pytest.raises(TypeError):
-        run_sampled(target, object(), PROMPTS, draft_lens=[1], temperature=1.0, max_new_tokens=4,
+        loop_results(target, object(), PROMPTS, ks=[1], temperature=1.0, max_new_tokens=4,
                     eos_token_ids=set(), seed=0)
 
 
-def test_triton_backend_in_the_loop_matches_the_reference(target, near_draft):
+def test_triton_kernel_in_the_loop_matches_the_reference(target, near_draft):
     triton = pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the tiny models run on CPU, so this needs the Triton interpreter (TRITON_INTERPRET=1)")
     triton.knobs.runtime.interpret = True  # in case triton was imported (by transformers) before the env var
-    kw = dict(draft_lens=[3], temperature=0.8, top_p=0.9, max_new_tokens=10, eos_token_ids={EOS}, seed=2,
-              batch_size=3)
-    ref = run_sampled(target, near_draft, PROMPTS[:2], verify_backend="reference", **kw)
-    fused = run_sampled(target, near_draft, PROMPTS[:2], verify_backend="triton", **kw)
+    kw = dict(ks=[3], temperature=0.8, top_p=0.9, max_new_tokens=10, eos_token_ids={EOS}, seed=2,
+              loop_rows=3)
+    ref = loop_results(target, near_draft, PROMPTS[:2], verify_kernel="reference", **kw)
+    fused = loop_results(target, near_draft, PROMPTS[:2], verify_kernel="triton", **kw)
     for a, b in zip(ref, fused):
         assert a.tokens[3] == b.tokens[3]
         assert a.counts[3].hist.tolist() == b.counts[3].hist.tolist()
@@ -281,7 +269,7 @@ def test_target_only_expectation_is_the_product_of_target_probabilities():
     p = torch.softmax(logits.double() / temperature, -1)
     p0, p1 = float(p[0, 4]), float(p[1, 7])
     n = 4000
-    out = verify_rejection(logits.repeat(n, 1), drafts.repeat(n), torch.full((n,), 2), backend="reference",
+    out = verify_rejection(logits.repeat(n, 1), drafts.repeat(n), torch.full((n,), 2), kernel="reference",
                            draft_probs=None, temperature=temperature, request_ids=torch.arange(n))
     assert out.expected_accepted[0].item() == pytest.approx(p0 + p0 * p1, rel=1e-5)
     accepted = out.num_accepted.double()
@@ -294,8 +282,8 @@ def test_both_verification_rules_keep_the_target_distribution(target, near_draft
     """Chi-square on the first token a verification step emits (the second of the response): whatever the rule,
     it follows the target's distribution given the first token."""
     prompt, n, temperature = [3, 1, 4, 1, 5], 600, 1.0
-    results = run_sampled(target, near_draft, [prompt] * n, draft_lens=[2], temperature=temperature,
-                          max_new_tokens=2, eos_token_ids=set(), seed=5, batch_size=n, verification=verification)
+    results = loop_results(target, near_draft, [prompt] * n, ks=[2], temperature=temperature,
+                          max_new_tokens=2, eos_token_ids=set(), seed=5, loop_rows=n, verification=verification)
     pairs = np.array([r.tokens[2][:2] for r in results])
     first = np.bincount(pairs[:, 0]).argmax()  # condition on the most frequent first token
     second = pairs[pairs[:, 0] == first, 1]
@@ -315,8 +303,8 @@ def test_top_p_and_top_k_keep_the_target_distribution(target, near_draft, top_p,
     from calibrate.kernels.reference import sampling_probs
 
     prompt, n, temperature = [3, 1, 4, 1, 5], 600, 1.0
-    results = run_sampled(target, near_draft, [prompt] * n, draft_lens=[2], temperature=temperature, top_p=top_p,
-                          top_k=top_k, max_new_tokens=2, eos_token_ids=set(), seed=5, batch_size=n)
+    results = loop_results(target, near_draft, [prompt] * n, ks=[2], temperature=temperature, top_p=top_p,
+                          top_k=top_k, max_new_tokens=2, eos_token_ids=set(), seed=5, loop_rows=n)
     pairs = np.array([r.tokens[2][:2] for r in results])
     first = np.bincount(pairs[:, 0]).argmax()
     second = pairs[pairs[:, 0] == first, 1]
@@ -336,11 +324,11 @@ def test_top_p_and_top_k_keep_the_target_distribution(target, near_draft, top_p,
 
 
 def test_target_only_drafts_greedily_and_differs_from_probabilistic(target, near_draft):
-    kw = dict(draft_lens=[3], temperature=1.0, max_new_tokens=24, eos_token_ids={EOS}, seed=4, batch_size=3)
-    greedy_drafts = run_sampled(target, near_draft, PROMPTS, verification="target-only", **kw)
-    sampled_drafts = run_sampled(target, near_draft, PROMPTS, **kw)
+    kw = dict(ks=[3], temperature=1.0, max_new_tokens=24, eos_token_ids={EOS}, seed=4, loop_rows=3)
+    greedy_drafts = loop_results(target, near_draft, PROMPTS, verification="target-only", **kw)
+    sampled_drafts = loop_results(target, near_draft, PROMPTS, **kw)
     assert [r.tokens[3] for r in greedy_drafts] != [r.tokens[3] for r in sampled_drafts]
     for res in greedy_drafts:  # the analytic expectation is recorded under this rule too
         assert all(seg.expected_accepted is not None for seg in res.counts[3].segments.values())
     with pytest.raises(ValueError, match="unknown verification rule 'greedy'"):
-        run_sampled(target, near_draft, PROMPTS, verification="greedy", **kw)
+        loop_results(target, near_draft, PROMPTS, verification="greedy", **kw)

@@ -8,12 +8,14 @@ import copy
 import pytest
 import torch
 
-from calibrate.replay.engine import LoopEngine, Sampling
-from calibrate.replay.sampled import _SlotCache, prefill, run_sampled, run_sweep
+from calibrate.engines.in_process import LoopEngine
+from calibrate.kernels.reference import Sampling
+from calibrate.kv_slots import SlotCache, prefill
 from calibrate.speculators.base import Proposal, Speculator
 from calibrate.speculators.ngram import NgramSpeculator
 from calibrate.speculators.suffix import SuffixSpeculator
 from tests.conftest import tiny_llama
+from tests.loop_runs import loop_results, sweep
 
 EOS = 96
 PROMPTS = [[1, 5, 9, 13, 2, 7], [5], [4, 5, 6, 7, 4, 5, 6, 7, 4, 5] * 2]
@@ -71,13 +73,13 @@ def test_sweep_equals_each_loop_alone(target, draft, temperature, verification):
     kw = dict(temperature=temperature, top_p=0.9 if temperature == 0.9 else None, max_new_tokens=16,
               eos_token_ids={EOS}, seed=3, verification=verification)
     keys = [10, 11, 12]
-    whole = run_sweep(target, specs, PROMPTS, draft_lens=KS, loop_rows=len(PROMPTS) * len(KS), request_keys=keys, **kw)
-    chunked = run_sweep(target, specs, PROMPTS, draft_lens=KS, loop_rows=3, request_keys=keys, **kw)
+    whole = sweep(target, specs, PROMPTS, ks=KS, loop_rows=len(PROMPTS) * len(KS), request_keys=keys, **kw)
+    chunked = sweep(target, specs, PROMPTS, ks=KS, loop_rows=3, request_keys=keys, **kw)
     accepted = 0
     for s, spec in enumerate(specs):
         for i, prompt in enumerate(PROMPTS):
             for k in KS:
-                alone = run_sampled(target, spec, [prompt], draft_lens=[k], batch_size=1, request_keys=[keys[i]], **kw)
+                alone = loop_results(target, spec, [prompt], ks=[k], loop_rows=1, request_keys=[keys[i]], **kw)
                 want = _outcome(alone[0], k)
                 assert _outcome(whole[s][i], k) == want, (s, i, k)
                 assert _outcome(chunked[s][i], k) == want, (s, i, k)
@@ -102,7 +104,7 @@ def test_each_prompt_is_prefilled_once_per_model(target, draft):
     t_calls, t_hook = _count_prefills(target, prompts)
     d_calls, d_hook = _count_prefills(draft, prompts)
     try:
-        run_sweep(target, [draft, NgramSpeculator(), draft], prompts, draft_lens=[1, 2, 3, 5], temperature=0.8,
+        sweep(target, [draft, NgramSpeculator(), draft], prompts, ks=[1, 2, 3, 5], temperature=0.8,
                   max_new_tokens=6, eos_token_ids=set(), seed=0, loop_rows=3)
     finally:
         t_hook.remove()
@@ -115,7 +117,7 @@ def test_packing_holes_changes_no_logits(target):
     """Rows that rejected different amounts leave holes; packing them away leaves the next logits as they were."""
     caches = []
     for _ in range(2):
-        c = _SlotCache(target, 3)
+        c = SlotCache(target, 3)
         c.feed([[1, 2], [5, 6, 7, 8], [7]])
         c.feed([[8, 9, 10], [11, 12, 13], [14]])
         c.truncate(torch.tensor([3, 7, 2]))  # holes: row 0 keeps 1 of its 3 drafts while row 1 keeps all
@@ -149,13 +151,13 @@ def test_loop_engine_measures_every_speculator_and_k(target, draft):
     ngram = NgramSpeculator(prompt_lookup_max=3, prompt_lookup_min=1)
     suffix = SuffixSpeculator()
     engine = LoopEngine(_Target(), [ngram, suffix], [1, 3], max_new_tokens=12, sampling=Sampling(0.8, None, None, 1),
-                        verify_backend="reference", labeller=lambda tokens, thinking: ["answer"] * len(tokens),
+                        verify_kernel="reference", labeller=lambda tokens, thinking: ["answer"] * len(tokens),
                         loop_rows=4)
     prompts = [RenderedPrompt(ids=p, prompt_tokens=len(p), truncated_tokens=0, text="") for p in PROMPTS[:2]]
     measured = engine.measure(prompts, [0, 1])
     for spec in (ngram, suffix):
-        alone = run_sampled(target, spec, PROMPTS[:2], draft_lens=[1, 3], temperature=0.8, max_new_tokens=12,
-                            eos_token_ids={EOS}, seed=1, batch_size=1)
+        alone = loop_results(target, spec, PROMPTS[:2], ks=[1, 3], temperature=0.8, max_new_tokens=12,
+                            eos_token_ids={EOS}, seed=1, loop_rows=1)
         for m, a in zip(measured, alone):
             for k in (1, 3):
                 got = m[(spec.name, k)]

@@ -1,30 +1,39 @@
-"""A server engine behind the runner's `Engine` protocol: one launched or connected server, one (speculator, k).
+"""What every engine shares: the protocol the runner measures through, and the records it hands back.
 
-The runner sends the same rendered prompt token ids it would give an in-process target; the backend sends
-them with fixed max_tokens, temperature, top-p / top-k and seed, and reads the reply's counts. Where the
-engine lists its verify steps (vLLM's `per_step_accepted`), the steps are walked under the one step rule
-(calibrate.replay.steps) here, so the step a budget cuts is censored as in-process, whatever the engine
-counted. Requests go concurrently where the engine reports counts per request (it batches them as in
-production); where counts are Prometheus deltas (vLLM without per-request metrics) one at a time. Which of
-the two a connected server does is learnt from its first reply, sent alone.
+The runner hands an engine a batch of rendered prompts and gets back, per prompt, one `Measured` per
+(speculator name, k). It never touches a model itself, so the same runner drives a target loaded in this
+process (calibrate.engines.in_process: greedy replay-once, the loop) and a 1-trillion-parameter model
+behind a vLLM, SGLang or llama.cpp server (calibrate.engines.server_engine). calibrate.engines.factory
+makes them from a pair's config.
 """
 
 from __future__ import annotations
 
-import contextlib
-import shlex
-from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from calibrate.data import RenderedPrompt
-from calibrate.engines.server import EngineError, Launched, check_port_free, free_port, launch, terminate_as_exit
 from calibrate.replay.counts import StepCounts, TotalCounts
-from calibrate.replay.engine import BatchResult, Measured, Sampling
-from calibrate.replay.steps import StepSeries, drafted_steps_counts, walk_engine_steps
-from calibrate.speculators.base import EngineMethod
+from calibrate.replay.experts import ExpertRow
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One request's outcome for one (speculator, k): its counts, the response they came from, and, for a
+    server engine, the raw response fields kept for audit."""
+
+    counts: StepCounts | TotalCounts
+    generated_tokens: int
+    finish_reason: str  # "eos" | "length"
+    raw: dict[str, Any] | None = None
+    experts: tuple[ExpertRow, ...] = ()  # the MoE verify-cost rows stored under this request (loop, experts on)
+
+
+BatchResult = list[dict[tuple[str, int], Measured]]
+
+# (tokens of one response, whether it starts inside a thinking block) -> a segment label per token
+Labeller = Callable[[list[int], bool], list[str]]
 
 
 @dataclass(frozen=True)
@@ -37,16 +46,18 @@ class TargetIdentity:
     device: str
 
 
-@dataclass(frozen=True)
-class ServerSpeculator:
-    """The speculator a server runs, named as the in-process one so their rows share a key."""
+class Engine(Protocol):
+    """Measures a batch of prompts for every (speculator, k) it serves, and says what a run records of it."""
 
-    name: str
-    kind: str
-    params: dict[str, Any]
-    identity: tuple[str | None, str | None]
-    method: EngineMethod | None  # how a launched engine runs it (the kind's own declaration); None: connected
-    drafts_every_step: bool  # a model drafter: each verify step drafts k, so an engine's step list is complete
+    name: str  # stored as the run's `engine`: "replay", "loop", "loop+experts", "llama.cpp", "vllm", "sglang"
+    target: Any  # calibrate.models.LoadedModel in this process, TargetIdentity behind a server
+    speculators: Sequence[Any]  # each with name, kind, params, identity
+    ks: list[int]
+    dtype: str | None  # None: the run's own (in-process); a server's "as served"
+    provenance: dict[str, Any] | None  # a server's command line, version and log; None in-process
+    expert_layers: list[int]  # the MoE layers the verify-cost profile covers (none without it)
+
+    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult: ...
 
 
 @dataclass(frozen=True)
@@ -60,140 +71,3 @@ class Budget:
     @property
     def max_model_len(self) -> int:
         return self.context_tokens + self.max_new_tokens + 16  # a chat template's few tokens over the cut
-
-
-@dataclass(frozen=True)
-class Served:
-    """One server to measure through: a speculator at draft length k (launched per k, or connected)."""
-
-    speculator: ServerSpeculator
-    k: int
-    pair: Any  # PairConfig
-
-    @property
-    def draft_lengths(self) -> list[int]:
-        return [self.k]
-
-
-@dataclass(frozen=True)
-class Reply:
-    """One request's answer: the response tokens, why it stopped, the counts, and raw fields for audit.
-
-    `steps`, where the engine lists its verify steps, is what the counts are made from (`counts` then holds
-    the engine's own totals, kept for audit); otherwise `counts` are the engine's totals as they are."""
-
-    tokens: list[int]
-    finish_reason: str  # "eos" | "length"
-    counts: TotalCounts
-    raw: dict[str, Any] = field(default_factory=dict)
-    steps: StepSeries | None = None
-
-
-class Backend(Protocol):
-    name: str  # "llama.cpp", "vllm", "sglang"
-    health: str  # path answering 200 once the server is up
-    # True: counts come per request, so requests may go concurrently; False: counter deltas, one at a time;
-    # None: not known until the server's first reply says (a connected vLLM with or without per-request metrics)
-    per_request_counts: bool | None
-
-    def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]: ...
-
-    def describe(self, url: str, timeout: float) -> dict[str, Any]: ...  # version, model, settings
-
-    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 seed: int, info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply: ...
-
-
-class ServerEngine:
-    """Measures through one server; a context manager so a launched server is always stopped."""
-
-    def __init__(self, backend: Backend, served: Served, budget: Budget, sampling: Sampling,
-                 labeller: Callable[[list[int], bool], list[str]],
-                 target_of: Callable[[Any, str, dict[str, Any]], TargetIdentity]):
-        self.backend, self.served, self.budget, self.sampling = backend, served, budget, sampling
-        self.labeller, self.target_of = labeller, target_of
-        self.target: TargetIdentity | None = None  # known once the server answered
-        self.name = backend.name
-        self.dtype = "as served"
-        self.server_cfg = served.pair.server
-        self.launched: Launched | None = None
-        self._signals = contextlib.ExitStack()  # SIGTERM -> SystemExit while a launched server lives
-        self.url = ""
-        self.info: dict[str, Any] = {}
-
-    # -- lifecycle ------------------------------------------------------------------------------------
-    def __enter__(self) -> ServerEngine:
-        cfg = self.server_cfg
-        if cfg.mode == "connect":
-            self.url = cfg.url.rstrip("/")
-        else:
-            port = cfg.port or free_port(cfg.host)
-            check_port_free(self.name, cfg.host, port)
-            self.url = f"http://{cfg.host}:{port}"
-            command = self.backend.command(self.served, cfg.host, port, self.budget)
-            self._signals.enter_context(terminate_as_exit())
-            self.launched = launch(self.name, command, self.url, self.backend.health, cfg.startup_timeout,
-                                   log_dir=cfg.log_dir, env=cfg.env)
-        try:
-            self.info = self.backend.describe(self.url, cfg.request_timeout)
-            self.target = self.target_of(self.served.pair, self.url, self.info)
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        try:
-            if self.launched is not None:
-                self.launched.stop()
-        finally:
-            self._signals.close()
-
-    @property
-    def provenance(self) -> dict[str, Any]:
-        out = {"engine": self.name, "mode": self.server_cfg.mode, "url": self.url, **self.info}
-        if self.launched is not None:
-            out.update(command=shlex.join(self.launched.command), log_file=str(self.launched.log_path))
-        return out
-
-    # -- measuring ------------------------------------------------------------------------------------
-    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult:
-        first: list[Measured] = []
-        if self.backend.per_request_counts is None and prompts:  # its reply says how the server counts
-            first, prompts = [self._one(prompts[0])], prompts[1:]
-        workers = self.server_cfg.concurrency if self.backend.per_request_counts else 1
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            replies = first + list(pool.map(self._one, prompts))
-        return [{(self.served.speculator.name, self.served.k): m} for m in replies]
-
-    def _one(self, prompt: RenderedPrompt) -> Measured:
-        try:
-            reply = self.backend.complete(self.url, prompt.ids, self.served.k, self.budget.max_new_tokens,
-                                          self.sampling, self.sampling.seed, self.info,
-                                          self.server_cfg.request_timeout,
-                                          every_step=self.served.speculator.drafts_every_step)
-        except EngineError as exc:
-            if self.launched is not None and self.launched.process.poll() is not None:
-                raise EngineError(f"{exc}\n{self.name} exited with status {self.launched.process.returncode}; "
-                                  f"log {self.launched.log_path}:\n{self.launched.log_tail()}") from None
-            raise
-        labels = self.labeller(reply.tokens, prompt.opens_thinking) if reply.tokens else []
-        raw = {**reply.raw, "segment_tokens": dict(Counter(labels))}
-        return Measured(self._counts(reply, labels), len(reply.tokens), reply.finish_reason, raw=raw)
-
-    def _counts(self, reply: Reply, labels: list[str]) -> StepCounts | TotalCounts:
-        """The step rule applied to the engine's own step list where it gives one: a model drafter's steps
-        are all listed, so they are walked position by position (segments too); a model-free drafter's
-        steps that proposed nothing are not, so only its drafted steps are counted (see drafted_steps_counts)."""
-        if reply.steps is None:
-            return reply.counts
-        n, k, ended = len(reply.tokens), self.served.k, reply.finish_reason == "eos"
-        try:
-            if self.served.speculator.drafts_every_step:
-                return walk_engine_steps(reply.steps, n, k, ended, labels)
-            return drafted_steps_counts(reply.steps, n, k, ended)
-        except ValueError as exc:
-            raise EngineError(f"{self.name} at {self.url}: {exc}") from None

@@ -20,11 +20,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from calibrate.engines.base import Budget, Reply, Served
+from calibrate.engines.base import Budget
+from calibrate.engines.server_engine import Reply, Served
 from calibrate.engines.server import EngineError, http_json
 from calibrate.models import resolve
 from calibrate.replay.counts import TotalCounts
-from calibrate.replay.engine import Sampling
+from calibrate.kernels.reference import Sampling
 
 ENABLING_FLAGS = ("--spec-type draft-simple --spec-draft-model/-md DRAFT.gguf --spec-draft-n-max k "
                   "--spec-draft-n-min k --spec-draft-p-min 0")
@@ -64,11 +65,11 @@ class LlamaCppBackend:
                 "slots": props.get("total_slots")}
 
     def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 seed: int, info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
+                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
         body = {
             "prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": sampling.temperature,
             # llama.cpp samples with top_k 40, top_p 0.95, min_p 0.05 unless told: ours means "unset" = off
-            "top_k": sampling.top_k or 0, "top_p": sampling.top_p or 1.0, "min_p": 0.0, "seed": seed,
+            "top_k": sampling.top_k or 0, "top_p": sampling.top_p or 1.0, "min_p": 0.0, "seed": sampling.seed,
             "repeat_penalty": 1.0, "cache_prompt": False, "return_tokens": True, "stream": False,
         }
         resp = http_json(self.name, url + "/completion", body, timeout=timeout)

@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from calibrate.engines.base import Budget, Reply, Served
+from calibrate.engines.base import Budget
+from calibrate.engines.server_engine import Reply, Served
 from calibrate.engines.server import EngineError, http_json
 from calibrate.models import resolve
 from calibrate.replay.counts import TotalCounts
-from calibrate.replay.engine import Sampling
+from calibrate.kernels.reference import Sampling
 
 ACCEPTED = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
 PROPOSED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
@@ -106,9 +107,9 @@ class SGLangBackend:
                 "speculative_num_draft_tokens": info.get("speculative_num_draft_tokens")}
 
     def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 seed: int, info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
+                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
         params = {"max_new_tokens": max_new_tokens, "temperature": sampling.temperature,
-                  "top_p": sampling.top_p or 1.0, "top_k": sampling.top_k or -1, "sampling_seed": seed}
+                  "top_p": sampling.top_p or 1.0, "top_k": sampling.top_k or -1, "sampling_seed": sampling.seed}
         resp = http_json(self.name, url + "/generate", {"input_ids": list(prompt_ids), "sampling_params": params},
                          timeout=timeout)
         try:

@@ -29,11 +29,12 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from calibrate.engines.base import Budget, Reply, Served
+from calibrate.engines.base import Budget
+from calibrate.engines.server_engine import Reply, Served
 from calibrate.engines.server import EngineError, http_json, http_text
 from calibrate.models import resolve
 from calibrate.replay.counts import TotalCounts
-from calibrate.replay.engine import Sampling
+from calibrate.kernels.reference import Sampling
 from calibrate.replay.steps import StepSeries
 from calibrate.speculators.base import EngineMethod
 
@@ -168,11 +169,11 @@ class VLLMBackend:
         return {"engine_version": version.get("version") if isinstance(version, dict) else None, "model": model}
 
     def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 seed: int, info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
+                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
         before = None if self.per_request_counts else read_counters(http_text(self.name, url + "/metrics", timeout))
         body = {"model": info["model"], "prompt": list(prompt_ids), "max_tokens": max_new_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p or 1.0, "top_k": sampling.top_k or -1,
-                "seed": seed, "return_token_ids": True, "stream": False}
+                "seed": sampling.seed, "return_token_ids": True, "stream": False}
         resp = http_json(self.name, url + "/v1/completions", body, timeout=timeout)
         try:
             choice = resp["choices"][0]

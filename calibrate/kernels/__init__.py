@@ -1,6 +1,6 @@
 """Verification of speculative drafts: torch reference (the specification) and fused Triton kernels.
 
-`verify_greedy` and `verify_rejection` dispatch: backend "auto" runs the Triton kernels on CUDA tensors
+`verify_greedy` and `verify_rejection` dispatch: kernel "auto" runs the Triton kernels on CUDA tensors
 (when triton imports) and the reference elsewhere; "triton" or "reference" forces one (Triton on CPU
 needs TRITON_INTERPRET=1 set before triton is first imported: tests only, it is slow).
 """
@@ -12,7 +12,7 @@ import torch
 from calibrate.kernels import reference
 from calibrate.kernels.reference import VerifyOutput
 
-BACKENDS = ("auto", "triton", "reference")
+KERNELS = ("auto", "triton", "reference")  # the verify kernel: `[run] verify_kernel`
 
 
 def _triton_module():
@@ -21,12 +21,12 @@ def _triton_module():
     return triton_verify
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """'triton' or 'reference' for a requested backend and the logits' device."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown verify backend {backend!r} (expected one of {', '.join(BACKENDS)})")
-    if backend != "auto":
-        return backend
+def resolve_kernel(kernel: str, device: torch.device) -> str:
+    """'triton' or 'reference' for a requested verify kernel and the logits' device."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown verify kernel {kernel!r} (expected one of {', '.join(KERNELS)})")
+    if kernel != "auto":
+        return kernel
     if device.type != "cuda":
         return "reference"
     try:
@@ -36,19 +36,19 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return "triton"
 
 
-def verify_greedy(logits: torch.Tensor, draft_tokens, num_draft, *, backend: str = "auto") -> VerifyOutput:
+def verify_greedy(logits: torch.Tensor, draft_tokens, num_draft, *, kernel: str = "auto") -> VerifyOutput:
     """Greedy verification of a ragged batch; see calibrate.kernels.reference for the layout."""
-    if resolve_backend(backend, logits.device) == "triton":
+    if resolve_kernel(kernel, logits.device) == "triton":
         return _triton_module().greedy_verify(logits, draft_tokens, num_draft)
     return reference.greedy_verify(logits, draft_tokens, num_draft)
 
 
-def verify_rejection(logits: torch.Tensor, draft_tokens, num_draft, *, backend: str = "auto",
+def verify_rejection(logits: torch.Tensor, draft_tokens, num_draft, *, kernel: str = "auto",
                      **kwargs) -> VerifyOutput:
     """Rejection-sampling verification of a ragged batch; keyword arguments as reference.rejection_verify."""
-    if resolve_backend(backend, logits.device) == "triton":
+    if resolve_kernel(kernel, logits.device) == "triton":
         return _triton_module().rejection_verify(logits, draft_tokens, num_draft, **kwargs)
     return reference.rejection_verify(logits, draft_tokens, num_draft, **kwargs)
 
 
-__all__ = ["BACKENDS", "VerifyOutput", "resolve_backend", "verify_greedy", "verify_rejection"]
+__all__ = ["KERNELS", "VerifyOutput", "resolve_kernel", "verify_greedy", "verify_rejection"]

@@ -23,7 +23,7 @@ back to a sample of p, so no zero-probability token is ever emitted.
 
 Randomness comes from calibrate.kernels.rng, keyed by (seed, request id, absolute position, purpose):
 u_i = lane_uniform(key(ACCEPT), 0), and samples are exponential races over key(SAMPLE) lanes. The Triton
-kernels draw the very same numbers, so both backends make identical decisions on identical inputs, and a
+kernels draw the very same numbers, so both kernels make identical decisions on identical inputs, and a
 request's outcome does not depend on the batch around it.
 
 Top-k / top-p: the kept set is {j : logit_j / T >= tau} for a per-row threshold tau (ties at the boundary
@@ -149,7 +149,7 @@ def row_floors(logits: torch.Tensor, layout: Layout, temperature: torch.Tensor, 
 
 
 def inverse_temperature(temperature: torch.Tensor) -> torch.Tensor:
-    """(N,) float32 1 / T per row (1 where T = 0): logits are scaled by multiplying with it, in both backends."""
+    """(N,) float32 1 / T per row (1 where T = 0): logits are scaled by multiplying with it, in both kernels."""
     t = temperature.float()
     return 1.0 / torch.where(t > 0, t, 1.0)
 
@@ -171,6 +171,17 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, floor: torch.T
     return probs_of_scaled(masked_scaled(logits, temperature, floor), logits, temperature)
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How a request samples: what the target's p is warped by, and the seed its random streams are keyed by.
+    The one record of it, for the in-process loop, the drafters and the server engines' request bodies."""
+
+    temperature: float
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int = 0
+
+
 def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int | None = None,
                    top_p: float | None = None) -> torch.Tensor:
     """(N, V) float32: the distribution a row samples from under (T > 0, top-k, top-p), computed exactly as
@@ -183,6 +194,21 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int | None =
     p = _per_request(top_p, n, torch.float32, logits.device, 1.0)
     floor = sampling_floor(logits.float() * inverse_temperature(t).unsqueeze(1), k, p)
     return target_probs(logits, t, floor)
+
+
+def sample_drafts(logits: torch.Tensor, sampling: Sampling, temperature: float, request_ids: torch.Tensor,
+                  positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A model drafter's tokens (B,) from its logits (B, V), and q (B, V) at T > 0 (None at T = 0: argmax).
+
+    q is softmax(logits / T) warped by the target's top-k / top-p exactly as the target's p is
+    (`sampling_probs`), so self-speculation accepts every draft; the draw is the exponential race keyed by
+    (seed, request, position, DRAFT), so a row's draft does not depend on the rows batched with it.
+    `temperature` is the drafter's own (0 under target-only verification, which takes greedy drafts)."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1), None
+    q = sampling_probs(logits, temperature, sampling.top_k, sampling.top_p)
+    keys = rng.stream_key(sampling.seed, request_ids, positions, rng.DRAFT).to(q.device)
+    return rng.exponential_race(q, keys), q
 
 
 def softmax_parts(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -264,7 +290,7 @@ def sample_keys(layout: Layout, seed: int, request_ids: torch.Tensor, positions:
 
 @dataclass
 class Batch:
-    """Validated, device-placed inputs of a rejection verification (shared by both backends)."""
+    """Validated, device-placed inputs of a rejection verification (shared by both kernels)."""
 
     logits: torch.Tensor  # (N, V)
     draft_tokens: torch.Tensor  # (sum k,) int64

@@ -1,12 +1,12 @@
 """Counter-based random numbers shared, bit for bit, by the torch reference and the Triton kernels.
 
-Why counter-based: a verification step must draw the same random numbers whichever backend runs it and
+Why counter-based: a verification step must draw the same random numbers whichever kernel runs it and
 whatever the batch looks like, so that (a) the kernel can be tested for *identical* accept decisions and
 samples against the reference, and (b) a request's outcome does not depend on which other requests shared
 its batch. So every random number is a pure function of (seed, request, position, purpose, lane):
 
 - `stream_key(seed, request, position, purpose)` hashes the first four into one 32-bit key per (request,
-  position, purpose); it is computed on the host side (tiny tensors) by both backends;
+  position, purpose); it is computed on the host side (tiny tensors) by both kernels;
 - `lane_uniform(key, lane)` turns a key and a vocabulary index (lane 0 for scalar draws) into a uniform in
   (0, 1); the Triton twin `_lane_uniform_tl` in triton_verify.py computes the same bits with uint32 ops.
 

@@ -10,7 +10,10 @@ Engines use a speculator in two ways:
 - loops (sampled, or step-by-step at temperature 0), per request id: `start` with the prompt, `draft` k
   tokens (optionally with their probabilities for rejection sampling), `extend` with each verified block,
   `finish`. A speculator owns its per-request state (KV cache, index) and rolls back its own speculative
-  state when the next verified block arrives; nothing recognises a request by its tokens.
+  state when the next verified block arrives; nothing recognises a request by its tokens. A model-free
+  drafter only says what follows a token context (`propose`); the default per-request methods keep the
+  context for it. A draft model is the exception: it drafts a whole batch at once with its own batched
+  KV cache (calibrate.speculators.draft_model).
 
 Target features follow one invariant: after `start` / `extend`, the speculator holds the features of every
 context position except the last (the last token is the one the target has not run yet: the prefill's
@@ -205,10 +208,12 @@ class Speculator(ABC):
         """(model id, content hash) of a model drafter, for provenance; (None, None) for model-free ones."""
         return None, None
 
-    @abstractmethod
     def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
                 generator: torch.Generator | None = None) -> Proposal:
-        """Propose k draft tokens to follow `context` (token ids), from the tokens alone."""
+        """Propose up to k draft tokens to follow `context` (token ids), from the tokens alone: what the
+        default `draft` and `replay_scorers` ask of a model-free drafter. A draft model drafts a whole batch
+        with its own KV cache instead (calibrate.speculators.draft_model.DraftModelSpeculator.draft_batch)."""
+        raise NotImplementedError(f"speculator {self.name!r} does not propose from a token context")
 
     # -- loops: per-request state ---------------------------------------------------------------------
     # The default keeps each request's context and proposes from it; speculators with a model state

@@ -4,9 +4,9 @@ Two ways to use it:
 - `replay_scorers`: at temperature 0 with a fixed target response, the draft's proposal at a prefix that
   matches the target is its teacher-forced argmax, so ONE forward pass over prompt + response scores every
   step at every k. This is what makes greedy replay-once cheap.
-- `propose`: the step-by-step path (loops, and the test that checks the shortcut). It keeps a KV cache of
-  the last context and reuses its longest common prefix, so consecutive steps of one sequence cost only
-  the new tokens, as in a real speculative decoder.
+- `draft_batch` / `roll_back`: the loop's step (calibrate.replay.loop). The draft model drafts for a whole
+  batch of loops at once with its own batched KV cache (calibrate.kv_slots), each row its own k, and
+  keeps what the target accepted, as a serving engine's draft model does.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
+from calibrate.kernels.reference import Sampling, sample_drafts
+from calibrate.kv_slots import SlotCache
 from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
-from calibrate.speculators.base import (
-    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, needs,
-)
+from calibrate.speculators.base import BuildContext, ReplayScorer, Speculator, SpeculatorConfig, needs
 
 
 class DraftSpeculatorConfig(SpeculatorConfig):
@@ -36,15 +35,6 @@ def run_lengths(match: np.ndarray) -> np.ndarray:
     for j in range(match.shape[0] - 1, -1, -1):
         runs[j] = runs[j + 1] + 1 if match[j] else 0
     return runs[:-1]
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class DraftModelSpeculator(Speculator):
@@ -75,12 +65,16 @@ class DraftModelSpeculator(Speculator):
     def config_name(cls, spec: DraftSpeculatorConfig, target: str) -> str:
         return f"draft:{spec.model}"
 
-
     def __init__(self, draft: LoadedModel, batch_size: int = 4):
         self.draft = draft
         self.batch_size = batch_size
-        self._cache: DynamicCache | None = None
-        self._cached: list[int] = []  # tokens whose keys/values are in _cache
+
+    @classmethod
+    def of_model(cls, model: torch.nn.Module, name: str = "draft") -> DraftModelSpeculator:
+        """A bare transformers causal LM as a draft model (the target itself, for self-speculation; tests)."""
+        device = str(next(model.parameters()).device)
+        return cls(LoadedModel(name=name, model_id=name, fingerprint="", model=model, tokenizer=None,
+                               dtype=str(next(model.parameters()).dtype), device=device))
 
     @property
     def name(self) -> str:
@@ -141,35 +135,49 @@ class DraftModelSpeculator(Speculator):
             scorers.append(run_at)
         return scorers
 
-    # -- step-by-step proposals -----------------------------------------------------------------------
+    # -- the loop's step ------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def _logits(self, tokens: Sequence[int]) -> torch.Tensor:
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.draft.device)
-        out = self.draft.model(input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1].float()  # (V,)
+    def draft_batch(self, cache: SlotCache, contexts: Sequence[Sequence[int]], ks: Sequence[int],
+                    sampling: Sampling, temperature: float, request_ids: torch.Tensor, positions: torch.Tensor,
+                    vocab: int) -> tuple[list[list[int]], torch.Tensor | None]:
+        """k_r drafts for each row: feed what the cache has not seen (1 or 2 tokens), then one token a depth.
 
-    @torch.inference_mode()
-    def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
-                generator: torch.Generator | None = None) -> Proposal:
-        context = list(context)
-        reuse = min(_common_prefix(self._cached, context), len(context) - 1)  # feed at least one token
-        if self._cache is None or reuse == 0:
-            self._cache, reuse = DynamicCache(), 0
-        else:
-            self._cache.crop(reuse - self._cache.get_seq_length())  # negative: tokens to drop
-        logits = self._logits(context[reuse:])
-        tokens: list[int] = []
-        probs: list[torch.Tensor] = []
-        for i in range(k):
-            if temperature > 0:
-                q = torch.softmax(logits / temperature, dim=-1)
-                token = int(torch.multinomial(q.cpu(), 1, generator=generator))
-                probs.append(q.cpu())
-            else:
-                token = int(logits.argmax())
-            tokens.append(token)
-            if i < k - 1:
-                logits = self._logits([token])
-        self._cached = context + tokens[:-1]
-        return Proposal(tokens=tokens, probs=torch.stack(probs) if probs else None)
+        Rows of different k share the batch: at depth i only the rows with k_r > i sample (their random
+        streams are keyed by request and position, so the company changes nothing) and only those with
+        k_r > i + 1 feed their draft (the others get an empty chunk, as if they had stopped). Returns the
+        drafts and q (B, max k, vocab) at T > 0, padded to the target's vocabulary (None at T = 0: greedy
+        drafts, q = one-hot)."""
+        b = len(contexts)
+        pending = [list(c[int(n):]) for c, n in zip(contexts, cache.lengths.tolist())]
+        logits = cache.feed(pending)  # (B, n, Vd)
+        last = torch.tensor([len(p) - 1 for p in pending], device=logits.device)
+        step_logits = logits[torch.arange(b, device=logits.device), last]  # (B, Vd)
+        drafts: list[list[int]] = [[] for _ in contexts]
+        probs = None
+        for i in range(max(ks)):
+            rows = [j for j in range(b) if ks[j] > i]
+            pick = torch.tensor(rows, dtype=torch.int64)
+            sub = step_logits if len(rows) == b else step_logits[pick.to(step_logits.device)]
+            tok, q = sample_drafts(sub, sampling, temperature, request_ids[pick], positions[pick] + i)
+            for j, t in zip(rows, tok.tolist()):
+                drafts[j].append(t)
+            if q is not None:
+                if probs is None:
+                    probs = q.new_zeros((b, max(ks), q.shape[-1]))
+                probs[pick.to(q.device), i] = q
+            feeding = [[drafts[j][i]] if ks[j] > i + 1 else [] for j in range(b)]
+            if any(feeding):
+                step_logits = cache.feed(feeding)[:, 0]
+        if temperature <= 0 or probs is None:
+            return drafts, None
+        if probs.shape[-1] != vocab:  # a draft vocabulary padded differently from the target's
+            probs = torch.nn.functional.pad(probs, (0, max(0, vocab - probs.shape[-1])))[..., :vocab]
+        return drafts, probs
+
+    @staticmethod
+    def roll_back(cache: SlotCache, kept: Sequence[int]) -> None:
+        """After verification: the draft saw pending + d_0..d_{k-2}; it keeps the accepted ones among those
+        (`kept[r]`: the row's verified context but its last token, which the target has not run either)."""
+        fed = cache.lengths.tolist()
+        cache.truncate(cache.lengths.new_tensor([min(int(f), n) for f, n in zip(fed, kept)]))

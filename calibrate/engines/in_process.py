@@ -1,49 +1,25 @@
-"""The one protocol every engine sits behind: in-process (greedy replay-once, sampled loop) and servers.
+"""The engines that run the target in this process: greedy replay-once, and the step-by-step loop.
 
-The runner hands an engine a batch of rendered prompts and gets back, per prompt, one `Measured` per
-(speculator name, k). It never touches a model itself, so the same runner drives a target loaded in this
-process and a 1-trillion-parameter model behind a vLLM, SGLang or llama.cpp server.
+`ReplayEngine` (engine "replay", temperature 0 only) generates each response once and scores every
+speculator and k against it exactly (calibrate.replay.greedy); `LoopEngine` (engine "loop") really decodes,
+one loop per (speculator, k, request) (calibrate.replay.loop), at any temperature, and profiles the MoE
+verify cost when asked (calibrate.replay.experts).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 from calibrate.data import RenderedPrompt
-from calibrate.replay.counts import StepCounts, TotalCounts
+from calibrate.engines.base import BatchResult, Labeller, Measured
+from calibrate.kernels.reference import Sampling
+from calibrate.models import LoadedModel
 from calibrate.replay.experts import ExpertRecorder, ExpertRow, find_routers, profile_rows
 from calibrate.replay.greedy import generate_greedy, score_replay, target_features
-from calibrate.replay.sampled import run_sweep
+from calibrate.replay.loop import LoopResult, run_loops
 from calibrate.speculators.base import Speculator, TargetNeeds
-
-
-@dataclass(frozen=True)
-class Measured:
-    """One request's outcome for one (speculator, k): its counts, the response they came from, and, for a
-    server engine, the raw response fields kept for audit."""
-
-    counts: StepCounts | TotalCounts
-    generated_tokens: int
-    finish_reason: str  # "eos" | "length"
-    raw: dict[str, Any] | None = None
-    experts: tuple[ExpertRow, ...] = ()  # the MoE verify-cost rows stored under this request (loop, experts on)
-
-
-BatchResult = list[dict[tuple[str, int], Measured]]
-
-# (tokens of one response, whether it starts inside a thinking block) -> a segment label per token
-Labeller = Callable[[list[int], bool], list[str]]
-
-
-class Engine(Protocol):
-    """Measures a batch of prompts for every (speculator, k) it serves."""
-
-    name: str  # stored as the run's `engine`: "replay", "loop", "loop+experts", "llama.cpp", "vllm", "sglang"
-
-    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult: ...
 
 
 class ReplayEngine:
@@ -51,9 +27,13 @@ class ReplayEngine:
 
     name = "replay"
 
-    def __init__(self, target: Any, speculators: Sequence[Speculator], draft_lengths: Sequence[int],
+    dtype = None  # the run's own
+    provenance = None
+    expert_layers: list[int] = []
+
+    def __init__(self, target: LoadedModel, speculators: Sequence[Speculator], ks: Sequence[int],
                  max_new_tokens: int, labeller: Labeller):
-        self.target, self.speculators, self.draft_lengths = target, speculators, list(draft_lengths)
+        self.target, self.speculators, self.ks = target, list(speculators), list(ks)
         self.max_new_tokens, self.labeller = max_new_tokens, labeller
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult:
@@ -68,7 +48,7 @@ class ReplayEngine:
                     if needs.any else None)
         per_request: BatchResult = [{} for _ in prompts]
         for spec in self.speculators:
-            scored = score_replay(spec, ids, responses, self.draft_lengths, segments, features)
+            scored = score_replay(spec, ids, responses, self.ks, segments, features)
             for i, per_k in enumerate(scored):
                 finish = "eos" if responses[i].ended else "length"
                 per_request[i].update({(spec.name, k): Measured(counts, len(responses[i].tokens), finish)
@@ -83,14 +63,6 @@ class ExpertProfile:
     batch_sizes: tuple[int, ...] = (1,)
 
 
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float
-    top_p: float | None
-    top_k: int | None
-    seed: int
-
-
 class LoopEngine:
     """A real batched speculative-decoding loop per speculator and k (responses differ per k when sampling).
 
@@ -103,12 +75,15 @@ class LoopEngine:
     "loop+experts" (the engine is a run condition, so such runs never pool with plain loop runs); a dense
     target is refused when the engine is made (NotMoE, one line)."""
 
-    def __init__(self, target: Any, speculators: Sequence[Speculator], draft_lengths: Sequence[int],
-                 max_new_tokens: int, sampling: Sampling, verify_backend: str,
+    dtype = None  # the run's own
+    provenance = None
+
+    def __init__(self, target: LoadedModel, speculators: Sequence[Speculator], ks: Sequence[int],
+                 max_new_tokens: int, sampling: Sampling, verify_kernel: str,
                  labeller: Labeller, verification: str = "probabilistic", loop_rows: int | None = None,
                  experts: ExpertProfile | None = None):
-        self.target, self.speculators, self.draft_lengths = target, speculators, list(draft_lengths)
-        self.max_new_tokens, self.sampling, self.verify_backend = max_new_tokens, sampling, verify_backend
+        self.target, self.speculators, self.ks = target, list(speculators), list(ks)
+        self.max_new_tokens, self.sampling, self.verify_kernel = max_new_tokens, sampling, verify_kernel
         self.labeller, self.verification, self.loop_rows = labeller, verification, loop_rows
         self.experts = experts
         self.expert_layers = [layer for layer, _ in find_routers(target.model)] if experts is not None else []
@@ -116,19 +91,19 @@ class LoopEngine:
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult:
         opens_thinking = prompts[0].opens_thinking  # a property of the template and mode, not of the request
-        rows = self.loop_rows or len(prompts) * len(self.draft_lengths)
+        rows = self.loop_rows or len(prompts) * len(self.ks)
         with ExpertRecorder(self.target.model) if self.experts is not None else contextlib.nullcontext() as recorder:
             swept = self._sweep(prompts, keys, rows, opens_thinking, recorder)
         per_request: BatchResult = [{} for _ in prompts]
         for spec, results in zip(self.speculators, swept):
-            for k in self.draft_lengths:
+            for k in self.ks:
                 experts = self._expert_rows(results, k, keys)
                 for i, result in enumerate(results):
                     per_request[i][(spec.name, k)] = Measured(result.counts[k], len(result.tokens[k]),
                                                               result.finish_reason[k], experts=tuple(experts[i]))
         return per_request
 
-    def _expert_rows(self, results: Sequence[Any], k: int, keys: Sequence[int]) -> list[list[ExpertRow]]:
+    def _expert_rows(self, results: Sequence[LoopResult], k: int, keys: Sequence[int]) -> list[list[ExpertRow]]:
         """Each request's expert rows at k (none without a profile); the simulated uniform routing draws from
         a generator keyed by the batch's first request and k, so a re-run counts the same."""
         if self.experts is None:
@@ -137,13 +112,10 @@ class LoopEngine:
                             seed=(int(keys[0]) * 1000003 + k) % (1 << 63))
 
     def _sweep(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int], rows: int, opens_thinking: bool,
-               recorder: ExpertRecorder | None) -> list[list[Any]]:
-        s = self.sampling
-        return run_sweep(
-            self.target.model, self.speculators, [p.ids for p in prompts], draft_lens=self.draft_lengths,
-            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=self.max_new_tokens,
-            eos_token_ids=self.target.eos_token_ids, seed=s.seed,
-            segment_labeller=lambda tokens: self.labeller(tokens, opens_thinking),
-            verify_backend=self.verify_backend, loop_rows=rows, request_keys=keys,
-            verification=self.verification, experts=recorder,
+               recorder: ExpertRecorder | None) -> list[list[LoopResult]]:
+        return run_loops(
+            self.target.model, self.speculators, [p.ids for p in prompts], ks=self.ks, sampling=self.sampling,
+            max_new_tokens=self.max_new_tokens, eos_token_ids=self.target.eos_token_ids,
+            labeller=lambda tokens: self.labeller(tokens, opens_thinking), verify_kernel=self.verify_kernel,
+            loop_rows=rows, request_keys=keys, verification=self.verification, experts=recorder,
         )

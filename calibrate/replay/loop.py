@@ -1,0 +1,448 @@
+"""The speculative-decoding loop: draft -> verify -> accept -> roll back, batched, at any temperature.
+
+At temperature > 0 there is no replay shortcut: the target's response depends on the random draws, so the
+loop really decodes: draft k tokens, verify the k + 1 positions in ONE target forward pass, accept by
+rejection sampling (calibrate.kernels), roll both KV caches back past the rejected tokens, repeat. At
+temperature 0 it is a plain greedy speculative decoder (engine "loop"). The first pass only prefills and
+emits the first token (no drafts), as serving engines do. Its output is exactly target-distributed, and
+each step's accepted count is recorded with the shared step rule (calibrate.replay.steps.step_accepted), so
+the histograms mean what the greedy replay-once engine's mean. It also records the analytic expected
+acceptance of each step (running product of min(1, p/q), computed by the verification kernel): same mean
+as the realised counts, lower variance.
+
+    results = run_loops(target_model, [spec_a, spec_b], prompts, ks=[1, 3, 5], sampling=Sampling(0.7, 0.95),
+                        max_new_tokens=1024, eos_token_ids={eos}, labeller=labeller, loop_rows=8)
+    results[s][i].counts[k]         -> StepCounts of request i at k under speculator s
+    results[s][i].tokens[k]         -> the token ids that loop generated (EOS included when it ended)
+    results[s][i].finish_reason[k]  -> "eos" | "length"
+
+Each (speculator, k, request) is its own loop (at temperature > 0 the responses differ per k), but a run
+pays for each prompt once: the target and each draft model prefill it once (calibrate.kv_slots.prefill),
+its first token is drawn once, and every loop starts from a copy of its row. A speculator's loops run
+`loop_rows` at a time as one batch, ordered by (k, request), so loops of one request at neighbouring k share
+a batch: each row drafts its own k and verifies 1 + k positions. A speculator is
+- a draft model (calibrate.speculators.draft_model): it drafts the whole batch at once with its own KV
+  cache (`draft_batch`), sampling from its q warped as the target's p, and hands q to the verifier;
+- any other Speculator (n-gram, suffix, EAGLE-3, MTP): per loop `start` with the prompt, `extend` with the
+  first token, then `draft` per step, `extend` with each verified block and `finish`; the target's hidden
+  states of the positions each pass verified come along where it declares `needs`. Its `probs` are used
+  when given, else q = one-hot. Proposals may be shorter than k.
+
+Randomness is counter-based (calibrate.kernels.rng), keyed by (seed, request key (`request_keys`, default
+the index in `prompts`), position in the response, purpose) for the draft samples and the verification, so
+a loop's outcome does not depend on the loops batched with it, on the prefill being shared, or on the
+verify kernel. A speculator that samples with a torch generator gets one per loop, seeded by (seed,
+request key, k).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from calibrate.kernels import verify_greedy, verify_rejection
+from calibrate.kernels.reference import Sampling, VerifyOutput
+from calibrate.kv_slots import Prefix, SlotCache, prefill
+from calibrate.replay.counts import StepCounts
+from calibrate.replay.experts import ExpertRecorder, ExpertTrace
+from calibrate.replay.steps import step_accepted
+from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds, select_features
+from calibrate.speculators.draft_model import DraftModelSpeculator
+
+# Verification rules at temperature > 0. Both emit exactly target-distributed tokens; they differ in AL.
+# - "probabilistic": drafts sampled from the drafter's q, accepted with min(1, p/q), residual max(p - q, 0)
+#   (Leviathan et al. 2023);
+# - "target-only": greedy (argmax) drafts, accepted with probability p_target(draft), i.e. q one-hot, residual
+#   p without the draft: vLLM v1's model runner (draft_probs None) and SGLang's EAGLE
+#   (tree_speculative_sampling_target_only). Its expected acceptance is the running product of p(d_i).
+VERIFICATION_RULES = ("probabilistic", "target-only")
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What every loop of one run shares: sampling, budget, verification."""
+
+    sampling: Sampling
+    max_new_tokens: int
+    eos_token_ids: frozenset[int]
+    verify_kernel: str = "auto"  # calibrate.kernels.KERNELS
+    verification: str = "probabilistic"  # one of VERIFICATION_RULES
+
+    @property
+    def draft_temperature(self) -> float:
+        # Target-only verification takes the drafter's greedy tokens and no q (one-hot): draft at temperature 0.
+        return 0.0 if self.verification == "target-only" else self.sampling.temperature
+
+
+@dataclass
+class LoopResult:
+    """One request's outcome under one speculator, per k (each k is its own generation at temperature > 0)."""
+
+    counts: dict[int, StepCounts] = field(default_factory=dict)
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+    finish_reason: dict[int, str] = field(default_factory=dict)  # "eos" | "length"
+    experts: dict[int, ExpertTrace] = field(default_factory=dict)  # when run_loops was given an ExpertRecorder
+
+
+@dataclass
+class StepRecord:
+    """One step of one loop, as the step rule saw it."""
+
+    start: int  # response position of the step's first emitted token
+    accepted: int | None  # step_accepted(...); None when censored by max_new_tokens
+    tokens: int  # tokens this step added to the response
+    proposed: int  # drafts the speculator proposed
+    expected: float  # analytic E[accepted drafts | proposed drafts]
+    is_step: bool = True  # False for the prefill pass's first token (calibrate.replay.steps)
+
+
+def record_step(emitted: Sequence[int], a_true: int, k: int, generated: int, max_new_tokens: int,
+                eos_token_ids: frozenset[int], expected: float, proposed: int) -> tuple[StepRecord, list[int], bool]:
+    """Apply the shared step rule to one verified step.
+
+    emitted: the a_true accepted drafts then the residual / bonus token; generated: response length before
+    the step. Returns the record, the tokens that enter the response (cut at EOS and at the budget) and
+    whether the response ended with EOS.
+    """
+    eos_at = next((j for j, tok in enumerate(emitted) if tok in eos_token_ids), None)
+    budget = max_new_tokens - generated
+    remaining = budget if eos_at is None else min(budget, eos_at + 1)
+    ended = eos_at is not None and eos_at + 1 <= budget
+    accepted = step_accepted(min(a_true, remaining), k, remaining, ended)
+    kept = list(emitted[:remaining])
+    record = StepRecord(start=generated, accepted=accepted, tokens=len(kept), proposed=proposed,
+                        expected=expected)
+    return record, kept, ended
+
+
+def before_eos(drafts: list[int], eos_token_ids: frozenset[int]) -> list[int]:
+    """The drafts before the first draft EOS: the ones the step rule can count.
+
+    An accepted draft EOS ends the response and the step rule records it as the step's bonus token, so the
+    step accepts min(accepted, j) drafts (j: the EOS's index). Verifying only d_0..d_{j-1} makes the
+    kernel's analytic expectation sum exactly those j terms (unclipped it counted the EOS and what follows
+    as accepted drafts: biased up). Emitted tokens keep the target's distribution: the token at position
+    j is then the bonus sample of p instead of an accept-or-residual test of the EOS, which is p too.
+    """
+    cut = next((i for i, t in enumerate(drafts) if t in eos_token_ids), None)
+    return drafts if cut is None else drafts[:cut]
+
+
+@dataclass
+class Loop:
+    """One (request, k) loop of a speculator: its own response, records and random streams."""
+
+    request: int  # row of the request in the Prefix (its index in the caller's prompt list)
+    key: int  # random-stream key of the request (request_keys[index], default index): the same at every k
+    loop_id: int  # the id the speculator keeps this loop's state under (distinct per (request, k))
+    k: int
+    prompt: list[int]
+    generator: torch.Generator  # only for model-free speculators that sample their own drafts
+    generated: list[int] = field(default_factory=list)
+    records: list[StepRecord] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt + self.generated
+
+    @property
+    def last_step_tokens(self) -> list[int]:
+        """The tokens the last verified pass added to the response."""
+        n = self.records[-1].tokens
+        return self.generated[len(self.generated) - n:] if n else []
+
+    def take(self, emitted: Sequence[int], accepted: int, expected: float, proposed: int, s: LoopSettings,
+             is_step: bool = True) -> bool:
+        """Record one verified pass; True while the loop goes on."""
+        rec, kept, ended = record_step(emitted, accepted, self.k, len(self.generated), s.max_new_tokens,
+                                       s.eos_token_ids, expected, proposed=proposed)
+        self.records.append(rec if is_step else replace(rec, is_step=False))
+        self.generated.extend(kept)
+        if ended:
+            self.finish_reason = "eos"
+        elif len(self.generated) >= s.max_new_tokens:
+            self.finish_reason = "length"
+        return self.finish_reason is None
+
+
+# -- the step ---------------------------------------------------------------------------------------------
+
+@torch.inference_mode()
+def decode(target: Prefix, drafter: ModelDrafts | SpeculatorDrafts, loops: list[Loop], first: Sequence[int],
+           s: LoopSettings, experts: ExpertRecorder | None = None) -> None:
+    """Run the loops (any mix of requests and k) as one batch of speculative decoders until each ends.
+
+    Every loop starts from a copy of its request's prompt cache and the request's first token."""
+    active = [r for r in loops if r.take([first[r.request]], 0, 0.0, 0, s, is_step=False)]
+    if not active:
+        return
+    rows = torch.tensor([r.request for r in active], dtype=torch.int64)
+    cache = target.start(rows)
+    drafter.begin(active, rows)
+    while active:
+        keys = torch.tensor([r.key for r in active], dtype=torch.int64)
+        positions = torch.tensor([len(r.generated) for r in active], dtype=torch.int64)
+        # draft: up to k_r tokens per loop (and q where the drafter has one)
+        drafts, q = drafter.draft(active, keys, positions)
+        proposed = [len(d) for d in drafts]
+        drafts = [before_eos(d, s.eos_token_ids) for d in drafts]
+        # verify: one target pass over [pending token, drafts]; the cache holds the context but its last token
+        chunks = [[r.generated[-1], *d] for r, d in zip(active, drafts)]
+        with _watch(experts, active, chunks):
+            logits = cache.feed(chunks, hidden=drafter.needs.any)  # (B, 1 + max k_r, V)
+        out = verify(logits, drafts, q, keys, positions, s)
+        # accept: each loop takes its accepted drafts and the residual / bonus token
+        going = [r.take(emitted[:a + 1], a, e, n, s) for r, emitted, a, e, n in
+                 zip(active, out.tokens.tolist(), out.num_accepted.tolist(), out.expected_accepted.tolist(), proposed)]
+        # roll back: the target keeps pending + accepted drafts (the emitted token is next step's pending)
+        drafter.verified(active, going, cache)
+        cache.truncate(cache.lengths.new_tensor([len(r.context) - 1 for r in active]))
+        if not all(going):
+            still = [j for j, g in enumerate(going) if g]
+            active = [active[j] for j in still]
+            if still:
+                cache.select(torch.tensor(still, dtype=torch.int64))
+                drafter.select(still)
+
+
+def _watch(experts: ExpertRecorder | None, active: Sequence[Loop], chunks: list[list[int]]):
+    """The MoE verify-cost recorder armed around one verify pass, when the run profiles experts."""
+    if experts is None:
+        return contextlib.nullcontext()
+    return experts.verify([r.loop_id for r in active], [len(r.generated) - 1 for r in active], chunks)
+
+
+def verify(logits: torch.Tensor, drafts: list[list[int]], probs: torch.Tensor | None, keys: torch.Tensor,
+           positions: torch.Tensor, s: LoopSettings) -> VerifyOutput:
+    """Verify each row's drafts: logits (B, 1 + len(d_j), V) per row, rows padded on the right."""
+    device = logits.device
+    drafted = torch.tensor([len(d) for d in drafts], dtype=torch.int64, device=device)
+    rows = _ragged(logits, [len(d) + 1 for d in drafts])
+    flat = torch.tensor([t for d in drafts for t in d], dtype=torch.int64, device=device)
+    if s.sampling.temperature <= 0:
+        return verify_greedy(rows, flat, drafted, kernel=s.verify_kernel)
+    flat_q = None if probs is None else _ragged(probs, [len(d) for d in drafts]).to(device)
+    return verify_rejection(rows, flat, drafted, kernel=s.verify_kernel, draft_probs=flat_q,
+                            temperature=s.sampling.temperature, top_k=s.sampling.top_k, top_p=s.sampling.top_p,
+                            seed=s.sampling.seed, request_ids=keys.to(device), positions=positions.to(device))
+
+
+def _ragged(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The first lengths[j] rows of each x[j] ((B, n, V) -> (sum lengths, V)), in order: a view when every
+    row is full, as in most steps (a copy of the vocabulary-wide rows costs on the CPU)."""
+    if all(n == x.shape[1] for n in lengths):
+        return x.reshape(-1, x.shape[-1])
+    return torch.cat([x[j, :n] for j, n in enumerate(lengths)])
+
+
+def first_tokens(prefix: Prefix, keys: Sequence[int], s: LoopSettings) -> list[int]:
+    """Each request's first response token, sampled once from its prompt's logits: the prefill pass emits
+    it and verifies no drafts (as serving engines do); its draw is keyed by (request, position 0), so it
+    is the same in every (speculator, k) loop of the request."""
+    ids = torch.tensor(list(keys), dtype=torch.int64)
+    out = verify(prefix.last_logits.unsqueeze(1), [[] for _ in keys], None, ids, torch.zeros_like(ids), s)
+    return out.tokens[:, 0].tolist()
+
+
+# -- the two ways a batch drafts ----------------------------------------------------------------------------
+
+class ModelDrafts:
+    """A draft model's side of one batch: its KV cache rows, copied from its prefix of the prompts."""
+
+    needs = TargetNeeds()
+
+    def __init__(self, speculator: DraftModelSpeculator, prefix: Prefix, s: LoopSettings, vocab: int):
+        self.speculator, self.prefix, self.s, self.vocab = speculator, prefix, s, vocab
+        self.cache: SlotCache | None = None
+
+    def begin(self, active: Sequence[Loop], rows: torch.Tensor) -> None:
+        self.cache = self.prefix.start(rows)
+
+    def draft(self, active: Sequence[Loop], keys: torch.Tensor,
+              positions: torch.Tensor) -> tuple[list[list[int]], torch.Tensor | None]:
+        return self.speculator.draft_batch(self.cache, [r.context for r in active], [r.k for r in active], self.s.sampling,
+                                           self.s.draft_temperature, keys, positions, self.vocab)
+
+    def verified(self, active: Sequence[Loop], going: Sequence[bool], target_cache: SlotCache) -> None:
+        self.speculator.roll_back(self.cache, [len(r.context) - 1 for r in active])
+
+    def select(self, rows: list[int]) -> None:
+        self.cache.select(torch.tensor(rows, dtype=torch.int64))
+
+
+class SpeculatorDrafts:
+    """Any other speculator's side of one batch: per loop `start` / `draft` / `extend` / `finish`, with the
+    target's features of the positions each pass ran where the speculator `needs` them."""
+
+    def __init__(self, speculator: Speculator, prefix: Prefix, s: LoopSettings, vocab: int):
+        self.speculator, self.prefix, self.s, self.vocab = speculator, prefix, s, vocab
+        self.needs = speculator.needs
+
+    def begin(self, active: Sequence[Loop], rows: torch.Tensor) -> None:
+        for r in active:  # the prompt but its last token, then that token and the first response token
+            hidden = self.prefix.hidden[r.request]
+            features = select_features(hidden, self.needs) if self.needs.any and hidden is not None else None
+            n = len(r.prompt)
+            self.speculator.start(r.loop_id, r.prompt, None if features is None else features.rows(0, n - 1))
+            self.speculator.extend(r.loop_id, r.generated, None if features is None else features.rows(n - 1, n))
+
+    def draft(self, active: Sequence[Loop], keys: torch.Tensor,
+              positions: torch.Tensor) -> tuple[list[list[int]], torch.Tensor | None]:
+        """Up to k_r drafts per loop; q (B, max k, V) when any proposal carries probs (one-hot rows for
+        those that do not), else None."""
+        drafts, q_list = [], []
+        for r in active:
+            proposal = self.speculator.draft(r.loop_id, r.k, self.s.draft_temperature, r.generator,
+                                             top_k=self.s.sampling.top_k, top_p=self.s.sampling.top_p)
+            drafts.append([int(t) for t in proposal.tokens[:r.k]])
+            q_list.append(proposal.probs)
+        if self.s.draft_temperature <= 0 or all(q is None for q in q_list):
+            return drafts, None
+        probs = torch.zeros((len(active), max(r.k for r in active), self.vocab), dtype=torch.float32)
+        for j, (q, d) in enumerate(zip(q_list, drafts)):
+            if q is None:
+                probs[j, torch.arange(len(d)), torch.tensor(d, dtype=torch.int64)] = 1.0
+            else:
+                n = min(q.shape[-1], self.vocab)
+                probs[j, :len(d), :n] = q[:len(d), :n].float()
+        return drafts, probs
+
+    def verified(self, active: Sequence[Loop], going: Sequence[bool], target_cache: SlotCache) -> None:
+        """A going loop's speculator sees the block the target ran (pending + the accepted drafts)."""
+        for j, (r, on) in enumerate(zip(active, going)):
+            if on:
+                new = r.last_step_tokens
+                self.speculator.extend(r.loop_id, new, self._features(target_cache, j, len(new)))
+            else:
+                self.speculator.finish(r.loop_id)
+
+    def select(self, rows: list[int]) -> None:
+        pass  # the speculator keeps its state per loop id
+
+    def _features(self, cache: SlotCache, row: int, n: int) -> TargetFeatures | None:
+        """The first n positions of batch row `row` of the target's last feed, as the speculator needs them."""
+        if not self.needs.any or cache.hidden is None:
+            return None
+        return select_features(cache.hidden, self.needs, row).rows(0, n)
+
+
+# -- the entry point ----------------------------------------------------------------------------------------
+
+def run_loops(
+    target_model: torch.nn.Module,
+    speculators: Sequence[Speculator],
+    prompts: Sequence[Sequence[int]],
+    *,
+    ks: Sequence[int],
+    sampling: Sampling,
+    max_new_tokens: int,
+    eos_token_ids: set[int],
+    labeller: Callable[[list[int]], list[str]] | None = None,
+    verify_kernel: str = "auto",
+    loop_rows: int = 8,
+    request_keys: Sequence[int] | None = None,
+    verification: str = "probabilistic",
+    experts: ExpertRecorder | None = None,
+) -> list[list[LoopResult]]:
+    """Every (speculator, k) loop over every prompt, each prompt prefilled once; see the module docstring.
+
+    Returns, per speculator, one LoopResult per prompt. `labeller(tokens)` labels each generated token
+    (thinking / answer / tool_call); a step belongs to the segment of its first emitted token; without it
+    everything is "answer". `request_keys` (default: the index in `prompts`) key each request's random
+    streams; callers that split one run over several calls pass globally distinct, stable keys (the
+    runner: a hash of the request id), or requests of different calls would share draws. The counts equal
+    those of each loop run alone, for a fixed seed. With an ExpertRecorder on the target, each result also
+    carries every k's ExpertTrace (calibrate.replay.experts): the experts its verify passes touched.
+    """
+    keys = _check(speculators, prompts, ks, sampling, verification, request_keys, loop_rows)
+    s = LoopSettings(sampling, max_new_tokens, frozenset(eos_token_ids), verify_kernel, verification)
+    free = [spec for spec in speculators if not isinstance(spec, DraftModelSpeculator)]
+    needs = TargetNeeds(layers=tuple(sorted({i for spec in free for i in spec.needs.layers})),
+                        last=any(spec.needs.last for spec in free))
+    target = prefill(target_model, prompts, hidden=needs.any)
+    first = first_tokens(target, keys, s)
+    vocab = int(target_model.get_output_embeddings().weight.shape[0])  # width of the target's logits
+    prefixes = {id(target_model): target}  # a draft model prefills once, whatever number of its speculators
+    out = []
+    for spec in speculators:
+        loops = _plan(prompts, keys, ks, sampling.seed)
+        for start in range(0, len(loops), loop_rows):
+            drafter = _drafter(spec, prefixes, prompts, target, s, vocab)
+            decode(target, drafter, loops[start:start + loop_rows], first, s, experts)
+        out.append(_results(loops, len(prompts), labeller, experts))
+    return out
+
+
+def _drafter(spec: Speculator, prefixes: dict[int, Prefix], prompts: Sequence[Sequence[int]], target: Prefix,
+             s: LoopSettings, vocab: int) -> ModelDrafts | SpeculatorDrafts:
+    if not isinstance(spec, DraftModelSpeculator):
+        return SpeculatorDrafts(spec, target, s, vocab)
+    model = spec.draft.model
+    if id(model) not in prefixes:
+        prefixes[id(model)] = prefill(model, prompts)
+    return ModelDrafts(spec, prefixes[id(model)], s, vocab)
+
+
+def _results(loops: Sequence[Loop], requests: int, labeller: Callable[[list[int]], list[str]] | None,
+             experts: ExpertRecorder | None) -> list[LoopResult]:
+    results = [LoopResult() for _ in range(requests)]
+    for loop in loops:
+        res = results[loop.request]
+        res.counts[loop.k] = _counts(loop, labeller)
+        res.tokens[loop.k] = loop.generated
+        res.finish_reason[loop.k] = loop.finish_reason or "length"
+        if experts is not None:
+            res.experts[loop.k] = experts.trace(loop.loop_id, loop.generated)
+    return results
+
+
+def _counts(loop: Loop, labeller: Callable[[list[int]], list[str]] | None) -> StepCounts:
+    """A finished loop's records as StepCounts; a step belongs to the segment of its first emitted token."""
+    labels = labeller(loop.generated) if labeller is not None else None
+    counts = StepCounts(draft_len=loop.k)
+    for rec in loop.records:
+        segment = labels[rec.start] if labels is not None else "answer"
+        if rec.is_step:
+            counts.add_step(segment, rec.accepted, rec.tokens, rec.proposed, rec.expected)
+        else:
+            counts.add_tokens(segment, rec.tokens)
+    return counts
+
+
+def _check(speculators: Sequence[Speculator], prompts: Sequence[Sequence[int]], ks: Sequence[int],
+           sampling: Sampling, verification: str, request_keys: Sequence[int] | None, loop_rows: int) -> list[int]:
+    """Refuse bad arguments before any forward pass; returns the request keys."""
+    if sampling.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {sampling.temperature}")
+    if verification not in VERIFICATION_RULES:
+        raise ValueError(f"unknown verification rule {verification!r} (known: {', '.join(VERIFICATION_RULES)})")
+    if any(k < 1 for k in ks):
+        raise ValueError(f"k must be >= 1, got {list(ks)}")
+    if loop_rows < 1:
+        raise ValueError(f"loop_rows must be >= 1, got {loop_rows}")
+    if any(len(p) < 1 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    keys = list(range(len(prompts))) if request_keys is None else [int(x) for x in request_keys]
+    if len(keys) != len(prompts) or len(set(keys)) != len(keys) or min(keys, default=0) < 0:
+        raise ValueError("request_keys must be distinct non-negative integers, one per prompt")
+    for spec in speculators:
+        if not isinstance(spec, Speculator):
+            raise TypeError(f"speculator must be a Speculator (a bare model: DraftModelSpeculator.of_model), "
+                            f"got {type(spec).__name__}")
+    return keys
+
+
+def _plan(prompts: Sequence[Sequence[int]], keys: Sequence[int], ks: Sequence[int], seed: int) -> list[Loop]:
+    """The loops of one speculator, ordered by (k, request). A model-free speculator that samples its own
+    drafts (EAGLE-3 at T > 0) gets a torch generator per loop, seeded by (seed, request key, k), so its
+    draws too are the loop's own whatever the batch."""
+    loops = []
+    for k in dict.fromkeys(ks):
+        for i, p in enumerate(prompts):
+            generator = torch.Generator().manual_seed(((seed * 1000003 + k) * 1000033 + keys[i]) % (1 << 63))
+            loops.append(Loop(request=i, key=keys[i], loop_id=len(loops), k=k, prompt=list(p), generator=generator))
+    return loops
