@@ -77,7 +77,7 @@ def perturbed(model: torch.nn.Module, seed: int, scale: float) -> torch.nn.Modul
 
 def outcome(result, k: int) -> dict:
     counts = result.counts[k]
-    return {"tokens": result.tokens[k], "finish": result.finish_reason[k], "k": counts.draft_len,
+    return {"tokens": result.tokens[k], "finish": result.finish_reason[k], "k": counts.k,
             "segments": {name: {"hist": seg.hist.tolist(), "tokens": seg.tokens, "censored": seg.censored_steps,
                                 "expected": None if seg.expected_accepted is None else float(seg.expected_accepted).hex(),
                                 "drafted": seg.drafted_tokens, "empty": seg.empty_steps}

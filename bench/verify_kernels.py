@@ -32,8 +32,8 @@ def make_batch(b: int, k: int, vocab: int, dtype: torch.dtype, device: str, with
     logits = (torch.randn(b * (k + 1), vocab, generator=g, device=device) * 3).to(dtype)
     drafts = torch.randint(0, vocab, (b * k,), generator=g, device=device)
     q = torch.softmax(torch.randn(b * k, vocab, generator=g, device=device), -1) if with_q else None
-    num_draft = torch.full((b,), k, dtype=torch.int64, device=device)
-    return logits, drafts, num_draft, q
+    drafted = torch.full((b,), k, dtype=torch.int64, device=device)
+    return logits, drafts, drafted, q
 
 
 def copy_bandwidth(device: str) -> float:
@@ -76,19 +76,19 @@ def run_cuda(args) -> None:
     print(f"tiles: BLOCK_V={args.block_v or 'default'}, num_warps={args.num_warps}")
     for mode, b, k, v, dtype in configs:
         vocab = VOCABS[v]
-        logits, drafts, num_draft, q = make_batch(b, k, vocab, dtype, dev, with_q=mode == "sample+q")
+        logits, drafts, drafted, q = make_batch(b, k, vocab, dtype, dev, with_q=mode == "sample+q")
         temp = torch.full((b,), 0.8, device=dev)
         ids = torch.arange(b, device=dev)
         pos = torch.zeros(b, dtype=torch.int64, device=dev)
         nbytes = logits.numel() * logits.element_size() + (q.numel() * q.element_size() if q is not None else 0)
         floor_s = nbytes / bw  # bw is total (read + write) traffic per second; the floor reads nbytes once
         if mode == "greedy":
-            fused = lambda: T.greedy_verify(logits, drafts, num_draft, max_k=k, **tune)  # noqa: E731
-            ref = lambda: R.greedy_verify(logits, drafts, num_draft)  # noqa: E731
+            fused = lambda: T.greedy_verify(logits, drafts, drafted, max_k=k, **tune)  # noqa: E731
+            ref = lambda: R.greedy_verify(logits, drafts, drafted)  # noqa: E731
         else:
-            fused = lambda: T.rejection_verify(logits, drafts, num_draft, draft_probs=q, temperature=temp,  # noqa
+            fused = lambda: T.rejection_verify(logits, drafts, drafted, draft_probs=q, temperature=temp,  # noqa
                                                seed=0, request_ids=ids, positions=pos, max_k=k, **tune)
-            ref = lambda: R.rejection_verify(logits, drafts, num_draft, draft_probs=q, temperature=temp,  # noqa
+            ref = lambda: R.rejection_verify(logits, drafts, drafted, draft_probs=q, temperature=temp,  # noqa
                                              seed=0, request_ids=ids, positions=pos)
         # Same answer before timing (the kernel equals the reference).
         a, r = fused(), ref()
@@ -118,12 +118,12 @@ def run_cpu_reference() -> None:
     print(f"threads: {torch.get_num_threads()}")
     print(f"{'B':>4} {'k':>2} {'V':>5} {'MB logits':>10} {'ref ms':>8} {'GB/s':>6}")
     for b, k, v in [(1, 4, "32k"), (16, 4, "32k"), (1, 4, "152k"), (16, 4, "152k")]:
-        logits, drafts, num_draft, _ = make_batch(b, k, VOCABS[v], torch.float32, "cpu", with_q=False)
-        R.rejection_verify(logits, drafts, num_draft, temperature=0.8)
+        logits, drafts, drafted, _ = make_batch(b, k, VOCABS[v], torch.float32, "cpu", with_q=False)
+        R.rejection_verify(logits, drafts, drafted, temperature=0.8)
         reps = 3
         t0 = time.perf_counter()
         for _ in range(reps):
-            R.rejection_verify(logits, drafts, num_draft, temperature=0.8)
+            R.rejection_verify(logits, drafts, drafted, temperature=0.8)
         t = (time.perf_counter() - t0) / reps
         mb = logits.numel() * 4 / 1e6
         print(f"{b:>4} {k:>2} {v:>5} {mb:>10.1f} {t * 1e3:>8.1f} {mb / 1e3 / t:>6.2f}")

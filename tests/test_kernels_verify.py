@@ -55,12 +55,12 @@ def run_kernel(kernel: str, *args, **kwargs) -> R.VerifyOutput:
     return verify_rejection(*args, kernel=kernel, **kwargs)
 
 
-def ragged_case(seed: int, num_draft: list[int], vocab: int, match_bias: float = 0.7, scale: float = 2.0):
+def ragged_case(seed: int, drafted: list[int], vocab: int, match_bias: float = 0.7, scale: float = 2.0):
     """Random logits; drafts drawn from a distribution close to the target's so acceptances are mixed."""
     g = torch.Generator().manual_seed(seed)
-    n_rows = sum(num_draft) + len(num_draft)
+    n_rows = sum(drafted) + len(drafted)
     logits = torch.randn(n_rows, vocab, generator=g) * scale
-    lay = R.make_layout(torch.tensor(num_draft), "cpu")
+    lay = R.make_layout(torch.tensor(drafted), "cpu")
     draft_rows = torch.nonzero(lay.row_is_draft).squeeze(1)
     q_logits = logits[draft_rows] + torch.randn(len(draft_rows), vocab, generator=g) * (1 - match_bias) * scale
     q = torch.softmax(q_logits, dim=-1)
@@ -151,11 +151,11 @@ def test_exponential_race_samples_proportionally():
 
 # -- reference semantics ----------------------------------------------------------------------------------
 
-def brute_greedy(logits, drafts, num_draft):
+def brute_greedy(logits, drafts, drafted):
     out, acc = [], []
     am = logits.argmax(-1).tolist()
     row = d0 = 0
-    for k in num_draft:
+    for k in drafted:
         a = 0
         while a < k and drafts[d0 + a] == am[row + a]:
             a += 1
@@ -171,15 +171,15 @@ def emitted(out: R.VerifyOutput) -> list[list[int]]:
 
 
 def test_reference_greedy_matches_brute_force():
-    num_draft = [3, 0, 5, 1, 4]
-    logits, _, _ = ragged_case(0, num_draft, 13)
-    lay = R.make_layout(torch.tensor(num_draft), "cpu")
+    drafted = [3, 0, 5, 1, 4]
+    logits, _, _ = ragged_case(0, drafted, 13)
+    lay = R.make_layout(torch.tensor(drafted), "cpu")
     # Drafts equal to the argmax on a random prefix, then a wrong token.
     am = logits.argmax(-1)
     drafts = am[lay.row_is_draft].clone()
     drafts[torch.tensor([1, 3, 5])] = (drafts[torch.tensor([1, 3, 5])] + 1) % 13
-    out = R.greedy_verify(logits, drafts, num_draft)
-    want, acc = brute_greedy(logits, drafts.tolist(), num_draft)
+    out = R.greedy_verify(logits, drafts, drafted)
+    want, acc = brute_greedy(logits, drafts.tolist(), drafted)
     assert emitted(out) == want
     assert out.num_accepted.tolist() == acc
     assert out.expected_accepted.tolist() == [float(a) for a in acc]
@@ -214,37 +214,37 @@ CASES = [([3, 0, 5, 1], 37, 8), ([2], 19, 32), ([4, 4, 2], 64, 16), ([0, 1], 23,
 
 
 @needs_triton_device
-@pytest.mark.parametrize("num_draft,vocab,block_v", CASES)
-def test_triton_greedy_equals_reference(num_draft, vocab, block_v):
-    logits, _, _ = ragged_case(1, num_draft, vocab)
-    lay = R.make_layout(torch.tensor(num_draft), "cpu")
+@pytest.mark.parametrize("drafted,vocab,block_v", CASES)
+def test_triton_greedy_equals_reference(drafted, vocab, block_v):
+    logits, _, _ = ragged_case(1, drafted, vocab)
+    lay = R.make_layout(torch.tensor(drafted), "cpu")
     drafts = logits.argmax(-1)[lay.row_is_draft].clone()
     if len(drafts) > 2:
         drafts[2] = (drafts[2] + 1) % vocab
     logits[0, 5] = logits[0, 7] = logits[0].max() + 1  # exact tie: lowest index wins in both
-    want = R.greedy_verify(logits, drafts, num_draft)
+    want = R.greedy_verify(logits, drafts, drafted)
     for dtype in (torch.float32, torch.bfloat16):
-        got = tri(T.greedy_verify)(logits.to(dtype), drafts, num_draft, block_v=block_v)
-        ref = R.greedy_verify(logits.to(dtype), drafts, num_draft)
+        got = tri(T.greedy_verify)(logits.to(dtype), drafts, drafted, block_v=block_v)
+        ref = R.greedy_verify(logits.to(dtype), drafts, drafted)
         assert torch.equal(got.tokens, ref.tokens)
         assert torch.equal(got.num_accepted, ref.num_accepted)
     assert want.tokens[0, 0] == 5  # row 0 has an exact tie between tokens 5 and 7: the lowest wins
 
 
 @needs_triton_device
-@pytest.mark.parametrize("num_draft,vocab,block_v", CASES)
+@pytest.mark.parametrize("drafted,vocab,block_v", CASES)
 @pytest.mark.parametrize("with_q", [True, False])
-def test_triton_rejection_equals_reference(num_draft, vocab, block_v, with_q):
-    b = len(num_draft)
+def test_triton_rejection_equals_reference(drafted, vocab, block_v, with_q):
+    b = len(drafted)
     for seed in range(3):
-        logits, drafts, q = ragged_case(10 + seed, num_draft, vocab, match_bias=0.85)
+        logits, drafts, q = ragged_case(10 + seed, drafted, vocab, match_bias=0.85)
         kw = dict(
             draft_probs=q if with_q else None,
             temperature=torch.tensor([0.0, 0.7, 1.0, 1.6][:b]) if b > 1 else 0.9,
             seed=seed, request_ids=torch.arange(b) * 7 + 3, positions=torch.arange(b) * 11,
         )
-        want = R.rejection_verify(logits, drafts, num_draft, **kw)
-        got = tri(T.rejection_verify)(logits, drafts, num_draft, block_v=block_v, **kw)
+        want = R.rejection_verify(logits, drafts, drafted, **kw)
+        got = tri(T.rejection_verify)(logits, drafts, drafted, block_v=block_v, **kw)
         assert torch.equal(got.tokens, want.tokens)
         assert torch.equal(got.num_accepted, want.num_accepted)
         torch.testing.assert_close(got.expected_accepted, want.expected_accepted, rtol=1e-5, atol=1e-6)
@@ -253,31 +253,31 @@ def test_triton_rejection_equals_reference(num_draft, vocab, block_v, with_q):
 @needs_triton_device
 @pytest.mark.parametrize("with_q", [True, False])
 def test_triton_rejection_equals_reference_with_top_k_top_p_and_bf16(with_q):
-    num_draft, vocab = [3, 2, 4], 29
-    logits, drafts, q = ragged_case(5, num_draft, vocab, match_bias=0.9)
+    drafted, vocab = [3, 2, 4], 29
+    logits, drafts, q = ragged_case(5, drafted, vocab, match_bias=0.9)
     kw = dict(draft_probs=q if with_q else None, temperature=[0.8, 1.0, 1.3], top_k=[4, 0, 10],
               top_p=[1.0, 0.7, 0.9], seed=11)
     for dtype in (torch.float32, torch.bfloat16):
-        want = R.rejection_verify(logits.to(dtype), drafts, num_draft, **kw)
-        got = tri(T.rejection_verify)(logits.to(dtype), drafts, num_draft, block_v=8, **kw)
+        want = R.rejection_verify(logits.to(dtype), drafts, drafted, **kw)
+        got = tri(T.rejection_verify)(logits.to(dtype), drafts, drafted, block_v=8, **kw)
         assert torch.equal(got.tokens, want.tokens)
         assert torch.equal(got.num_accepted, want.num_accepted)
 
 
 @needs_triton_device
 def test_results_do_not_depend_on_batch_order():
-    num_draft, vocab = [2, 3, 1, 4], 21
-    logits, drafts, q = ragged_case(3, num_draft, vocab, match_bias=0.8)
+    drafted, vocab = [2, 3, 1, 4], 21
+    logits, drafts, q = ragged_case(3, drafted, vocab, match_bias=0.8)
     ids = torch.tensor([40, 41, 42, 43])
     pos = torch.tensor([5, 0, 9, 2])
     temp = torch.tensor([0.9, 1.1, 0.5, 1.0])
     perm = [2, 0, 3, 1]
-    lay = R.make_layout(torch.tensor(num_draft), "cpu")
-    rows = torch.cat([torch.arange(lay.row_start[r], lay.row_start[r] + num_draft[r] + 1) for r in perm])
-    dr = torch.cat([torch.arange(lay.draft_start[r], lay.draft_start[r] + num_draft[r]) for r in perm])
+    lay = R.make_layout(torch.tensor(drafted), "cpu")
+    rows = torch.cat([torch.arange(lay.row_start[r], lay.row_start[r] + drafted[r] + 1) for r in perm])
+    dr = torch.cat([torch.arange(lay.draft_start[r], lay.draft_start[r] + drafted[r]) for r in perm])
     for fn in (R.rejection_verify, tri(T.rejection_verify)):
-        base = fn(logits, drafts, num_draft, draft_probs=q, temperature=temp, seed=4, request_ids=ids, positions=pos)
-        permuted = fn(logits[rows], drafts[dr], [num_draft[r] for r in perm], draft_probs=q[dr],
+        base = fn(logits, drafts, drafted, draft_probs=q, temperature=temp, seed=4, request_ids=ids, positions=pos)
+        permuted = fn(logits[rows], drafts[dr], [drafted[r] for r in perm], draft_probs=q[dr],
                       temperature=temp[perm], seed=4, request_ids=ids[perm], positions=pos[perm])
         for j, r in enumerate(perm):
             a = emitted(base)[r]
@@ -356,8 +356,8 @@ def test_triton_emitted_tokens_follow_the_target_small():
 
 @pytest.mark.parametrize("kernel", ["reference", pytest.param("triton", marks=needs_triton_device)])
 def test_zero_probability_tokens_never_emitted(kernel):
-    num_draft, vocab = [3] * 40, 9
-    logits, _, _ = ragged_case(7, num_draft, vocab)
+    drafted, vocab = [3] * 40, 9
+    logits, _, _ = ragged_case(7, drafted, vocab)
     banned = torch.tensor([0, 4, 8])
     logits[:, banned] = float("-inf")
     # A drafter that loves the banned tokens.
@@ -366,17 +366,17 @@ def test_zero_probability_tokens_never_emitted(kernel):
     q = q / q.sum(-1, keepdim=True)
     drafts = torch.multinomial(q, 1, generator=torch.Generator().manual_seed(0)).squeeze(1)
     for probs in (q, None):
-        out = run_kernel(kernel, logits, drafts, num_draft, draft_probs=probs, temperature=1.3, seed=1)
+        out = run_kernel(kernel, logits, drafts, drafted, draft_probs=probs, temperature=1.3, seed=1)
         toks = out.tokens[out.tokens >= 0]
         assert not torch.isin(toks, banned).any()
 
 
 @pytest.mark.parametrize("kernel", ["reference", pytest.param("triton", marks=needs_triton_device)])
 def test_top_k_top_p_outputs_stay_in_the_allowed_set(kernel):
-    num_draft, vocab = [2] * 30, 16
-    logits, drafts, q = ragged_case(8, num_draft, vocab, match_bias=0.3)
+    drafted, vocab = [2] * 30, 16
+    logits, drafts, q = ragged_case(8, drafted, vocab, match_bias=0.3)
     temperature, top_k, top_p = 0.9, 6, 0.75
-    out = run_kernel(kernel, logits, drafts, num_draft, draft_probs=q, temperature=temperature, top_k=top_k,
+    out = run_kernel(kernel, logits, drafts, drafted, draft_probs=q, temperature=temperature, top_k=top_k,
                       top_p=top_p, seed=2)
     scaled = (logits / temperature).numpy()
     for r, row in enumerate(emitted(out)):
@@ -387,23 +387,23 @@ def test_top_k_top_p_outputs_stay_in_the_allowed_set(kernel):
 @pytest.mark.parametrize("kernel", ["reference", pytest.param("triton", marks=needs_triton_device)])
 @pytest.mark.parametrize("temperature", [0.0, 0.3, 1.0, 2.5])
 def test_self_speculation_accepts_everything(kernel, temperature):
-    num_draft, vocab = [4, 2, 3], 12
-    logits, _, _ = ragged_case(9, num_draft, vocab, scale=1.0)
-    lay = R.make_layout(torch.tensor(num_draft), "cpu")
+    drafted, vocab = [4, 2, 3], 12
+    logits, _, _ = ragged_case(9, drafted, vocab, scale=1.0)
+    lay = R.make_layout(torch.tensor(drafted), "cpu")
     t_rows = torch.full((logits.shape[0],), temperature)
     p = R.target_probs(logits, t_rows, torch.full_like(t_rows, float("-inf")))[lay.row_is_draft]
     drafts = torch.multinomial(p, 1, generator=torch.Generator().manual_seed(0)).squeeze(1)
-    out = run_kernel(kernel, logits, drafts, num_draft, draft_probs=p, temperature=temperature, seed=3)
-    assert out.num_accepted.tolist() == num_draft
-    torch.testing.assert_close(out.expected_accepted, torch.tensor(num_draft, dtype=torch.float32))
+    out = run_kernel(kernel, logits, drafts, drafted, draft_probs=p, temperature=temperature, seed=3)
+    assert out.num_accepted.tolist() == drafted
+    torch.testing.assert_close(out.expected_accepted, torch.tensor(drafted, dtype=torch.float32))
 
 
 @pytest.mark.parametrize("kernel", ["reference", pytest.param("triton", marks=needs_triton_device)])
 @pytest.mark.parametrize("with_q", [True, False])
 def test_one_hot_target_equal_to_drafts_accepts_everything(kernel, with_q):
-    num_draft, vocab = [3, 1, 2], 10
-    n_rows = sum(num_draft) + 3
-    lay = R.make_layout(torch.tensor(num_draft), "cpu")
+    drafted, vocab = [3, 1, 2], 10
+    n_rows = sum(drafted) + 3
+    lay = R.make_layout(torch.tensor(drafted), "cpu")
     drafts = torch.tensor([1, 7, 3, 9, 0, 5])
     want = torch.randint(0, vocab, (n_rows,), generator=torch.Generator().manual_seed(1))
     want[lay.row_is_draft] = drafts
@@ -411,10 +411,10 @@ def test_one_hot_target_equal_to_drafts_accepts_everything(kernel, with_q):
     logits[torch.arange(n_rows), want] = 0.0
     q = torch.softmax(torch.randn(len(drafts), vocab), -1) if with_q else None
     for temperature in (0.0, 0.5, 1.5):
-        out = run_kernel(kernel, logits, drafts, num_draft, draft_probs=q, temperature=temperature)
-        assert out.num_accepted.tolist() == num_draft
-        bonus = want[lay.row_start + torch.tensor(num_draft)]
-        assert out.tokens[torch.arange(3), torch.tensor(num_draft)].tolist() == bonus.tolist()
+        out = run_kernel(kernel, logits, drafts, drafted, draft_probs=q, temperature=temperature)
+        assert out.num_accepted.tolist() == drafted
+        bonus = want[lay.row_start + torch.tensor(drafted)]
+        assert out.tokens[torch.arange(3), torch.tensor(drafted)].tolist() == bonus.tolist()
 
 
 def test_dispatch():
@@ -441,14 +441,14 @@ from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=60, deadline=None)
-@given(num_draft=st.lists(st.integers(0, 5), min_size=1, max_size=6), vocab=st.integers(2, 40),
+@given(drafted=st.lists(st.integers(0, 5), min_size=1, max_size=6), vocab=st.integers(2, 40),
        temperature=st.sampled_from([0.0, 0.4, 1.0, 3.0]), with_q=st.booleans(), seed=st.integers(0, 2**40))
-def test_reference_invariants(num_draft, vocab, temperature, with_q, seed):
-    logits, drafts, q = ragged_case(seed % 1000, num_draft, vocab, match_bias=0.9)
-    out = R.rejection_verify(logits, drafts, num_draft, draft_probs=q if with_q else None,
+def test_reference_invariants(drafted, vocab, temperature, with_q, seed):
+    logits, drafts, q = ragged_case(seed % 1000, drafted, vocab, match_bias=0.9)
+    out = R.rejection_verify(logits, drafts, drafted, draft_probs=q if with_q else None,
                              temperature=temperature, seed=seed)
-    k = torch.tensor(num_draft)
-    assert out.tokens.shape == (len(num_draft), max(num_draft) + 1)
+    k = torch.tensor(drafted)
+    assert out.tokens.shape == (len(drafted), max(drafted) + 1)
     assert ((out.num_accepted >= 0) & (out.num_accepted <= k)).all()
     assert ((out.expected_accepted >= -1e-6) & (out.expected_accepted <= k + 1e-5)).all()
     start = 0
@@ -457,9 +457,9 @@ def test_reference_invariants(num_draft, vocab, temperature, with_q, seed):
         assert row[:a] == drafts[start:start + a].tolist()  # accepted drafts are emitted as drafted
         assert 0 <= row[a] < vocab  # then exactly one sampled token
         assert all(t == -1 for t in row[a + 1:])
-        start += num_draft[r]
+        start += drafted[r]
     if temperature == 0.0:  # greedy rows: the same as greedy verification, expected == realised
-        greedy = R.greedy_verify(logits, drafts, num_draft)
+        greedy = R.greedy_verify(logits, drafts, drafted)
         assert torch.equal(out.tokens, greedy.tokens)
         assert torch.equal(out.expected_accepted, out.num_accepted.float())
 
@@ -498,18 +498,18 @@ def plain_rows(batch: R.Batch) -> R.RowResult:
 
 
 @settings(max_examples=80, deadline=None)
-@given(num_draft=st.lists(st.integers(0, 4), min_size=1, max_size=5), vocab=st.sampled_from([2, 3, 7, 50]),
+@given(drafted=st.lists(st.integers(0, 4), min_size=1, max_size=5), vocab=st.sampled_from([2, 3, 7, 50]),
        temperatures=st.lists(st.sampled_from([0.0, 0.3, 1.0]), min_size=5, max_size=5),
        q_kind=st.sampled_from(["none", "drafter", "equal to p"]), top=st.sampled_from([(None, None), (2, 0.8)]),
        seed=st.integers(0, 2**40))
-def test_reference_rows_equal_the_plain_formulas_bit_for_bit(num_draft, vocab, temperatures, q_kind, top, seed):
+def test_reference_rows_equal_the_plain_formulas_bit_for_bit(drafted, vocab, temperatures, q_kind, top, seed):
     """reference_rows works in place, races only the rows each request stops at when given the accept
     uniforms, and races again only the rows that need it (the one-hot race's rows whose argmax is the
     draft, the residual race's rows with a zero residual: q == p forces them): the same bits as the
     formulas spelled out. Small vocabularies and peaky logits make those rows common."""
-    logits, drafts, q = ragged_case(seed % 1000, num_draft, vocab, match_bias=0.95, scale=4.0)
-    batch = R.prepare(logits, drafts, num_draft, draft_probs=None if q_kind == "none" else q,
-                      temperature=temperatures[:len(num_draft)], top_k=top[0], top_p=top[1], seed=seed,
+    logits, drafts, q = ragged_case(seed % 1000, drafted, vocab, match_bias=0.95, scale=4.0)
+    batch = R.prepare(logits, drafts, drafted, draft_probs=None if q_kind == "none" else q,
+                      temperature=temperatures[:len(drafted)], top_k=top[0], top_p=top[1], seed=seed,
                       positions=seed % 97)
     if q_kind == "equal to p":  # the target's own p, bit for bit: the residual is zero everywhere
         lay = batch.layout
@@ -522,7 +522,7 @@ def test_reference_rows_equal_the_plain_formulas_bit_for_bit(num_draft, vocab, t
     # Given the accept uniforms, only the row each request stops at is sampled: the same verification.
     u = R.accept_uniforms(batch.layout, batch.seed, batch.request_ids, batch.positions)
     stop = R.reference_rows(batch, accept_u=u)
-    assert int((stop.sample >= 0).sum()) == len(num_draft)
+    assert int((stop.sample >= 0).sum()) == len(drafted)
     fast, full = (R._combine(batch.layout, batch.draft_tokens, rows, u) for rows in (stop, want))
     for field in ("tokens", "num_accepted", "expected_accepted"):
         assert torch.equal(getattr(fast, field), getattr(full, field)), field

@@ -56,7 +56,7 @@ def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool
     run_id = store.begin_run(spec)
     batch = []
     for i, req in enumerate(requests):
-        counts = StepCounts(draft_len=spec.draft_len)
+        counts = StepCounts(k=spec.draft_len)
         for seg, hist in req.segments.items():
             h = np.asarray(hist, dtype=np.int64)
             assert h.shape == (spec.draft_len + 1,)

@@ -94,7 +94,7 @@ def parse_reply(resp: dict[str, Any], k: int, max_new_tokens: int, url: str, ver
                           f"--spec-draft-n-max {k} --spec-draft-n-min {k} --spec-draft-p-min 0)")
     stop = resp.get("stop_type")
     finish = "eos" if stop == "eos" else "length"
-    counts = TotalCounts(draft_len=k, steps=drafted // k, accepted=accepted, drafted_tokens=drafted,
+    counts = TotalCounts(k=k, steps=drafted // k, accepted=accepted, drafted_tokens=drafted,
                          tokens=len(tokens))
     raw = {"timings": timings, "stop_type": stop, "tokens_predicted": resp.get("tokens_predicted"),
            "tokens_evaluated": resp.get("tokens_evaluated"), "tokens": tokens}

@@ -39,7 +39,7 @@ def parse_meta(meta: dict[str, Any], k: int, tokens: int, url: str, version: str
         if tokens > 1:
             raise EngineError(f"sglang {version or '(unknown version)'} at {url}: meta_info has no spec_verify_ct: "
                               f"the server is not speculating; launch it with {ENABLING_FLAGS}")
-        return TotalCounts(draft_len=k, steps=0, accepted=0, drafted_tokens=0, tokens=tokens)
+        return TotalCounts(k=k, steps=0, accepted=0, drafted_tokens=0, tokens=tokens)
     steps, accepted, proposed = int(steps), _first(meta, ACCEPTED), _first(meta, PROPOSED)
     if steps > 0 and accepted is None:
         raise EngineError(f"sglang {version} at {url}: meta_info has spec_verify_ct but no accepted-draft count "
@@ -53,7 +53,7 @@ def parse_meta(meta: dict[str, Any], k: int, tokens: int, url: str, version: str
     hist = _first(meta, HISTOGRAM)
     if hist is not None and len(hist) != k + 1:
         raise EngineError(f"sglang at {url}: acceptance histogram has {len(hist)} bins, not k+1={k + 1}")
-    return TotalCounts(draft_len=k, steps=steps, accepted=accepted, drafted_tokens=proposed, tokens=tokens,
+    return TotalCounts(k=k, steps=steps, accepted=accepted, drafted_tokens=proposed, tokens=tokens,
                        histogram=tuple(int(n) for n in hist) if hist is not None else None)
 
 

@@ -90,7 +90,7 @@ def counts_from_deltas(before: dict[str, Any], after: dict[str, Any], k: int, to
                           f"it drafts k={len(after[PER_POS])}, not the configured k={k}")
     _check_k(steps, drafted, k, every_step, url)
     positions = tuple(per_pos.get(i, 0) for i in range(k)) if per_pos else None
-    return TotalCounts(draft_len=k, steps=steps, accepted=accepted, drafted_tokens=drafted, tokens=tokens,
+    return TotalCounts(k=k, steps=steps, accepted=accepted, drafted_tokens=drafted, tokens=tokens,
                        per_position=positions)
 
 
@@ -120,7 +120,7 @@ def counts_from_request(stats: dict[str, Any], k: int, tokens: int, every_step: 
     if hist is not None and len(hist) != k + 1:
         raise EngineError(f"vllm at {url}: acceptance histogram has {len(hist)} bins, not k+1={k + 1}: the server "
                           "drafts a different k than configured")
-    return TotalCounts(draft_len=k, steps=steps, accepted=accepted, drafted_tokens=drafted, tokens=tokens,
+    return TotalCounts(k=k, steps=steps, accepted=accepted, drafted_tokens=drafted, tokens=tokens,
                        histogram=tuple(int(n) for n in hist) if hist is not None else None)
 
 

@@ -36,19 +36,19 @@ def resolve_kernel(kernel: str, device: torch.device) -> str:
     return "triton"
 
 
-def verify_greedy(logits: torch.Tensor, draft_tokens, num_draft, *, kernel: str = "auto") -> VerifyOutput:
+def verify_greedy(logits: torch.Tensor, draft_tokens, drafted, *, kernel: str = "auto") -> VerifyOutput:
     """Greedy verification of a ragged batch; see calibrate.kernels.reference for the layout."""
     if resolve_kernel(kernel, logits.device) == "triton":
-        return _triton_module().greedy_verify(logits, draft_tokens, num_draft)
-    return reference.greedy_verify(logits, draft_tokens, num_draft)
+        return _triton_module().greedy_verify(logits, draft_tokens, drafted)
+    return reference.greedy_verify(logits, draft_tokens, drafted)
 
 
-def verify_rejection(logits: torch.Tensor, draft_tokens, num_draft, *, kernel: str = "auto",
+def verify_rejection(logits: torch.Tensor, draft_tokens, drafted, *, kernel: str = "auto",
                      **kwargs) -> VerifyOutput:
     """Rejection-sampling verification of a ragged batch; keyword arguments as reference.rejection_verify."""
     if resolve_kernel(kernel, logits.device) == "triton":
-        return _triton_module().rejection_verify(logits, draft_tokens, num_draft, **kwargs)
-    return reference.rejection_verify(logits, draft_tokens, num_draft, **kwargs)
+        return _triton_module().rejection_verify(logits, draft_tokens, drafted, **kwargs)
+    return reference.rejection_verify(logits, draft_tokens, drafted, **kwargs)
 
 
 __all__ = ["KERNELS", "VerifyOutput", "resolve_kernel", "verify_greedy", "verify_rejection"]

@@ -1,6 +1,6 @@
 """Verification of speculative drafts in plain torch: the specification the Triton kernels must match.
 
-Layout (ragged, as in vLLM): a batch of B requests, request r proposing `num_draft[r]` = k_r drafts.
+Layout (ragged, as in vLLM): a batch of B requests, request r proposing `drafted[r]` = k_r drafts.
 - `draft_tokens`: (sum k_r,) int64, the drafts of every request, flattened in request order.
 - `logits`: (sum (k_r + 1), V), the target's logits at the k_r + 1 verified positions of each request, in
   request order: row i of request r predicts the token after its i-th draft (row 0 predicts draft 0, row
@@ -64,7 +64,7 @@ class RowResult:
 class Layout:
     """Index bookkeeping of a ragged batch; all tensors on the logits' device."""
 
-    num_draft: torch.Tensor  # (B,) int64
+    drafted: torch.Tensor  # (B,) int64
     row_start: torch.Tensor  # (B,) int64: first logits row of each request
     draft_start: torch.Tensor  # (B,) int64: first draft of each request in draft_tokens
     row_request: torch.Tensor  # (N,) int64: request of each logits row
@@ -74,23 +74,23 @@ class Layout:
 
     @property
     def batch(self) -> int:
-        return self.num_draft.shape[0]
+        return self.drafted.shape[0]
 
     @property
     def max_k(self) -> int:
-        return int(self.num_draft.max()) if self.batch else 0
+        return int(self.drafted.max()) if self.batch else 0
 
 
-def make_layout(num_draft: torch.Tensor, device: torch.device | str) -> Layout:
-    num_draft = torch.as_tensor(num_draft, dtype=torch.int64).to(device)
-    rows = num_draft + 1
+def make_layout(drafted: torch.Tensor, device: torch.device | str) -> Layout:
+    drafted = torch.as_tensor(drafted, dtype=torch.int64).to(device)
+    rows = drafted + 1
     row_start = torch.cumsum(rows, 0) - rows
-    draft_start = torch.cumsum(num_draft, 0) - num_draft
-    row_request = torch.repeat_interleave(torch.arange(num_draft.shape[0], device=device), rows)
+    draft_start = torch.cumsum(drafted, 0) - drafted
+    row_request = torch.repeat_interleave(torch.arange(drafted.shape[0], device=device), rows)
     row_offset = torch.arange(row_request.shape[0], device=device) - row_start[row_request]
-    row_is_draft = row_offset < num_draft[row_request]
+    row_is_draft = row_offset < drafted[row_request]
     row_draft_index = torch.where(row_is_draft, draft_start[row_request] + row_offset, 0)
-    return Layout(num_draft, row_start, draft_start, row_request, row_offset, row_is_draft, row_draft_index)
+    return Layout(drafted, row_start, draft_start, row_request, row_offset, row_is_draft, row_draft_index)
 
 
 def _per_request(value, batch: int, dtype: torch.dtype, device, default) -> torch.Tensor:
@@ -304,13 +304,13 @@ class Batch:
     seed: int
 
 
-def prepare(logits, draft_tokens, num_draft, *, draft_probs=None, temperature=1.0, top_k=None, top_p=None,
+def prepare(logits, draft_tokens, drafted, *, draft_probs=None, temperature=1.0, top_k=None, top_p=None,
             seed: int = 0, request_ids=None, positions=None) -> Batch:
     """Check shapes and turn scalars / sequences into per-request device tensors."""
     dev = logits.device
-    layout = make_layout(num_draft, dev)
+    layout = make_layout(drafted, dev)
     b = layout.batch
-    n_rows = int(layout.num_draft.sum()) + b
+    n_rows = int(layout.drafted.sum()) + b
     if logits.ndim != 2 or logits.shape[0] != n_rows:
         raise ValueError(f"logits must be (sum(k)+B={n_rows}, V), got {tuple(logits.shape)}")
     draft_tokens = torch.as_tensor(draft_tokens, dtype=torch.int64).to(dev)
@@ -413,7 +413,7 @@ def _residual_race(p: torch.Tensor, q: torch.Tensor, e: torch.Tensor, is_draft: 
     return sample
 
 
-def rejection_verify(logits: torch.Tensor, draft_tokens, num_draft, *, draft_probs: torch.Tensor | None = None,
+def rejection_verify(logits: torch.Tensor, draft_tokens, drafted, *, draft_probs: torch.Tensor | None = None,
                      temperature=1.0, top_k=None, top_p=None, seed: int = 0, request_ids=None,
                      positions=None) -> VerifyOutput:
     """Rejection-sampling verification (reference). Per-request parameters: scalar or (B,).
@@ -422,16 +422,16 @@ def rejection_verify(logits: torch.Tensor, draft_tokens, num_draft, *, draft_pro
     request_ids (default 0..B-1) and positions (default 0) key the random numbers; pass the request's
     stable id and the position of its first draft in the response so every decision uses fresh numbers.
     """
-    batch = prepare(logits, draft_tokens, num_draft, draft_probs=draft_probs, temperature=temperature,
+    batch = prepare(logits, draft_tokens, drafted, draft_probs=draft_probs, temperature=temperature,
                     top_k=top_k, top_p=top_p, seed=seed, request_ids=request_ids, positions=positions)
     u = accept_uniforms(batch.layout, batch.seed, batch.request_ids, batch.positions)
     return _combine(batch.layout, batch.draft_tokens, reference_rows(batch, accept_u=u), u)
 
 
-def greedy_verify(logits: torch.Tensor, draft_tokens, num_draft) -> VerifyOutput:
+def greedy_verify(logits: torch.Tensor, draft_tokens, drafted) -> VerifyOutput:
     """Greedy verification (reference): accept the prefix of drafts equal to the target's argmax, then emit
     the argmax at the first mismatch (or the bonus argmax). Ties go to the lowest token id."""
-    lay = make_layout(num_draft, logits.device)
+    lay = make_layout(drafted, logits.device)
     draft_tokens = torch.as_tensor(draft_tokens, dtype=torch.int64).to(logits.device)
     argmax = logits.float().argmax(dim=-1)  # (N,)
     d = torch.where(lay.row_is_draft, _padded(draft_tokens)[lay.row_draft_index], -1)

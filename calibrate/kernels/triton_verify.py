@@ -4,7 +4,7 @@ Two launches per verification, and no host-side tensor work between them (so sma
 dominated by launch overhead):
 
 1. `_rows_kernel`, grid (B, max_k + 1), one program per verified position (row). It derives its row index
-   from `num_draft` in-kernel (a prefix sum over at most B values), then streams the row's logits in
+   from `drafted` in-kernel (a prefix sum over at most B values), then streams the row's logits in
    vocabulary tiles of BLOCK_V, with s = logits * (1 / T) masked by the top-k / top-p floor:
    - T = 0: one pass, the argmax;
    - T > 0, no draft probabilities (n-gram drafts, q = one-hot; bonus rows): ONE pass: per-lane online
@@ -71,7 +71,7 @@ def _lane_uniform(key, lanes):
 
 @triton.jit
 def _request_start(num_draft_ptr, r, BLOCK_B: tl.constexpr):
-    """(first draft index, first row index) of request r: prefix sum of num_draft[0:r]."""
+    """(first draft index, first row index) of request r: prefix sum of drafted[0:r]."""
     offs = tl.arange(0, BLOCK_B)
     nd = tl.load(num_draft_ptr + offs, mask=offs < r, other=0)
     draft_start = tl.sum(nd.to(tl.int64), axis=0)
@@ -320,18 +320,18 @@ def _seed_hash(seed: int) -> int:
     return int(rng.mix32(h ^ ((seed >> 32) & rng.M32)))
 
 
-def _launch(logits, draft_tokens, num_draft, draft_probs, temperature, floor, request_ids, positions, seed,
+def _launch(logits, draft_tokens, drafted, draft_probs, temperature, floor, request_ids, positions, seed,
             max_k: int | None, greedy: bool, block_v: int, num_warps: int) -> VerifyOutput:
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     dev = logits.device
-    num_draft = _request_tensor(num_draft, len(num_draft), torch.int64, dev, 0)
-    b = num_draft.shape[0]
+    drafted = _request_tensor(drafted, len(drafted), torch.int64, dev, 0)
+    b = drafted.shape[0]
     n_rows, vocab = logits.shape
     draft_tokens = _request_tensor(draft_tokens, n_rows - b, torch.int64, dev, 0) if n_rows > b else \
         torch.zeros(1, dtype=torch.int64, device=dev)
     if max_k is None:
-        max_k = int(num_draft.max())  # one device sync; callers that know it pass max_k
+        max_k = int(drafted.max())  # one device sync; callers that know it pass max_k
     temperature = _request_tensor(temperature, b, torch.float32, dev, 1.0)
     request_ids = _request_tensor(request_ids, b, torch.int64, dev, list(range(b)))
     positions = _request_tensor(positions, b, torch.int64, dev, 0)
@@ -349,7 +349,7 @@ def _launch(logits, draft_tokens, num_draft, draft_probs, temperature, floor, re
     _rows_kernel[(b, max_k + 1)](
         logits, logits.stride(0),
         draft_probs if has_q else logits, draft_probs.stride(0) if has_q else 0,
-        draft_tokens, num_draft, temperature,
+        draft_tokens, drafted, temperature,
         floor if floor is not None else p,
         request_ids, positions, seed_hash,
         p, q, sample, vocab,
@@ -357,7 +357,7 @@ def _launch(logits, draft_tokens, num_draft, draft_probs, temperature, floor, re
         num_warps=num_warps,
     )
     _combine_kernel[(b,)](
-        p, q, sample, draft_tokens, num_draft, request_ids, positions, seed_hash,
+        p, q, sample, draft_tokens, drafted, request_ids, positions, seed_hash,
         tokens, tokens.stride(0), accepted, expected,
         GREEDY=greedy, MAX_K=max_k, BLOCK_B=block_b,
     )
@@ -372,14 +372,14 @@ def _block_v(vocab: int, block_v: int | None) -> int:
     return min(1024, triton.next_power_of_2(vocab))
 
 
-def greedy_verify(logits: torch.Tensor, draft_tokens, num_draft, *, max_k: int | None = None,
+def greedy_verify(logits: torch.Tensor, draft_tokens, drafted, *, max_k: int | None = None,
                   block_v: int | None = None, num_warps: int = 4) -> VerifyOutput:
     """Fused greedy verification; same contract as reference.greedy_verify."""
-    return _launch(logits, draft_tokens, num_draft, None, 0.0, None, None, None, 0, max_k, True,
+    return _launch(logits, draft_tokens, drafted, None, 0.0, None, None, None, 0, max_k, True,
                    _block_v(logits.shape[1], block_v), num_warps)
 
 
-def rejection_verify(logits: torch.Tensor, draft_tokens, num_draft, *, draft_probs: torch.Tensor | None = None,
+def rejection_verify(logits: torch.Tensor, draft_tokens, drafted, *, draft_probs: torch.Tensor | None = None,
                      temperature=1.0, top_k=None, top_p=None, seed: int = 0, request_ids=None, positions=None,
                      max_k: int | None = None, block_v: int | None = None, num_warps: int = 4) -> VerifyOutput:
     """Fused rejection-sampling verification; same contract as reference.rejection_verify.
@@ -388,9 +388,9 @@ def rejection_verify(logits: torch.Tensor, draft_tokens, num_draft, *, draft_pro
     """
     floor = None
     if top_k is not None or top_p is not None:
-        batch = reference.prepare(logits, draft_tokens, num_draft, draft_probs=draft_probs,
+        batch = reference.prepare(logits, draft_tokens, drafted, draft_probs=draft_probs,
                                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                                   request_ids=request_ids, positions=positions)
         floor = reference.row_floors(logits, batch.layout, batch.temperature, batch.top_k, batch.top_p)
-    return _launch(logits, draft_tokens, num_draft, draft_probs, temperature, floor, request_ids, positions, seed,
+    return _launch(logits, draft_tokens, drafted, draft_probs, temperature, floor, request_ids, positions, seed,
                    max_k, False, _block_v(logits.shape[1], block_v), num_warps)

@@ -32,14 +32,14 @@ class SegmentCounts:
 class StepCounts:
     """Acceptance outcome of one request at one draft length k, per segment."""
 
-    draft_len: int
+    k: int
     segments: dict[str, SegmentCounts] = field(default_factory=dict)
 
     def _segment(self, segment: str) -> SegmentCounts:
         if segment not in SEGMENTS:
             raise ValueError(f"unknown segment {segment!r} (expected one of {', '.join(SEGMENTS)})")
         if segment not in self.segments:
-            self.segments[segment] = SegmentCounts(hist=np.zeros(self.draft_len + 1, dtype=np.int64))
+            self.segments[segment] = SegmentCounts(hist=np.zeros(self.k + 1, dtype=np.int64))
         return self.segments[segment]
 
     def add_step(self, segment: str, accepted: int | None, tokens: int, proposed: int,
@@ -51,8 +51,8 @@ class StepCounts:
         if accepted is None:
             seg.censored_steps += 1
             return
-        if not 0 <= accepted <= proposed <= self.draft_len:
-            raise ValueError(f"need 0 <= accepted ({accepted}) <= proposed ({proposed}) <= k ({self.draft_len})")
+        if not 0 <= accepted <= proposed <= self.k:
+            raise ValueError(f"need 0 <= accepted ({accepted}) <= proposed ({proposed}) <= k ({self.k})")
         seg.hist[accepted] += 1
         seg.drafted_tokens += proposed
         seg.empty_steps += proposed == 0
@@ -66,7 +66,7 @@ class StepCounts:
     @property
     def hist(self) -> np.ndarray:
         """Histogram over all segments."""
-        total = np.zeros(self.draft_len + 1, dtype=np.int64)
+        total = np.zeros(self.k + 1, dtype=np.int64)
         for seg in self.segments.values():
             total += seg.hist
         return total
@@ -105,7 +105,7 @@ class TotalCounts:
     needs a histogram is "not available from this engine".
     """
 
-    draft_len: int
+    k: int
     steps: int
     accepted: int
     drafted_tokens: int
@@ -115,7 +115,7 @@ class TotalCounts:
     censored_steps: int = 0  # steps left out of the counts above because a budget cut hid their outcome
 
     def __post_init__(self) -> None:
-        k = self.draft_len
+        k = self.k
         if self.steps < 0 or not 0 <= self.accepted <= self.steps * k or self.drafted_tokens > self.steps * k:
             raise ValueError(f"inconsistent engine counts: steps={self.steps} accepted={self.accepted} "
                              f"drafted={self.drafted_tokens} at k={k}")

@@ -403,7 +403,7 @@ def _results(loops: Sequence[Loop], requests: int, labeller: Callable[[list[int]
 def _counts(loop: Loop, labeller: Callable[[list[int]], list[str]] | None) -> StepCounts:
     """A finished loop's records as StepCounts; a step belongs to the segment of its first emitted token."""
     labels = labeller(loop.generated) if labeller is not None else None
-    counts = StepCounts(draft_len=loop.k)
+    counts = StepCounts(k=loop.k)
     for rec in loop.records:
         segment = labels[rec.start] if labels is not None else "answer"
         if rec.is_step:

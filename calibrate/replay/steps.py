@@ -63,7 +63,7 @@ def walk_steps(
     as an engine would, even where fewer than k response tokens are left. `segments[t]` labels each response token; a step belongs
     to the segment of the first token it emits.
     """
-    counts = StepCounts(draft_len=k)
+    counts = StepCounts(k=k)
     if n == 0:
         return counts
     counts.add_tokens(segments[0] if segments is not None else "answer", 1)  # the prefill's token
@@ -136,6 +136,6 @@ def drafted_steps_counts(series: StepSeries, n: int, k: int, ended: bool) -> Tot
         accepted, drafted = accepted[:-1], drafted[:-1]
     hist = np.bincount(np.asarray(accepted, dtype=np.int64), minlength=k + 1)
     per_position = tuple(sum(a > i for a in accepted) for i in range(k))
-    return TotalCounts(draft_len=k, steps=len(accepted), accepted=sum(accepted), drafted_tokens=sum(drafted),
+    return TotalCounts(k=k, steps=len(accepted), accepted=sum(accepted), drafted_tokens=sum(drafted),
                        tokens=n, per_position=per_position, histogram=tuple(int(c) for c in hist),
                        censored_steps=censored)
