@@ -66,14 +66,14 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--generate-context", type=int, default=8192)
     ap.add_argument("--budgets", default="1024,2048,4096,8192")
-    ap.add_argument("--draft-lens", default="1,3,8")
+    ap.add_argument("--ks", default="1,3,8", help="the k values, comma-separated")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--source", default=str(SAMPLE / "original"))
     ap.add_argument("--responses", choices=("target", "recorded"), default="target")
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")] + [UNTRUNCATED]
-    ks = [int(k) for k in args.draft_lens.split(",")]
+    ks = [int(k) for k in args.ks.split(",")]
     console = Console(width=160)
 
     loaded = load_conversations(args.source, "mini-swe-agent")

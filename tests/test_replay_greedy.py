@@ -90,7 +90,7 @@ def test_self_speculation_accepts_everything():
     prompts = prompts_for(97, 3)
     responses = generate_greedy(model, prompts, max_new_tokens=24, eos_token_ids=set())
     spec = DraftModelSpeculator(loaded(model, "self"), batch_size=2)
-    for per_k in score_replay(spec, prompts, responses, draft_lens=[1, 2, 3, 5, 8]):
+    for per_k in score_replay(spec, prompts, responses, ks=[1, 2, 3, 5, 8]):
         for k, counts in per_k.items():
             hist = counts.hist
             assert hist[:k].sum() == 0, (k, hist)

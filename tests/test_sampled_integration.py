@@ -32,14 +32,14 @@ def test_loop_at_temperature_zero_equals_greedy_replay_once(qwen_pair):
 
     target, draft, prompts = qwen_pair
     eos = target.eos_token_ids
-    draft_lens = [1, 3, 5]
+    ks = [1, 3, 5]
     responses = generate_greedy(target.model, prompts, max_new_tokens=32, eos_token_ids=eos)
     speculator = DraftModelSpeculator(draft)
-    replay = score_replay(speculator, prompts, responses, draft_lens)
-    loop = loop_results(target.model, speculator, prompts, ks=draft_lens, temperature=0.0,
+    replay = score_replay(speculator, prompts, responses, ks)
+    loop = loop_results(target.model, speculator, prompts, ks=ks, temperature=0.0,
                        max_new_tokens=32, eos_token_ids=eos, seed=0, loop_rows=2)
     for response, want, got in zip(responses, replay, loop):
-        for k in draft_lens:
+        for k in ks:
             assert got.tokens[k] == response.tokens  # KV rollback: the loop's text is the target's greedy text
             assert got.counts[k].hist.tolist() == want[k].hist.tolist()
             assert got.counts[k].tokens == want[k].tokens

@@ -110,7 +110,7 @@ def test_censored_steps_are_reported_not_counted_and_expected_al_is_beside_reali
 
 
 def test_filters_are_sql_and_run_ids_select_runs(db: Path) -> None:
-    recs = _records(db, Filters(speculators=("ngram",), draft_lens=(3,), thinking=("on",)))
+    recs = _records(db, Filters(speculators=("ngram",), ks=(3,), thinking=("on",)))
     assert [(r.draft_len, r.thinking) for r in recs] == [(3, "on")]
     assert _records(db, Filters(datasets=("other",))) == []
     con = connect(db, read_only=True)

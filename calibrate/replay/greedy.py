@@ -76,7 +76,7 @@ def score_replay(
     speculator: Speculator,
     prompts: Sequence[Sequence[int]],
     responses: Sequence[GreedyResponse],
-    draft_lens: Sequence[int],
+    ks: Sequence[int],
     segments: Sequence[Sequence[str]] | None = None,
     features: Sequence[TargetFeatures] | None = None,
 ) -> list[dict[int, StepCounts]]:
@@ -86,14 +86,14 @@ def score_replay(
     if speculator.needs.any:
         if features is None:
             raise ValueError(f"speculator {speculator.name!r} needs the target's hidden states; pass features")
-        scorers = speculator.replay_scorers(prompts, tokens, max(draft_lens), features)
+        scorers = speculator.replay_scorers(prompts, tokens, max(ks), features)
     else:
-        scorers = speculator.replay_scorers(prompts, tokens, max(draft_lens))
+        scorers = speculator.replay_scorers(prompts, tokens, max(ks))
     results = []
     for i, (response, run_at) in enumerate(zip(responses, scorers)):
         labels = segments[i] if segments is not None else None
         results.append({
-            k: walk_steps(len(response.tokens), k, response.ended, run_at, labels) for k in draft_lens
+            k: walk_steps(len(response.tokens), k, response.ended, run_at, labels) for k in ks
         })
     return results
 

@@ -72,7 +72,7 @@ def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_le
     return query.Filters(
         targets=targets,
         speculators=tuple(labels) if labels else None,
-        draft_lens=tuple(draft_len) if draft_len else None,
+        ks=tuple(draft_len) if draft_len else None,
         thinking=(normalize_thinking(thinking),) if thinking else None,
         temperatures=tuple(temperature) if temperature else None,
         datasets=tuple(dataset) if dataset else None,
@@ -112,7 +112,7 @@ def _empty_bucket(con: Any, filters: query.Filters, bucket: Bucket, db: Path) ->
 
 # Filters -> (the runs column, the option that set it), for saying what was asked and what exists.
 FILTER_OPTIONS = (("targets", "target", "--model"), ("speculators", "speculator", "--speculator"),
-                  ("draft_lens", "draft_len", "--draft-len"), ("thinking", "thinking", "--thinking"),
+                  ("ks", "draft_len", "--draft-len"), ("thinking", "thinking", "--thinking"),
                   ("temperatures", "temperature", "--temperature"), ("datasets", "dataset", "--dataset"))
 
 

@@ -104,7 +104,7 @@ class DuckDBTable:
 def _entry_filters(entry: CatalogEntry, bucket: Bucket | None) -> Filters:
     """Exactly one catalog entry's runs (and the bucket's requests of them)."""
     return Filters(
-        targets=(entry.target,), speculators=(entry.speculator,), draft_lens=(entry.draft_len,),
+        targets=(entry.target,), speculators=(entry.speculator,), ks=(entry.draft_len,),
         thinking=(entry.thinking,), temperatures=(entry.temperature,), datasets=(entry.dataset,), bucket=bucket,
     )
 

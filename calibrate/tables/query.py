@@ -68,7 +68,7 @@ class Filters:
 
     targets: tuple[str, ...] | None = None
     speculators: tuple[str, ...] | None = None
-    draft_lens: tuple[int, ...] | None = None
+    ks: tuple[int, ...] | None = None
     thinking: tuple[str, ...] | None = None
     temperatures: tuple[float, ...] | None = None
     datasets: tuple[str, ...] | None = None
@@ -82,7 +82,7 @@ class Filters:
         """A WHERE clause over `runs` and its parameters (values are bound, never pasted into SQL)."""
         clauses, params = [], []
         for column, values in (
-            ("target", self.targets), ("speculator", self.speculators), ("draft_len", self.draft_lens),
+            ("target", self.targets), ("speculator", self.speculators), ("draft_len", self.ks),
             ("thinking", self.thinking), ("temperature", self.temperatures), ("dataset", self.datasets),
             ("run_id", self.run_ids),
         ):
@@ -109,7 +109,7 @@ class Filters:
     @property
     def narrowed(self) -> bool:
         """Whether any filter was given (a store with rows none of which match is then no answer)."""
-        return any(v is not None for v in (self.targets, self.speculators, self.draft_lens, self.thinking,
+        return any(v is not None for v in (self.targets, self.speculators, self.ks, self.thinking,
                                            self.temperatures, self.datasets)) or bool(self.where_fields)
 
 
