@@ -114,8 +114,8 @@ def test_batch_union_is_union_of_members_and_k0_is_top_k():
     a = _trace([[0b0011], [0b1100]], [2, 2], [[0b0011], [0b0110], [0b1100]])
     b = _trace([[0b0110]], [2], [[0b1001], [0b0101]])
     assert batch_union([a.verify, b.verify]) == [[0b0111], [0b1100]]  # b left after its first step
-    rows = profile_rows([a, b], draft_len=1, layers=[layer], batch_sizes=[1, 2])
-    router = {(r.batch_size, r.draft_len, r.members): r for r in rows[0] if r.routing == "router"}
+    rows = profile_rows([a, b], k=1, layers=[layer], batch_sizes=[1, 2])
+    router = {(r.batch_size, r.k, r.members): r for r in rows[0] if r.routing == "router"}
     assert (router[1, 1, (0,)].steps, router[1, 1, (0,)].distinct) == (2, 4)
     assert (router[1, 0, (0,)].steps, router[1, 0, (0,)].distinct) == (3, 2 * 3)  # k = 0: top_k per step
     assert (router[2, 1, (0, 1)].steps, router[2, 1, (0, 1)].positions, router[2, 1, (0, 1)].distinct) == (2, 6, 3 + 2)

@@ -73,7 +73,7 @@ class ExpertRow:
     requests (`members`: their indices in the engine's batch, the first being the request it is stored
     under): `distinct` sums, over the steps, the distinct routed experts each step touched."""
 
-    draft_len: int  # the run's k, or 0 (plain decoding)
+    k: int  # the run's k, or 0 (plain decoding)
     layer: int
     batch_size: int
     routing: str
@@ -262,7 +262,7 @@ def _cells(masks: Sequence[Sequence[int]], positions: Sequence[int], layers: Seq
     return out
 
 
-def profile_rows(traces: Sequence[ExpertTrace], draft_len: int, layers: Sequence[MoeLayer],
+def profile_rows(traces: Sequence[ExpertTrace], k: int, layers: Sequence[MoeLayer],
                  batch_sizes: Sequence[int], seed: int = 0) -> list[list[ExpertRow]]:
     """The rows stored per request (indexed like `traces`: one engine batch at one k): its own B = 1 rows,
     and, for the first member of each full group of B consecutive requests, that group's rows; each at the
@@ -274,11 +274,11 @@ def profile_rows(traces: Sequence[ExpertTrace], draft_len: int, layers: Sequence
         for first in range(0, len(traces) - b + 1, b):
             group = traces[first:first + b]
             members = tuple(range(first, first + b))
-            for k, masks, positions in (
-                (draft_len, batch_union([t.verify for t in group]), _batch_positions([t.positions for t in group])),
+            for at, masks, positions in (
+                (k, batch_union([t.verify for t in group]), _batch_positions([t.positions for t in group])),
                 (0, batch_union([t.plain for t in group]), _batch_positions([t.plain_positions for t in group])),
             ):
                 for routing in ROUTINGS:
                     for layer, (steps, pos, distinct) in zip(layers, _cells(masks, positions, layers, routing, rng)):
-                        out[first].append(ExpertRow(k, layer.layer, b, routing, steps, pos, distinct, members))
+                        out[first].append(ExpertRow(at, layer.layer, b, routing, steps, pos, distinct, members))
     return out

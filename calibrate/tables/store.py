@@ -456,7 +456,7 @@ class Store:
         """
         rows: dict[str, list[list[Any]]] = {"req": [], "seg": [], "acc": [], "pos": [], "raw": [], "exp": []}
         for (run_id, request_id), expert_rows in (experts or {}).items():
-            rows["exp"].extend([run_id, request_id, e.draft_len, e.layer, e.batch_size, e.routing, e.steps,
+            rows["exp"].extend([run_id, request_id, e.k, e.layer, e.batch_size, e.routing, e.steps,
                                 e.positions, e.distinct, json.dumps(members)] for e, members in expert_rows)
         for outcome, per_run in batch:
             for run_id, counts in per_run.items():
