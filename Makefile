@@ -70,12 +70,12 @@ models: quickstart-models
 	# count: every machine makes the same head; kept once made, made again when the recipe changes). The
 	# recipe is sized for CI (about 4 min on 2 cores); tests/test_eagle3.py checks its acceptance stays far
 	# from both 1 and k + 1.
-	OMP_NUM_THREADS=2 $(PY) -m calibrate.speculators.eagle3_distil --target smollm2-135m-instruct \
+	OMP_NUM_THREADS=2 $(PY) -m distil.eagle3 --target smollm2-135m-instruct \
 		--dataset $(SHARED)/datasets/mini-swe-agent-gemini3pro-swebv/original \
 		--out $(CALIBRATE_TEST_MODELS)/smollm2-135m-instruct-eagle3 $(EAGLE3_RECIPE) --threads 2
 	# A tiny DeepSeek-V3 MoE with one MTP layer, trained on the agentic sample (SmolLM2's tokenizer; fixed step
 	# counts, a few minutes on 2 threads; kept once made): the `mtp` kind's integration test measures it.
-	OMP_NUM_THREADS=2 $(PY) -m calibrate.speculators.mtp_distil --tokenizer smollm2-135m-instruct \
+	OMP_NUM_THREADS=2 $(PY) -m distil.mtp --tokenizer smollm2-135m-instruct \
 		--dataset $(SHARED)/datasets/mini-swe-agent-gemini3pro-swebv/original \
 		--out $(CALIBRATE_TEST_MODELS)/tiny-deepseek-mtp --threads 2
 

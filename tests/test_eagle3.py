@@ -17,7 +17,7 @@ from calibrate.replay.greedy import generate_greedy, score_replay, target_featur
 from tests.loop_runs import loop_results  # noqa: E402
 from calibrate.speculators.base import leading_matches  # noqa: E402
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head  # noqa: E402
-from calibrate.speculators.eagle3_distil import target_pass, train_head  # noqa: E402
+from distil.eagle3 import target_pass, train_head  # noqa: E402
 from calibrate.speculators.eagle3_head import new_head, save_head  # noqa: E402
 
 EOS = 96
@@ -281,7 +281,7 @@ temperature = [0.0, 0.7]
 @pytest.mark.slow
 @pytest.mark.integration
 def test_distillation_script_makes_a_head_once_per_recipe(tmp_path, smollm, mini_swe_dir):
-    """`python -m calibrate.speculators.eagle3_distil` writes a loadable head with its recipe, skips when the
+    """`python -m distil.eagle3` writes a loadable head with its recipe, skips when the
     same recipe made it, and makes it again when the recipe changes (a cached head of an older recipe is
     not silently reused)."""
     import subprocess
@@ -292,7 +292,7 @@ def test_distillation_script_makes_a_head_once_per_recipe(tmp_path, smollm, mini
     out = tmp_path / "head"
 
     def distil(steps: int) -> str:
-        cmd = [sys.executable, "-m", "calibrate.speculators.eagle3_distil", "--target", str(smollm),
+        cmd = [sys.executable, "-m", "distil.eagle3", "--target", str(smollm),
                "--dataset", str(mini_swe_dir / "original"), "--out", str(out), "--count", "2", "--length", "128",
                "--generate", "1", "--generate-context", "96", "--generate-tokens", "8", "--window", "64",
                "--draft-vocab", "512", "--steps", str(steps), "--threads", "1"]

@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 from calibrate.replay.greedy import generate_greedy, score_replay, target_features  # noqa: E402
 from tests.loop_runs import loop_results  # noqa: E402
 from calibrate.speculators.mtp import DEPTH_RULE, MtpSpeculator, load_mtp, mtp_prefixes  # noqa: E402
-from calibrate.speculators.mtp_distil import new_model, save_with_mtp, tiny_config, train_mtp  # noqa: E402
+from distil.mtp import new_model, save_with_mtp, tiny_config, train_mtp  # noqa: E402
 
 EOS = 96
 PROMPTS = [[1, 5, 9, 13, 2, 7, 5, 9], [3, 3, 8, 1, 4], [10, 20, 30, 40, 50, 60, 70]]

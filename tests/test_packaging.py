@@ -23,15 +23,21 @@ def _declared() -> set[str]:
     return {re.split(r"[<>=!~;\[ ]", s, maxsplit=1)[0].lower().replace("_", "-") for s in specs}
 
 
-def _imported_top_levels() -> set[str]:
+def _top_levels(package: str) -> set[str]:
+    """The top-level names a package's modules import (absolute imports only)."""
     names: set[str] = set()
-    for path in (ROOT / "calibrate").rglob("*.py"):
+    for path in (ROOT / package).rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names.update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.add(node.module.split(".")[0])
-    return names - set(sys.stdlib_module_names) - {"calibrate", "tomli"}  # tomli: declared for 3.10 only
+    return names
+
+
+def _imported_top_levels() -> set[str]:
+    names = _top_levels("calibrate") | _top_levels("distil")
+    return names - set(sys.stdlib_module_names) - {"calibrate", "distil", "tomli"}  # tomli: declared for 3.10 only
 
 
 def test_every_imported_distribution_is_declared() -> None:
@@ -43,6 +49,11 @@ def test_every_imported_distribution_is_declared() -> None:
                 missing[module] = dist
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
     assert any(s.startswith("tomli") and "python_version < '3.11'" in s for s in PYPROJECT["project"]["dependencies"])
+
+
+def test_the_library_never_imports_the_training_tools() -> None:
+    assert "distil" not in _top_levels("calibrate")
+    assert any(p.startswith("distil") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"])
 
 
 def test_the_dataset_manifest_ships_inside_the_package() -> None:

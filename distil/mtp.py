@@ -12,7 +12,7 @@ The checkpoint is written in DeepSeek's layout (MTP layer i as decoder layer num
 through (`mtp.load_mtp`). Its MLA shapes and routing keys are ones vLLM's CPU build loads (VLLM_CPU_MLA,
 VLLM_ROUTING), so the same checkpoint is measured in-process and through vLLM (`method: mtp`).
 
-    python -m calibrate.speculators.mtp_distil --tokenizer smollm2-135m-instruct \
+    python -m distil.mtp --tokenizer smollm2-135m-instruct \
         --dataset ../shared/datasets/mini-swe-agent-gemini3pro-swebv/original --out DIR
 """
 
@@ -157,7 +157,7 @@ def train_mtp(main: Any, mtp: Any, sequences: list[torch.Tensor], *, seconds: fl
 
 def agentic_sequences(tokenizer: Any, name: str, dataset: str, fmt: str | None, skip: int, count: int,
                       length: int) -> list[torch.Tensor]:
-    from calibrate.speculators.eagle3_distil import training_sequences
+    from distil.eagle3 import training_sequences
 
     rendered = training_sequences(SimpleNamespace(tokenizer=tokenizer, name=name), dataset, fmt, skip, count,
                                   length)

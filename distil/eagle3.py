@@ -18,7 +18,7 @@ and the quickstart-sized tables need one made here. Recipe (EAGLE-3's, shortened
   600 steps, README);
 - a fixed number of steps (warmup then cosine decay), so that every machine, busy or not, builds the same head.
 
-    python -m calibrate.speculators.eagle3_distil --target smollm2-135m-instruct \
+    python -m distil.eagle3 --target smollm2-135m-instruct \
         --dataset ../shared/datasets/mini-swe-agent-gemini3pro-swebv/original --out DIR --steps 400
 """
 
