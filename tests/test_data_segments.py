@@ -7,8 +7,7 @@ import copy
 import pytest
 
 from calibrate.data import label_segments, label_text
-from calibrate.data.segments import TEXT_TOOL_MARKERS, tool_markers
-from calibrate.replay.counts import SEGMENTS
+from calibrate.data.segments import SEGMENTS, TEXT_TOOL_MARKERS, tool_markers
 
 T, A, C = SEGMENTS  # thinking, answer, tool_call
 

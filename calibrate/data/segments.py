@@ -26,7 +26,10 @@ from calibrate.data.render import (
     think_markers,
     thinking_kwargs,
 )
-from calibrate.replay.counts import SEGMENTS
+
+# The segment labels, in their order: a fact of the data, which the count records (replay.counts) and the
+# tables key their rows by.
+SEGMENTS: tuple[str, ...] = ("thinking", "answer", "tool_call")
 
 # (open, close); an empty close means the call runs to the end of the response.
 TOOL_MARKERS: tuple[tuple[str, str], ...] = (

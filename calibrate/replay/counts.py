@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SEGMENTS: tuple[str, ...] = ("thinking", "answer", "tool_call")
+from calibrate.data.segments import SEGMENTS
 
 
 @dataclass
