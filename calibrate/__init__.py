@@ -1,6 +1,6 @@
 """spec-calibrate: measure speculative-decoding acceptance length on real agentic coding traffic."""
 
-__version__ = "0.1.0"
+from calibrate.version import __version__  # noqa: F401 - re-exported: calibrate.__version__
 
 
 def __getattr__(name: str):  # noqa: ANN202 - lazy, so `import calibrate` stays free of duckdb/numpy

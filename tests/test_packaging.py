@@ -56,6 +56,13 @@ def test_the_library_never_imports_the_training_tools() -> None:
     assert any(p.startswith("distil") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"])
 
 
+def test_the_package_version_is_the_distribution_version() -> None:
+    import calibrate
+    from calibrate.version import __version__
+
+    assert calibrate.__version__ == __version__ == PYPROJECT["project"]["version"]
+
+
 def test_the_dataset_manifest_ships_inside_the_package() -> None:
     import calibrate.data
     from calibrate.data.manifests import DEFAULT_MANIFEST, load_manifest

@@ -19,11 +19,11 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from calibrate import __version__
 from calibrate.errors import NothingUsable
 from calibrate.tables.inferencex import Naming, sampling
 from calibrate.tables.lookup import EXPORT_SCHEMA
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
+from calibrate.version import __version__
 
 MODES = ("length", "rates")
 
