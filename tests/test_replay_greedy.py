@@ -49,7 +49,8 @@ def test_walk_steps_emits_every_token_once():
             censored = counts.segments["answer"].censored_steps
             if ended:
                 assert censored == 0
-                assert stats.emitted_tokens(hist) == n - 1  # the first token is the prefill's, not a step's
+                emitted = sum((a + 1) * steps for a, steps in enumerate(hist))  # accepted + 1 per step
+                assert emitted == n - 1  # the first token is the prefill's, not a step's
 
 
 def test_walk_steps_counts_proposed_drafts_and_empty_steps():

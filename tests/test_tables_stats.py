@@ -18,7 +18,7 @@ H = [4, 3, 2, 1]
 
 def test_hand_histogram_every_statistic() -> None:
     assert stats.steps(H) == 10
-    assert stats.emitted_tokens(H) == 4 * 1 + 3 * 2 + 2 * 3 + 1 * 4 == 20
+    # each step emits accepted + 1 tokens: 4 * 1 + 3 * 2 + 2 * 3 + 1 * 4 = 20 over 10 steps
     assert stats.acceptance_length(H) == pytest.approx(2.0)
     # P(>0) = 6/10, P(>1) = 3/10, P(>2) = 1/10
     np.testing.assert_allclose(stats.unconditional_rates(H), [0.6, 0.3, 0.1])
@@ -68,11 +68,12 @@ def test_rates_round_trip_through_probability_histogram() -> None:
         stats.histogram_from_rates([0.3, 0.6])
 
 
-def test_iid_model_matches_leviathan_closed_form() -> None:
+def test_iid_rates_sum_to_leviathan_closed_form() -> None:
+    """Unconditional rates alpha^1 .. alpha^k give Leviathan et al.'s (1 - alpha^(k+1)) / (1 - alpha)."""
     for alpha in (0.0, 0.3, 0.8):
         for k in (1, 4, 7):
             closed = (1 - alpha ** (k + 1)) / (1 - alpha)
-            assert stats.iid_acceptance_length(alpha, k) == pytest.approx(closed)
+            assert stats.acceptance_length_from_rates([alpha ** j for j in range(1, k + 1)]) == pytest.approx(closed)
 
 
 def test_iid_rate_recovers_simulated_rate() -> None:
@@ -154,7 +155,7 @@ def _coverage(alpha_of, truth: float, *, clustered: bool = True, sims: int = 300
 
 def test_ci_coverage_iid_acceptance_is_nominal() -> None:
     """Known iid rate: the true AL is Leviathan's closed form; 95% intervals cover it ~95% of the time."""
-    truth = float(stats.iid_acceptance_length(0.7, 4))
+    truth = 1 + sum(0.7 ** j for j in range(1, 5))  # 1 + sum of the iid rates alpha^j
     pooled, macro = _coverage(lambda rng: 0.7, truth)
     # 300 simulations: binomial sd ~1.3 points; percentile intervals on 40 clusters run slightly narrow.
     assert 0.90 <= pooled <= 0.99

@@ -29,12 +29,6 @@ def steps(h: ArrayLike) -> np.ndarray:
     return _hist(h).sum(axis=-1)
 
 
-def emitted_tokens(h: ArrayLike) -> np.ndarray:
-    """Tokens emitted by those steps: each step emits accepted + 1 (the bonus token)."""
-    arr = _hist(h)
-    return (arr * (np.arange(arr.shape[-1]) + 1)).sum(axis=-1)
-
-
 def acceptance_length(h: ArrayLike) -> np.ndarray | float:
     """Pooled AL = emitted tokens / steps, i.e. per target verification pass. NaN where there are no steps."""
     return acceptance_length_from_totals(steps(h), accepted_drafts(h))
@@ -150,12 +144,6 @@ def iid_rate(h: ArrayLike) -> np.ndarray | float:
     with np.errstate(invalid="ignore", divide="ignore"):
         out = accepted / attempted
     return float(out) if np.ndim(out) == 0 else out
-
-
-def iid_acceptance_length(alpha: ArrayLike, k: int) -> np.ndarray | float:
-    """Leviathan et al.'s expected tokens per step, (1 - alpha^(k+1)) / (1 - alpha), as a sum of rates."""
-    a = np.asarray(alpha, dtype=np.float64)[..., None]
-    return acceptance_length_from_rates(a ** np.arange(1, k + 1))
 
 
 def extend_rates(rates: ArrayLike, k: int, alpha: float) -> np.ndarray:
