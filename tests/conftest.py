@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,24 @@ def tiny_llama(vocab_size: int = 97, seed: int = 0, hidden: int = 32, layers: in
 @pytest.fixture
 def tiny_model():
     return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def target():
+    """tiny_llama(seed=0) with its output layer scaled by 30: peaked next-token distributions, so greedy runs
+    and acceptances are non-trivial (the sampled loop's and sweep's target; test_eagle3.py has its own)."""
+    model = tiny_llama(seed=0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def near_draft(target):
+    """A draft that agrees with the target often, not always: the target with a perturbed output layer."""
+    draft = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        w = draft.lm_head.weight
+        w.add_(torch.randn(w.shape, generator=g) * w.std() * 0.6)
+    return draft

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 
 import torch
@@ -17,34 +16,10 @@ from transformers import GenerationConfig  # noqa: E402
 
 from calibrate.replay.loop import LoopResult, record_step  # noqa: E402
 from calibrate.speculators.base import Proposal, Speculator  # noqa: E402
-from tests.conftest import tiny_llama  # noqa: E402
 from tests.loop_runs import loop_results  # noqa: E402
 
 EOS = 96  # tiny_llama's eos_token_id (vocab_size - 1)
 PROMPTS = [[1, 5, 9, 13, 2, 7], [3, 4], [8, 8, 8, 8, 8, 8, 8, 8, 8, 1, 2, 3]]
-
-
-def peaky(model, scale: float):
-    """Sharpen a random model's next-token distributions so greedy runs and acceptances are non-trivial."""
-    with torch.no_grad():
-        model.lm_head.weight.mul_(scale)
-    return model
-
-
-@pytest.fixture(scope="module")
-def target():
-    return peaky(tiny_llama(seed=0), 30.0)
-
-
-@pytest.fixture(scope="module")
-def near_draft(target):
-    """A draft that agrees with the target often, not always: the target with a perturbed output layer."""
-    draft = copy.deepcopy(target)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        w = draft.lm_head.weight
-        w.add_(torch.randn(w.shape, generator=g) * w.std() * 0.6)
-    return draft
 
 
 def greedy_reference(model, prompt, max_new_tokens, eos=EOS):
