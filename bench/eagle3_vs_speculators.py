@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.conftest
 
 VARIANTS = {
     "plain": {"norm_before_residual": False},
@@ -74,10 +74,10 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def compare(flags: dict[str, bool], depth: int = 4, seed: int = 0) -> list[float]:
-    from conftest import tiny_llama
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     from calibrate.speculators.eagle3_head import new_head, save_head
+    from tests.conftest import tiny_llama
 
     target = tiny_llama(layers=6, seed=seed)
     torch.manual_seed(seed)

@@ -11,21 +11,21 @@ if not torch.cuda.is_available():  # importing the loop imports Triton: its inte
     os.environ.setdefault("TRITON_INTERPRET", "1")  # or the kernel tests collected after this file fail
 
 import pytest  # noqa: E402
-from conftest import tiny_llama  # noqa: E402
 
 from calibrate.replay.greedy import generate_greedy, score_replay, target_features  # noqa: E402
 from tests.loop_runs import loop_results  # noqa: E402
 from calibrate.speculators.base import leading_matches  # noqa: E402
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head  # noqa: E402
-from distil.eagle3 import target_pass, train_head  # noqa: E402
 from calibrate.speculators.eagle3_head import new_head, save_head  # noqa: E402
+from distil.eagle3 import target_pass, train_head  # noqa: E402
+from tests.conftest import tiny_llama  # noqa: E402
 
 EOS = 96
 PROMPTS = [[1, 5, 9, 13, 2, 7, 5, 9], [3, 3, 8, 1, 4], [10, 20, 30, 40, 50, 60, 70]]
 
 
 @pytest.fixture(scope="module")
-def target():
+def target():  # overrides conftest.py's: another model (4 layers, seed 1, output layer not scaled)
     return tiny_llama(layers=4, seed=1)
 
 
@@ -234,7 +234,7 @@ def test_calibrate_run_with_distilled_head(tmp_path, smollm, mini_swe_dir):
     for CI, so this is where it must show it still drafts: greedy AL well above 1 and well below k + 1
     (the recipe in the Makefile measured 1.33 / 1.39 at k = 1 / 3 on 8 such turns)."""
     import duckdb
-    from conftest import real_model
+    from tests.conftest import real_model
 
     from calibrate.config import load_config
     from calibrate.runner import execute

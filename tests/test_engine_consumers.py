@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_tables_support import Req, basic_store, make_spec, write_run
 
 from calibrate.tables import consumers, inferencex
 from calibrate.tables.exports import ExportOptions, Stamp
@@ -25,6 +24,7 @@ from calibrate.tables.inferencex import Naming
 from calibrate.tables.query import load_records
 from calibrate.tables.records import AcceptanceRecord
 from calibrate.tables.store import Store, connect
+from tests.tables_support import Req, basic_store, make_spec, write_run
 
 STAMP = Stamp(tool_version="0.1.0", day="2026-01-01")
 

@@ -21,6 +21,7 @@ from calibrate.engines.llamacpp import default_binary
 from calibrate.engines.server import free_port, launch
 from calibrate.runner import execute
 from calibrate.tables.lookup import lookup
+from tests.configs import write_config
 from tests.conftest import real_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -41,41 +42,27 @@ def gguf(name: str, folder: Path | None = None) -> Path:
     return path
 
 
-def write_config(tmp_path: Path, tokenizer: Path, draft_tok: Path, source: Path, server: str, ks: str,
-                 requests: int, draft_gguf: Path | None = None, new_tokens: int = 24) -> Path:
-    gguf_key = f', gguf = "{draft_gguf}"' if draft_gguf else ""
-    path = tmp_path / "llamacpp.toml"
-    path.write_text(f"""
-[dataset]
-source = "{source}"
-format = "mini-swe-agent"
-max_requests = {requests}
-seed = 3
-context_tokens = 384
-max_new_tokens = {new_tokens}
-
-[run]
-batch_size = 2
-
-[[pairs]]
-target = "{tokenizer}"
-backend = "llama.cpp"
-speculators = [{{ kind = "draft", model = "{draft_tok}"{gguf_key} }}]
-server = {server}
-
-[sweep]
-draft_lengths = [{ks}]
-""")
-    return path
+def llamacpp_config(tmp_path: Path, tokenizer: Path, draft_tok: Path, source: Path, server: dict, ks: list[int],
+                    requests: int, draft_gguf: Path | None = None, new_tokens: int = 24) -> Path:
+    return write_config(
+        tmp_path / "llamacpp.toml",
+        dataset={"source": source, "format": "mini-swe-agent", "max_requests": requests, "seed": 3,
+                 "context_tokens": 384, "max_new_tokens": new_tokens},
+        run={"batch_size": 2},
+        pairs=[{"target": tokenizer, "backend": "llama.cpp",
+                "speculators": [{"kind": "draft", "model": draft_tok, **({"gguf": draft_gguf} if draft_gguf else {})}],
+                "server": server}],
+        sweep={"draft_lengths": ks},
+    )
 
 
 def test_self_speculation_accepts_every_draft(tmp_path, llama_server, smollm, mini_swe_dir):
     folder = smollm  # its GGUF is kept beside the converted folder (make models)
     model = gguf("smollm2-135m-instruct", folder)
-    server = f'{{ mode = "launch", model = "{model}", command = "{llama_server}", args = ["--threads", "2"], ' \
-             f'log_dir = "{tmp_path}", concurrency = 2 }}'
-    config = load_config(write_config(tmp_path, folder, folder, mini_swe_dir / "original", server, "2, 4", 3,
-                                      draft_gguf=model))
+    server = {"mode": "launch", "model": model, "command": llama_server, "args": ["--threads", "2"],
+              "log_dir": tmp_path, "concurrency": 2}
+    config = load_config(llamacpp_config(tmp_path, folder, folder, mini_swe_dir / "original", server, [2, 4], 3,
+                                         draft_gguf=model))
     db = tmp_path / "self.duckdb"
     execute(config, db)
     con = duckdb.connect(str(db), read_only=True)
@@ -101,10 +88,10 @@ def test_self_speculation_accepts_every_draft(tmp_path, llama_server, smollm, mi
 def test_qwen_pair_launch_and_connect_rows_read_like_in_process(tmp_path, llama_server, qwen_target, qwen_draft,
                                                                 mini_swe_dir):
     target, draft = gguf("qwen2.5-coder-1.5b-instruct"), gguf("qwen2.5-coder-0.5b-instruct")
-    server = f'{{ mode = "launch", model = "{target}", command = "{llama_server}", args = ["--threads", "2"], ' \
-             f'log_dir = "{tmp_path}", concurrency = 2 }}'
-    config = load_config(write_config(tmp_path, qwen_target, qwen_draft, mini_swe_dir / "original", server, "4", 2,
-                                      draft_gguf=draft, new_tokens=16))
+    server = {"mode": "launch", "model": target, "command": llama_server, "args": ["--threads", "2"],
+              "log_dir": tmp_path, "concurrency": 2}
+    config = load_config(llamacpp_config(tmp_path, qwen_target, qwen_draft, mini_swe_dir / "original", server, [4], 2,
+                                         draft_gguf=draft, new_tokens=16))
     db = tmp_path / "pair.duckdb"
     summary = execute(config, db)
     assert summary.measured == 2
@@ -124,9 +111,9 @@ def test_qwen_pair_launch_and_connect_rows_read_like_in_process(tmp_path, llama_
                                     "--ctx-size", "1024", "--parallel", "1", "--threads", "2", "--port", str(port)],
                       f"http://127.0.0.1:{port}", "/health", timeout=300, log_dir=str(tmp_path))
     try:
-        server = f'{{ mode = "connect", url = "http://127.0.0.1:{port}", draft_len = 4 }}'
-        connect = load_config(write_config(tmp_path, qwen_target, qwen_draft, mini_swe_dir / "original", server,
-                                           "4", 2, new_tokens=16))
+        server = {"mode": "connect", "url": f"http://127.0.0.1:{port}", "draft_len": 4}
+        connect = load_config(llamacpp_config(tmp_path, qwen_target, qwen_draft, mini_swe_dir / "original", server,
+                                              [4], 2, new_tokens=16))
         db2 = tmp_path / "connect.duckdb"
         execute(connect, db2)
     finally:

@@ -33,6 +33,7 @@ from calibrate.runner import _prompts, prepare
 from calibrate.speculators.base import leading_matches
 from calibrate.speculators.ngram import NgramSpeculator
 from calibrate.tables.lookup import lookup
+from tests.configs import write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -47,38 +48,17 @@ CPU_SERVER = {"args": ["--enforce-eager", "--dtype", SERVED_DTYPE], "env": {"VLL
 NGRAM = {"kind": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 1}
 
 
-def _toml(value) -> str:
-    return json.dumps(value) if not isinstance(value, dict) else \
-        "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
-
-
-def write_config(tmp_path: Path, source: Path, target: Path, speculators: list[dict], backend: str = "vllm",
-                 server: dict | None = None, requests: int = 8, name: str = "c.toml") -> Path:
-    server_line = f"server = {_toml(server)}\n" if server else ""
-    path = tmp_path / name
-    path.write_text(f"""
-[dataset]
-source = "{source}"
-format = "mini-swe-agent"
-max_requests = {requests}
-turns_per_conversation = 1
-seed = 1
-context_tokens = 512
-max_new_tokens = {TOKENS}
-
-[run]
-batch_size = 4
-dtype = "float32"
-
-[[pairs]]
-target = "{target}"
-backend = "{backend}"
-speculators = [{", ".join(_toml(s) for s in speculators)}]
-{server_line}
-[sweep]
-draft_lengths = [{K}]
-""")
-    return path
+def vllm_config(tmp_path: Path, source: Path, target: Path, speculators: list[dict], backend: str = "vllm",
+                server: dict | None = None, requests: int = 8, name: str = "c.toml") -> Path:
+    return write_config(
+        tmp_path / name,
+        dataset={"source": source, "format": "mini-swe-agent", "max_requests": requests, "turns_per_conversation": 1,
+                 "seed": 1, "context_tokens": 512, "max_new_tokens": TOKENS},
+        run={"batch_size": 4, "dtype": "float32"},
+        pairs=[{"target": target, "backend": backend, "speculators": speculators,
+                **({"server": server} if server else {})}],
+        sweep={"draft_lengths": [K]},
+    )
 
 
 def run(config: Path, db: Path):
@@ -117,7 +97,7 @@ def connect(url: str, k: int = K) -> dict:
 
 
 def test_connect_ngram_counts_are_vllms_steps_and_our_ngram_exactly(tmp_path, smollm, mini_swe_dir, ngram_server):
-    config = write_config(tmp_path, mini_swe_dir / "original", smollm, [NGRAM], server=connect(ngram_server.url))
+    config = vllm_config(tmp_path, mini_swe_dir / "original", smollm, [NGRAM], server=connect(ngram_server.url))
     db = tmp_path / "n.duckdb"
     res = run(config, db)
     assert res.exit_code == 0, res.output
@@ -156,7 +136,7 @@ def test_connect_ngram_counts_are_vllms_steps_and_our_ngram_exactly(tmp_path, sm
 
 
 def test_connect_with_another_k_is_refused_in_one_line(tmp_path, smollm, mini_swe_dir, ngram_server):
-    config = write_config(tmp_path, mini_swe_dir / "original", smollm, [NGRAM], server=connect(ngram_server.url, 2),
+    config = vllm_config(tmp_path, mini_swe_dir / "original", smollm, [NGRAM], server=connect(ngram_server.url, 2),
                           requests=2)
     res = run(config, tmp_path / "k.duckdb")
     assert res.exit_code == 4, res.output
@@ -166,7 +146,7 @@ def test_connect_with_another_k_is_refused_in_one_line(tmp_path, smollm, mini_sw
 
 def test_dead_server_is_one_line(tmp_path, smollm, mini_swe_dir):
     url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
-    config = write_config(tmp_path, mini_swe_dir / "original", smollm, [NGRAM], server=connect(url), requests=2)
+    config = vllm_config(tmp_path, mini_swe_dir / "original", smollm, [NGRAM], server=connect(url), requests=2)
     res = run(config, tmp_path / "d.duckdb")
     assert res.exit_code == 4 and f"vllm at {url}" in res.output and "not reachable" in res.output, res.output
     assert "Traceback" not in res.output
@@ -179,7 +159,7 @@ def test_launched_self_draft_accepts_nearly_every_draft(tmp_path, smollm, mini_s
     spec = {"kind": "draft", "model": "smollm2-135m-instruct"}
     server = {"model": "smollm2-135m-instruct", "concurrency": 4, **CPU_SERVER, "log_dir": str(tmp_path)}
     db = tmp_path / "s.duckdb"
-    res = run(write_config(tmp_path, mini_swe_dir / "original", smollm, [spec], server=server), db)
+    res = run(vllm_config(tmp_path, mini_swe_dir / "original", smollm, [spec], server=server), db)
     assert res.exit_code == 0, res.output
     con = duckdb.connect(str(db), read_only=True)
     segments = {s for (s,) in con.execute("SELECT DISTINCT segment FROM segment_counts").fetchall()}
@@ -202,7 +182,7 @@ def test_launched_self_draft_accepts_nearly_every_draft(tmp_path, smollm, mini_s
 
 
 def real_path(name: str) -> Path:
-    from conftest import real_model
+    from tests.conftest import real_model
 
     return real_model(name)
 
@@ -222,10 +202,10 @@ def test_launched_model_drafter_close_to_in_process_replay(tmp_path, mini_swe_di
     model = real_path(target)
     server = {"model": str(model), "concurrency": 4, **CPU_SERVER}
     served_db, local_db = tmp_path / "v.duckdb", tmp_path / "t.duckdb"
-    res = run(write_config(tmp_path, mini_swe_dir / "original", model, [spec], server=server, name="v.toml"),
+    res = run(vllm_config(tmp_path, mini_swe_dir / "original", model, [spec], server=server, name="v.toml"),
               served_db)
     assert res.exit_code == 0, res.output
-    res = run(write_config(tmp_path, mini_swe_dir / "original", model, [spec], backend="transformers",
+    res = run(vllm_config(tmp_path, mini_swe_dir / "original", model, [spec], backend="transformers",
                            name="t.toml"), local_db)
     assert res.exit_code == 0, res.output
     (served,), (local,) = shown(served_db), shown(local_db)
@@ -244,7 +224,7 @@ def test_launched_model_drafter_close_to_in_process_replay(tmp_path, mini_swe_di
 
 def test_server_dying_mid_run_keeps_whole_requests_only(tmp_path, smollm, mini_swe_dir, ngram_server):
     """Last in this file: it kills the shared server once its log shows the first requests answered."""
-    config = write_config(tmp_path, mini_swe_dir / "original", smollm, [NGRAM], server=connect(ngram_server.url),
+    config = vllm_config(tmp_path, mini_swe_dir / "original", smollm, [NGRAM], server=connect(ngram_server.url),
                           requests=12)
 
     def answered() -> int:

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_llama
 from calibrate.replay.experts import (
     ExpertRecorder, ExpertTrace, MoeLayer, NotMoE, batch_union, find_routers, profile_rows, simulated_masks,
 )
+from tests.conftest import tiny_llama
 from tests.loop_runs import sweep
 
 VOCAB = 61

@@ -13,9 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from calibrate.cli import app
-from conftest import tiny_llama
-from test_experts import tiny_deepseek
-from tiny_pair import QUICKSTART, build_tokenizer
+from tests.configs import QUICKSTART
+from tests.conftest import tiny_llama
+from tests.test_experts import tiny_deepseek
+from tests.tiny_pair import build_tokenizer
 
 
 def _target(root: Path, moe: bool) -> Path:
@@ -120,7 +121,7 @@ def test_dense_target_and_replay_engine_refused(tmp_path):
 
 
 def test_store_without_profile_says_so(tmp_path):
-    from test_tables_support import basic_store
+    from tests.tables_support import basic_store
 
     db = basic_store(tmp_path / "old.duckdb")
     out = CliRunner().invoke(app, ["show", "--db", str(db), "--experts"])

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from calibrate.cli import app
-from tests.test_tables_support import basic_store
+from tests.tables_support import basic_store
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "data" / "quickstart" / "conversations.jsonl"
@@ -235,11 +235,11 @@ def mutate_file(path: Path, data) -> None:
     path.write_bytes(bytes(raw))
 
 
-def run_with(tmp_path: Path, target: Path, speculators: str) -> tuple:
-    from tests.test_integrity import write_config
+def run_with(tmp_path: Path, target: Path, speculators: list[dict]) -> tuple:
+    from tests.configs import quickstart_config
 
-    config = write_config(tmp_path / "c.toml", target, max_requests=1, max_new_tokens=4, draft_lengths="[1]",
-                          speculators=speculators)
+    config = quickstart_config(tmp_path / "c.toml", target, max_requests=1, max_new_tokens=4, draft_lengths=[1],
+                               speculators=speculators)
     db = tmp_path / "fuzz.duckdb"
     db.unlink(missing_ok=True)
     return runner.invoke(app, ["run", str(config), "--db", str(db), "--no-show"]), db
@@ -256,7 +256,7 @@ def test_corrupt_model_folders(tmp_path: Path, tiny_folder: Path, name: str, dat
         shutil.rmtree(folder)
     shutil.copytree(tiny_folder, folder)
     mutate_file(folder / name, data)
-    result, db = run_with(tmp_path, folder, '[{ kind = "ngram" }]')
+    result, db = run_with(tmp_path, folder, [{"kind": "ngram"}])
     assert_clean_failure(result, (str(folder),))
     assert result.exit_code == 0 or not db.exists()
 
@@ -272,7 +272,7 @@ def test_corrupt_eagle3_head_configs(tmp_path: Path, tiny_folder: Path, config, 
     head.mkdir(exist_ok=True)
     text = json.dumps(config)
     (head / "config.json").write_text(text[: len(text) // 2] if garble else text)
-    result, db = run_with(tmp_path, tiny_folder, f'[{{ kind = "eagle3", model = "{head}" }}]')
+    result, db = run_with(tmp_path, tiny_folder, [{"kind": "eagle3", "model": head}])
     assert result.exit_code == 2, result.output  # no such config is a usable head
     assert_clean_failure(result, (str(head),))
     assert not db.exists()

@@ -18,10 +18,10 @@ from calibrate.cli import app
 from calibrate.config import ConfigError, load_config
 from calibrate.errors import ExitCode
 from calibrate.tables.store import RunSpec, Store, connect
+from tests.configs import QUICKSTART, quickstart_config
 from tests.conftest import real_model, tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
-QUICKSTART = REPO / "data" / "quickstart" / "conversations.jsonl"
 runner = CliRunner()
 Q = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 
@@ -47,35 +47,6 @@ def tiny_folder(tmp_path_factory) -> Path:
     return folder
 
 
-def write_config(path: Path, target: Path, *, max_requests: int = 3, max_new_tokens: int = 12,
-                 temperature: str = "[0.0]", extra: str = "", draft_lengths: str = "[1, 3]",
-                 speculators: str | None = None) -> Path:
-    speculators = speculators or f'[{{ kind = "ngram" }}, {{ kind = "draft", model = "{target}" }}]'
-    path.write_text(f"""
-[dataset]
-source = "{QUICKSTART}"
-name = "quickstart"
-max_requests = {max_requests}
-context_tokens = 256
-max_new_tokens = {max_new_tokens}
-
-[run]
-dtype = "float32"
-device = "cpu"
-batch_size = 1
-{extra}
-
-[[pairs]]
-target = "{target}"
-speculators = {speculators}
-
-[sweep]
-draft_lengths = {draft_lengths}
-temperature = {temperature}
-""")
-    return path
-
-
 def shown(db: Path, *extra: str) -> list[dict]:
     res = invoke("show", "--db", str(db), "--format", "json", *extra)
     assert res.exit_code == 0, res.output
@@ -85,7 +56,7 @@ def shown(db: Path, *extra: str) -> list[dict]:
 # -- item 1: run identity -----------------------------------------------------------------------------------
 
 def test_a_smaller_selection_reuses_what_was_measured(tmp_path: Path, tiny_folder: Path) -> None:
-    config = write_config(tmp_path / "c.toml", tiny_folder)
+    config = quickstart_config(tmp_path / "c.toml", tiny_folder)
     db = tmp_path / "a.duckdb"
     first = invoke("run", str(config), "--db", str(db), "--no-show")
     assert first.exit_code == 0, first.output
@@ -106,7 +77,7 @@ def test_a_smaller_selection_reuses_what_was_measured(tmp_path: Path, tiny_folde
 def test_other_conditions_never_pool(tmp_path: Path, tiny_folder: Path) -> None:
     db = tmp_path / "a.duckdb"
     for tokens in (12, 8):
-        config = write_config(tmp_path / f"c{tokens}.toml", tiny_folder, max_requests=2, max_new_tokens=tokens)
+        config = quickstart_config(tmp_path / f"c{tokens}.toml", tiny_folder, max_requests=2, max_new_tokens=tokens)
         assert invoke("run", str(config), "--db", str(db), "--no-show").exit_code == 0
     res = invoke("show", "--db", str(db))
     assert res.exit_code == ExitCode.NO_ANSWER
@@ -116,7 +87,7 @@ def test_other_conditions_never_pool(tmp_path: Path, tiny_folder: Path) -> None:
 
 
 def test_a_store_of_identity_v1_is_read_but_not_written(tmp_path: Path) -> None:
-    from tests.test_tables_support import Req, make_spec, write_run
+    from tests.tables_support import Req, make_spec, write_run
 
     db = tmp_path / "old.duckdb"
     with Store(db) as store:
@@ -128,7 +99,7 @@ def test_a_store_of_identity_v1_is_read_but_not_written(tmp_path: Path) -> None:
 
 
 def test_sampling_seed_is_a_condition_only_when_sampling() -> None:
-    from tests.test_tables_support import make_spec
+    from tests.tables_support import make_spec
 
     assert make_spec(seed=1).run_id == make_spec(seed=2).run_id
     assert make_spec(temperature=0.5, seed=1).run_id != make_spec(temperature=0.5, seed=2).run_id
@@ -142,13 +113,13 @@ def test_sampling_seed_is_a_condition_only_when_sampling() -> None:
     ('temperature = [inf]', "temperature"),
 ])
 def test_non_finite_temperatures_are_refused(tmp_path: Path, bad: str, message: str) -> None:
-    config = write_config(tmp_path / "c.toml", tmp_path, temperature=bad.split("= ")[1])
+    config = quickstart_config(tmp_path / "c.toml", tmp_path, temperature=[float(bad.split("[")[1].rstrip("]"))])
     with pytest.raises(ConfigError, match=message):
         load_config(config)
 
 
 def test_device_is_checked_before_anything_loads(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "c.toml", tmp_path).read_text().replace('device = "cpu"', 'device = "tpu9"')
+    config = quickstart_config(tmp_path / "c.toml", tmp_path).read_text().replace('device = "cpu"', 'device = "tpu9"')
     (tmp_path / "d.toml").write_text(config)
     res = invoke("run", str(tmp_path / "d.toml"), "--db", str(tmp_path / "x.duckdb"))
     assert res.exit_code == ExitCode.BAD_INPUT and "run.device" in res.output and "tpu9" in res.output
@@ -156,7 +127,7 @@ def test_device_is_checked_before_anything_loads(tmp_path: Path) -> None:
 
 
 def test_k_beyond_the_token_budget_warns(tmp_path: Path) -> None:
-    config = load_config(write_config(tmp_path / "c.toml", tmp_path, max_new_tokens=2))
+    config = load_config(quickstart_config(tmp_path / "c.toml", tmp_path, max_new_tokens=2))
     assert any("max_new_tokens" in w and "[3]" in w for w in config.warnings())
 
 
@@ -179,7 +150,7 @@ def test_a_config_path_that_is_a_directory(tmp_path: Path) -> None:
 
 
 def test_bad_stores_are_one_line_errors(tmp_path: Path) -> None:
-    from tests.test_tables_support import basic_store
+    from tests.tables_support import basic_store
 
     good = basic_store(tmp_path / "good.duckdb").read_bytes()
     cases = {
@@ -200,7 +171,7 @@ def test_bad_stores_are_one_line_errors(tmp_path: Path) -> None:
 
 
 def test_exported_tables_are_validated_when_read(tmp_path: Path) -> None:
-    from tests.test_tables_support import basic_store
+    from tests.tables_support import basic_store
 
     db = basic_store(tmp_path / "a.duckdb")
     table = tmp_path / "t.json"
@@ -233,7 +204,7 @@ def test_exported_tables_are_validated_when_read(tmp_path: Path) -> None:
 
 def test_segment_and_argument_types_are_checked(tmp_path: Path) -> None:
     from calibrate import lookup
-    from tests.test_tables_support import basic_store
+    from tests.tables_support import basic_store
 
     db = basic_store(tmp_path / "a.duckdb")
     res = invoke("lookup", "--table", str(db), "--model", Q, "-k", "1", "--thinking", "off", "--segment", "bogus")
@@ -254,7 +225,7 @@ def test_help_shows_table_names_and_exit_codes() -> None:
 
 
 def test_show_marks_interrupted_runs(tmp_path: Path) -> None:
-    from tests.test_tables_support import Req, make_spec, write_run
+    from tests.tables_support import Req, make_spec, write_run
 
     db = tmp_path / "a.duckdb"
     with Store(db) as store:
@@ -309,7 +280,7 @@ def test_names_resolve_offline_and_fail_fast(tmp_path: Path, monkeypatch: pytest
 
 @pytest.fixture(scope="module")
 def hand_store(tmp_path_factory) -> Path:
-    from tests.test_tables_support import basic_store
+    from tests.tables_support import basic_store
 
     return basic_store(tmp_path_factory.mktemp("hand") / "a.duckdb")
 
@@ -375,17 +346,14 @@ def test_nothing_to_export_is_no_answer(tmp_path: Path, hand_store: Path, comman
 
 # An n-gram drafter as each backend runs it: our `ngram` kind declares vLLM's method only, so SGLang's trie
 # NGRAM and llama.cpp's ngram-simple go through the engine-only kind.
-SERVER_NGRAM = {"vllm": '{ kind = "ngram" }', "sglang": '{ kind = "engine", method = "NGRAM" }',
-                "llama.cpp": '{ kind = "engine", method = "ngram-simple" }'}
+SERVER_NGRAM = {"vllm": {"kind": "ngram"}, "sglang": {"kind": "engine", "method": "NGRAM"},
+                "llama.cpp": {"kind": "engine", "method": "ngram-simple"}}
 
 
-def server_config(path: Path, target: Path, backend: str, url: str) -> Path:
-    """A pair measured through a server engine reached at `url` (connect mode), n-gram at k = 1."""
-    return write_config(path, target, draft_lengths="[1]", speculators=f"[{SERVER_NGRAM[backend]}]",
-                        extra="").read_text().replace(
-        f'target = "{target}"',
-        f'target = "{target}"\nbackend = "{backend}"\nserver = {{ mode = "connect", url = "{url}", draft_len = 1 }}',
-    )
+def server_config(path: Path, target: Path, backend: str, url: str) -> str:
+    """A pair measured through a server engine reached at `url` (connect mode), n-gram at k = 1: its text."""
+    return quickstart_config(path, target, draft_lengths=[1], speculators=[SERVER_NGRAM[backend]], backend=backend,
+                             server={"mode": "connect", "url": url, "draft_len": 1}).read_text()
 
 
 def dead_url() -> str:
@@ -431,7 +399,7 @@ def test_server_faults_are_one_line_naming_engine_and_url(tmp_path: Path, tiny_f
 
 def test_a_failed_run_keeps_a_store_that_existed(tmp_path: Path, tiny_folder: Path) -> None:
     """The cleanup of item 1 removes only a store the failed invocation created itself."""
-    from tests.test_tables_support import basic_store
+    from tests.tables_support import basic_store
 
     db = basic_store(tmp_path / "s.duckdb")
     config = tmp_path / "server.toml"
@@ -441,10 +409,10 @@ def test_a_failed_run_keeps_a_store_that_existed(tmp_path: Path, tiny_folder: Pa
     assert shown(db) == before
 
 
-def run_error(tmp_path: Path, target: Path, speculators: str | None = None) -> str:
+def run_error(tmp_path: Path, target: Path, speculators: list[dict] | None = None) -> str:
     """`calibrate run` on the tiny folder `target`: the one `error:` line of a bad input (exit 2)."""
-    config = write_config(tmp_path / "c.toml", target, max_requests=1, draft_lengths="[1]",
-                          speculators=speculators or '[{ kind = "ngram" }]')
+    config = quickstart_config(tmp_path / "c.toml", target, max_requests=1, draft_lengths=[1],
+                               speculators=speculators or [{"kind": "ngram"}])
     db = tmp_path / "x.duckdb"
     res = invoke("run", str(config), "--db", str(db), "--no-show")
     assert res.exit_code == ExitCode.BAD_INPUT, res.output
@@ -485,7 +453,7 @@ def test_a_broken_eagle3_head_config_names_the_file(tmp_path: Path, tiny_folder:
     head = tmp_path / "head"
     head.mkdir()
     (head / "config.json").write_text(text)
-    error = run_error(tmp_path, tiny_folder, speculators=f'[{{ kind = "eagle3", model = "{head}" }}]')
+    error = run_error(tmp_path, tiny_folder, speculators=[{"kind": "eagle3", "model": head}])
     assert str(head / "config.json") in error and says in error, error
 
 
@@ -562,7 +530,7 @@ def damage_a_used_block(db: Path) -> Path:
 def test_a_damaged_store_is_named_by_run(tmp_path: Path, tiny_folder: Path, show: str) -> None:
     """Item 8: `run` refuses a store with damaged blocks, before measuring and with or without the table,
     in one line naming the file (it said "3 already in" with --no-show, and named no file without)."""
-    config = write_config(tmp_path / "c.toml", tiny_folder, draft_lengths="[1]", speculators='[{ kind = "ngram" }]')
+    config = quickstart_config(tmp_path / "c.toml", tiny_folder, draft_lengths=[1], speculators=[{"kind": "ngram"}])
     db = tmp_path / "a.duckdb"
     assert invoke("run", str(config), "--db", str(db), "--no-show").exit_code == 0
     bad = damage_a_used_block(db)
@@ -621,8 +589,8 @@ def test_an_unwritable_store_folder_is_refused_before_measuring(tmp_path: Path, 
                                                                  store_in_read_only_folder: Path) -> None:
     """Item 12: the folder is checked when the store opens, not at the first commit after measuring."""
     db = store_in_read_only_folder
-    config = write_config(tmp_path / "c.toml", tiny_folder, max_requests=1, draft_lengths="[1]",
-                          speculators='[{ kind = "ngram" }]')
+    config = quickstart_config(tmp_path / "c.toml", tiny_folder, max_requests=1, draft_lengths=[1],
+                               speculators=[{"kind": "ngram"}])
     res = invoke("run", str(config), "--db", str(db), "--no-show")
     assert res.exit_code == ExitCode.BAD_INPUT, res.output
     (error,) = [line for line in res.output.splitlines() if line.startswith("error:")]
@@ -634,7 +602,7 @@ def test_extrapolation_keeps_the_model_free_basis(tmp_path: Path) -> None:
     """Item 10: suffix / n-gram export their drafted AL; an extrapolated k does too (it answered the AL over
     all steps, below the measured shorter k), in every form, with the model-free warning."""
     from calibrate import lookup
-    from tests.test_tables_support import Req, make_spec, write_run
+    from tests.tables_support import Req, make_spec, write_run
 
     db = tmp_path / "a.duckdb"
     with Store(db) as store:
@@ -688,8 +656,8 @@ def test_a_numeric_where_value_matches_as_a_number(hand_store: Path) -> None:
 
 def test_runs_table_shows_the_truncation_warning(tmp_path: Path, tiny_folder: Path) -> None:
     """Item 12: `run`'s own table warned nothing where `show` warns that most prompts were cut."""
-    config = write_config(tmp_path / "c.toml", tiny_folder, max_requests=2, draft_lengths="[1]",
-                          speculators='[{ kind = "ngram" }]')
+    config = quickstart_config(tmp_path / "c.toml", tiny_folder, max_requests=2, draft_lengths=[1],
+                               speculators=[{"kind": "ngram"}])
     config.write_text(config.read_text().replace("context_tokens = 256", "context_tokens = 24"))
     res = runner.invoke(app, ["run", str(config), "--db", str(tmp_path / "a.duckdb")], terminal_width=200)
     assert res.exit_code == 0, res.output
@@ -711,8 +679,8 @@ def test_sigterm_on_an_in_process_run_says_what_was_kept(tmp_path: Path, tiny_fo
     import subprocess
     import sys
 
-    config = write_config(tmp_path / "c.toml", tiny_folder, max_requests=3, max_new_tokens=8,
-                          draft_lengths="[1]", speculators='[{ kind = "ngram" }]')
+    config = quickstart_config(tmp_path / "c.toml", tiny_folder, max_requests=3, max_new_tokens=8,
+                               draft_lengths=[1], speculators=[{"kind": "ngram"}])
     db = tmp_path / "a.duckdb"
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "calibrate.cli", "run", str(config), "--db", str(db), "--no-show"]
@@ -771,7 +739,7 @@ def test_a_dataset_with_nothing_usable_is_no_answer(tmp_path: Path, tiny_folder:
     """Item 12: errors.py documents "a dataset with nothing usable" as exit 1; `run` said 2."""
     data = tmp_path / "rows.jsonl"
     data.write_text('{"foo": 1}\n{"foo": 2}\n')
-    config = write_config(tmp_path / "c.toml", tiny_folder)
+    config = quickstart_config(tmp_path / "c.toml", tiny_folder)
     config.write_text(config.read_text().replace(str(QUICKSTART), str(data)))
     res = invoke("run", str(config), "--db", str(tmp_path / "a.duckdb"), "--no-show")
     assert res.exit_code == ExitCode.NO_ANSWER, res.output

@@ -246,7 +246,7 @@ def test_calibrate_run_with_distilled_mtp(tmp_path, mini_swe_dir):
     layer at k = 2 and 3 (k > num_mtp_layers: the layer is reused); acceptance lies well inside (1, k + 1).
     Sampled (T = 0.7, the loop engine): the tiny target's greedy output is a degenerate repetition that its
     MTP layer predicts every time (AL = k + 1 at T = 0), its samples are not."""
-    from conftest import real_model
+    from tests.conftest import real_model
     from typer.testing import CliRunner
 
     from calibrate.cli import app

@@ -19,13 +19,13 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.p
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(config, store): the tiny pair measured once; the store feeds the notebooks that only read."""
-    from tiny_pair import build_pair, write_config
+    from tests.tiny_pair import build_pair, sweep_config
 
     from calibrate.config import load_config
     from calibrate.runner import execute
 
     root = tmp_path_factory.mktemp("tiny-sweep")
-    config = write_config(root, *build_pair(root))
+    config = sweep_config(root, *build_pair(root))
     store = root / "store.duckdb"
     summary = execute(load_config(config), store)
     assert summary.measured == 4

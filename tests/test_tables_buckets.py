@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_tables_support import Req, make_spec, write_run
 
 from calibrate.data.conversation import Conversation, Message
 from calibrate.data.turns import conversation_requests
@@ -15,6 +14,7 @@ from calibrate.tables.buckets import CONTEXT, TURN, UNRECORDED, context_bucket, 
 from calibrate.tables.query import Filters, load_bucketed, load_records
 from calibrate.tables.records import AcceptanceRecord
 from calibrate.tables.store import Store, connect
+from tests.tables_support import Req, make_spec, write_run
 
 K = 3
 N_BOOT = 300
@@ -346,7 +346,8 @@ def test_a_run_stores_turn_depth_and_the_untruncated_prompt_length(tmp_path: Pat
     prompt_tokens + truncated_tokens is its rendered length without a budget; a SPEED-Bench category reads."""
     import json
 
-    from tiny_pair import QUICKSTART, build_pair
+    from tests.configs import QUICKSTART
+    from tests.tiny_pair import build_pair
     from typer.testing import CliRunner
 
     from calibrate.cli import app

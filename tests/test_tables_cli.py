@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import typer
 import yaml
-from test_tables_support import basic_store
 from typer.testing import CliRunner
 
 from calibrate.tables.commands import SHOW_KEYS, register
+from tests.tables_support import basic_store
 
 Q = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 
@@ -276,7 +276,7 @@ def test_report_writes_pngs(app: typer.Typer, db: Path, tmp_path: Path) -> None:
 def test_show_table_tells_apart_runs_that_differ_only_in_top_p(app: typer.Typer, tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from test_tables_support import Req, make_spec, write_run
+    from tests.tables_support import Req, make_spec, write_run
 
     from calibrate.tables.store import Store
 
@@ -296,13 +296,13 @@ def test_show_table_tells_apart_runs_that_differ_only_in_top_p(app: typer.Typer,
 
 
 def db_of_greedy(tmp_path: Path) -> Path:
-    from test_tables_support import basic_store
+    from tests.tables_support import basic_store
 
     return basic_store(tmp_path / "greedy.duckdb")
 
 
 def test_show_adds_drafted_al_when_some_steps_proposed_nothing(app: typer.Typer, tmp_path: Path) -> None:
-    from test_tables_support import Req, make_spec, write_run
+    from tests.tables_support import Req, make_spec, write_run
 
     from calibrate.tables.store import Store
 
@@ -321,7 +321,7 @@ def test_show_adds_drafted_al_when_some_steps_proposed_nothing(app: typer.Typer,
 
 def test_show_fits_80_columns_with_a_legend_and_wide_keeps_labels(app: typer.Typer, tmp_path: Path) -> None:
     """The quickstart's labels in a terminal of 80 columns: no label folded over lines, the long ones in a legend."""
-    from test_tables_support import Req, make_spec, write_run
+    from tests.tables_support import Req, make_spec, write_run
 
     from calibrate.tables.store import Store
 
@@ -357,7 +357,7 @@ def test_short_labels_stay_distinct() -> None:
 
 
 def test_show_warns_when_most_requests_were_truncated(app: typer.Typer, tmp_path: Path) -> None:
-    from test_tables_support import Req, make_spec, write_run
+    from tests.tables_support import Req, make_spec, write_run
 
     from calibrate.tables.store import Store
 

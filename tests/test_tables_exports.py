@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_tables_support import Req, basic_store, make_spec, write_run
 
 from calibrate.tables import consumers, inferencex, stats
 from calibrate.tables.exports import ExportOptions, Stamp
@@ -22,6 +21,7 @@ from calibrate.tables.lookup import read_exported
 from calibrate.tables.query import Filters, load_records
 from calibrate.tables.records import AcceptanceRecord
 from calibrate.tables.store import Store, connect
+from tests.tables_support import Req, basic_store, make_spec, write_run
 
 GOLDEN = Path(__file__).parent / "golden" / "tables"
 STAMP = Stamp(tool_version="0.1.0", day="2026-01-01")

@@ -8,7 +8,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_tables_support import Req, basic_store, make_spec, write_run
 
 from calibrate import lookup
 from calibrate.tables import consumers, stats
@@ -16,6 +15,7 @@ from calibrate.tables.exports import ExportOptions
 from calibrate.tables.lookup import AmbiguousMatch, DuckDBTable, NotMeasured, normalize_thinking
 from calibrate.tables.query import load_records
 from calibrate.tables.store import Store, connect
+from tests.tables_support import Req, basic_store, make_spec, write_run
 
 Q = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 

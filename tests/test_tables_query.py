@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_tables_support import Req, basic_store, make_spec, write_run
 
 from calibrate.tables import stats
 from calibrate.tables.query import Filters, MixedConditions, catalog, load_records
 from calibrate.tables.store import Store, connect
+from tests.tables_support import Req, basic_store, make_spec, write_run
 
 
 @pytest.fixture

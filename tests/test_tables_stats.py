@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_tables_support import iid_hist
 
 from calibrate.tables import stats
+from tests.tables_support import iid_hist
 
 # k = 3; 10 steps: 4 accepted 0, 3 accepted 1, 2 accepted 2, 1 accepted 3.
 H = [4, 3, 2, 1]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import tiny_llama
+from tests.configs import QUICKSTART, write_config
+from tests.conftest import tiny_llama
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "data" / "quickstart" / "conversations.jsonl"
 SPECIAL = ["<|end|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<tool_call>", "</tool_call>"]
 TEMPLATE = (
     "{% if tools %}<|system|>tools: {{ tools | tojson }}<|end|>{% endif %}"
@@ -57,26 +57,14 @@ def build_pair(root: Path) -> tuple[Path, Path]:
     return out[0], out[1]
 
 
-def write_config(root: Path, target: Path, draft: Path, requests: int = 4) -> Path:
-    path = root / "tiny.toml"
-    path.write_text(f"""
-[dataset]
-source = "{QUICKSTART}"
-name = "quickstart"
-format = "openai"
-max_requests = {requests}
-context_tokens = 256
-max_new_tokens = 24
-
-[run]
-device = "cpu"
-batch_size = 2
-
-[[pairs]]
-target = "{target}"
-speculators = [{{ kind = "draft", model = "{draft}" }}, {{ kind = "ngram" }}, {{ kind = "suffix" }}]
-
-[sweep]
-draft_lengths = [1, 2, 3, 4]
-""")
-    return path
+def sweep_config(root: Path, target: Path, draft: Path, requests: int = 4) -> Path:
+    """tiny.toml under `root`: the pair on the quickstart sample, draft model, n-gram and suffix at k = 1..4."""
+    return write_config(
+        root / "tiny.toml",
+        dataset={"source": QUICKSTART, "name": "quickstart", "format": "openai", "max_requests": requests,
+                 "context_tokens": 256, "max_new_tokens": 24},
+        run={"device": "cpu", "batch_size": 2},
+        pairs=[{"target": target,
+                "speculators": [{"kind": "draft", "model": draft}, {"kind": "ngram"}, {"kind": "suffix"}]}],
+        sweep={"draft_lengths": [1, 2, 3, 4]},
+    )
