@@ -53,7 +53,8 @@ def trained(target):
     head, aux = new_head(target.config, target.get_input_embeddings())
     vocab = head.to_target(torch.arange(head.cfg.draft_vocab_size))
     examples = []
-    for prompt, response in zip(prompts, generate_greedy(target, prompts, max_new_tokens=48, eos_token_ids={EOS})):
+    responses = generate_greedy(target, prompts, max_new_tokens=48, eos_token_ids={EOS})
+    for prompt, response in zip(prompts, responses, strict=True):
         examples.append(target_pass(target, prompt + response.tokens, aux, vocab))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small matrices: one thread is several times faster on a busy machine
@@ -89,7 +90,8 @@ def test_both_formats_load_to_the_same_head(target, tmp_path, fmt):
     tokens = torch.tensor(PROMPTS[0])
     feats = [torch.randn(len(tokens), 32) for _ in aux]
     anchors = torch.arange(2, 6)
-    for a, b in zip(head.chain_logits(tokens, feats, anchors, 3), loaded.chain_logits(tokens, feats, anchors, 3)):
+    for a, b in zip(head.chain_logits(tokens, feats, anchors, 3), loaded.chain_logits(tokens, feats, anchors, 3),
+                    strict=True):
         torch.testing.assert_close(a, b)
 
 
@@ -131,7 +133,7 @@ def test_replay_chains_equal_the_loops_drafts(target, spec):
     teacher-forced chain up to the first mismatch with the response (after it, replay feeds the true token)."""
     responses = _responses(target)
     feats = target_features(target, PROMPTS, [r.tokens for r in responses], spec.needs)
-    for i, (prompt, resp, f) in enumerate(zip(PROMPTS, responses, feats)):
+    for i, (prompt, resp, f) in enumerate(zip(PROMPTS, responses, feats, strict=True)):
         chains = spec.chain_drafts(prompt, resp.tokens, f, 5)
         p = len(prompt)
         spec.start(i, prompt, f.rows(0, p - 1))
@@ -154,7 +156,7 @@ def test_replay_once_equals_greedy_loop_all_k(target, trained, tmp_path, fmt):
     replayed = score_replay(spec, PROMPTS, responses, ks, features=feats)
     looped = loop_results(target, spec, PROMPTS, ks=ks, temperature=0.0, max_new_tokens=24,
                          eos_token_ids={EOS}, seed=0, loop_rows=2, verify_kernel="reference")
-    for r, res, resp in zip(replayed, looped, responses):
+    for r, res, resp in zip(replayed, looped, responses, strict=True):
         for k in ks:
             assert res.tokens[k] == resp.tokens
             assert r[k].hist.tolist() == res.counts[k].hist.tolist(), k

@@ -302,7 +302,7 @@ def vllm_synthetic_rates(config: dict) -> list[float]:
 @pytest.mark.parametrize("mode", ["length", "rates"])
 def test_vllm_reads_the_speculative_config(mode: str, records: list[AcceptanceRecord]) -> None:
     rows = json.loads(consumers.export(records, "vllm", None, options=ExportOptions(mode=mode)))
-    for row, r in zip(rows, records):
+    for row, r in zip(rows, records, strict=True):
         rates = vllm_synthetic_rates(row["speculative_config"])
         assert 1 + sum(rates) == pytest.approx(r.al, abs=r.draft_len * 5e-5 + (0.005 if mode == "rates" else 1e-9))
 
@@ -328,7 +328,7 @@ def sglang_server(env: dict[str, str]) -> tuple[float, int]:
 @pytest.mark.parametrize("token_mode", ["real-draft-token", "fixed"])
 def test_sglang_reads_the_env_and_runs_at_k(token_mode: str, records: list[AcceptanceRecord]) -> None:
     text = consumers.export(records, "sglang", None, options=ExportOptions(token_mode=token_mode))
-    for env, r in zip(env_lines(text), records):
+    for env, r in zip(env_lines(text), records, strict=True):
         assert env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] == token_mode
         assert sglang_server(env) == (r.al, r.draft_len)
 

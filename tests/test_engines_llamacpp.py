@@ -80,7 +80,7 @@ def test_self_speculation_accepts_every_draft(tmp_path, llama_server, smollm, mi
         # llama.cpp's quantised CPU kernels take other paths for the two (measured here on SmolLM2 Q4_1:
         # 3 of 44 drafts at k=4). Any mismatch beyond such near-ties would mean a broken mapping of counts.
         assert rejected <= 0.1 * drafted
-    for p, k in zip(provenance, (2, 4)):  # one launch per k, recorded exactly
+    for p, k in zip(provenance, (2, 4), strict=True):  # one launch per k, recorded exactly
         assert f"--spec-draft-n-max {k} --spec-draft-n-min {k} --spec-draft-p-min 0" in p["command"]
         assert p["engine_version"] and Path(p["log_file"]).exists()
 

@@ -107,7 +107,7 @@ def test_connect_ngram_counts_are_vllms_steps_and_our_ngram_exactly(tmp_path, sm
     cfg = load_config(config)
     prepared = prepare(cfg)
     prompts = dict(zip((r.request_id for r in prepared.requests),
-                       _prompts(cfg, cfg.pairs[0], prepared, load_tokenizer(str(smollm)), "off")))
+                       _prompts(cfg, cfg.pairs[0], prepared, load_tokenizer(str(smollm)), "off"), strict=True))
     ngram = NgramSpeculator(prompt_lookup_max=4, prompt_lookup_min=1)
     for rid, reply in raw.items():
         y, stats = reply["token_ids"], reply["speculative_decoding"]
@@ -120,7 +120,8 @@ def test_connect_ngram_counts_are_vllms_steps_and_our_ngram_exactly(tmp_path, sm
             if drafts:
                 ours.append((run_, len(drafts)))
             t += len(y) - t if accepted is None else min(accepted + 1, len(y) - t)
-        theirs = [(min(a, TOKENS), d) for a, d in zip(stats["per_step_accepted"], stats["per_step_drafted"])]
+        theirs = [(min(a, TOKENS), d)
+                  for a, d in zip(stats["per_step_accepted"], stats["per_step_drafted"], strict=True)]
         assert [d for _, d in ours] == [d for _, d in theirs], rid
         assert [r for r, _ in ours[:-1]] == [a for a, _ in theirs[:-1]], rid  # the last may run past the budget
         assert theirs[-1][0] >= ours[-1][0] if ours else not theirs

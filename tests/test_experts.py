@@ -73,16 +73,16 @@ def test_loop_profile_equals_each_position_run_alone(family):
         layers = recorder.layers
         swept = sweep(target, [draft], prompts, ks=[1, 3], temperature=0.0, max_new_tokens=10,
                           eos_token_ids=set(), seed=0, verify_kernel="reference", loop_rows=4, experts=recorder)
-    for prompt, result in zip(prompts, swept[0]):
+    for prompt, result in zip(prompts, swept[0], strict=True):
         for k, trace in result.experts.items():
             response = result.tokens[k]
             assert trace.verify and len(trace.plain) == len(response) - 1
-            for step, start, fed in zip(trace.verify, trace.starts, trace.tokens):
+            for step, start, fed in zip(trace.verify, trace.starts, trace.tokens, strict=True):
                 assert fed[0] == response[start] and len(fed) <= k + 1
                 context = prompt + response[:start]
                 brute = [0] * len(layers)
                 for j in range(len(fed)):
-                    brute = [b | m for b, m in zip(brute, alone(target, context + fed[:j + 1]))]
+                    brute = [b | m for b, m in zip(brute, alone(target, context + fed[:j + 1]), strict=True)]
                 assert step == brute
             for t, masks in enumerate(trace.plain):
                 assert masks == alone(target, prompt + response[:t + 1])
@@ -179,10 +179,10 @@ def test_other_families_route_through_the_same_hook(family):
         with recorder.verify([0, 1], [0, 0], chunks):
             model(input_ids=ids, attention_mask=mask, use_cache=False)
         traces = [recorder.trace(i, chunk + [0]) for i, chunk in enumerate(chunks)]
-    for chunk, trace in zip(chunks, traces):
+    for chunk, trace in zip(chunks, traces, strict=True):
         brute = [0] * len(layers)
         for j in range(len(chunk)):
             own = alone(model, chunk[:j + 1])
             assert [m.bit_count() for m in own] == [2, 2] and max(own) < 1 << 6  # top-2 of 6 expert ids
-            brute = [b | m for b, m in zip(brute, own)]
+            brute = [b | m for b, m in zip(brute, own, strict=True)]
         assert trace.verify == [brute] and trace.positions == [len(chunk)]

@@ -37,7 +37,7 @@ def _build(path, mtp_layers: int, train_steps: int = 0, seed: int = 1):
         gen = torch.Generator().manual_seed(0)
         prompts = [torch.randint(1, EOS, (6,), generator=gen).tolist() for _ in range(24)]
         responses = generate_greedy(main, prompts, max_new_tokens=48, eos_token_ids={EOS})
-        sequences = [torch.tensor(p + r.tokens) for p, r in zip(prompts, responses)]
+        sequences = [torch.tensor(p + r.tokens) for p, r in zip(prompts, responses, strict=True)]
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # small matrices: one thread is faster on a busy machine
         try:
@@ -96,7 +96,7 @@ def test_loop_equals_transformers_generate_use_mtp(trained):
     finally:
         del spec.extend
     seen = 0
-    for i, (prompt, result) in enumerate(zip(PROMPTS, results)):
+    for i, (prompt, result) in enumerate(zip(PROMPTS, results, strict=True)):
         tokens, accepted = _oracle(target, prompt, 16)
         assert result.tokens[n] == tokens
         ours = [m - 1 for m in kept[i][1:]]  # accepted drafts + the bonus token; the prefill's token dropped
@@ -113,7 +113,7 @@ def test_replay_once_equals_loop_all_k(trained):
     replayed = score_replay(spec, PROMPTS, responses, ks, features=feats)
     looped = loop_results(target, spec, PROMPTS, ks=ks, temperature=0.0, max_new_tokens=16,
                          eos_token_ids={EOS}, seed=0, loop_rows=2, verify_kernel="reference")
-    for r, res, resp in zip(replayed, looped, responses):
+    for r, res, resp in zip(replayed, looped, responses, strict=True):
         for k in ks:
             assert res.tokens[k] == resp.tokens
             assert r[k].hist.tolist() == res.counts[k].hist.tolist(), k

@@ -53,7 +53,7 @@ def test_replay_once_equals_stepwise_loop_on_qwen_pair(qwen_target, qwen_draft, 
     ks = list(range(1, 9))
     fast = score_replay(DraftModelSpeculator(draft, batch_size=2), prompts, responses, ks)
     slow_spec = DraftModelSpeculator(draft)
-    for i, (prompt, response) in enumerate(zip(prompts, responses)):
+    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
         (run_at,) = Speculator.replay_scorers(slow_spec, [prompt], [response.tokens], 8)
         for k in ks:
             slow = walk_steps(len(response.tokens), k, response.ended, run_at)
