@@ -60,6 +60,9 @@ def test_sampled_loop_runs_on_the_real_pair(qwen_pair):
         c = r.counts[4]
         assert c.tokens == len(r.tokens[4]) > 0
         assert c.hist.sum() >= 1
-        # A same-family draft on code agrees often: well above "never accepted".
+    # A same-family draft on code agrees often: well above "never accepted" (0), at least a quarter of the
+    # proposed drafts accepted (fp32 here: 33 of 44, over 11 steps; a draft that agreed by chance would
+    # accept almost none of them).
     accepted = sum(int((r.counts[4].hist * torch.arange(5).numpy()).sum()) for r in res)
-    assert accepted > 0
+    proposed = sum(s.drafted_tokens for r in res for s in r.counts[4].segments.values())
+    assert proposed > 0 and accepted >= proposed / 4, (accepted, proposed)
