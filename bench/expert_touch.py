@@ -76,7 +76,7 @@ target = "{args.target}"
 speculators = [{{ kind = "mtp" }}]
 
 [sweep]
-draft_lengths = [1, 2, 3, 4, 5, 6, 7, 8]
+k = [1, 2, 3, 4, 5, 6, 7, 8]
 temperature = [{args.temperature}]
 """)
     return path

@@ -70,7 +70,7 @@ target = "{target}"
 {pair}
 
 [sweep]
-draft_lengths = [{ks}]
+k = [{ks}]
 """)
     return path
 

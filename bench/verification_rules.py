@@ -55,7 +55,7 @@ target = "{models / TARGET}"
 speculators = [{{ kind = "draft", model = "{models / DRAFT}" }}]
 
 [sweep]
-draft_lengths = [{", ".join(str(k) for k in args.ks)}]
+k = [{", ".join(str(k) for k in args.ks)}]
 temperature = [{args.temperature}]
 """)
     return path

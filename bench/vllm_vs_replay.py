@@ -87,7 +87,7 @@ speculators = [{toml_value(spec)}]
 {backend}
 
 [sweep]
-draft_lengths = {json.dumps(ks)}
+k = {json.dumps(ks)}
 temperature = [{args.temperature}]
 """)
     return path
@@ -108,7 +108,7 @@ def through_vllm(tmp: Path, args: argparse.Namespace, name: str, k: int) -> tupl
     try:
         before = read_counters(http_text("vllm", url + "/metrics"))
         db = tmp / f"vllm-{name}-{k}.duckdb"
-        connected = {"mode": "connect", "url": url, "draft_len": k, "concurrency": 4}
+        connected = {"mode": "connect", "url": url, "k": k, "concurrency": 4}
         execute(load_config(write_config(tmp, args, target, spec, [k], f"vllm-{name}-{k}", connected)), db)
         after = read_counters(http_text("vllm", url + "/metrics"))
     finally:

@@ -94,7 +94,7 @@ class ServerConfig(_Strict):
 
     mode: Literal["launch", "connect"] = "launch"
     url: str | None = None  # connect
-    draft_len: int | None = Field(default=None, gt=0)  # connect: the k the server was started with
+    k: int | None = Field(default=None, gt=0)  # connect: the k the server was started with
     model: str | None = None  # launch
     command: str | None = None  # launch: the engine executable (default: per backend)
     args: list[str] = Field(default_factory=list)  # launch: extra engine arguments, passed as written
@@ -109,8 +109,8 @@ class ServerConfig(_Strict):
 
     @model_validator(mode="after")
     def _mode(self) -> ServerConfig:
-        if self.mode == "connect" and (not self.url or self.draft_len is None):
-            raise ValueError("mode 'connect' needs `url` and `draft_len` (the k the server drafts)")
+        if self.mode == "connect" and (not self.url or self.k is None):
+            raise ValueError("mode 'connect' needs `url` and `k` (the k the server drafts)")
         if self.mode == "launch" and not self.model:
             raise ValueError("mode 'launch' needs `model` (the weights the engine loads)")
         return self
@@ -164,7 +164,7 @@ class PairConfig(_Strict):
 
 
 class SweepConfig(_Strict):
-    draft_lengths: list[int] = Field(min_length=1)
+    k: list[int] = Field(min_length=1)  # the draft lengths
     thinking: list[Literal["on", "off"]] = Field(default_factory=lambda: ["off"], min_length=1)
     temperature: list[float] = Field(default_factory=lambda: [0.0], min_length=1)
     top_p: float | None = Field(default=None, gt=0, le=1)
@@ -175,11 +175,11 @@ class SweepConfig(_Strict):
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, (int, float)) else value
 
-    @field_validator("draft_lengths")
+    @field_validator("k")
     @classmethod
     def _positive_unique(cls, value: list[int]) -> list[int]:
         if any(k < 1 for k in value):
-            raise ValueError("draft lengths must be >= 1")
+            raise ValueError("every k must be >= 1")
         return sorted(set(value))
 
     @field_validator("temperature")
@@ -206,9 +206,9 @@ class Config(_Strict):
     def warnings(self) -> list[str]:
         """Settings that run but probably do not measure what was meant (printed before the run starts)."""
         out = []
-        too_long = [k for k in self.sweep.draft_lengths if k >= self.dataset.max_new_tokens]
+        too_long = [k for k in self.sweep.k if k >= self.dataset.max_new_tokens]
         if too_long:
-            out.append(f"sweep.draft_lengths {too_long} >= dataset.max_new_tokens ({self.dataset.max_new_tokens}): "
+            out.append(f"sweep.k {too_long} >= dataset.max_new_tokens ({self.dataset.max_new_tokens}): "
                        "no step can check all k drafts before the budget ends, so those steps are censored")
         return out
 
@@ -232,12 +232,17 @@ def _where(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+# Keys earlier versions read, and what they are called now (one word per concept: k, the verify kernel).
+RENAMED = {"draft_lengths": "k", "draft_len": "k", "verify_backend": "verify_kernel"}
+
+
 def format_errors(path: str, exc: ValidationError) -> str:
     lines = [f"{path}: invalid config"]
     for err in exc.errors():
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key"
+            old = err["loc"][-1] if err["loc"] else None
+            msg = f"unknown key (now called `{RENAMED[old]}`)" if old in RENAMED else "unknown key"
         elif err["type"] == "union_tag_invalid":
             msg = f"unknown speculator kind {err['input'].get('kind')!r} (known: {', '.join(KINDS)})" \
                 if isinstance(err.get("input"), dict) else msg

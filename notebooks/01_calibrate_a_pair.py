@@ -38,7 +38,7 @@ from calibrate.runner import execute
 
 config = load_config(CONFIG)
 print(f"target {config.pairs[0].target}; speculators {[s.kind for s in config.pairs[0].speculators]}; "
-      f"k = {config.sweep.draft_lengths}")
+      f"k = {config.sweep.k}")
 summary = execute(config, DB)
 print(f"measured {summary.measured} request(s), {summary.resumed} already stored, {summary.tokens} target tokens "
       f"in {summary.seconds:.1f} s")

@@ -34,7 +34,7 @@ def write_config(path: Path, **sections: dict[str, Any] | list[dict[str, Any]]) 
 
 
 def quickstart_config(path: Path, target: Path, *, max_requests: int = 3, max_new_tokens: int = 12,
-                      temperature: list[float] = (0.0,), draft_lengths: list[int] = (1, 3),
+                      temperature: list[float] = (0.0,), k: list[int] = (1, 3),
                       speculators: list[dict[str, Any]] | None = None, **pair: Any) -> Path:
     """`target` on the quickstart sample at 256 tokens of context, fp32 on the CPU, one request per batch;
     n-gram and the target drafting for itself unless `speculators` says otherwise. `pair` adds keys to the
@@ -46,5 +46,5 @@ def quickstart_config(path: Path, target: Path, *, max_requests: int = 3, max_ne
         run={"dtype": "float32", "device": "cpu", "batch_size": 1},
         pairs=[{"target": target, **pair,
                 "speculators": speculators or [{"kind": "ngram"}, {"kind": "draft", "model": target}]}],
-        sweep={"draft_lengths": draft_lengths, "temperature": temperature},
+        sweep={"k": k, "temperature": temperature},
     )

@@ -20,7 +20,7 @@ target = "qwen2.5-coder-1.5b-instruct"
 speculators = [{ kind = "draft", model = "qwen2.5-coder-0.5b-instruct" }, { kind = "ngram", prompt_lookup_max = 3 }]
 
 [sweep]
-draft_lengths = [4, 1, 2, 2]
+k = [4, 1, 2, 2]
 thinking = ["off"]
 temperature = 0.0
 """
@@ -35,7 +35,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_good_config_normalises(tmp_path):
     cfg = load_config(write(tmp_path, GOOD))
-    assert cfg.sweep.draft_lengths == [1, 2, 4]
+    assert cfg.sweep.k == [1, 2, 4]
     assert cfg.sweep.temperature == [0.0]
     ngram = cfg.pairs[0].speculators[1]  # vLLM: the unset length copies the set one
     assert (ngram.prompt_lookup_max, ngram.prompt_lookup_min) == (3, 3)
@@ -61,7 +61,8 @@ def test_override_wins(tmp_path):
         (('kind = "ngram"', 'kind = "medusa"'), "unknown speculator kind 'medusa'"),
         (('thinking = ["off"]', 'thinking = ["maybe"]'), "sweep.thinking[0]"),
         (("temperature = 0.0", "temperature = -1.0"), "temperature must be a finite number >= 0"),
-        (("draft_lengths = [4, 1, 2, 2]", "draft_lengths = [0]"), "draft lengths must be >= 1"),
+        (("k = [4, 1, 2, 2]", "k = [0]"), "every k must be >= 1"),
+        (("k = [4, 1, 2, 2]", "draft_lengths = [4, 1, 2, 2]"), "sweep.draft_lengths: unknown key (now called `k`)"),
         (('target = "qwen2.5-coder-1.5b-instruct"\n', ""), "pairs[0].target: Field required"),
         (('model = "qwen2.5-coder-0.5b-instruct"', 'modle = "x"'), "pairs[0].speculators[0].modle: unknown key"),
     ],
@@ -98,5 +99,5 @@ def test_not_toml_and_missing_file(tmp_path):
 
 def test_quickstart_config_is_valid():
     cfg = load_config(Path(__file__).parents[1] / "examples" / "quickstart.toml")
-    assert cfg.sweep.draft_lengths == list(range(1, 9))
+    assert cfg.sweep.k == list(range(1, 9))
     assert Path(cfg.dataset.source).exists()

@@ -221,7 +221,7 @@ def test_config_kind_and_check_before_weights(target, tmp_path):
         Eagle3Speculator.check(spec_cfg, str(tmp_path / "wide"), None)
     toml = tmp_path / "c.toml"
     toml.write_text(f'[dataset]\nsource = "x"\n[[pairs]]\ntarget = "t"\nspeculators = [{{ kind = "eagle3", '
-                    f'model = "{tmp_path / "head"}" }}]\n[sweep]\ndraft_lengths = [1, 2]\n')
+                    f'model = "{tmp_path / "head"}" }}]\n[sweep]\nk = [1, 2]\n')
     assert load_config(toml).pairs[0].speculators[0].model == str(tmp_path / "head")
     toml.write_text(toml.read_text().replace('kind = "eagle3"', 'kind = "eagle4"'))
     with pytest.raises(ConfigError, match="unknown speculator kind 'eagle4' .known: draft, ngram, suffix, eagle3"):
@@ -261,7 +261,7 @@ engine = "auto"
 target = "{smollm}"
 speculators = [{{ kind = "eagle3", model = "{head}" }}]
 [sweep]
-draft_lengths = [1, 3]
+k = [1, 3]
 temperature = [0.0, 0.7]
 """)
     summary = execute(load_config(config), tmp_path / "e.duckdb")

@@ -138,7 +138,7 @@ def test_a_kind_an_engine_cannot_run_is_refused_when_read(backend, spec, message
 def test_a_connected_server_runs_what_it_was_started_with():
     """Connect mode launches nothing, so no engine spelling is needed: a llama.cpp draft without `gguf`."""
     pair = PairConfig(target="t", backend="llama.cpp", speculators=[{"kind": "draft", "model": "d"}],
-                      server={"mode": "connect", "url": "http://h:1", "draft_len": 2})
+                      server={"mode": "connect", "url": "http://h:1", "k": 2})
     assert server_speculator(pair.speculators[0], pair).method is None
 
 
@@ -165,7 +165,7 @@ def test_one_name_per_speculator_in_process_and_served():
 def test_plan_launches_one_server_per_speculator_and_k():
     pair = PairConfig(target="t", backend="vllm", server={"model": "m"},
                       speculators=[{"kind": "ngram"}, {"kind": "mtp"}])
-    config = SimpleNamespace(sweep=SimpleNamespace(draft_lengths=[1, 3]))
+    config = SimpleNamespace(sweep=SimpleNamespace(k=[1, 3]))
     planned = [(s.speculator.name, s.k) for s in plan_servers(config, pair)]
     assert planned == [("ngram", 1), ("ngram", 3), ("mtp:t", 1), ("mtp:t", 3)]
 

@@ -220,7 +220,7 @@ def _pair_config(tmp_path, pair: str):
     from calibrate.config import load_config
     path = tmp_path / "c.toml"
     path.write_text(f'[dataset]\nsource = "x.jsonl"\n[[pairs]]\ntarget = "t"\n'
-                    f'speculators = [{{ kind = "draft", model = "d" }}]\n{pair}\n[sweep]\ndraft_lengths = [2]\n')
+                    f'speculators = [{{ kind = "draft", model = "d" }}]\n{pair}\n[sweep]\nk = [2]\n')
     return load_config(path)
 
 
@@ -228,12 +228,12 @@ def test_config_backend_needs_server_table_and_connect_needs_url_and_k(tmp_path)
     from calibrate.config import ConfigError
     with pytest.raises(ConfigError, match=r"backend 'vllm' needs a \[pairs.server\] table"):
         _pair_config(tmp_path, 'backend = "vllm"')
-    with pytest.raises(ConfigError, match="mode 'connect' needs `url` and `draft_len`"):
+    with pytest.raises(ConfigError, match="mode 'connect' needs `url` and `k`"):
         _pair_config(tmp_path, 'backend = "sglang"\nserver = { mode = "connect", url = "http://h:1" }')
     with pytest.raises(ConfigError, match="for server backends"):
         _pair_config(tmp_path, 'server = { mode = "launch", model = "m" }')
-    ok = _pair_config(tmp_path, 'backend = "vllm"\nserver = { mode = "connect", url = "http://h:1", draft_len = 2 }')
-    assert ok.pairs[0].backend == "vllm" and ok.pairs[0].server.draft_len == 2
+    ok = _pair_config(tmp_path, 'backend = "vllm"\nserver = { mode = "connect", url = "http://h:1", k = 2 }')
+    assert ok.pairs[0].backend == "vllm" and ok.pairs[0].server.k == 2
 
 
 LAUNCHER = """

@@ -52,7 +52,7 @@ def llamacpp_config(tmp_path: Path, tokenizer: Path, draft_tok: Path, source: Pa
         pairs=[{"target": tokenizer, "backend": "llama.cpp",
                 "speculators": [{"kind": "draft", "model": draft_tok, **({"gguf": draft_gguf} if draft_gguf else {})}],
                 "server": server}],
-        sweep={"draft_lengths": ks},
+        sweep={"k": ks},
     )
 
 
@@ -111,7 +111,7 @@ def test_qwen_pair_launch_and_connect_rows_read_like_in_process(tmp_path, llama_
                                     "--ctx-size", "1024", "--parallel", "1", "--threads", "2", "--port", str(port)],
                       f"http://127.0.0.1:{port}", "/health", timeout=300, log_dir=str(tmp_path))
     try:
-        server = {"mode": "connect", "url": f"http://127.0.0.1:{port}", "draft_len": 4}
+        server = {"mode": "connect", "url": f"http://127.0.0.1:{port}", "k": 4}
         connect = load_config(llamacpp_config(tmp_path, qwen_target, qwen_draft, mini_swe_dir / "original", server,
                                               [4], 2, new_tokens=16))
         db2 = tmp_path / "connect.duckdb"

@@ -42,10 +42,10 @@ batch_size = 1
 target = "{model}"
 backend = "llama.cpp"
 speculators = [{{ kind = "draft", model = "{model}" }}]
-server = {{ mode = "connect", url = "{url}", draft_len = {k} }}
+server = {{ mode = "connect", url = "{url}", k = {k} }}
 
 [sweep]
-draft_lengths = [{k}]
+k = [{k}]
 """)
     return path
 

@@ -57,7 +57,7 @@ def vllm_config(tmp_path: Path, source: Path, target: Path, speculators: list[di
         run={"batch_size": 4, "dtype": "float32"},
         pairs=[{"target": target, "backend": backend, "speculators": speculators,
                 **({"server": server} if server else {})}],
-        sweep={"draft_lengths": [K]},
+        sweep={"k": [K]},
     )
 
 
@@ -93,7 +93,7 @@ def ngram_server(smollm, tmp_path_factory):
 
 
 def connect(url: str, k: int = K) -> dict:
-    return {"mode": "connect", "url": url, "draft_len": k, "concurrency": 3}
+    return {"mode": "connect", "url": url, "k": k, "concurrency": 3}
 
 
 def test_connect_ngram_counts_are_vllms_steps_and_our_ngram_exactly(tmp_path, smollm, mini_swe_dir, ngram_server):

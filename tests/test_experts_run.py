@@ -53,7 +53,7 @@ target = "{target}"
 speculators = [{{ kind = "ngram" }}]
 
 [sweep]
-draft_lengths = [1, 3]
+k = [1, 3]
 """)
     return path
 
@@ -145,6 +145,6 @@ def test_config_refuses_experts_on_a_server_backend(tmp_path):
     path = _config(tmp_path, tmp_path / "x")
     path.write_text(path.read_text().replace('speculators = [{ kind = "ngram" }]',
                                              'speculators = [{ kind = "ngram" }]\nbackend = "vllm"\n'
-                                             '[pairs.server]\nmode = "connect"\nurl = "http://h:1"\ndraft_len = 1'))
+                                             '[pairs.server]\nmode = "connect"\nurl = "http://h:1"\nk = 1'))
     with pytest.raises(ConfigError, match="reads the router in process"):
         load_config(path)

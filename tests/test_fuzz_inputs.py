@@ -45,7 +45,7 @@ target = "/nonexistent/model"
 speculators = [{{ kind = "ngram" }}]
 
 [sweep]
-draft_lengths = [1, 2]
+k = [1, 2]
 temperature = [0.0]
 """
 
@@ -238,7 +238,7 @@ def mutate_file(path: Path, data) -> None:
 def run_with(tmp_path: Path, target: Path, speculators: list[dict]) -> tuple:
     from tests.configs import quickstart_config
 
-    config = quickstart_config(tmp_path / "c.toml", target, max_requests=1, max_new_tokens=4, draft_lengths=[1],
+    config = quickstart_config(tmp_path / "c.toml", target, max_requests=1, max_new_tokens=4, k=[1],
                                speculators=speculators)
     db = tmp_path / "fuzz.duckdb"
     db.unlink(missing_ok=True)

@@ -352,8 +352,8 @@ SERVER_NGRAM = {"vllm": {"kind": "ngram"}, "sglang": {"kind": "engine", "method"
 
 def server_config(path: Path, target: Path, backend: str, url: str) -> str:
     """A pair measured through a server engine reached at `url` (connect mode), n-gram at k = 1: its text."""
-    return quickstart_config(path, target, draft_lengths=[1], speculators=[SERVER_NGRAM[backend]], backend=backend,
-                             server={"mode": "connect", "url": url, "draft_len": 1}).read_text()
+    return quickstart_config(path, target, k=[1], speculators=[SERVER_NGRAM[backend]], backend=backend,
+                             server={"mode": "connect", "url": url, "k": 1}).read_text()
 
 
 def dead_url() -> str:
@@ -411,7 +411,7 @@ def test_a_failed_run_keeps_a_store_that_existed(tmp_path: Path, tiny_folder: Pa
 
 def run_error(tmp_path: Path, target: Path, speculators: list[dict] | None = None) -> str:
     """`calibrate run` on the tiny folder `target`: the one `error:` line of a bad input (exit 2)."""
-    config = quickstart_config(tmp_path / "c.toml", target, max_requests=1, draft_lengths=[1],
+    config = quickstart_config(tmp_path / "c.toml", target, max_requests=1, k=[1],
                                speculators=speculators or [{"kind": "ngram"}])
     db = tmp_path / "x.duckdb"
     res = invoke("run", str(config), "--db", str(db), "--no-show")
@@ -530,7 +530,7 @@ def damage_a_used_block(db: Path) -> Path:
 def test_a_damaged_store_is_named_by_run(tmp_path: Path, tiny_folder: Path, show: str) -> None:
     """Item 8: `run` refuses a store with damaged blocks, before measuring and with or without the table,
     in one line naming the file (it said "3 already in" with --no-show, and named no file without)."""
-    config = quickstart_config(tmp_path / "c.toml", tiny_folder, draft_lengths=[1], speculators=[{"kind": "ngram"}])
+    config = quickstart_config(tmp_path / "c.toml", tiny_folder, k=[1], speculators=[{"kind": "ngram"}])
     db = tmp_path / "a.duckdb"
     assert invoke("run", str(config), "--db", str(db), "--no-show").exit_code == 0
     bad = damage_a_used_block(db)
@@ -589,7 +589,7 @@ def test_an_unwritable_store_folder_is_refused_before_measuring(tmp_path: Path, 
                                                                  store_in_read_only_folder: Path) -> None:
     """Item 12: the folder is checked when the store opens, not at the first commit after measuring."""
     db = store_in_read_only_folder
-    config = quickstart_config(tmp_path / "c.toml", tiny_folder, max_requests=1, draft_lengths=[1],
+    config = quickstart_config(tmp_path / "c.toml", tiny_folder, max_requests=1, k=[1],
                                speculators=[{"kind": "ngram"}])
     res = invoke("run", str(config), "--db", str(db), "--no-show")
     assert res.exit_code == ExitCode.BAD_INPUT, res.output
@@ -656,7 +656,7 @@ def test_a_numeric_where_value_matches_as_a_number(hand_store: Path) -> None:
 
 def test_runs_table_shows_the_truncation_warning(tmp_path: Path, tiny_folder: Path) -> None:
     """Item 12: `run`'s own table warned nothing where `show` warns that most prompts were cut."""
-    config = quickstart_config(tmp_path / "c.toml", tiny_folder, max_requests=2, draft_lengths=[1],
+    config = quickstart_config(tmp_path / "c.toml", tiny_folder, max_requests=2, k=[1],
                                speculators=[{"kind": "ngram"}])
     config.write_text(config.read_text().replace("context_tokens = 256", "context_tokens = 24"))
     res = runner.invoke(app, ["run", str(config), "--db", str(tmp_path / "a.duckdb")], terminal_width=200)
@@ -680,7 +680,7 @@ def test_sigterm_on_an_in_process_run_says_what_was_kept(tmp_path: Path, tiny_fo
     import sys
 
     config = quickstart_config(tmp_path / "c.toml", tiny_folder, max_requests=3, max_new_tokens=8,
-                               draft_lengths=[1], speculators=[{"kind": "ngram"}])
+                               k=[1], speculators=[{"kind": "ngram"}])
     db = tmp_path / "a.duckdb"
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "calibrate.cli", "run", str(config), "--db", str(db), "--no-show"]

@@ -73,7 +73,7 @@ KILL_POINTS = ((re.compile(r"^loading "), 1), (re.compile(r": 0/3 requests"), 1)
 def test_kill_at_several_points_then_resume_gives_identical_tables(tmp_path: Path, tiny_folder: Path) -> None:
     # n-gram only: the sampled loop's draft-model path costs a full-vocabulary draw per draft on CPU
     config = quickstart_config(tmp_path / "c.toml", tiny_folder, max_requests=3, max_new_tokens=8,
-                               temperature=[0.0, 0.8], draft_lengths=[1, 3], speculators=[{"kind": "ngram"}])
+                               temperature=[0.0, 0.8], k=[1, 3], speculators=[{"kind": "ngram"}])
     whole = tmp_path / "whole.duckdb"
     assert start_run(config, whole).wait(timeout=300) == 0
     expected = raw_counts(whole)

@@ -232,7 +232,7 @@ def test_config_name_and_provenance(tmp_path):
     assert "d % num_mtp_layers" in DEPTH_RULE
     toml = tmp_path / "c.toml"
     toml.write_text('[dataset]\nsource = "x"\n[[pairs]]\ntarget = "t"\nspeculators = [{ kind = "mtp" }]\n'
-                    '[sweep]\ndraft_lengths = [1, 3]\n')
+                    '[sweep]\nk = [1, 3]\n')
     assert load_config(toml).pairs[0].speculators[0].kind == "mtp"
     toml.write_text(toml.read_text().replace('kind = "mtp"', 'kind = "mtp", model = "x"'))
     with pytest.raises(ConfigError, match=r"speculators\[0\]\.model: unknown key"):
@@ -269,7 +269,7 @@ batch_size = 2
 target = "{model}"
 speculators = [{{ kind = "mtp" }}]
 [sweep]
-draft_lengths = [2, 3]
+k = [2, 3]
 temperature = [0.7]
 """)
     db = tmp_path / "m.duckdb"

@@ -83,7 +83,7 @@ target = "{model}"
 speculators = [{{ kind = "ngram", prompt_lookup_max = 3, prompt_lookup_min = 1 }}, {{ kind = "suffix" }}, {{ kind = "draft", model = "{model}" }}]
 
 [sweep]
-draft_lengths = [1, 3]
+k = [1, 3]
 """)
     return path
 
@@ -179,7 +179,7 @@ max_requests = 2
 target = "qwen2.5-coder-1.5b-instruct"
 speculators = [{{ kind = "ngram" }}]
 [sweep]
-draft_lengths = [2]
+k = [2]
 """)
     prepared = prepare(load_config(config_path))
     assert len(prepared.requests) == 2
@@ -208,7 +208,7 @@ def test_loop_engine_at_temperature_zero_stores_what_replay_stores(tmp_path, smo
 def test_sampled_run_records_expected_acceptance(tmp_path, smollm, mini_swe_dir):
     text = sweep_config(tmp_path, smollm, mini_swe_dir / "original", 2).read_text()
     path = tmp_path / "sampled.toml"
-    path.write_text(text.replace("draft_lengths = [1, 3]", "draft_lengths = [2]\ntemperature = [0.8]\ntop_p = 0.95"))
+    path.write_text(text.replace("k = [1, 3]", "k = [2]\ntemperature = [0.8]\ntop_p = 0.95"))
     db = tmp_path / "sampled.duckdb"
     result = CliRunner().invoke(app, ["run", str(path), "--db", str(db), "--no-show"])
     assert result.exit_code == 0, result.output

@@ -164,7 +164,7 @@ source = "data/quickstart"
 target = "qwen2.5-coder-1.5b-instruct"
 speculators = [{ kind = "suffix", max_depth = 32, min_token_prob = 0.2 }]
 [sweep]
-draft_lengths = [4]
+k = [4]
 """
     path = tmp_path / "c.toml"
     path.write_text(base)
@@ -196,7 +196,7 @@ source = "data/quickstart"
 target = "qwen2.5-coder-1.5b-instruct"
 speculators = [{ kind = "ngram", prompt_lookup_max = 3 }, { kind = "suffix" }, { kind = "ngram", prompt_lookup_max = 3, prompt_lookup_min = 3 }]
 [sweep]
-draft_lengths = [4]
+k = [4]
 """)
     with pytest.raises(ConfigError, match=r"speculators\[2\] repeats speculators\[0\] \(ngram"):
         load_config(path)

@@ -377,7 +377,7 @@ batch_size = 4
 target = "{target}"
 speculators = [{{ kind = "ngram" }}]
 [sweep]
-draft_lengths = [1]
+k = [1]
 """)
         res = CliRunner().invoke(app, ["run", str(config), "--db", str(db), "--no-show"])
         assert res.exit_code == 0, res.output

@@ -66,5 +66,5 @@ def sweep_config(root: Path, target: Path, draft: Path, requests: int = 4) -> Pa
         run={"device": "cpu", "batch_size": 2},
         pairs=[{"target": target,
                 "speculators": [{"kind": "draft", "model": draft}, {"kind": "ngram"}, {"kind": "suffix"}]}],
-        sweep={"draft_lengths": [1, 2, 3, 4]},
+        sweep={"k": [1, 2, 3, 4]},
     )

@@ -53,7 +53,7 @@ class PairEngines:
 
     def _in_process(self, labeller: Labeller, sampling: Sampling) -> Engine:
         run, ds = self.config.run, self.config.dataset
-        common = dict(ks=self.config.sweep.draft_lengths, max_new_tokens=ds.max_new_tokens, labeller=labeller)
+        common = dict(ks=self.config.sweep.k, max_new_tokens=ds.max_new_tokens, labeller=labeller)
         if in_process_engine(run, sampling.temperature) == "replay":
             return ReplayEngine(self.target, self.speculators, **common)
         experts = ExpertProfile(tuple(sorted({1, *run.expert_batch_sizes}))) if run.experts else None
@@ -90,9 +90,9 @@ def plan_servers(config: Any, pair: Any) -> list[Served]:
     """launch: one server per (speculator, k); connect: the one server, at the k the config states."""
     cfg = pair.server
     if cfg.mode == "connect":
-        return [Served(server_speculator(pair.speculators[0], pair), cfg.draft_len, pair)]
+        return [Served(server_speculator(pair.speculators[0], pair), cfg.k, pair)]
     return [Served(server_speculator(spec, pair), k, pair) for spec in pair.speculators
-            for k in config.sweep.draft_lengths]
+            for k in config.sweep.k]
 
 
 def _target(pair: Any, url: str, info: dict[str, Any]) -> TargetIdentity:
