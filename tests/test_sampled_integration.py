@@ -38,7 +38,7 @@ def test_loop_at_temperature_zero_equals_greedy_replay_once(qwen_pair):
     replay = score_replay(speculator, prompts, responses, ks)
     loop = loop_results(target.model, speculator, prompts, ks=ks, temperature=0.0,
                        max_new_tokens=32, eos_token_ids=eos, seed=0, loop_rows=2)
-    for response, want, got in zip(responses, replay, loop):
+    for response, want, got in zip(responses, replay, loop, strict=True):
         for k in ks:
             assert got.tokens[k] == response.tokens  # KV rollback: the loop's text is the target's greedy text
             assert got.counts[k].hist.tolist() == want[k].hist.tolist()

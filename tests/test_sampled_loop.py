@@ -71,7 +71,7 @@ def test_loop_at_temperature_zero_equals_plain_greedy(target, near_draft, k):
     results = loop_results(target, near_draft, PROMPTS, ks=[k], temperature=0.0, max_new_tokens=24,
                           eos_token_ids={EOS}, seed=0, loop_rows=3)
     accepted_any = 0
-    for prompt, res in zip(PROMPTS, results):
+    for prompt, res in zip(PROMPTS, results, strict=True):
         want = greedy_reference(target, prompt, 24)
         assert res.tokens[k] == want
         hist, tokens, _ = totals(res, k)
@@ -85,7 +85,7 @@ def test_one_token_prompts(target, near_draft):
     for prompts in ([[5]], [[5], [1, 2, 3]]):
         results = loop_results(target, near_draft, prompts, ks=[2], temperature=0.0, max_new_tokens=8,
                               eos_token_ids={EOS}, seed=0)
-        for prompt, res in zip(prompts, results):
+        for prompt, res in zip(prompts, results, strict=True):
             assert res.tokens[2] == greedy_reference(target, prompt, 8)
 
 
@@ -98,7 +98,7 @@ def test_loop_with_model_free_speculator_equals_plain_greedy(target, kind):
     prompts = [[4, 5, 6, 7, 4, 5, 6, 7, 4, 5], [9, 9, 9, 9, 9]]
     results = loop_results(target, speculator, prompts, ks=[2, 4],
                           temperature=0.0, max_new_tokens=16, eos_token_ids={EOS}, seed=0, loop_rows=2)
-    for prompt, res in zip(prompts, results):
+    for prompt, res in zip(prompts, results, strict=True):
         for k in (2, 4):
             assert res.tokens[k] == greedy_reference(target, prompt, 16)
 
@@ -107,11 +107,11 @@ def test_batching_does_not_change_results(target, near_draft):
     kw = dict(ks=[3], temperature=0.9, max_new_tokens=16, eos_token_ids={EOS}, seed=7)
     batched = loop_results(target, near_draft, PROMPTS, loop_rows=3, **kw)
     single = loop_results(target, near_draft, PROMPTS, loop_rows=1, **kw)
-    for a, b in zip(batched, single):
+    for a, b in zip(batched, single, strict=True):
         assert a.tokens[3] == b.tokens[3]
         assert a.counts[3].hist.tolist() == b.counts[3].hist.tolist()
     other_seed = loop_results(target, near_draft, PROMPTS, loop_rows=3, **{**kw, "seed": 8})
-    assert any(a.tokens[3] != b.tokens[3] for a, b in zip(batched, other_seed))
+    assert any(a.tokens[3] != b.tokens[3] for a, b in zip(batched, other_seed, strict=True))
     # A request's outcome follows its key, not its place in the call.
     keyed = loop_results(target, near_draft, PROMPTS[::-1], loop_rows=2, request_keys=[2, 1, 0], **kw)
     assert [r.tokens[3] for r in keyed] == [r.tokens[3] for r in batched[::-1]]
@@ -180,7 +180,7 @@ def test_realised_and_expected_acceptance_agree(target, near_draft, verification
 def test_top_k_one_is_greedy(target, near_draft):
     sampled = loop_results(target, near_draft, PROMPTS, ks=[2], temperature=1.0, top_k=1,
                           max_new_tokens=12, eos_token_ids={EOS}, seed=0, loop_rows=3)
-    for prompt, res in zip(PROMPTS, sampled):
+    for prompt, res in zip(PROMPTS, sampled, strict=True):
         assert res.tokens[2] == greedy_reference(target, prompt, 12)
 
 
@@ -225,7 +225,7 @@ def test_triton_kernel_in_the_loop_matches_the_reference(target, near_draft):
               loop_rows=3)
     ref = loop_results(target, near_draft, PROMPTS[:2], verify_kernel="reference", **kw)
     fused = loop_results(target, near_draft, PROMPTS[:2], verify_kernel="triton", **kw)
-    for a, b in zip(ref, fused):
+    for a, b in zip(ref, fused, strict=True):
         assert a.tokens[3] == b.tokens[3]
         assert a.counts[3].hist.tolist() == b.counts[3].hist.tolist()
 

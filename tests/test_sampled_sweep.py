@@ -122,7 +122,7 @@ def test_prefix_rows_are_copies(target):
     before = [k.clone() for k, _ in prefix.layers]
     one.feed([[6], [7], [8]])
     one.pack()
-    assert all(torch.equal(k, b) for (k, _), b in zip(prefix.layers, before))
+    assert all(torch.equal(k, b) for (k, _), b in zip(prefix.layers, before, strict=True))
     assert one.lengths.tolist() == [4, 3, 3]
 
 
@@ -142,7 +142,7 @@ def test_loop_engine_measures_every_speculator_and_k(target, draft):
     for spec in (ngram, suffix):
         alone = loop_results(target, spec, PROMPTS[:2], ks=[1, 3], temperature=0.8, max_new_tokens=12,
                             eos_token_ids={EOS}, seed=1, loop_rows=1)
-        for m, a in zip(measured, alone):
+        for m, a in zip(measured, alone, strict=True):
             for k in (1, 3):
                 got = m[(spec.name, k)]
                 assert got.counts.hist.tolist() == a.counts[k].hist.tolist()
