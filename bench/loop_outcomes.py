@@ -79,7 +79,8 @@ def outcome(result, k: int) -> dict:
     counts = result.counts[k]
     return {"tokens": result.tokens[k], "finish": result.finish_reason[k], "k": counts.k,
             "segments": {name: {"hist": seg.hist.tolist(), "tokens": seg.tokens, "censored": seg.censored_steps,
-                                "expected": None if seg.expected_accepted is None else float(seg.expected_accepted).hex(),
+                                "expected": None if seg.expected_accepted is None
+                                else float(seg.expected_accepted).hex(),
                                 "drafted": seg.drafted_tokens, "empty": seg.empty_steps}
                          for name, seg in sorted(counts.segments.items())}}
 

@@ -264,8 +264,8 @@ class ModelDrafts:
 
     def draft(self, active: Sequence[Loop], keys: torch.Tensor,
               positions: torch.Tensor) -> tuple[list[list[int]], torch.Tensor | None]:
-        return self.speculator.draft_batch(self.cache, [r.context for r in active], [r.k for r in active], self.s.sampling,
-                                           self.s.draft_temperature, keys, positions, self.vocab)
+        return self.speculator.draft_batch(self.cache, [r.context for r in active], [r.k for r in active],
+                                           self.s.sampling, self.s.draft_temperature, keys, positions, self.vocab)
 
     def verified(self, active: Sequence[Loop], going: Sequence[bool], target_cache: SlotCache) -> None:
         self.speculator.roll_back(self.cache, [len(r.context) - 1 for r in active])
