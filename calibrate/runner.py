@@ -99,7 +99,9 @@ def prepare(config: Config) -> Prepared:
         raise NothingUsable(f"dataset {ds.source!r}: no assistant turn to replay")
     tokenizers = {}
     for pair in config.pairs:
-        tokenizer = tokenizers.setdefault(pair.target, load_tokenizer(pair.target))
+        if pair.target not in tokenizers:  # two pairs of one target read its tokenizer once
+            tokenizers[pair.target] = load_tokenizer(pair.target)
+        tokenizer = tokenizers[pair.target]
         for spec in pair.speculators if pair.backend == "transformers" else ():  # a server checks its own
             speculator_class(spec.kind).check(spec, pair.target, tokenizer)  # e.g. a head's shapes, before weights
         for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
