@@ -14,11 +14,11 @@ from typer.testing import CliRunner
 from calibrate.cli import app
 from calibrate.config import load_config
 from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
+from calibrate.kernels.reference import Sampling
 from calibrate.models import load_model
 from calibrate.replay.greedy import generate_greedy, score_replay
-from calibrate.replay.steps import walk_steps
+from calibrate.replay.loop import run_loops
 from calibrate.runner import execute, prepare
-from calibrate.speculators.base import Speculator
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.tables import stats
 from calibrate.tables.store import Store
@@ -42,7 +42,8 @@ def test_self_speculation_smollm_accepts_everything(smollm):
 
 
 def test_replay_once_equals_stepwise_loop_on_qwen_pair(qwen_target, qwen_draft, mini_swe_dir):
-    """Teacher-forced scoring == a draft proposing k tokens with its KV cache at each step, fp32, k = 1..8."""
+    """Teacher-forced scoring == the loop's draft model proposing k tokens with its KV cache at each step (a
+    real greedy speculative decoder), fp32, k = 1..8: the same response and the same histogram."""
     target = load_model(str(qwen_target), "float32", "cpu")
     draft = load_model(str(qwen_draft), "float32", "cpu")
     loaded = load_conversations(str(mini_swe_dir / "original"), "mini-swe-agent", limit=4)
@@ -52,12 +53,12 @@ def test_replay_once_equals_stepwise_loop_on_qwen_pair(qwen_target, qwen_draft, 
     responses = generate_greedy(target.model, prompts, max_new_tokens=24, eos_token_ids=target.eos_token_ids)
     ks = list(range(1, 9))
     fast = score_replay(DraftModelSpeculator(draft, batch_size=2), prompts, responses, ks)
-    slow_spec = DraftModelSpeculator(draft)
-    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
-        (run_at,) = Speculator.replay_scorers(slow_spec, [prompt], [response.tokens], 8)
+    (looped,) = run_loops(target.model, [DraftModelSpeculator(draft)], prompts, ks=ks, sampling=Sampling(0.0),
+                          max_new_tokens=24, eos_token_ids=target.eos_token_ids, loop_rows=len(prompts) * len(ks))
+    for i, (response, loop) in enumerate(zip(responses, looped, strict=True)):
         for k in ks:
-            slow = walk_steps(len(response.tokens), k, response.ended, run_at)
-            np.testing.assert_array_equal(fast[i][k].hist, slow.hist, err_msg=f"request {i} k={k}")
+            assert loop.tokens[k] == response.tokens, f"request {i} k={k}"
+            np.testing.assert_array_equal(fast[i][k].hist, loop.counts[k].hist, err_msg=f"request {i} k={k}")
     assert sum(per_k[8].hist[1:].sum() for per_k in fast) > 0  # drafts were accepted: not a vacuous match
 
 
