@@ -4,13 +4,7 @@ field names, a server drafting another k, and the faults that must name engine a
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -234,46 +228,6 @@ def test_config_backend_needs_server_table_and_connect_needs_url_and_k(tmp_path)
         _pair_config(tmp_path, 'server = { mode = "launch", model = "m" }')
     ok = _pair_config(tmp_path, 'backend = "vllm"\nserver = { mode = "connect", url = "http://h:1", k = 2 }')
     assert ok.pairs[0].backend == "vllm" and ok.pairs[0].server.k == 2
-
-
-LAUNCHER = """
-import sys, time
-from calibrate.engines.server import free_port, launch, terminate_as_exit
-port = free_port("127.0.0.1")
-with terminate_as_exit():
-    server = launch("stand-in", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-                    f"http://127.0.0.1:{port}", "/", timeout=60)
-    try:
-        print(server.process.pid, flush=True)
-        time.sleep(600)
-    finally:
-        server.stop()
-"""
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie left unreaped (containers' PID 1 may never reap the orphans it inherits)."""
-    try:
-        state = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "\nState:\tZ" not in state
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="parent-death signal is Linux's")
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
-def test_launched_server_does_not_outlive_us(tmp_path, how):
-    """Killing the calibrate process (politely or not) takes the server it launched down with it."""
-    parent = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    child = int(parent.stdout.readline())
-    assert _alive(child)
-    parent.send_signal(how)
-    assert parent.wait(timeout=30) == (143 if how == signal.SIGTERM else -signal.SIGKILL)
-    deadline = time.monotonic() + 20
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(child)
 
 
 def test_vllm_learns_from_its_first_reply_whether_it_counts_per_request(standin):

@@ -1,9 +1,9 @@
 """`calibrate run` against a real vLLM (the CPU build `make vllm` installs), launched and connected.
 
 Servers are small and started as few times as possible (SmolLM2-135M, `--enforce-eager`: about a minute
-each on 2 cores): one shared n-gram server for the connect tests (its counts, a wrong k, death mid-run),
-then one launch each for a draft model (SmolLM2 drafting for itself), the distilled EAGLE-3 head and the
-tiny DeepSeek MTP model. Oracles:
+each on 2 cores): one shared n-gram server for the connect tests (its counts, a wrong k), then one launch
+each for a draft model (SmolLM2 drafting for itself), the distilled EAGLE-3 head, the tiny DeepSeek MTP
+model, and an n-gram server whose API process is killed mid-run (no engine process may outlive it). Oracles:
 - n-gram drafts depend on tokens alone, so our vLLM-semantics n-gram proposer, walked over vLLM's own
   response, must give vLLM's own per-step counts exactly (both the drafts' matches and where they fell);
 - model drafters run other numerics in vLLM (bf16, other kernels), so their AL is compared with in-process
@@ -13,6 +13,8 @@ tiny DeepSeek MTP model. Oracles:
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -25,6 +27,7 @@ from calibrate.cli import app
 from calibrate.config import PairConfig, load_config
 from calibrate.dtypes import cpu_native_bf16
 from calibrate.engines import Budget, Served, server_speculator
+from calibrate.engines.process_group import members
 from calibrate.engines.server import free_port, launch
 from calibrate.engines.vllm import VLLMBackend, vllm_env
 from calibrate.models import load_tokenizer
@@ -90,6 +93,7 @@ def ngram_server(smollm, tmp_path_factory):
                     log_dir=str(tmp_path_factory.mktemp("vllm")), env=CPU_SERVER["env"])
     yield server
     server.stop()
+    assert members(server.process.pid) == []
 
 
 def connect(url: str, k: int = K) -> dict:
@@ -223,21 +227,37 @@ def test_launched_model_drafter_close_to_in_process_replay(tmp_path, mini_swe_di
     assert record.acceptance_length == pytest.approx(served["acceptance_length"]) and record.engines == ("vllm",)
 
 
-def test_server_dying_mid_run_keeps_whole_requests_only(tmp_path, smollm, mini_swe_dir, ngram_server):
-    """Last in this file: it kills the shared server once its log shows the first requests answered."""
-    config = vllm_config(tmp_path, mini_swe_dir / "original", smollm, [NGRAM], server=connect(ngram_server.url),
-                          requests=12)
+def _api_server_pid(port: int) -> int | None:
+    """The launched API server's pid, found by its unique --port among this machine's processes."""
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"vllm.entrypoints.openai.api_server" in cmdline and b"--port" in cmdline \
+                and cmdline[cmdline.index(b"--port") + 1] == str(port).encode():
+            return int(entry.name)
+    return None
 
-    def answered() -> int:
-        return ngram_server.log_path.read_text(errors="replace").count("POST /v1/completions")
 
-    earlier = answered()  # the earlier tests' requests
+def test_server_dying_mid_run_keeps_whole_requests_and_leaves_no_engine_process(tmp_path, smollm, mini_swe_dir):
+    """`calibrate run` in launch mode, its API server killed (kill -9) once the first batch is answered:
+    exit 4 naming the engine and URL, whole batches of whole requests kept, and no process of the server's
+    group (EngineCore, Worker, resource tracker) left running."""
+    port = free_port("127.0.0.1")
+    server = {"mode": "launch", "model": str(smollm), "port": port, "log_dir": str(tmp_path), "concurrency": 3,
+              **CPU_SERVER}
+    config = vllm_config(tmp_path, mini_swe_dir / "original", smollm, [NGRAM], server=server, requests=12)
+    killed: list[int] = []
 
     def kill_after_first_batch() -> None:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            if answered() - earlier >= 4:
-                ngram_server.process.kill()
+            logs = list(tmp_path.glob("calibrate-vllm-*.log"))
+            pid = _api_server_pid(port)
+            if logs and pid and logs[0].read_text(errors="replace").count("POST /v1/completions") >= 4:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
                 return
             time.sleep(0.05)
 
@@ -246,7 +266,9 @@ def test_server_dying_mid_run_keeps_whole_requests_only(tmp_path, smollm, mini_s
     db = tmp_path / "m.duckdb"
     res = run(config, db)
     killer.join()
-    assert res.exit_code == 4 and f"vllm at {ngram_server.url}" in res.output, res.output
+    assert killed, res.output
+    assert res.exit_code == 4 and f"vllm at http://127.0.0.1:{port}" in res.output, res.output
+    assert members(killed[0]) == []  # its group: stopped before `run` returned
     con = duckdb.connect(str(db), read_only=True)
     kept = con.execute("SELECT count(*) FROM requests").fetchone()[0]
     counted = con.execute("SELECT count(DISTINCT request_id) FROM segment_counts").fetchone()[0]

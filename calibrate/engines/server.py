@@ -8,14 +8,12 @@ URL, and a launch failure quotes the end of the engine's log.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shlex
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import tempfile
 import time
@@ -26,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from calibrate.engines.process_group import Watchdog, stop_group
 from calibrate.errors import EngineError
 
 
@@ -81,12 +80,16 @@ def check_port_free(engine: str, host: str, port: int) -> None:
 
 @dataclass
 class Launched:
-    """A server process this tool started, with what provenance records about it."""
+    """A server process this tool started, with what provenance records about it.
+
+    It leads a process group of its own (its engine processes are members); `stop` ends the whole group,
+    and its watchdog ends it if we die first (calibrate.engines.process_group)."""
 
     process: subprocess.Popen
     command: list[str]
     log_path: Path
     url: str
+    watchdog: Watchdog | None = None
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -96,21 +99,14 @@ class Launched:
         return "\n".join(text[-lines:])
 
     def stop(self, grace: float = 10.0) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM it when the process that launched it dies, so a
-    server outlives no kill of ours, not even SIGKILL. The server runs in its own session (so a Ctrl-C
-    aimed at us reaches it only through our own clean shutdown) and would otherwise be orphaned."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+        """SIGTERM to every process of the server's group, SIGKILL to what is left after `grace` seconds:
+        also when the server itself has died already and left its engine processes behind."""
+        try:
+            stop_group(self.process.pid, grace, leader=self.process)
+        finally:
+            self.process.poll()
+            if self.watchdog is not None:
+                self.watchdog.close()
 
 
 @contextlib.contextmanager
@@ -140,28 +136,39 @@ def launch(engine: str, command: Sequence[str], url: str, health: str, timeout: 
     log_dir = log_dir or tempfile.gettempdir()
     fd, log_name = tempfile.mkstemp(prefix=f"calibrate-{engine.replace('.', '')}-", suffix=".log", dir=log_dir)
     log = os.fdopen(fd, "w")
+    watchdog = Watchdog()
     try:
         process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **(env or {})}, start_new_session=True,
-                                   preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                   env={**os.environ, **(env or {})}, start_new_session=True)
     except OSError as exc:
-        log.close()
+        watchdog.close()
         raise EngineError(f"{engine}: cannot start {shlex.join(command)} for {url}: {exc}") from None
-    log.close()
-    launched = Launched(process, list(command), Path(log_name), url)
+    finally:
+        log.close()
+    watchdog.watch(process.pid)  # its own session: the group id is its pid
+    launched = Launched(process, list(command), Path(log_name), url, watchdog)
+    try:
+        _wait_healthy(engine, launched, health, timeout)
+    except BaseException:  # not up in time, exited, or we were interrupted while it started: stop it all
+        launched.stop()
+        raise
+    return launched
+
+
+def _wait_healthy(engine: str, launched: Launched, health: str, timeout: float) -> None:
+    process, url, command = launched.process, launched.url, launched.command
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
             raise EngineError(f"{engine}: launch command exited with status {process.returncode} before {url} "
-                              f"was up: {shlex.join(command)}\nlog {log_name}:\n{launched.log_tail()}")
+                              f"was up: {shlex.join(command)}\nlog {launched.log_path}:\n{launched.log_tail()}")
         try:
             with urllib.request.urlopen(url + health, timeout=5) as resp:
                 if resp.status == 200:
-                    return launched
+                    return
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             pass
         if time.monotonic() > deadline:
-            launched.stop()
             raise EngineError(f"{engine}: {url} not healthy after {timeout:.0f} s: {shlex.join(command)}\n"
-                              f"log {log_name}:\n{launched.log_tail()}")
+                              f"log {launched.log_path}:\n{launched.log_tail()}")
         time.sleep(0.5)
