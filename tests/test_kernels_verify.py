@@ -417,6 +417,31 @@ def test_one_hot_target_equal_to_drafts_accepts_everything(kernel, with_q):
         assert out.tokens[torch.arange(3), torch.tensor(drafted)].tolist() == bonus.tolist()
 
 
+@pytest.mark.parametrize("kernel", ["reference", pytest.param("triton", marks=needs_triton_device)])
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, None, None), (1.0, None, None), (1.0, 3, 0.9),
+                                                       (0.0, None, None)])
+def test_without_q_every_emitted_token_is_the_keyed_sample_of_its_position(kernel, temperature, top_k, top_p):
+    """The coupled rule (q one-hot): whatever the drafts, the tokens a step emits are the target's keyed
+    samples of their positions, the tokens plain keyed sampling (no drafts: the bonus row at each position)
+    draws there. So a draft is accepted exactly when it is the token there (the target-only rule's counts
+    follow from the response alone), and the response does not depend on the drafter or on k."""
+    drafted, vocab = [4, 2, 3, 0], 9
+    logits, drafts, _ = ragged_case(11, drafted, vocab, match_bias=0.97, scale=3.0)
+    lay = R.make_layout(torch.tensor(drafted), "cpu")
+    ids, positions = torch.tensor([5, 8, 13, 21]), torch.tensor([0, 7, 30, 2])
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=4)
+    out = run_kernel(kernel, logits, drafts, drafted, request_ids=ids, positions=positions, **sampling)
+    row_request, offset = lay.row_request, lay.row_offset
+    plain = run_kernel(kernel, logits, torch.zeros(0, dtype=torch.long), [0] * logits.shape[0],
+                       request_ids=ids[row_request], positions=positions[row_request] + offset, **sampling)
+    keyed = plain.tokens[:, 0]  # the keyed sample of every row's position
+    assert 0 < int(out.num_accepted.sum()) < sum(drafted)  # a mix of accepts and rejections
+    for r in range(len(drafted)):
+        a = int(out.num_accepted[r])
+        rows = lay.row_start[r] + torch.arange(a + 1)
+        assert out.tokens[r, :a + 1].tolist() == keyed[rows].tolist()
+
+
 def test_dispatch():
     assert resolve_kernel("auto", torch.device("cpu")) == "reference"
     assert resolve_kernel("triton", torch.device("cpu")) == "triton"
@@ -480,13 +505,9 @@ def plain_rows(batch: R.Batch) -> R.RowResult:
     p_d = torch.where(lay.row_is_draft, p.gather(1, d.unsqueeze(1)).squeeze(1), 0.0)
     noise = -torch.log(rng.lane_uniform(R.sample_keys(lay, batch.seed, batch.request_ids, batch.positions)
                                         .unsqueeze(1), torch.arange(p.shape[1])))
-    if batch.draft_probs is None:
+    if batch.draft_probs is None:  # every row's keyed sample of p, which the coupled rule accepts by
         q_d = lay.row_is_draft.float()
-        g = s - torch.log(noise)
-        best_p, arg_p = g.max(dim=-1)
-        is_d = (torch.arange(p.shape[1]).unsqueeze(0) == d.unsqueeze(1)) & lay.row_is_draft.unsqueeze(1)
-        best_r, arg_r = torch.where(is_d, float("-inf"), g).max(dim=-1)
-        sample = torch.where(best_r > float("-inf"), arg_r, arg_p)
+        sample = (s - torch.log(noise)).argmax(dim=-1)
     else:
         q = torch.cat([batch.draft_probs.float(), torch.zeros(1, p.shape[1])])[lay.row_draft_index]
         q = torch.where(lay.row_is_draft.unsqueeze(1), q, 0.0)
@@ -494,7 +515,7 @@ def plain_rows(batch: R.Batch) -> R.RowResult:
         best_r, arg_r = (torch.clamp(p - q, min=0.0) * (1.0 / noise)).max(dim=-1)
         sample = torch.where(best_r > 0, arg_r, (p * (1.0 / noise)).argmax(dim=-1))
     sample = torch.where(t_row <= 0, batch.logits.float().argmax(dim=-1), sample)
-    return R.RowResult(p_draft=p_d, q_draft=q_d, sample=sample)
+    return R.RowResult(p_draft=p_d, q_draft=q_d, sample=sample, coupled=batch.draft_probs is None)
 
 
 @settings(max_examples=80, deadline=None)
@@ -504,9 +525,9 @@ def plain_rows(batch: R.Batch) -> R.RowResult:
        seed=st.integers(0, 2**40))
 def test_reference_rows_equal_the_plain_formulas_bit_for_bit(drafted, vocab, temperatures, q_kind, top, seed):
     """reference_rows works in place, races only the rows each request stops at when given the accept
-    uniforms, and races again only the rows that need it (the one-hot race's rows whose argmax is the
-    draft, the residual race's rows with a zero residual: q == p forces them): the same bits as the
-    formulas spelled out. Small vocabularies and peaky logits make those rows common."""
+    uniforms and draft probabilities (without them every row's sample decides), and races again only the
+    rows that need it (the residual race's rows with a zero residual: q == p forces them): the same bits
+    as the formulas spelled out. Small vocabularies and peaky logits make those rows common."""
     logits, drafts, q = ragged_case(seed % 1000, drafted, vocab, match_bias=0.95, scale=4.0)
     batch = R.prepare(logits, drafts, drafted, draft_probs=None if q_kind == "none" else q,
                       temperature=temperatures[:len(drafted)], top_k=top[0], top_p=top[1], seed=seed,
@@ -519,10 +540,10 @@ def test_reference_rows_equal_the_plain_formulas_bit_for_bit(drafted, vocab, tem
     got, want = R.reference_rows(batch), plain_rows(batch)
     for field in ("p_draft", "q_draft", "sample"):
         assert torch.equal(getattr(got, field), getattr(want, field)), field
-    # Given the accept uniforms, only the row each request stops at is sampled: the same verification.
+    # Given the accept uniforms (and q), only the row each request stops at is sampled: the same verification.
     u = R.accept_uniforms(batch.layout, batch.seed, batch.request_ids, batch.positions)
     stop = R.reference_rows(batch, accept_u=u)
-    assert int((stop.sample >= 0).sum()) == len(drafted)
+    assert int((stop.sample >= 0).sum()) == (len(drafted) if q_kind != "none" else batch.logits.shape[0])
     fast, full = (R._combine(batch.layout, batch.draft_tokens, rows, u) for rows in (stop, want))
     for field in ("tokens", "num_accepted", "expected_accepted"):
         assert torch.equal(getattr(fast, field), getattr(full, field)), field

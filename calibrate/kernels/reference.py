@@ -6,7 +6,7 @@ Layout (ragged, as in vLLM): a batch of B requests, request r proposing `drafted
   request order: row i of request r predicts the token after its i-th draft (row 0 predicts draft 0, row
   k_r is the bonus position).
 - `draft_probs`: (sum k_r, V) float or None. The draft distribution q each draft was sampled from; None
-  means deterministic drafters (n-gram), treated as q = one-hot at the draft.
+  means deterministic drafters (n-gram, greedy drafts under the target-only rule): q = one-hot at the draft.
 
 Outputs (`VerifyOutput`): emitted tokens (B, max k_r + 1) padded with -1, accepted drafts per request
 (emitted = accepted + 1) and the analytic expected number of accepted drafts given the proposed drafts,
@@ -20,6 +20,15 @@ Rejection sampling, per request, walking its drafts in order:
 This emits exactly target-distributed tokens whatever q is (Leviathan et al. 2023, Chen et al. 2023).
 A residual that is zero everywhere (p = q up to rounding, which then rejects with probability ~0) falls
 back to a sample of p, so no zero-probability token is ever emitted.
+
+Without draft probabilities (q one-hot at the draft: the target-only rule of vLLM v1 and SGLang's EAGLE, and
+n-gram drafts) the test is coupled to the target's own keyed sample: every row draws its token y_i from p
+(the same race a bonus row runs), draft i is accepted iff y_i = d_i, and the first row whose draft is not
+y_i emits y_i. That is the rule above for q one-hot: P(accept) = p(d), and given a rejection y_i follows p
+without d, the residual max(p - onehot(d), 0) normalised. Its emitted tokens are then the target's keyed
+samples position by position, whatever the drafts and k: a loop's response is the response plain keyed
+sampling generates (calibrate.replay.responses), which is what makes sampled replay-once and the loop
+comparable run for run. At T = 0 y_i is the argmax, so greedy verification is the same rule.
 
 Randomness comes from calibrate.kernels.rng, keyed by (seed, request id, absolute position, purpose):
 u_i = lane_uniform(key(ACCEPT), 0), and samples are exponential races over key(SAMPLE) lanes. The Triton
@@ -58,6 +67,8 @@ class RowResult:
     p_draft: torch.Tensor  # (N,) float32: target probability of the row's draft (0 on bonus rows)
     q_draft: torch.Tensor  # (N,) float32: draft probability of the row's draft (0 on bonus rows)
     sample: torch.Tensor  # (N,) int64: residual (draft rows) or bonus sample (bonus rows); -1 where not raced
+    # q one-hot: `sample` is every row's keyed target sample, and a draft is accepted iff it equals it
+    coupled: bool = False
 
 
 @dataclass
@@ -240,6 +251,16 @@ def accepts(layout: Layout, p: torch.Tensor, q: torch.Tensor, accept_u: torch.Te
     return layout.row_is_draft & (p > 0) & (accept_u * q <= p)
 
 
+def row_accepts(layout: Layout, draft_tokens: torch.Tensor, rows: RowResult,
+                accept_u: torch.Tensor | None) -> torch.Tensor:
+    """(N,) bool: each row's accept decision: the coupled rule (the row's sample is its draft) for q
+    one-hot, else the u <= p / q test."""
+    if rows.coupled:
+        d = torch.where(layout.row_is_draft, _padded(draft_tokens)[layout.row_draft_index], -1)
+        return layout.row_is_draft & (rows.sample == d)
+    return accepts(layout, rows.p_draft, rows.q_draft, accept_u)
+
+
 def leading_accepts(layout: Layout, accept: torch.Tensor) -> torch.Tensor:
     """(B,) accepted drafts per request: its accepting rows before the first that does not (padding rows of the
     (B, max_k + 1) grid count as not accepting)."""
@@ -248,12 +269,13 @@ def leading_accepts(layout: Layout, accept: torch.Tensor) -> torch.Tensor:
     return torch.cumprod(grid.long(), dim=1).sum(dim=1)
 
 
-def _combine(layout: Layout, draft_tokens: torch.Tensor, rows: RowResult, accept_u: torch.Tensor) -> VerifyOutput:
+def _combine(layout: Layout, draft_tokens: torch.Tensor, rows: RowResult,
+             accept_u: torch.Tensor | None) -> VerifyOutput:
     """Walk each request's rows: accepted prefix, then the residual/bonus sample of the first non-accepted row."""
     b, max_k = layout.batch, layout.max_k
     dev = draft_tokens.device
     p, q = rows.p_draft, rows.q_draft
-    accept = accepts(layout, p, q, accept_u)  # (N,)
+    accept = row_accepts(layout, draft_tokens, rows, accept_u)  # (N,)
     alpha = torch.where(q > 0, torch.clamp(p / torch.where(q > 0, q, 1.0), max=1.0), (p > 0).float())
     alpha = torch.where(layout.row_is_draft, alpha, 0.0)
 
@@ -335,13 +357,15 @@ def reference_rows(batch: Batch, accept_u: torch.Tensor | None = None) -> RowRes
     Samples are exponential races with E_j = -log(u_j) from the row's SAMPLE stream:
     - with draft probabilities q: argmax_j max(p_j - q_j, 0) * (1 / E_j), falling back to argmax_j p_j / E_j
       when the residual is zero everywhere;
-    - without (q = one-hot at the draft d; bonus rows: q = 0): the residual is p with d removed, and the race
-      is run in log space, argmax_{j != d} s_j - log E_j (s = masked logits / T), falling back to all j. This
-      needs no normaliser, which is why the kernel does it in the same pass as its max / sum-exp.
+    - without (q = one-hot at the draft d; bonus rows: q = 0): every row's keyed sample of p, the race
+      argmax_j s_j - log E_j in log space (s = masked logits / T), which the coupled rule accepts a draft
+      by (module docstring). It needs no normaliser, which is why the kernel does it in the same pass as
+      its max / sum-exp.
     Greedy rows (T = 0) emit the argmax.
 
-    With the accept-test uniforms `accept_u`, only the row each request stops at (its first rejected draft,
-    or its bonus row) gets a sample, the others -1: that sample is the only one the combine step emits.
+    With draft probabilities and the accept-test uniforms `accept_u`, only the row each request stops at
+    (its first rejected draft, or its bonus row) gets a sample, the others -1: that sample is the only one
+    the combine step emits.
     On the CPU every pass over an (N, V) tensor costs (151,936 lanes a row for Qwen, N = B (k + 1) rows):
     so the races run on those B rows, in place, the fallbacks only on the rows that take them, and p is
     formed only there (p(d) needs the softmax's normaliser of every row, not p): the same arithmetic on
@@ -367,12 +391,12 @@ def reference_rows(batch: Batch, accept_u: torch.Tensor | None = None) -> RowRes
         q_d[draft_rows] = q.gather(1, d[draft_rows].unsqueeze(1)).squeeze(1)
 
     rows = torch.arange(len(d), device=d.device)
-    if accept_u is not None:
+    if accept_u is not None and q is not None:  # coupled rows (q None) need every row's sample to decide
         rows = lay.row_start + leading_accepts(lay, accepts(lay, p_d, q_d, accept_u))
     keys = sample_keys(lay, batch.seed, batch.request_ids, batch.positions)[rows]
     noise = rng.vocab_uniforms(keys, s.shape[1]).log_().neg_()  # (R, V) Exp(1) noise, -log(u)
     if q is None:
-        raced = _one_hot_race(s[rows], noise, d[rows], lay.row_is_draft[rows])
+        raced = _keyed_race(s[rows], noise)
     else:
         raced = _residual_race(e[rows].mul_(inv_z[rows]), q, noise, lay.row_is_draft[rows],
                                lay.row_draft_index[rows])
@@ -380,22 +404,13 @@ def reference_rows(batch: Batch, accept_u: torch.Tensor | None = None) -> RowRes
         raced = torch.where(greedy[rows], argmax[rows], raced)
     sample = torch.full_like(d, -1)
     sample[rows] = raced
-    return RowResult(p_draft=p_d, q_draft=q_d, sample=sample)
+    return RowResult(p_draft=p_d, q_draft=q_d, sample=sample, coupled=q is None)
 
 
-def _one_hot_race(s: torch.Tensor, e: torch.Tensor, d: torch.Tensor, is_draft: torch.Tensor) -> torch.Tensor:
-    """argmax_{j != d} s_j - log E_j on draft rows (all j on bonus rows and where that excludes everything).
-
-    s and e are overwritten. Excluding d changes a row's argmax only where the argmax over all j is d (max
-    returns the first maximal index), so only those rows are raced again."""
-    g = s.sub_(e.log_())  # (R, V) log-space race keys
-    sample = g.max(dim=-1).indices
-    again = torch.nonzero(is_draft & (sample == d)).squeeze(1)
-    if again.numel():
-        g[again, d[again]] = float("-inf")
-        best_r, arg_r = g[again].max(dim=-1)
-        sample[again] = torch.where(best_r > float("-inf"), arg_r, sample[again])
-    return sample
+def _keyed_race(s: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """argmax_j s_j - log E_j: each row's keyed sample of p (Gumbel-max in log space, no normaliser needed).
+    s and e are overwritten."""
+    return s.sub_(e.log_()).max(dim=-1).indices
 
 
 def _residual_race(p: torch.Tensor, q: torch.Tensor, e: torch.Tensor, is_draft: torch.Tensor,
@@ -436,7 +451,7 @@ def greedy_verify(logits: torch.Tensor, draft_tokens, drafted) -> VerifyOutput:
     argmax = logits.float().argmax(dim=-1)  # (N,)
     d = torch.where(lay.row_is_draft, _padded(draft_tokens)[lay.row_draft_index], -1)
     hit = lay.row_is_draft & (d == argmax)
-    rows = RowResult(p_draft=hit.float(), q_draft=lay.row_is_draft.float(), sample=argmax)
-    out = _combine(lay, draft_tokens, rows, torch.full_like(rows.p_draft, 0.5))
+    rows = RowResult(p_draft=hit.float(), q_draft=lay.row_is_draft.float(), sample=argmax, coupled=True)
+    out = _combine(lay, draft_tokens, rows, None)
     out.expected_accepted = out.num_accepted.float()
     return out

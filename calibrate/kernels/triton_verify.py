@@ -7,17 +7,19 @@ dominated by launch overhead):
    from `drafted` in-kernel (a prefix sum over at most B values), then streams the row's logits in
    vocabulary tiles of BLOCK_V, with s = logits * (1 / T) masked by the top-k / top-p floor:
    - T = 0: one pass, the argmax;
-   - T > 0, no draft probabilities (n-gram drafts, q = one-hot; bonus rows): ONE pass: per-lane online
-     max / sum-exp (for p(d)) and two log-space exponential races, argmax s_j - log E_j over all j (bonus /
-     fallback) and over j != d (the residual max(p - q, 0) is p without d), E_j = -log(u_j), u_j the
-     counter-based uniform of lane j. No normaliser is needed for a race, which is what makes it one pass;
+   - T > 0, no draft probabilities (q = one-hot: greedy drafts under the target-only rule, n-gram drafts;
+     bonus rows): ONE pass: per-lane online max / sum-exp (for p(d)) and the log-space exponential race
+     argmax s_j - log E_j, E_j = -log(u_j), u_j the counter-based uniform of lane j: the row's keyed
+     sample of p, which the coupled rule accepts the draft by (reference.py). No normaliser is needed for
+     a race, which is what makes it one pass;
    - T > 0 with draft probabilities q: the residual max(p - q, 0) needs the normalised p, so a first pass
      takes the online max / sum-exp and a second (the same row again, <= 600 KB at V=152k fp32, which a
      GPU serves from L2) runs the races max(p - q, 0) / E_j and p / E_j while reading q once.
    It writes p(d), q(d) and the residual / bonus sample of the row. Full probability tensors never exist.
-2. `_combine_kernel`, grid (B,), walks each request's <= k + 1 rows: accept iff p(d) > 0 and
-   u * q(d) <= p(d), with u drawn in-kernel from the (seed, request, position, ACCEPT) stream; writes the
-   emitted tokens, the accepted count and the expected acceptance sum_i prod_{j<=i} min(1, p_j/q_j).
+2. `_combine_kernel`, grid (B,), walks each request's <= k + 1 rows: with q, accept iff p(d) > 0 and
+   u * q(d) <= p(d), with u drawn in-kernel from the (seed, request, position, ACCEPT) stream; without q
+   (and at T = 0), accept iff the row's sample is the draft; writes the emitted tokens, the accepted count
+   and the expected acceptance sum_i prod_{j<=i} min(1, p_j/q_j).
 
 Randomness: `_stream_key` / `_lane_uniform` below compute, with wrapping uint32 arithmetic, exactly the
 bits of calibrate.kernels.rng (which forms the same 32-bit products in int64 torch). Hence the kernel and
@@ -182,43 +184,37 @@ def _races_with_q(base, q_row, V, inv_t, floor, is_draft, key, BLOCK_V: tl.const
 
 
 @triton.jit
-def _races_one_hot(base, V, inv_t, floor, d, key, BLOCK_V: tl.constexpr):
-    """q one-hot at d (bonus rows: q = 0): the same five results in ONE pass.
-
-    The residual is p without d, so both races run in log space on s - log(E), which needs no
-    normaliser, beside the online max / sum-exp that gives p(d).
-    """
+def _keyed_race(base, V, inv_t, floor, key, BLOCK_V: tl.constexpr):
+    """q one-hot (bonus rows: q = 0): (the row's keyed sample of p, m, 1 / Z) in ONE pass: the race runs in
+    log space on s - log(E), which needs no normaliser, beside the online max / sum-exp that gives p(d)."""
     lanes = tl.arange(0, BLOCK_V)
     m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
     z_vec = tl.zeros([BLOCK_V], tl.float32)
-    best_r = tl.full([BLOCK_V], float("-inf"), tl.float32)
-    arg_r = tl.zeros([BLOCK_V], tl.int32)
     best_p = tl.full([BLOCK_V], float("-inf"), tl.float32)
     arg_p = tl.zeros([BLOCK_V], tl.int32)
     for start in range(0, V, BLOCK_V):
         offs = start + lanes
         s = _scaled_tile(base, offs, V, inv_t, floor)
         m_vec, z_vec = _online_softmax_update(m_vec, z_vec, s)
-        g = s - tl.log(-tl.log(_lane_uniform(key, offs)))
-        best_p, arg_p = _keep_best(best_p, arg_p, g, offs)
-        best_r, arg_r = _keep_best(best_r, arg_r, tl.where(offs == d, float("-inf"), g), offs)
+        best_p, arg_p = _keep_best(best_p, arg_p, s - tl.log(-tl.log(_lane_uniform(key, offs))), offs)
     m, inv_z = _normaliser(m_vec, z_vec)
-    top_r, sample_r = _winner(best_r, arg_r, V)
     _, sample_p = _winner(best_p, arg_p, V)
-    return sample_r, top_r > float("-inf"), sample_p, m, inv_z
+    return sample_p, m, inv_z
 
 
 @triton.jit
 def _sampled_row(base, q_row, V, inv_t, floor, is_draft, d, key, HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr):
-    """T > 0: (the residual sample, or the p sample when nothing is left over, p(d))."""
+    """T > 0: (with q: the residual sample, or the p sample when nothing is left over; without: the row's
+    keyed sample of p, p(d))."""
     if HAS_Q:
         sample_r, has_residual, sample_p, m, inv_z = _races_with_q(base, q_row, V, inv_t, floor, is_draft, key,
                                                                    BLOCK_V)
+        sample = tl.where(has_residual, sample_r, sample_p)
     else:
-        sample_r, has_residual, sample_p, m, inv_z = _races_one_hot(base, V, inv_t, floor, d, key, BLOCK_V)
+        sample, m, inv_z = _keyed_race(base, V, inv_t, floor, key, BLOCK_V)
     s_d = tl.load(base + tl.maximum(d, 0)).to(tl.float32) * inv_t
     p_d = tl.where(is_draft & (s_d >= floor), tl.exp(s_d - m) * inv_z, 0.0)
-    return tl.where(has_residual, sample_r, sample_p), p_d
+    return sample, p_d
 
 
 @triton.jit
@@ -271,7 +267,7 @@ def _combine_kernel(
     request_ids_ptr, positions_ptr, seed_hash,
     tokens_ptr, tokens_stride,  # (B, MAX_K + 1) int64 out
     accepted_ptr, expected_ptr,  # (B,) int64, float32 out
-    GREEDY: tl.constexpr, MAX_K: tl.constexpr, BLOCK_B: tl.constexpr,
+    HAS_Q: tl.constexpr, MAX_K: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     r = tl.program_id(0)
     k = tl.load(num_draft_ptr + r)
@@ -288,14 +284,14 @@ def _combine_kernel(
         p = tl.load(p_ptr + row_start + i, mask=valid, other=0.0)
         q = tl.load(q_ptr + row_start + i, mask=valid, other=0.0)
         d = tl.load(draft_tokens_ptr + draft_start + i, mask=valid, other=-1)
-        if GREEDY:
-            u = 0.5
-        else:
-            u = tl.sum(_lane_uniform(_stream_key(seed_hash, req, pos + i, 1), tl.zeros([1], tl.int32)), axis=0)
         alpha = tl.where(q > 0.0, tl.minimum(p / tl.where(q > 0.0, q, 1.0), 1.0), tl.where(p > 0.0, 1.0, 0.0))
         prod = tl.where(valid, prod * alpha, 0.0)
         expected += prod
-        acc = going & valid & (p > 0.0) & (u * q <= p)
+        if HAS_Q:  # u <= p / q
+            u = tl.sum(_lane_uniform(_stream_key(seed_hash, req, pos + i, 1), tl.zeros([1], tl.int32)), axis=0)
+            acc = going & valid & (p > 0.0) & (u * q <= p)
+        else:  # coupled: the row's keyed sample (the argmax at T = 0) is the draft
+            acc = going & valid & (tl.load(sample_ptr + row_start + i, mask=valid, other=-2) == d)
         going = acc
         n_acc += acc.to(n_acc.dtype)
         tl.store(out + i, tl.where(acc, d, -1))
@@ -359,7 +355,7 @@ def _launch(logits, draft_tokens, drafted, draft_probs, temperature, floor, requ
     _combine_kernel[(b,)](
         p, q, sample, draft_tokens, drafted, request_ids, positions, seed_hash,
         tokens, tokens.stride(0), accepted, expected,
-        GREEDY=greedy, MAX_K=max_k, BLOCK_B=block_b,
+        HAS_Q=has_q, MAX_K=max_k, BLOCK_B=block_b,
     )
     return VerifyOutput(tokens=tokens, num_accepted=accepted, expected_accepted=expected)
 
