@@ -35,7 +35,8 @@ from rich.table import Table
 
 from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model, load_tokenizer
-from calibrate.replay.greedy import GreedyResponse, generate_greedy, score_replay
+from calibrate.replay.responses import Response, generate_responses
+from calibrate.replay.scoring import score_replay
 from calibrate.speculators.ngram import NgramSpeculator
 from calibrate.speculators.suffix import SuffixSpeculator
 from calibrate.tables import stats
@@ -49,12 +50,12 @@ def _al_with_ci(per_request: list[np.ndarray], clusters: np.ndarray) -> str:
     return f"{s.acceptance_length:.2f} [{s.ci_low:.2f}, {s.ci_high:.2f}]"
 
 
-def _target_responses(args: argparse.Namespace, full: list, console: Console) -> list[GreedyResponse]:
+def _target_responses(args: argparse.Namespace, full: list, console: Console) -> list[Response]:
     target = load_model(args.model, args.dtype, "auto")
     t0 = time.perf_counter()
-    responses: list[GreedyResponse] = []
+    responses: list[Response] = []
     for p in full:  # one at a time: prompts differ a lot in length, padding a batch wastes the CPU
-        responses += generate_greedy(target.model, [p.ids[-args.generate_context:]], max_new_tokens=args.max_new_tokens,
+        responses += generate_responses(target.model, [p.ids[-args.generate_context:]], max_new_tokens=args.max_new_tokens,
                                      eos_token_ids=target.eos_token_ids, device=target.device)
     console.print(f"target generation ({args.dtype}, context {args.generate_context}): {time.perf_counter() - t0:.0f} s")
     return responses
@@ -87,7 +88,7 @@ def main() -> None:
     console.print(f"{len(requests)} turns; rendered prompt tokens: median {np.median(lengths):.0f}, "
                   f"max {lengths.max()}")
     if args.responses == "recorded":
-        responses = [GreedyResponse(tokens=tokenizer.encode(r.recorded.content, add_special_tokens=False)
+        responses = [Response(tokens=tokenizer.encode(r.recorded.content, add_special_tokens=False)
                                     [:args.max_new_tokens], ended=False) for r in requests]
         origin = "recorded agent turns"
     else:

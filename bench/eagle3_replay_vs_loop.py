@@ -23,7 +23,8 @@ from rich.table import Table
 
 from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model
-from calibrate.replay.greedy import generate_greedy, score_replay, target_features
+from calibrate.replay.responses import generate_responses, target_features
+from calibrate.replay.scoring import score_replay
 from calibrate.kernels.reference import Sampling
 from calibrate.replay.loop import run_loops
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head
@@ -53,7 +54,7 @@ def main() -> None:
     eos, ks = target.eos_token_ids, list(range(1, 9))
 
     t0 = time.perf_counter()
-    responses = generate_greedy(target.model, prompts, max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
+    responses = generate_responses(target.model, prompts, max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
     feats = target_features(target.model, prompts, [r.tokens for r in responses], spec.needs)
     replayed = score_replay(spec, prompts, responses, ks, features=feats)
     t_replay = time.perf_counter() - t0

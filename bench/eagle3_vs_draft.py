@@ -26,7 +26,8 @@ from rich.table import Table
 
 from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model
-from calibrate.replay.greedy import generate_greedy, score_replay, target_features
+from calibrate.replay.responses import generate_responses, target_features
+from calibrate.replay.scoring import score_replay
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head
 from calibrate.speculators.ngram import NgramSpeculator
@@ -57,7 +58,7 @@ def measure(tag: str, target_name: str, make_speculators, requests, args) -> Tar
                              model_name=target.name).ids for r in requests]
     responses = []
     for i in range(0, len(prompts), args.batch_size):
-        responses += generate_greedy(target.model, prompts[i:i + args.batch_size],
+        responses += generate_responses(target.model, prompts[i:i + args.batch_size],
                                      max_new_tokens=args.max_new_tokens, eos_token_ids=target.eos_token_ids)
     al = {}
     for speculator in [*make_speculators(target), NgramSpeculator()]:

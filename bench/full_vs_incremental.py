@@ -24,7 +24,8 @@ from transformers import DynamicCache
 
 from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model
-from calibrate.replay.greedy import generate_greedy, score_replay
+from calibrate.replay.responses import generate_responses
+from calibrate.replay.scoring import score_replay
 from calibrate.replay.steps import walk_steps
 from calibrate.speculators.draft_model import DraftModelSpeculator, run_lengths
 from calibrate.tables import stats
@@ -64,7 +65,7 @@ def main() -> None:
         draft = load_model("qwen2.5-coder-0.5b-instruct", dtype, "cpu")
         prompts = [render_prompt(r, target.tokenizer, thinking="off", context_tokens=args.context_tokens,
                                  model_name=target.name).ids for r in requests]
-        responses = generate_greedy(target.model, prompts, max_new_tokens=args.max_new_tokens,
+        responses = generate_responses(target.model, prompts, max_new_tokens=args.max_new_tokens,
                                     eos_token_ids=target.eos_token_ids)
         spec = DraftModelSpeculator(draft, batch_size=2)
         full = spec.teacher_forced_argmax(prompts, [r.tokens for r in responses])

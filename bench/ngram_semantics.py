@@ -25,7 +25,8 @@ from rich.table import Table
 from calibrate.config import load_config
 from calibrate.data import render_prompt
 from calibrate.models import load_tokenizer
-from calibrate.replay.greedy import GreedyResponse, score_replay
+from calibrate.replay.responses import Response
+from calibrate.replay.scoring import score_replay
 from calibrate.runner import prepare
 from calibrate.speculators.base import Proposal, Speculator
 from calibrate.speculators.ngram import NgramSpeculator
@@ -67,7 +68,7 @@ def main() -> None:
     requests = [r for r in prepared.requests if r.recorded is not None and r.recorded.content]
     prompts = [render_prompt(r, tokenizer, thinking="off", context_tokens=config.dataset.context_tokens,
                              model_name=pair.target).ids for r in requests]
-    responses = [GreedyResponse(tokens=tokenizer.encode(r.recorded.content, add_special_tokens=False)
+    responses = [Response(tokens=tokenizer.encode(r.recorded.content, add_special_tokens=False)
                                 [:args.max_new_tokens], ended=False) for r in requests]
     conv = {c: i for i, c in enumerate(sorted({r.conversation_id for r in requests}))}
     clusters = np.array([conv[r.conversation_id] for r in requests])

@@ -25,7 +25,8 @@ from rich.table import Table
 
 from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model
-from calibrate.replay.greedy import generate_greedy, score_replay
+from calibrate.replay.responses import generate_responses
+from calibrate.replay.scoring import score_replay
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.tables import stats
 
@@ -53,13 +54,13 @@ def main() -> None:
 
     # (c) plain greedy, batched
     t0 = time.perf_counter()
-    plain = generate_greedy(target.model, prompts, max_new_tokens=args.max_new_tokens, eos_token_ids=eos,
+    plain = generate_responses(target.model, prompts, max_new_tokens=args.max_new_tokens, eos_token_ids=eos,
                             device=target.device)
     t_plain = time.perf_counter() - t0
 
     # (a) replay-once: generation + one teacher-forced draft pass + scoring every k
     t0 = time.perf_counter()
-    responses = generate_greedy(target.model, prompts, max_new_tokens=args.max_new_tokens, eos_token_ids=eos,
+    responses = generate_responses(target.model, prompts, max_new_tokens=args.max_new_tokens, eos_token_ids=eos,
                                 device=target.device)
     scored = score_replay(DraftModelSpeculator(draft, batch_size=len(prompts)), prompts, responses, ks)
     t_replay = time.perf_counter() - t0

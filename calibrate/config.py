@@ -62,12 +62,17 @@ class RunConfig(_Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 where native, else fp32
     device: str = Field(default="auto", pattern=DEVICE_PATTERN)  # availability is checked before models load
     batch_size: int = Field(default=4, gt=0)
+    # How the counts are made in this process: "replay" scores every speculator and k from one response per
+    # request (greedy, or at T > 0 sampled, under the target-only rule); "loop" decodes each (speculator, k)
+    # step by step; "auto" picks replay wherever it is exact (T = 0, or the target-only rule) and the loop
+    # for the probabilistic rule and the MoE profile (calibrate.engines.factory.in_process_engine).
     engine: Literal["auto", "replay", "loop"] = "auto"
     verify_kernel: Literal["auto", "triton", "reference"] = "auto"
-    # Verification rule at temperature > 0 (calibrate.replay.loop.VERIFICATION_RULES): "probabilistic"
-    # samples drafts from q and accepts with min(1, p/q); "target-only" drafts greedily and accepts with
-    # p_target(draft) (vLLM v1's model runner, SGLang's EAGLE). Part of the run's identity.
-    verification: Literal["probabilistic", "target-only"] = "probabilistic"
+    # Verification rule at temperature > 0 (calibrate.replay.loop.VERIFICATION_RULES): "target-only" drafts
+    # greedily and accepts with p_target(draft) (vLLM v1's model runner, SGLang's EAGLE, llama.cpp: the
+    # engines the exports feed); "probabilistic" samples drafts from q and accepts with min(1, p/q)
+    # (transformers' assisted generation). Part of the run's identity.
+    verification: Literal["target-only", "probabilistic"] = "target-only"
     # The MoE verify-cost profile (calibrate.replay.experts): distinct routed experts per layer touched by each
     # verify pass, per request and for batches of each size in expert_batch_sizes (B requests of one engine
     # batch decoded together). It needs the step-by-step loop, so it picks engine "loop" at T = 0 too.
@@ -169,6 +174,10 @@ class SweepConfig(_Strict):
     temperature: list[float] = Field(default_factory=lambda: [0.0], min_length=1)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, gt=0)
+    # Responses sampled per request at each T > 0 (each its own keyed random stream; stored as rows of
+    # their own, clustered with their conversation). Not part of a run's identity: more samples later
+    # measure only the new ones.
+    samples: int = Field(default=1, gt=0, strict=True)
 
     @field_validator("temperature", mode="before")
     @classmethod
@@ -189,6 +198,13 @@ class SweepConfig(_Strict):
             raise ValueError("temperature must be a finite number >= 0")
         return value
 
+    @model_validator(mode="after")
+    def _samples_are_sampled(self) -> SweepConfig:
+        if self.samples > 1 and 0 in self.temperature:
+            raise ValueError(f"samples = {self.samples} needs every temperature > 0: at temperature 0 the response "
+                             "is greedy, and every sample would be the same")
+        return self
+
 
 class Config(_Strict):
     dataset: DatasetConfig
@@ -201,6 +217,15 @@ class Config(_Strict):
         served = [p.target for p in self.pairs if p.backend != "transformers"]
         if self.run.experts and served:
             raise ValueError(f"run.experts = true reads the router in process: pairs {served} use a server backend")
+        return self
+
+    @model_validator(mode="after")
+    def _replay_needs_target_only(self) -> Config:
+        sampled = [t for t in self.sweep.temperature if t > 0]
+        if self.run.engine == "replay" and sampled and self.run.verification == "probabilistic":
+            raise ValueError(f"engine \"replay\" at temperature {sampled[0]:g} needs verification = \"target-only\": "
+                             "under the probabilistic rule a step's outcome depends on the drafter's own draws, "
+                             "not on the response alone; use engine \"loop\" or \"auto\"")
         return self
 
     def warnings(self) -> list[str]:

@@ -187,7 +187,8 @@ def _run_pair(config: Config, pair: PairConfig, prepared: Prepared, drafts: dict
             for opening in engines.engines(labeller, sampling):
                 with opening as engine:
                     specs = run_specs(config, prepared, engine, thinking, temperature)
-                    recorder.run_group(specs, engine, prompts, _label(pair, engine, thinking, temperature))
+                    recorder.run_group(specs, engine, prompts, _label(pair, engine, thinking, temperature),
+                                       samples=sweep.samples if temperature > 0 else 1)
 
 
 @contextlib.contextmanager
@@ -249,27 +250,28 @@ class _Recorder:
         self.summary, self.console = summary, console
 
     def run_group(self, specs: dict[tuple[str, int], RunSpec], engine: Engine, prompts: Sequence[RenderedPrompt],
-                  label: str) -> None:
-        """One target generation setting: every (speculator, k) the engine serves, over the selected requests."""
-        store, requests = self.store, self.prepared.requests
+                  label: str, samples: int = 1) -> None:
+        """One target generation setting: every (speculator, k) the engine serves, over every response to
+        measure (`samples` per selected request)."""
+        store = self.store
         run_ids = {key: store.begin_run(spec) for key, spec in specs.items()}
         self.summary.run_ids.extend(run_ids.values())
         store.write_expert_layers(list(run_ids.values()), engine.expert_layers)
         store.write_problems(list(run_ids.values()), self.prepared.problems)
         done = {run_id: store.done_requests(run_id) for run_id in run_ids.values()}
-        pending = [i for i, r in enumerate(requests)
-                   if not all(r.request_id in done[run_id] for run_id in run_ids.values())]
-        self.summary.resumed += len(requests) - len(pending)
+        units = plan_units(self.prepared.requests, samples)
+        pending = [u for u in units if not all(u.id in done[run_id] for run_id in run_ids.values())]
+        self.summary.resumed += len(units) - len(pending)
+        what = "responses" if samples > 1 else "requests"
         try:
-            with RunProgress(self.console, label, len(requests), len(requests) - len(pending)) as progress:
+            with RunProgress(self.console, label, len(units), len(units) - len(pending), what=what) as progress:
                 for start in range(0, len(pending), self.batch_size):
-                    idx = pending[start:start + self.batch_size]
-                    results = engine.measure([prompts[i] for i in idx],
-                                             [request_key(requests[i].request_id) for i in idx])
-                    generated = self._write(idx, prompts, results, run_ids, done)
-                    self.summary.tokens += generated
-                    self.summary.measured += len(idx)
-                    progress.advance(len(idx), generated)
+                    batch = pending[start:start + self.batch_size]
+                    results = engine.measure([prompts[u.index] for u in batch], [request_key(u.id) for u in batch],
+                                             progress=progress.generated)
+                    self.summary.tokens += self._write(batch, prompts, results, run_ids, done)
+                    self.summary.measured += len(batch)
+                    progress.advance(len(batch))
         except BaseException:
             for run_id in run_ids.values():  # what was committed stays; a re-run resumes from it
                 store.finish_run(run_id, status="interrupted")
@@ -277,33 +279,54 @@ class _Recorder:
         for run_id in run_ids.values():
             store.finish_run(run_id)
 
-    def _write(self, idx: list[int], prompts: Sequence[RenderedPrompt], results: Any,
+    def _write(self, batch: list[Unit], prompts: Sequence[RenderedPrompt], results: Any,
                run_ids: dict[tuple[str, int], str], done: dict[str, set[str]]) -> int:
-        """Commit one measured batch for every run it feeds (a run that holds a request already keeps its
-        row); returns the tokens generated, the longest response of each request."""
+        """Commit one measured batch for every run it feeds (a run that holds a response already keeps its
+        row); returns the tokens generated, the longest response of each unit."""
         requests = self.prepared.requests
         rows = []
-        for i, per_key in zip(idx, results, strict=True):
-            request = requests[i]
-            rows.append((request, prompts[i], {run_ids[key]: m for key, m in per_key.items()
-                                               if request.request_id not in done[run_ids[key]]}))
-        outcomes = [
-            (RequestOutcome(
-                request_id=request.request_id, conversation_id=request.conversation_id, turn=request.turn,
+        for unit, per_key in zip(batch, results, strict=True):
+            rows.append((unit, prompts[unit.index], {run_ids[key]: m for key, m in per_key.items()
+                                                     if unit.id not in done[run_ids[key]]}))
+        outcomes = []
+        for unit, prompt, per_run in rows:
+            request = requests[unit.index]
+            outcomes.extend((RequestOutcome(
+                request_id=unit.id, conversation_id=request.conversation_id, turn=request.turn,
                 turn_depth=request.depth, prompt_tokens=prompt.prompt_tokens, truncated_tokens=prompt.truncated_tokens,
-                generated_tokens=m.generated_tokens, finish_reason=m.finish_reason,
-            ), {run_id: m.counts})
-            for request, prompt, per_run in rows for run_id, m in per_run.items()
-        ]
-        raw = {(run_id, request.request_id): m.raw for request, _, per_run in rows
+                generated_tokens=m.generated_tokens, finish_reason=m.finish_reason, sample=unit.sample,
+            ), {run_id: m.counts}) for run_id, m in per_run.items())
+        raw = {(run_id, unit.id): m.raw for unit, _, per_run in rows
                for run_id, m in per_run.items() if m.raw is not None}
-        experts = {(run_id, request.request_id): [
-            (row, [requests[idx[j]].request_id for j in row.members]) for row in m.experts]
-            for request, _, per_run in rows for run_id, m in per_run.items() if m.experts}
+        experts = {(run_id, unit.id): [(row, [batch[j].id for j in row.members]) for row in m.experts]
+                   for unit, _, per_run in rows for run_id, m in per_run.items() if m.experts}
         self.store.write_requests(outcomes, raw=raw, experts=experts)
         return sum(max((m.generated_tokens for m in per_run.values()), default=0) for *_, per_run in rows)
 
 
-def request_key(request_id: str) -> int:
-    """A stable 32-bit random-stream key per request: a resumed run draws the same numbers as a whole one."""
-    return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:4], "little")
+@dataclass(frozen=True)
+class Unit:
+    """One response to measure: sample `sample` of the selected request at `index`. Its `id` is what the store
+    keys it by (the request's id, with the sample index after it from the second sample on), so samples are
+    resumed one by one and a larger `samples` later measures only the new ones."""
+
+    index: int
+    sample: int
+    id: str
+
+
+def plan_units(requests: Sequence[ReplayRequest], samples: int) -> list[Unit]:
+    """Every request's samples, request by request (its samples are neighbours in a batch)."""
+    return [Unit(i, j, response_id(r.request_id, j)) for i, r in enumerate(requests) for j in range(samples)]
+
+
+def response_id(request_id: str, sample: int) -> str:
+    """The stored id of a request's sample: the request id itself for the first (so a run of one sample is
+    stored as before), `<request id>~<sample>` after it."""
+    return request_id if sample == 0 else f"{request_id}~{sample}"
+
+
+def request_key(response: str) -> int:
+    """A stable 32-bit random-stream key per response id: a resumed run draws the same numbers as a whole one,
+    and each sample of a request its own."""
+    return int.from_bytes(hashlib.sha256(response.encode()).digest()[:4], "little")

@@ -36,7 +36,7 @@ import torch
 
 from calibrate.data import cut_turns, load_conversations, render_prompt
 from calibrate.models import LoadedModel, load_model
-from calibrate.replay.greedy import generate_greedy
+from calibrate.replay.responses import generate_responses
 from calibrate.speculators.eagle3_head import Eagle3Head, new_head, save_head
 
 
@@ -87,7 +87,7 @@ def generated_sequences(target: LoadedModel, dataset: str, fmt: str | None, skip
     out = []
     for i in range(0, len(prompts), batch):
         chunk = prompts[i:i + batch]
-        responses = generate_greedy(target.model, chunk, max_new_tokens=new_tokens,
+        responses = generate_responses(target.model, chunk, max_new_tokens=new_tokens,
                                     eos_token_ids=target.eos_token_ids)
         out += [list(p) + r.tokens for p, r in zip(chunk, responses)]
     return out

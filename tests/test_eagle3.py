@@ -12,8 +12,9 @@ if not torch.cuda.is_available():  # importing the loop imports Triton: its inte
 
 import pytest  # noqa: E402
 
-from calibrate.replay.greedy import generate_greedy, score_replay, target_features  # noqa: E402
-from tests.loop_runs import loop_results  # noqa: E402
+from calibrate.replay.responses import generate_responses, target_features  # noqa: E402
+from calibrate.replay.scoring import score_replay  # noqa: E402
+from tests.loop_runs import loop_results, replay_the_loops_responses, three_segments  # noqa: E402
 from calibrate.speculators.base import leading_matches  # noqa: E402
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head  # noqa: E402
 from calibrate.speculators.eagle3_head import new_head, save_head  # noqa: E402
@@ -53,7 +54,7 @@ def trained(target):
     head, aux = new_head(target.config, target.get_input_embeddings())
     vocab = head.to_target(torch.arange(head.cfg.draft_vocab_size))
     examples = []
-    responses = generate_greedy(target, prompts, max_new_tokens=48, eos_token_ids={EOS})
+    responses = generate_responses(target, prompts, max_new_tokens=48, eos_token_ids={EOS})
     for prompt, response in zip(prompts, responses, strict=True):
         examples.append(target_pass(target, prompt + response.tokens, aux, vocab))
     threads = torch.get_num_threads()
@@ -125,7 +126,7 @@ def test_refusals_name_the_problem(target, tmp_path):
 
 
 def _responses(target, n=24):
-    return generate_greedy(target, PROMPTS, max_new_tokens=n, eos_token_ids={EOS})
+    return generate_responses(target, PROMPTS, max_new_tokens=n, eos_token_ids={EOS})
 
 
 def test_replay_chains_equal_the_loops_drafts(target, spec):
@@ -173,9 +174,21 @@ def test_trained_head_accepts_far_from_zero_and_k(target, trained):
     assert hist[0] > 0 and hist[5] > 0 and hist[1:5].sum() > 0, hist.tolist()
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_walking_the_sampled_loops_own_responses_gives_its_counts(target, trained, temperature):
+    """Target-only at T > 0: the head's greedy chains, walked over each loop's own sampled response with the
+    target's features over it, give the loop's counts at every k, segments included."""
+    spec = Eagle3Speculator(*trained, name="trained")
+    results = replay_the_loops_responses(target, spec, PROMPTS, ks=[1, 3, 5], labeller=three_segments,
+                                         temperature=temperature, seed=4, max_new_tokens=24, eos_token_ids={EOS},
+                                         loop_rows=4, verify_kernel="reference")
+    assert sum(int(res.counts[k].hist[1:].sum()) for res in results for k in (1, 3, 5)) > 0
+
+
 def test_sampled_loop_emits_target_tokens_with_head_q(target, spec):
     results = loop_results(target, spec, PROMPTS, ks=[3], temperature=0.8, max_new_tokens=16,
-                          eos_token_ids={EOS}, seed=0, loop_rows=3, verify_kernel="reference")
+                          eos_token_ids={EOS}, seed=0, loop_rows=3, verify_kernel="reference",
+                          verification="probabilistic")
     for res in results:
         counts = res.counts[3]
         assert counts.tokens == len(res.tokens[3])
@@ -269,7 +282,7 @@ temperature = [0.0, 0.7]
     con = duckdb.connect(str(tmp_path / "e.duckdb"), read_only=True)
     rows = con.execute("SELECT speculator, speculator_kind, draft_hash, engine FROM runs").fetchall()
     assert {r[0] for r in rows} == {f"eagle3:{head}"} and {r[1] for r in rows} == {"eagle3"}
-    assert all(r[2] for r in rows) and {r[3] for r in rows} == {"replay", "loop"}
+    assert all(r[2] for r in rows) and {r[3] for r in rows} == {"replay"}  # auto: target-only at T > 0 replays
     con.close()
     from typer.testing import CliRunner
 

@@ -39,7 +39,7 @@ def test_self_speculation_expected_equals_realised_with_draft_eos() -> None:
     model = eos_prone(2.0)
     prompts = [[1, 5, 9, 13, 2, 7], [3, 4], [8, 8, 8, 1, 2, 3]] * 3
     results = loop_results(model, model, prompts, ks=[1, 3], temperature=0.8, max_new_tokens=40,
-                          eos_token_ids={EOS}, seed=1, loop_rows=4)
+                          eos_token_ids={EOS}, seed=1, loop_rows=4, verification="probabilistic")
     eos_mid_block = 0
     for res in results:
         for k in (1, 3):
@@ -86,7 +86,8 @@ def test_self_speculation_on_smollm_expected_equals_realised(smollm) -> None:
 
     model = load_model(str(smollm), dtype="float32", device="cpu")
     results = loop_results(model.model, model.model, _prompts(model.tokenizer), ks=[1], temperature=0.8,
-                          max_new_tokens=32, eos_token_ids=model.eos_token_ids, seed=0, loop_rows=4)
+                          max_new_tokens=32, eos_token_ids=model.eos_token_ids, seed=0, loop_rows=4,
+                          verification="probabilistic")
     for k in (1,):
         for realised, expected, _ in _per_request(results, k):
             # p and q come from two passes of one model (incremental vs block): equal up to float rounding
@@ -108,7 +109,7 @@ def test_expected_and_realised_agree_in_mean_on_the_real_pair(qwen_target, qwen_
     for seed in (0, 1):
         results = loop_results(target.model, draft.model, _prompts(target.tokenizer), ks=[3],
                               temperature=0.8, max_new_tokens=24, eos_token_ids=target.eos_token_ids, seed=seed,
-                              loop_rows=4)
+                              loop_rows=4, verification="probabilistic")
         rows += _per_request(results, 3)
     realised, expected, steps = (np.array(x, dtype=float) for x in zip(*rows))
     diff = (realised - expected) / np.maximum(steps, 1)  # per-step difference of each request

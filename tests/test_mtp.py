@@ -13,8 +13,9 @@ if not torch.cuda.is_available():  # importing the loop imports Triton: its inte
 
 import pytest  # noqa: E402
 
-from calibrate.replay.greedy import generate_greedy, score_replay, target_features  # noqa: E402
-from tests.loop_runs import loop_results  # noqa: E402
+from calibrate.replay.responses import generate_responses, target_features  # noqa: E402
+from calibrate.replay.scoring import score_replay  # noqa: E402
+from tests.loop_runs import loop_results, replay_the_loops_responses, three_segments  # noqa: E402
 from calibrate.speculators.mtp import DEPTH_RULE, MtpSpeculator, load_mtp, mtp_prefixes  # noqa: E402
 from distil.mtp import new_model, save_with_mtp, tiny_config, train_mtp  # noqa: E402
 
@@ -36,7 +37,7 @@ def _build(path, mtp_layers: int, train_steps: int = 0, seed: int = 1):
     if train_steps:
         gen = torch.Generator().manual_seed(0)
         prompts = [torch.randint(1, EOS, (6,), generator=gen).tolist() for _ in range(24)]
-        responses = generate_greedy(main, prompts, max_new_tokens=48, eos_token_ids={EOS})
+        responses = generate_responses(main, prompts, max_new_tokens=48, eos_token_ids={EOS})
         sequences = [torch.tensor(p + r.tokens) for p, r in zip(prompts, responses, strict=True)]
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # small matrices: one thread is faster on a busy machine
@@ -108,7 +109,7 @@ def test_loop_equals_transformers_generate_use_mtp(trained):
 def test_replay_once_equals_loop_all_k(trained):
     n, target, spec = trained
     ks = [1, 2, 3, 4, 5, 6]
-    responses = generate_greedy(target, PROMPTS, max_new_tokens=16, eos_token_ids={EOS})
+    responses = generate_responses(target, PROMPTS, max_new_tokens=16, eos_token_ids={EOS})
     feats = target_features(target, PROMPTS, [r.tokens for r in responses], spec.needs)
     replayed = score_replay(spec, PROMPTS, responses, ks, features=feats)
     looped = loop_results(target, spec, PROMPTS, ks=ks, temperature=0.0, max_new_tokens=16,
@@ -143,11 +144,22 @@ def test_every_loop_draft_equals_replay_chain(tmp_path, n):
     spec.finish(0)
 
 
+def test_walking_the_sampled_loops_own_responses_gives_its_counts(trained):
+    """Target-only at T > 0: the MTP chains (reused layers past num_mtp_layers too), walked over each loop's
+    own sampled response with the target's last hidden states over it, give the loop's counts at every k."""
+    n, target, spec = trained
+    results = replay_the_loops_responses(target, spec, PROMPTS, ks=[1, 2, 4], labeller=three_segments,
+                                         temperature=0.9, seed=6, max_new_tokens=20, eos_token_ids={EOS},
+                                         loop_rows=4, verify_kernel="reference")
+    assert sum(int(res.counts[k].hist[1:].sum()) for res in results for k in (1, 2, 4)) > 0
+
+
 def test_sampled_loop_hands_q(tmp_path):
     target = _load(_build(tmp_path, 1))
     spec = MtpSpeculator(load_mtp(target, "tiny"), name="tiny")
     results = loop_results(target, spec, PROMPTS, ks=[3], temperature=0.8, max_new_tokens=12,
-                          eos_token_ids={EOS}, seed=0, loop_rows=3, verify_kernel="reference")
+                          eos_token_ids={EOS}, seed=0, loop_rows=3, verify_kernel="reference",
+                          verification="probabilistic")
     for res in results:
         assert res.counts[3].tokens == len(res.tokens[3])
     feats = target_features(target, [PROMPTS[0][:-1]], [PROMPTS[0][-1:]], spec.needs)[0]
@@ -244,8 +256,8 @@ def test_config_name_and_provenance(tmp_path):
 def test_calibrate_run_with_distilled_mtp(tmp_path, mini_swe_dir):
     """End to end through `calibrate run`: the tiny MoE `make models` trains, drafting with its own MTP
     layer at k = 2 and 3 (k > num_mtp_layers: the layer is reused); acceptance lies well inside (1, k + 1).
-    Sampled (T = 0.7, the loop engine): the tiny target's greedy output is a degenerate repetition that its
-    MTP layer predicts every time (AL = k + 1 at T = 0), its samples are not."""
+    Sampled (T = 0.7, replayed under the target-only rule): the tiny target's greedy output is a degenerate
+    repetition that its MTP layer predicts every time (AL = k + 1 at T = 0), its samples are not."""
     from tests.conftest import real_model
     from typer.testing import CliRunner
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from calibrate.models import LoadedModel
-from calibrate.replay.greedy import generate_greedy, score_replay
+from calibrate.replay.responses import generate_responses
+from calibrate.replay.scoring import score_replay
 from calibrate.replay.steps import step_accepted, walk_steps
 from calibrate.speculators.base import leading_matches
 from calibrate.speculators.draft_model import DraftModelSpeculator
@@ -89,7 +90,7 @@ def prompts_for(vocab: int, n: int, seed: int = 0) -> list[list[int]]:
 def test_self_speculation_accepts_everything():
     model = tiny_llama()
     prompts = prompts_for(97, 3)
-    responses = generate_greedy(model, prompts, max_new_tokens=24, eos_token_ids=set())
+    responses = generate_responses(model, prompts, max_new_tokens=24, eos_token_ids=set())
     spec = DraftModelSpeculator(loaded(model, "self"), batch_size=2)
     for per_k in score_replay(spec, prompts, responses, ks=[1, 2, 3, 5, 8]):
         for k, counts in per_k.items():
@@ -107,7 +108,7 @@ def test_teacher_forced_equals_stepwise_drafting():
         for p in draft.parameters():
             p.add_(0.02 * torch.randn_like(p))
     prompts = prompts_for(97, 4, seed=1)
-    responses = generate_greedy(target, prompts, max_new_tokens=20, eos_token_ids={96})
+    responses = generate_responses(target, prompts, max_new_tokens=20, eos_token_ids={96})
     ks = [1, 2, 3, 4, 6]
     got = score_replay(DraftModelSpeculator(loaded(draft, "draft"), batch_size=3), prompts, responses, ks)
 
@@ -135,9 +136,9 @@ def test_teacher_forced_equals_stepwise_drafting():
 def test_greedy_generation_cuts_at_eos():
     model = tiny_llama()
     prompts = prompts_for(97, 2)
-    free = generate_greedy(model, prompts, max_new_tokens=12, eos_token_ids=set())
+    free = generate_responses(model, prompts, max_new_tokens=12, eos_token_ids=set())
     eos = free[0].tokens[5]
-    cut = generate_greedy(model, prompts, max_new_tokens=12, eos_token_ids={eos})
+    cut = generate_responses(model, prompts, max_new_tokens=12, eos_token_ids={eos})
     first = free[0].tokens.index(eos)
     assert cut[0].tokens == free[0].tokens[:first + 1] and cut[0].ended
     assert not free[0].ended and len(free[0].tokens) == 12

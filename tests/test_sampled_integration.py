@@ -26,14 +26,15 @@ def qwen_pair(qwen_target, qwen_draft):
 
 
 def test_loop_at_temperature_zero_equals_greedy_replay_once(qwen_pair):
-    from calibrate.replay.greedy import generate_greedy, score_replay
+    from calibrate.replay.responses import generate_responses
+    from calibrate.replay.scoring import score_replay
     from tests.loop_runs import loop_results
     from calibrate.speculators.draft_model import DraftModelSpeculator
 
     target, draft, prompts = qwen_pair
     eos = target.eos_token_ids
     ks = [1, 3, 5]
-    responses = generate_greedy(target.model, prompts, max_new_tokens=32, eos_token_ids=eos)
+    responses = generate_responses(target.model, prompts, max_new_tokens=32, eos_token_ids=eos)
     speculator = DraftModelSpeculator(draft)
     replay = score_replay(speculator, prompts, responses, ks)
     loop = loop_results(target.model, speculator, prompts, ks=ks, temperature=0.0,

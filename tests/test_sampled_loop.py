@@ -124,7 +124,7 @@ def test_batching_does_not_change_results(target, near_draft):
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 1.5])
 def test_self_speculation_accepts_everything(target, temperature):
     results = loop_results(target, target, PROMPTS, ks=[3], temperature=temperature, max_new_tokens=20,
-                          eos_token_ids={EOS}, seed=1, loop_rows=3)
+                          eos_token_ids={EOS}, seed=1, loop_rows=3, verification="probabilistic")
     for res in results:
         hist, tokens, expected = totals(res, 3)
         assert hist[:3].sum() == 0  # every known step accepted all k drafts (EOS-ended steps excepted below)
@@ -137,7 +137,7 @@ def test_self_speculation_accepts_everything_with_top_p_and_top_k(target, top_p,
     """Issue 25 item 11: the draft's q is warped by top-p / top-k like the target's p, so q = p and every
     draft is accepted (an unwarped q drafts outside the nucleus, where p = 0, and is rejected there)."""
     results = loop_results(target, target, PROMPTS, ks=[3], temperature=0.7, top_p=top_p, top_k=top_k,
-                          max_new_tokens=20, eos_token_ids={EOS}, seed=1, loop_rows=3)
+                          max_new_tokens=20, eos_token_ids={EOS}, seed=1, loop_rows=3, verification="probabilistic")
     for res in results:
         hist, tokens, expected = totals(res, 3)
         assert hist.sum() > 3 and hist[:3].sum() == 0, hist
@@ -301,7 +301,7 @@ def test_top_p_and_top_k_keep_the_target_distribution(target, near_draft, top_p,
 def test_target_only_drafts_greedily_and_differs_from_probabilistic(target, near_draft):
     kw = dict(ks=[3], temperature=1.0, max_new_tokens=24, eos_token_ids={EOS}, seed=4, loop_rows=3)
     greedy_drafts = loop_results(target, near_draft, PROMPTS, verification="target-only", **kw)
-    sampled_drafts = loop_results(target, near_draft, PROMPTS, **kw)
+    sampled_drafts = loop_results(target, near_draft, PROMPTS, verification="probabilistic", **kw)
     assert [r.tokens[3] for r in greedy_drafts] != [r.tokens[3] for r in sampled_drafts]
     for res in greedy_drafts:  # the analytic expectation is recorded under this rule too
         assert all(seg.expected_accepted is not None for seg in res.counts[3].segments.values())

@@ -16,7 +16,8 @@ from calibrate.config import load_config
 from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.kernels.reference import Sampling
 from calibrate.models import load_model
-from calibrate.replay.greedy import generate_greedy, score_replay
+from calibrate.replay.responses import generate_responses
+from calibrate.replay.scoring import score_replay
 from calibrate.replay.loop import run_loops
 from calibrate.runner import execute, prepare
 from calibrate.speculators.draft_model import DraftModelSpeculator
@@ -32,7 +33,7 @@ def test_self_speculation_smollm_accepts_everything(smollm):
         [{"role": "user", "content": f"Write a Python function that returns the {n}th prime."}],
         add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] for n in (3, 10, 100)]
     # No EOS: every step is a full one (an EOS-ended last step may accept fewer by construction).
-    responses = generate_greedy(model.model, prompts, max_new_tokens=24, eos_token_ids=set())
+    responses = generate_responses(model.model, prompts, max_new_tokens=24, eos_token_ids=set())
     ks = [1, 2, 4, 8]
     for per_k in score_replay(DraftModelSpeculator(model, batch_size=3), prompts, responses, ks):
         for k in ks:
@@ -50,7 +51,7 @@ def test_replay_once_equals_stepwise_loop_on_qwen_pair(qwen_target, qwen_draft, 
     requests, _ = select_requests(cut_turns(loaded.conversations), 2, seed=0)
     prompts = [render_prompt(r, target.tokenizer, thinking="off", context_tokens=384, model_name="qwen").ids
                for r in requests]
-    responses = generate_greedy(target.model, prompts, max_new_tokens=24, eos_token_ids=target.eos_token_ids)
+    responses = generate_responses(target.model, prompts, max_new_tokens=24, eos_token_ids=target.eos_token_ids)
     ks = list(range(1, 9))
     fast = score_replay(DraftModelSpeculator(draft, batch_size=2), prompts, responses, ks)
     (looped,) = run_loops(target.model, [DraftModelSpeculator(draft)], prompts, ks=ks, sampling=Sampling(0.0),
@@ -206,10 +207,11 @@ def test_loop_engine_at_temperature_zero_stores_what_replay_stores(tmp_path, smo
     assert sum(by_kind["ngram"]) > 0  # prompt lookup finds nothing to copy at some steps
 
 
-def test_sampled_run_records_expected_acceptance(tmp_path, smollm, mini_swe_dir):
+def test_sampled_loop_run_records_expected_acceptance(tmp_path, smollm, mini_swe_dir):
     text = sweep_config(tmp_path, smollm, mini_swe_dir / "original", 2).read_text()
     path = tmp_path / "sampled.toml"
-    path.write_text(text.replace("k = [1, 3]", "k = [2]\ntemperature = [0.8]\ntop_p = 0.95"))
+    path.write_text(text.replace("k = [1, 3]", "k = [2]\ntemperature = [0.8]\ntop_p = 0.95")
+                    .replace('device = "cpu"', 'device = "cpu"\nengine = "loop"'))
     db = tmp_path / "sampled.duckdb"
     result = CliRunner().invoke(app, ["run", str(path), "--db", str(db), "--no-show"])
     assert result.exit_code == 0, result.output

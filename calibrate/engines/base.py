@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from calibrate.data import RenderedPrompt
+from calibrate.progress import TokenProgress
 from calibrate.replay.counts import StepCounts, TotalCounts
 from calibrate.replay.experts import ExpertRow
 
@@ -57,7 +58,10 @@ class Engine(Protocol):
     provenance: dict[str, Any] | None  # a server's command line, version and log; None in-process
     expert_layers: list[int]  # the MoE layers the verify-cost profile covers (none without it)
 
-    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult: ...
+    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
+                progress: TokenProgress | None = None) -> BatchResult:
+        """`keys` key each prompt's random streams; `progress(n)` is told of target tokens as they are made."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -53,19 +53,27 @@ class PairEngines:
 
     def _in_process(self, labeller: Labeller, sampling: Sampling) -> Engine:
         run, ds = self.config.run, self.config.dataset
-        common = dict(ks=self.config.sweep.k, max_new_tokens=ds.max_new_tokens, labeller=labeller)
+        common = dict(ks=self.config.sweep.k, max_new_tokens=ds.max_new_tokens, labeller=labeller,
+                      sampling=sampling, verify_kernel=run.verify_kernel)
         if in_process_engine(run, sampling.temperature) == "replay":
             return ReplayEngine(self.target, self.speculators, **common)
         experts = ExpertProfile(tuple(sorted({1, *run.expert_batch_sizes}))) if run.experts else None
-        return LoopEngine(self.target, self.speculators, sampling=sampling, verify_kernel=run.verify_kernel,
-                          verification=run.verification, experts=experts, **common)
+        return LoopEngine(self.target, self.speculators, verification=run.verification, experts=experts, **common)
 
 
 def in_process_engine(run: Any, temperature: float) -> str:
-    """`[run] engine` resolved for one temperature: "replay" (exact only at T = 0) or "loop"."""
-    if run.engine == "replay" and temperature > 0:
-        raise ValueError("engine 'replay' is exact only at temperature 0; use engine 'loop' or 'auto'")
-    if run.engine == "loop" or temperature > 0 or run.experts:  # the profile needs the loop
+    """`[run] engine` resolved for one temperature: "replay" or "loop".
+
+    auto picks replay wherever a response's tokens fix every step's outcome (T = 0, or T > 0 under the
+    target-only rule): one generation then scores every speculator and k, and is exact in distribution.
+    The loop stays for the probabilistic rule (the outcome depends on the drafter's draws) and for the MoE
+    verify-cost profile (it reads the router during real verify passes)."""
+    if run.engine == "replay" and temperature > 0 and run.verification != "target-only":
+        raise ValueError("engine 'replay' at temperature > 0 needs verification 'target-only'; use engine 'loop' "
+                         "or 'auto'")
+    if run.engine == "loop" or run.experts:
+        return "loop"
+    if temperature > 0 and run.verification != "target-only":
         return "loop"
     return "replay"
 

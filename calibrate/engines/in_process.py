@@ -1,29 +1,33 @@
-"""The engines that run the target in this process: greedy replay-once, and the step-by-step loop.
+"""The engines that run the target in this process: replay-once, and the step-by-step loop.
 
-`ReplayEngine` (engine "replay", temperature 0 only) generates each response once and scores every
-speculator and k against it exactly (calibrate.replay.greedy); `LoopEngine` (engine "loop") really decodes,
-one loop per (speculator, k, request) (calibrate.replay.loop), at any temperature, and profiles the MoE
-verify cost when asked (calibrate.replay.experts).
+`ReplayEngine` (engine "replay": greedy, or at T > 0 under the target-only rule) generates each response
+once (calibrate.replay.responses) and scores every speculator and k against it (calibrate.replay.scoring);
+`LoopEngine` (engine "loop") really decodes, one loop per (speculator, k, request) (calibrate.replay.loop),
+at any temperature and under either verification rule, and profiles the MoE verify cost when asked
+(calibrate.replay.experts).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from calibrate.data import RenderedPrompt
 from calibrate.engines.base import BatchResult, Labeller, Measured
 from calibrate.kernels.reference import Sampling
 from calibrate.models import LoadedModel
+from calibrate.progress import TokenProgress
 from calibrate.replay.experts import ExpertRecorder, ExpertRow, find_routers, profile_rows
-from calibrate.replay.greedy import generate_greedy, score_replay, target_features
+from calibrate.replay.responses import Response, generate_responses, target_features
+from calibrate.replay.scoring import score_replay
 from calibrate.replay.loop import LoopResult, run_loops
-from calibrate.speculators.base import Speculator, TargetNeeds
+from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds
 
 
 class ReplayEngine:
-    """Greedy replay-once: one target generation per request scores every speculator and k exactly."""
+    """Replay-once: one target response per request (greedy; at T > 0 the target's keyed samples, for the
+    target-only rule) scores every speculator and k: exactly at T = 0, exactly in distribution at T > 0."""
 
     name = "replay"
 
@@ -32,28 +36,44 @@ class ReplayEngine:
     expert_layers: list[int] = []
 
     def __init__(self, target: LoadedModel, speculators: Sequence[Speculator], ks: Sequence[int],
-                 max_new_tokens: int, labeller: Labeller):
+                 max_new_tokens: int, labeller: Labeller, sampling: Sampling | None = None,
+                 verify_kernel: str = "auto"):
         self.target, self.speculators, self.ks = target, list(speculators), list(ks)
         self.max_new_tokens, self.labeller = max_new_tokens, labeller
+        self.sampling, self.verify_kernel = sampling, verify_kernel
 
-    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult:
+    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
+                progress: TokenProgress | None = None) -> BatchResult:
         ids = [p.ids for p in prompts]
-        responses = generate_greedy(self.target.model, ids, max_new_tokens=self.max_new_tokens,
-                                    eos_token_ids=self.target.eos_token_ids, device=self.target.device)
-        segments = [self.labeller(r.tokens, p.opens_thinking) for r, p in zip(responses, prompts)]
-        # One teacher-forced target pass for every speculator that reads the target's hidden states.
-        needs = TargetNeeds(layers=tuple(sorted({i for s in self.speculators for i in s.needs.layers})),
-                            last=any(s.needs.last for s in self.speculators))
-        features = (target_features(self.target.model, ids, [r.tokens for r in responses], needs)
-                    if needs.any else None)
-        per_request: BatchResult = [{} for _ in prompts]
-        for spec in self.speculators:
-            scored = score_replay(spec, ids, responses, self.ks, segments, features)
-            for i, per_k in enumerate(scored):
-                finish = "eos" if responses[i].ended else "length"
-                per_request[i].update({(spec.name, k): Measured(counts, len(responses[i].tokens), finish)
-                                       for k, counts in per_k.items()})
-        return per_request
+        responses = generate_responses(self.target.model, ids, max_new_tokens=self.max_new_tokens,
+                                       eos_token_ids=self.target.eos_token_ids, sampling=self.sampling, keys=keys,
+                                       device=self.target.device, verify_kernel=self.verify_kernel,
+                                       progress=progress)
+
+        def features(needs: TargetNeeds) -> list[TargetFeatures]:
+            return target_features(self.target.model, ids, [r.tokens for r in responses], needs)
+
+        return score_responses(self.speculators, self.ks, prompts, responses, self.labeller, features)
+
+
+def score_responses(speculators: Sequence[Speculator], ks: Sequence[int], prompts: Sequence[RenderedPrompt],
+                    responses: Sequence[Response], labeller: Labeller,
+                    features: Callable[[TargetNeeds], list[TargetFeatures]]) -> BatchResult:
+    """Every speculator at every k over fixed responses, wherever they came from. `features(needs)` gives
+    the target's features over prompt + response: asked for once, for every speculator that reads them."""
+    ids = [p.ids for p in prompts]
+    segments = [labeller(r.tokens, p.opens_thinking) for r, p in zip(responses, prompts)]
+    needs = TargetNeeds(layers=tuple(sorted({i for s in speculators for i in s.needs.layers})),
+                        last=any(s.needs.last for s in speculators))
+    feats = features(needs) if needs.any else None
+    per_request: BatchResult = [{} for _ in prompts]
+    for spec in speculators:
+        scored = score_replay(spec, ids, responses, ks, segments, feats)
+        for i, per_k in enumerate(scored):
+            finish = "eos" if responses[i].ended else "length"
+            per_request[i].update({(spec.name, k): Measured(counts, len(responses[i].tokens), finish)
+                                   for k, counts in per_k.items()})
+    return per_request
 
 
 @dataclass(frozen=True)
@@ -80,7 +100,7 @@ class LoopEngine:
 
     def __init__(self, target: LoadedModel, speculators: Sequence[Speculator], ks: Sequence[int],
                  max_new_tokens: int, sampling: Sampling, verify_kernel: str,
-                 labeller: Labeller, verification: str = "probabilistic", loop_rows: int | None = None,
+                 labeller: Labeller, verification: str = "target-only", loop_rows: int | None = None,
                  experts: ExpertProfile | None = None):
         self.target, self.speculators, self.ks = target, list(speculators), list(ks)
         self.max_new_tokens, self.sampling, self.verify_kernel = max_new_tokens, sampling, verify_kernel
@@ -89,11 +109,12 @@ class LoopEngine:
         self.expert_layers = [layer for layer, _ in find_routers(target.model)] if experts is not None else []
         self.name = "loop+experts" if experts is not None else "loop"
 
-    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult:
+    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
+                progress: TokenProgress | None = None) -> BatchResult:
         opens_thinking = prompts[0].opens_thinking  # a property of the template and mode, not of the request
         rows = self.loop_rows or len(prompts) * len(self.ks)
         with ExpertRecorder(self.target.model) if self.experts is not None else contextlib.nullcontext() as recorder:
-            swept = self._sweep(prompts, keys, rows, opens_thinking, recorder)
+            swept = self._sweep(prompts, keys, rows, opens_thinking, recorder, progress)
         per_request: BatchResult = [{} for _ in prompts]
         for spec, results in zip(self.speculators, swept):
             for k in self.ks:
@@ -112,10 +133,10 @@ class LoopEngine:
                             seed=(int(keys[0]) * 1000003 + k) % (1 << 63))
 
     def _sweep(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int], rows: int, opens_thinking: bool,
-               recorder: ExpertRecorder | None) -> list[list[LoopResult]]:
+               recorder: ExpertRecorder | None, progress: TokenProgress | None) -> list[list[LoopResult]]:
         return run_loops(
             self.target.model, self.speculators, [p.ids for p in prompts], ks=self.ks, sampling=self.sampling,
             max_new_tokens=self.max_new_tokens, eos_token_ids=self.target.eos_token_ids,
             labeller=lambda tokens: self.labeller(tokens, opens_thinking), verify_kernel=self.verify_kernel,
-            loop_rows=rows, request_keys=keys, verification=self.verification, experts=recorder,
+            loop_rows=rows, request_keys=keys, verification=self.verification, experts=recorder, progress=progress,
         )

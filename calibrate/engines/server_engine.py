@@ -23,6 +23,7 @@ from calibrate.data import RenderedPrompt
 from calibrate.engines.base import BatchResult, Budget, Labeller, Measured, TargetIdentity
 from calibrate.engines.server import EngineError, Launched, check_port_free, free_port, launch, terminate_as_exit
 from calibrate.kernels.reference import Sampling
+from calibrate.progress import TokenProgress
 from calibrate.replay.counts import StepCounts, TotalCounts
 from calibrate.replay.steps import StepSeries, drafted_steps_counts, walk_engine_steps
 from calibrate.speculators.base import EngineMethod
@@ -136,13 +137,20 @@ class ServerEngine:
         return out
 
     # -- measuring ------------------------------------------------------------------------------------
-    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int]) -> BatchResult:
+    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
+                progress: TokenProgress | None = None) -> BatchResult:
+        def one(prompt: RenderedPrompt) -> Measured:
+            measured = self._one(prompt)
+            if progress is not None:
+                progress(measured.generated_tokens)
+            return measured
+
         first: list[Measured] = []
         if self.backend.per_request_counts is None and prompts:  # its reply says how the server counts
-            first, prompts = [self._one(prompts[0])], prompts[1:]
+            first, prompts = [one(prompts[0])], prompts[1:]
         workers = self.server_cfg.concurrency if self.backend.per_request_counts else 1
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            replies = first + list(pool.map(self._one, prompts))
+            replies = first + list(pool.map(one, prompts))
         return [{(self.served.speculator.name, self.served.k): m} for m in replies]
 
     def _one(self, prompt: RenderedPrompt) -> Measured:

@@ -88,6 +88,7 @@ class RequestOutcome:
     truncated_tokens: int  # dropped from the left to fit the context budget (before = prompt + truncated)
     generated_tokens: int
     finish_reason: str  # "eos" | "length"
+    sample: int = 0  # which of the request's sampled responses (`[sweep] samples`) this is
 
 
 # Counts a server engine reports for a whole response cannot be split by segment: they are stored under

@@ -46,6 +46,7 @@ import torch
 from calibrate.kernels import verify_greedy, verify_rejection
 from calibrate.kernels.reference import Sampling, VerifyOutput
 from calibrate.kv_slots import Prefix, SlotCache, prefill
+from calibrate.progress import TokenProgress
 from calibrate.replay.counts import StepCounts
 from calibrate.replay.experts import ExpertRecorder, ExpertTrace
 from calibrate.replay.steps import step_accepted
@@ -53,12 +54,16 @@ from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds, 
 from calibrate.speculators.draft_model import DraftModelSpeculator
 
 # Verification rules at temperature > 0. Both emit exactly target-distributed tokens; they differ in AL.
+# - "target-only" (the default: the rule of the engines the exports feed): greedy (argmax) drafts, accepted
+#   with probability p_target(draft), i.e. q one-hot, residual p without the draft: vLLM v1's model runner
+#   (draft_probs None), SGLang's EAGLE (tree_speculative_sampling_target_only), and llama.cpp (a draft is
+#   accepted when the sampled token equals it). Verified coupled (calibrate.kernels.reference): a draft is
+#   accepted iff it is the target's keyed sample there, so the responses are plain keyed sampling and
+#   replay-once scores them in one pass. Its expected acceptance is the running product of p(d_i).
 # - "probabilistic": drafts sampled from the drafter's q, accepted with min(1, p/q), residual max(p - q, 0)
-#   (Leviathan et al. 2023);
-# - "target-only": greedy (argmax) drafts, accepted with probability p_target(draft), i.e. q one-hot, residual
-#   p without the draft: vLLM v1's model runner (draft_probs None) and SGLang's EAGLE
-#   (tree_speculative_sampling_target_only). Its expected acceptance is the running product of p(d_i).
-VERIFICATION_RULES = ("probabilistic", "target-only")
+#   (Leviathan et al. 2023; transformers' assisted generation): the loop only, since a step's outcome then
+#   depends on the drafter's own draws, not on the response alone.
+VERIFICATION_RULES = ("target-only", "probabilistic")
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ class LoopSettings:
     max_new_tokens: int
     eos_token_ids: frozenset[int]
     verify_kernel: str = "auto"  # calibrate.kernels.KERNELS
-    verification: str = "probabilistic"  # one of VERIFICATION_RULES
+    verification: str = "target-only"  # one of VERIFICATION_RULES
 
     @property
     def draft_temperature(self) -> float:
@@ -173,11 +178,13 @@ class Loop:
 
 @torch.inference_mode()
 def decode(target: Prefix, drafter: ModelDrafts | SpeculatorDrafts, loops: list[Loop], first: Sequence[int],
-           s: LoopSettings, experts: ExpertRecorder | None = None) -> None:
+           s: LoopSettings, experts: ExpertRecorder | None = None, progress: TokenProgress | None = None) -> None:
     """Run the loops (any mix of requests and k) as one batch of speculative decoders until each ends.
 
-    Every loop starts from a copy of its request's prompt cache and the request's first token."""
+    Every loop starts from a copy of its request's prompt cache and the request's first token. `progress`
+    is told of the tokens each step adds to the responses."""
     active = [r for r in loops if r.take([first[r.request]], 0, 0.0, 0, s, is_step=False)]
+    _report(progress, loops)
     if not active:
         return
     rows = torch.tensor([r.request for r in active], dtype=torch.int64)
@@ -198,6 +205,7 @@ def decode(target: Prefix, drafter: ModelDrafts | SpeculatorDrafts, loops: list[
         # accept: each loop takes its accepted drafts and the residual / bonus token
         going = [r.take(emitted[:a + 1], a, e, n, s) for r, emitted, a, e, n in
                  zip(active, out.tokens.tolist(), out.num_accepted.tolist(), out.expected_accepted.tolist(), proposed)]
+        _report(progress, active)
         # roll back: the target keeps pending + accepted drafts (the emitted token is next step's pending)
         drafter.verified(active, going, cache)
         cache.truncate(cache.lengths.new_tensor([len(r.context) - 1 for r in active]))
@@ -207,6 +215,12 @@ def decode(target: Prefix, drafter: ModelDrafts | SpeculatorDrafts, loops: list[
             if still:
                 cache.select(torch.tensor(still, dtype=torch.int64))
                 drafter.select(still)
+
+
+def _report(progress: TokenProgress | None, loops: Sequence[Loop]) -> None:
+    """The tokens the last pass added to these loops' responses, to whoever watches the run."""
+    if progress is not None:
+        progress(sum(r.records[-1].tokens for r in loops if r.records))
 
 
 def _watch(experts: ExpertRecorder | None, active: Sequence[Loop], chunks: list[list[int]]):
@@ -345,8 +359,9 @@ def run_loops(
     verify_kernel: str = "auto",
     loop_rows: int = 8,
     request_keys: Sequence[int] | None = None,
-    verification: str = "probabilistic",
+    verification: str = "target-only",
     experts: ExpertRecorder | None = None,
+    progress: TokenProgress | None = None,
 ) -> list[list[LoopResult]]:
     """Every (speculator, k) loop over every prompt, each prompt prefilled once; see the module docstring.
 
@@ -372,7 +387,7 @@ def run_loops(
         loops = _plan(prompts, keys, ks, sampling.seed)
         for start in range(0, len(loops), loop_rows):
             drafter = _drafter(spec, prefixes, prompts, target, s, vocab)
-            decode(target, drafter, loops[start:start + loop_rows], first, s, experts)
+            decode(target, drafter, loops[start:start + loop_rows], first, s, experts, progress)
         out.append(_results(loops, len(prompts), labeller, experts))
     return out
 

@@ -2,9 +2,11 @@
 
 Layout (one row each):
 - `runs`: one per run identity, hashed into `run_id`, plus provenance recorded beside it.
-- `requests`: one per (run, request): conversation id (for clustered CIs), the answer's message index and
+- `requests`: one per (run, response): conversation id (for clustered CIs), the answer's message index and
   turn depth, prompt tokens after truncation and tokens truncated (their sum is the prompt's length before
-  truncation), generated tokens.
+  truncation), generated tokens, and which sample of its request the response is (`[sweep] samples` at
+  T > 0: a request's samples are rows of their own, `<request id>~<sample>` from the second on, and
+  intervals stay clustered by conversation).
 - `segment_counts`: one per (run, request, segment): tokens, steps, censored steps, expected acceptance,
   drafts proposed and steps that proposed none.
 - `accept_counts`: one per (run, request, segment, accepted) with steps > 0: the histogram itself.
@@ -89,6 +91,9 @@ CREATE TABLE IF NOT EXISTS requests (
 -- which answer of its conversation (1 = the first); NULL for requests stored before it was recorded, whose
 -- depth cannot be recovered (`turn` is a message index and the conversation is not stored)
 ALTER TABLE requests ADD COLUMN IF NOT EXISTS turn_depth INTEGER;
+-- which of the request's sampled responses (`[sweep] samples` at T > 0; 0 the first, NULL in stores written
+-- before: one each); `request_id` then names the response (`<request id>~<sample>` from the second on)
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS sample INTEGER;
 CREATE TABLE IF NOT EXISTS segment_counts (
     run_id VARCHAR NOT NULL,
     request_id VARCHAR NOT NULL,
@@ -463,6 +468,7 @@ class Store:
                 rows["req"].append([
                     run_id, outcome.request_id, outcome.conversation_id, outcome.turn, outcome.turn_depth,
                     outcome.prompt_tokens, outcome.truncated_tokens, outcome.generated_tokens, outcome.finish_reason,
+                    outcome.sample,
                 ])
                 _count_rows(rows, run_id, outcome.request_id, counts)
                 if raw and (run_id, outcome.request_id) in raw:
@@ -481,7 +487,7 @@ class Store:
 
 _WRITE_SQL = {
     "req": "INSERT INTO requests (run_id, request_id, conversation_id, turn, turn_depth, prompt_tokens, "
-           "truncated_tokens, generated_tokens, finish_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+           "truncated_tokens, generated_tokens, finish_reason, sample) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "seg": "INSERT INTO segment_counts (run_id, request_id, segment, tokens, steps, censored_steps, "
            "expected_accepted, drafted_tokens, empty_steps, accepted_drafts, histogram) "
            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
