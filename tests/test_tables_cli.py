@@ -466,3 +466,35 @@ def test_export_inferencex_reference_merges_and_says_what_inferencex_reads(app: 
     assert res.exit_code == 2 and "would replace (qwen2.5c, thinking_off, k=3) = 2.0 -> 2.40" in res.output
     assert invoke(app, *args, "--force").exit_code == 0
     assert yaml.safe_load(out.read_text())["qwen2.5c"]["thinking_off"][3] == 2.40
+
+
+@pytest.mark.parametrize("block, says", [
+    ("{thinking_off: {one: 1.5, 2: abc}}", "qwen2.5c: thinking_off has k 'one', not an integer"),
+    ("{thinking_off: {1.5: 2.0}}", "qwen2.5c: thinking_off has k 1.5, not an integer"),
+    ('"just a string"', "qwen2.5c is a str ('just a string'), not a mapping of thinking modes"),
+    ("{thinking_off: 7}", "qwen2.5c: thinking_off is an int (7), not a mapping of k to AL"),
+    ("[1, 2]", "qwen2.5c is a list ([1, 2]), not a mapping of thinking modes"),
+])
+def test_export_inferencex_reference_refuses_a_block_it_cannot_read(app: typer.Typer, db: Path, tmp_path: Path,
+                                                                    block: str, says: str) -> None:
+    """Issue 31 items 2 and 3: an existing entry of our key that is not thinking modes of int k -> AL was a
+    TypeError traceback (a str k) or replaced without a word; it is refused in one line naming the file and
+    the key, and --force replaces it, saying so."""
+    out = tmp_path / "speedbench-reference-al.yaml"
+    text = f"other: {{thinking_on: {{1: 1.5}}}}\nqwen2.5c: {block}\n"
+    out.write_text(text)
+    args = ("export", "--to", "inferencex-reference", "--db", str(db), "--model", Q, "--speculator", "ngram",
+            "--model-prefix", "qwen2.5c", "--out", str(out), "--bootstrap", "50")
+    for force in ((), ("--force",)):
+        res = invoke(app, *args, *force)
+        assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+        if not force:
+            assert res.exit_code == 2, res.output
+            (line,) = res.stderr.splitlines()
+            assert line.startswith(f"error: {out}: {says}") and line.endswith("pass --force to replace qwen2.5c's block")
+            assert out.read_text() == text
+        else:
+            assert res.exit_code == 0, res.output
+            assert f"note: {out}: replaced qwen2.5c's block ({says}" in res.stderr
+            merged = yaml.safe_load(out.read_text())
+            assert merged["other"] == {"thinking_on": {1: 1.5}} and merged["qwen2.5c"]["thinking_off"][3] == 2.40

@@ -480,7 +480,8 @@ def export(
                     draft_sample_method=draft_sample_method.value if draft_sample_method else None,
                     draft_model=draft_model)
     options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, naming=naming)
-    written = consumers.export(records, target.name, out, options=options, force=force)
+    written = consumers.export(records, target.name, out, options=options, force=force,
+                               tell=lambda line: typer.echo(f"note: {line}", err=True))
     for warning in consumers.export_warnings(records, target.name, options):
         typer.echo(f"warning: {warning}", err=True)
     for note in consumers.export_notes(records, target.name, options):
