@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from calibrate.speculators.base import CONFIG_TABLE
 from calibrate.speculators.registry import KINDS, SpeculatorConfigUnion
 
 if sys.version_info >= (3, 11):
@@ -27,8 +28,7 @@ else:  # pragma: no cover - Python 3.10
 
 
 class _Strict(BaseModel):
-    # NaN and infinity are refused for every float: a NaN temperature would be stored and exported as a key.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = CONFIG_TABLE  # unknown keys, NaN / infinity and coerced types refused (speculators.base)
 
 
 class DatasetConfig(_Strict):

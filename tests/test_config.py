@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, ValidationError
 
 from calibrate.config import ConfigError, load_config
 
@@ -101,3 +103,59 @@ def test_quickstart_config_is_valid():
     cfg = load_config(Path(__file__).parents[1] / "examples" / "quickstart.toml")
     assert cfg.sweep.k == list(range(1, 9))
     assert Path(cfg.dataset.source).exists()
+
+
+@pytest.mark.parametrize(("old", "new", "line"), [
+    ("k = [4, 1, 2, 2]", "k = [true]", "sweep.k[0]: Input should be a valid integer (got True)"),
+    ("k = [4, 1, 2, 2]", 'k = ["1", "2"]', "sweep.k[0]: Input should be a valid integer (got '1')"),
+    ("context_tokens = 512", 'context_tokens = "256"', "dataset.context_tokens: Input should be a valid integer (got '256')"),
+    ("context_tokens = 512", "context_tokens = 256.0", "dataset.context_tokens: Input should be a valid integer (got 256.0)"),
+    ("[[pairs]]", '[run]\nexperts = "yes"\n\n[[pairs]]', "run.experts: Input should be a valid boolean (got 'yes')"),
+    ("temperature = 0.0", "temperature = true", "sweep.temperature[0]: Input should be a valid number (got True)"),
+    ("prompt_lookup_max = 3", 'prompt_lookup_max = "3"',
+     "pairs[0].speculators[1].prompt_lookup_max: Input should be a valid integer (got '3')"),
+])
+def test_values_are_not_coerced_to_the_keys_type(tmp_path, old, new, line):
+    """Issue 31 item 4: `k = [true]` ran as k = 1, `k = ["1", "2"]` and `context_tokens = "256"` as numbers,
+    `experts = "yes"` as true; each is refused as any wrong type is, in the same line form."""
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, GOOD.replace(old, new)))
+    assert f"\n  {line}" in str(err.value)
+
+
+def _tables() -> list[tuple[type[BaseModel], dict]]:
+    """Every config table with a minimal valid body: [dataset], [run], [pairs.server], [sweep], each kind."""
+    from calibrate.config import DatasetConfig, RunConfig, ServerConfig, SweepConfig
+    from calibrate.speculators.registry import KINDS
+
+    minimal = {"draft": {"model": "d"}, "eagle3": {"model": "h"}, "engine": {"method": "m"}}
+    return [(DatasetConfig, {"source": "s"}), (RunConfig, {}), (ServerConfig, {"model": "m"}), (SweepConfig, {"k": [1]}),
+            *((cls.config_model, {"kind": kind, **minimal.get(kind, {})}) for kind, cls in KINDS.items())]
+
+
+def _scalar(annotation: object) -> type | None:
+    """int, bool or float for a field of that type (or optional, or a list of it), else None."""
+    if annotation in (int, bool, float):
+        return annotation  # type: ignore[return-value]
+    return next((found for arg in typing.get_args(annotation) if (found := _scalar(arg)) is not None), None)
+
+
+WRONG = {int: [True, "1", 1.0], bool: ["yes", 1], float: [True, "1.5"]}
+
+
+def test_every_number_and_flag_of_every_table_is_strict():
+    """No int, bool or float key of any config table takes another type's value; a float takes an int."""
+    checked = 0
+    for model, body in _tables():
+        for name, info in model.model_fields.items():
+            kind = _scalar(info.annotation)
+            if kind is None:
+                continue
+            wrap = (lambda v: [v]) if typing.get_origin(info.annotation) is list else (lambda v: v)
+            for value in WRONG[kind]:
+                with pytest.raises(ValidationError):
+                    model.model_validate({**body, name: wrap(value)})
+            if kind is float:
+                assert getattr(model.model_validate({**body, name: wrap(1)}), name) == wrap(1.0)
+            checked += 1
+    assert checked >= 20  # dataset 5, run 3, server 5, sweep 4, ngram 2, suffix 4

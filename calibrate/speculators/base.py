@@ -76,11 +76,18 @@ def select_features(hidden_states: Sequence[torch.Tensor], needs: TargetNeeds, r
                           hidden_states[-1][row] if needs.last else None)
 
 
+# Every table of a sweep config (calibrate.config, and each kind's speculator table): an unknown key is an
+# error; NaN and infinity are refused for every float (a NaN temperature would be stored and exported as a
+# key); and no value is coerced to another type (`strict`): `k = [true]`, `k = ["1"]`, `context_tokens =
+# "256"` or `experts = "yes"` are mistakes, refused as any wrong type is. An int is still a float
+# (`temperature = 1`).
+CONFIG_TABLE = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+
 class SpeculatorConfig(BaseModel):
     """Base of every kind's config table (`[[pairs]].speculators` entries): strict, immutable."""
 
-    # NaN and infinity are refused for every float, as in calibrate.config.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = CONFIG_TABLE
 
 
 @dataclass
