@@ -12,13 +12,14 @@ runs for hours must fail in the first second.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from calibrate.speculators.base import CONFIG_TABLE
+from calibrate.speculators.base import CONFIG_TABLE, ModelName
 from calibrate.speculators.registry import KINDS, SpeculatorConfigUnion
 
 if sys.version_info >= (3, 11):
@@ -95,7 +96,7 @@ class ServerConfig(_Strict):
     mode: Literal["launch", "connect"] = "launch"
     url: str | None = None  # connect
     k: int | None = Field(default=None, gt=0)  # connect: the k the server was started with
-    model: str | None = None  # launch
+    model: ModelName | None = None  # launch
     command: str | None = None  # launch: the engine executable (default: per backend)
     args: list[str] = Field(default_factory=list)  # launch: extra engine arguments, passed as written
     host: str = "127.0.0.1"
@@ -106,6 +107,18 @@ class ServerConfig(_Strict):
     log_dir: str | None = None  # launch: where the engine's log goes (default: the temp folder)
     env: dict[str, str] = Field(default_factory=dict)  # launch: environment variables for the engine, e.g.
     # VLLM_CPU_KVCACHE_SPACE (GiB of KV cache for vLLM on CPU) or an SGLANG_* switch
+
+    @field_validator("log_dir")
+    @classmethod
+    def _writable_folder(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        folder = Path(value).expanduser()
+        if not folder.is_dir():
+            raise ValueError(f"log folder {value!r} " + ("is not a folder" if folder.exists() else "does not exist"))
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ValueError(f"log folder {value!r} is not writable")
+        return str(folder)
 
     @model_validator(mode="after")
     def _mode(self) -> ServerConfig:

@@ -159,3 +159,72 @@ def test_every_number_and_flag_of_every_table_is_strict():
                 assert getattr(model.model_validate({**body, name: wrap(1)}), name) == wrap(1.0)
             checked += 1
     assert checked >= 20  # dataset 5, run 3, server 5, sweep 4, ngram 2, suffix 4
+
+
+SERVED = """
+[dataset]
+source = "conversations.jsonl"
+
+[[pairs]]
+target = "smollm2-135m-instruct"
+backend = "vllm"
+speculators = [SPECULATOR]
+server = { mode = "launch", model = "MODEL"LOG }
+
+[sweep]
+k = [1]
+"""
+
+
+def served(tmp_path: Path, speculator: str = '{ kind = "ngram" }', model: str = "org/target", log: str = "") -> Path:
+    return write(tmp_path, SERVED.replace("SPECULATOR", speculator).replace("MODEL", model).replace("LOG", log))
+
+
+@pytest.mark.parametrize(("speculator", "model", "line"), [
+    ('{ kind = "eagle3", model = "/nope/head" }', "org/target",
+     "pairs[0].speculators[0].model: Value error, model '/nope/head': no such file or folder"),
+    ('{ kind = "draft", model = "./draft" }', "org/target",
+     "pairs[0].speculators[0].model: Value error, model './draft': no such file or folder"),
+    ('{ kind = "engine", method = "dflash", model = "~/no-such-dflash" }', "org/target",
+     "pairs[0].speculators[0].model: Value error, model '~/no-such-dflash': no such file or folder"),
+    ('{ kind = "ngram" }', "target.gguf", "pairs[0].server.model: Value error, model 'target.gguf': no such file or folder"),
+])
+def test_a_model_path_that_does_not_exist_fails_when_the_config_is_read(tmp_path, speculator, model, line):
+    """Issue 31 item 6: a missing EAGLE-3 head went to vLLM, which died 24 s later; every model name written as
+    a path is checked when the config is read, for server backends too, in one line naming it."""
+    from typer.testing import CliRunner
+
+    from calibrate.cli import app
+
+    config = served(tmp_path, speculator, model)
+    with pytest.raises(ConfigError) as err:
+        load_config(config)
+    assert f"\n  {line}" in str(err.value)
+    res = CliRunner().invoke(app, ["run", str(config), "--db", str(tmp_path / "a.duckdb")])
+    assert res.exit_code == 2 and res.output.count("error:") == 1 and line in res.output, res.output
+    assert not (tmp_path / "a.duckdb").exists()
+
+
+def test_hub_ids_built_models_and_existing_paths_are_model_names(tmp_path, monkeypatch):
+    """Names resolve as the README says: an existing path, $CALIBRATE_TEST_MODELS/<name>, else a hub id; only a
+    name written as a path (README: `calibrate.hub.looks_like_path`) must exist."""
+    built = tmp_path / "built"
+    (built / "my-head").mkdir(parents=True)
+    (tmp_path / "head").mkdir()
+    monkeypatch.setenv("CALIBRATE_TEST_MODELS", str(built))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("org/eagle3-head", "my-head", str(tmp_path / "head"), "~/head"):
+        cfg = load_config(served(tmp_path, f'{{ kind = "eagle3", model = "{name}" }}', model=name))
+        assert cfg.pairs[0].speculators[0].model == cfg.pairs[0].server.model == name
+
+
+def test_a_log_dir_must_be_a_writable_folder_when_the_config_is_read(tmp_path, monkeypatch):
+    """Issue 31 item 6: a log_dir that does not exist failed at launch."""
+    (tmp_path / "file").write_text("")
+    for log_dir, says in ((tmp_path / "missing", "does not exist"), (tmp_path / "file", "is not a folder")):
+        with pytest.raises(ConfigError) as err:
+            load_config(served(tmp_path, log=f', log_dir = "{log_dir}"'))
+        assert f"\n  pairs[0].server.log_dir: Value error, log folder '{log_dir}' {says}" in str(err.value)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "logs").mkdir()
+    assert load_config(served(tmp_path, log=', log_dir = "~/logs"')).pairs[0].server.log_dir == str(tmp_path / "logs")

@@ -29,11 +29,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+from calibrate.models import check_written_path
 
 # run_at(t, k) -> (how many of the drafts proposed for k at response position t match the response from t,
 # how many drafts were proposed). See calibrate.replay.steps.walk_steps.
@@ -82,6 +84,20 @@ def select_features(hidden_states: Sequence[torch.Tensor], needs: TargetNeeds, r
 # "256"` or `experts = "yes"` are mistakes, refused as any wrong type is. An int is still a float
 # (`temperature = 1`).
 CONFIG_TABLE = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+
+def _written_path_exists(name: str) -> str:
+    try:
+        check_written_path(name)
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from None
+    return name
+
+
+# A model name in a config table (a speculator's `model`, a server's `model`): resolved as the README says (an
+# existing path, a built test model, else a hub id), so a name written as a path that does not exist is
+# refused when the config is read, naming it, not when an engine fails to load it.
+ModelName = Annotated[str, AfterValidator(_written_path_exists)]
 
 
 class SpeculatorConfig(BaseModel):
