@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from calibrate.replay.counts import check_k
 from calibrate.speculators.base import CONFIG_TABLE, ModelName
 from calibrate.speculators.registry import KINDS, SpeculatorConfigUnion
 
@@ -95,7 +96,7 @@ class ServerConfig(_Strict):
 
     mode: Literal["launch", "connect"] = "launch"
     url: str | None = None  # connect
-    k: int | None = Field(default=None, gt=0)  # connect: the k the server was started with
+    k: int | None = None  # connect: the k the server was started with
     model: ModelName | None = None  # launch
     command: str | None = None  # launch: the engine executable (default: per backend)
     args: list[str] = Field(default_factory=list)  # launch: extra engine arguments, passed as written
@@ -107,6 +108,13 @@ class ServerConfig(_Strict):
     log_dir: str | None = None  # launch: where the engine's log goes (default: the temp folder)
     env: dict[str, str] = Field(default_factory=dict)  # launch: environment variables for the engine, e.g.
     # VLLM_CPU_KVCACHE_SPACE (GiB of KV cache for vLLM on CPU) or an SGLANG_* switch
+
+    @field_validator("k")
+    @classmethod
+    def _k_in_range(cls, value: int | None) -> int | None:
+        if value is not None:
+            check_k([value])
+        return value
 
     @field_validator("log_dir")
     @classmethod
@@ -190,9 +198,8 @@ class SweepConfig(_Strict):
 
     @field_validator("k")
     @classmethod
-    def _positive_unique(cls, value: list[int]) -> list[int]:
-        if any(k < 1 for k in value):
-            raise ValueError("every k must be >= 1")
+    def _in_range_unique(cls, value: list[int]) -> list[int]:
+        check_k(value)
         return sorted(set(value))
 
     @field_validator("temperature")

@@ -63,7 +63,8 @@ def test_override_wins(tmp_path):
         (('kind = "ngram"', 'kind = "medusa"'), "unknown speculator kind 'medusa'"),
         (('thinking = ["off"]', 'thinking = ["maybe"]'), "sweep.thinking[0]"),
         (("temperature = 0.0", "temperature = -1.0"), "temperature must be a finite number >= 0"),
-        (("k = [4, 1, 2, 2]", "k = [0]"), "every k must be >= 1"),
+        (("k = [4, 1, 2, 2]", "k = [0]"), "sweep.k: Value error, k must be 1..64 (calibrate's largest k), got 0"),
+        (("k = [4, 1, 2, 2]", "k = [1, 100000]"), "sweep.k: Value error, k must be 1..64 (calibrate's largest k), got 100000"),
         (("k = [4, 1, 2, 2]", "draft_lengths = [4, 1, 2, 2]"), "sweep.draft_lengths: unknown key (now called `k`)"),
         (('target = "qwen2.5-coder-1.5b-instruct"\n', ""), "pairs[0].target: Field required"),
         (('model = "qwen2.5-coder-0.5b-instruct"', 'modle = "x"'), "pairs[0].speculators[0].modle: unknown key"),
@@ -228,3 +229,11 @@ def test_a_log_dir_must_be_a_writable_folder_when_the_config_is_read(tmp_path, m
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "logs").mkdir()
     assert load_config(served(tmp_path, log=', log_dir = "~/logs"')).pairs[0].server.log_dir == str(tmp_path / "logs")
+
+
+def test_a_servers_k_has_the_same_bound(tmp_path):
+    """Issue 31 item 7: [pairs.server] k takes the bound [sweep] k does (calibrate.replay.counts.MAX_K)."""
+    text = SERVED.replace('mode = "launch", model = "MODEL"LOG', 'mode = "connect", url = "http://h:8000", k = 65')
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text.replace("SPECULATOR", '{ kind = "ngram" }')))
+    assert "\n  pairs[0].server.k: Value error, k must be 1..64 (calibrate's largest k), got 65 (got 65)" in str(err.value)

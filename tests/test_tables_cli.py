@@ -498,3 +498,23 @@ def test_export_inferencex_reference_refuses_a_block_it_cannot_read(app: typer.T
             assert f"note: {out}: replaced qwen2.5c's block ({says}" in res.stderr
             merged = yaml.safe_load(out.read_text())
             assert merged["other"] == {"thinking_on": {1: 1.5}} and merged["qwen2.5c"]["thinking_off"][3] == 2.40
+
+
+@pytest.mark.parametrize("args", [
+    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--draft-len", "100000000", "--extrapolate"),
+    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--draft-len", "99999999999999999999"),
+    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--draft-len", "65"),
+    ("lookup", "--from-env", "--format", "value", "--draft-len", "0"),
+    ("show", "-k", "1", "-k", "65"),
+    ("export", "--to", "json", "--draft-len", "99999999999999999999"),
+])
+def test_draft_len_options_take_the_one_bound_on_k(app: typer.Typer, db: Path, args: tuple) -> None:
+    """Issue 31 item 7: `lookup --draft-len 100000000 --extrapolate` took 35 s and 7 GB before answering, and
+    99999999999999999999 said "Maximum allowed size exceeded"; every --draft-len is 1..MAX_K, one line, exit 2."""
+    from calibrate.replay.counts import MAX_K
+
+    flag = "--table" if args[0] == "lookup" else "--db"
+    res = invoke(app, *args, flag, str(db))
+    assert res.exit_code == 2, res.output
+    bad = next(a for a in reversed(args) if a.isdigit() and not 1 <= int(a) <= MAX_K)
+    assert res.stderr.splitlines() == [f"error: --draft-len must be 1..{MAX_K} (calibrate's largest k), got {bad}"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
-from calibrate.replay.counts import StepCounts
+from calibrate.replay.counts import StepCounts, check_k
 from calibrate.replay.steps import walk_steps
 from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds, select_features
 
@@ -82,6 +82,7 @@ def score_replay(
 ) -> list[dict[int, StepCounts]]:
     """Step counts per request and per k, for one speculator, from fixed greedy responses. `features` (from
     `target_features`, covering at least what the speculator needs) is required when it needs any."""
+    check_k(ks)
     tokens = [r.tokens for r in responses]
     if speculator.needs.any:
         if features is None:

@@ -20,6 +20,7 @@ import duckdb
 import typer
 
 from calibrate.errors import StoreError, cli_errors
+from calibrate.replay.counts import check_k
 from calibrate.tables import consumers, exports, inferencex, query, runner_env, stats
 from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, context_bucket,
                                      from_name)
@@ -55,6 +56,8 @@ def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_le
              thinking: str | None, dataset: list[str] | None, temperature: list[float] | None,
              where: list[str] | None = None) -> query.Filters:
     """CLI filter options -> Filters; model and speculator names are resolved like lookup resolves them."""
+    if draft_len:
+        check_k(draft_len, "--draft-len")
     entries = query.catalog(con)
     targets = None
     if model is not None:
@@ -515,6 +518,8 @@ def lookup(
     context: Optional[str] = _CONTEXT_OPT,
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
+    if draft_len is not None:
+        check_k([draft_len], "--draft-len")
     match_prefix = False
     if from_env:
         asked = runner_env.question(runner_env.environment(), model=model, speculator=speculator,

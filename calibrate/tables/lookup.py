@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from calibrate.tables import query
+from calibrate.replay.counts import check_k
 from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, from_name
 from calibrate.tables.inferencex import KNOWN_TARGETS
 from calibrate.tables.query import CatalogEntry, Filters
@@ -354,8 +355,7 @@ def resolve(
 
     Each narrowing step fails with what exists one level up, so the message says what to ask instead.
     """
-    if draft_len < 1:
-        raise ValueError(f"draft length must be a positive integer, got {draft_len}")
+    check_k([draft_len], "draft length k")
     mode = normalize_thinking(thinking)
     target = match_target(model, entries, prefix=match_prefix)
     rows = [e for e in entries if e.target == target]
