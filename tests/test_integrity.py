@@ -20,6 +20,7 @@ from calibrate.errors import ExitCode
 from calibrate.tables.store import RunSpec, Store, connect
 from tests.configs import QUICKSTART, quickstart_config
 from tests.conftest import real_model, tiny_llama
+from tests.tables_support import damage_a_used_block
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -501,29 +502,6 @@ def test_invalid_utf8_in_jsonl_is_reported_with_file_and_line(tmp_path: Path) ->
     assert "line 2" in problem.reason
     res = runner.invoke(app, ["datasets", "inspect", str(path)], terminal_width=200)
     assert res.exit_code == 0 and "not valid UTF-8" in res.output and str(path) in res.output.replace("\n", "")
-
-
-def damage_a_used_block(db: Path) -> Path:
-    """A copy of `db` with one 4 KiB block overwritten that `show` fails to read (so the damage hit counts,
-    not free space), while the store still opens: the case a header check cannot see."""
-    from calibrate.tables import query
-
-    raw = db.read_bytes()
-    bad = db.with_name("damaged.duckdb")
-    for at in range(64 * 1024, len(raw), 4096):
-        bad.write_bytes(raw[:at] + b"\xab" * 4096 + raw[at + 4096:])
-        try:
-            con = connect(bad, read_only=True)
-        except ValueError:
-            continue  # a header or catalog block: refused on open already
-        try:
-            query.load_records(con, n_boot=10)
-        except Exception as exc:  # noqa: BLE001  duckdb's checksum error: a block holding counts
-            if "Corrupt" in str(exc):
-                return bad
-        finally:
-            con.close()
-    pytest.fail("no block of the store holds counts")
 
 
 @pytest.mark.parametrize("show", ["--no-show", "--show"])

@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from calibrate.tables.commands import SHOW_KEYS, register
-from tests.tables_support import basic_store
+from tests.tables_support import basic_store, damage_a_used_block
 
 Q = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 
@@ -518,3 +518,20 @@ def test_draft_len_options_take_the_one_bound_on_k(app: typer.Typer, db: Path, a
     assert res.exit_code == 2, res.output
     bad = next(a for a in reversed(args) if a.isdigit() and not 1 <= int(a) <= MAX_K)
     assert res.stderr.splitlines() == [f"error: --draft-len must be 1..{MAX_K} (calibrate's largest k), got {bad}"]
+
+
+def test_lookup_on_a_damaged_store_names_the_file(app: typer.Typer, db: Path, tmp_path: Path) -> None:
+    """Issue 31 item 8: `lookup --table` said "Corrupt database file: ..." naming no file, where show, export
+    and run name it."""
+    from calibrate.errors import StoreError
+    from calibrate.tables.lookup import lookup
+
+    copy = tmp_path / "acceptance.duckdb"
+    copy.write_bytes(db.read_bytes())
+    bad = damage_a_used_block(copy)
+    res = invoke(app, "lookup", "--table", str(bad), "--model", Q, "--speculator", "ngram", "-k", "3", "--thinking", "off")
+    assert res.exit_code == 2, res.output
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: {bad}: cannot read the store (Corrupt database file"), line
+    with pytest.raises(StoreError, match=f"^{bad}: cannot read the store"):
+        lookup(Q, "ngram", 3, "off", table=bad)

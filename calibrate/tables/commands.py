@@ -7,19 +7,17 @@ another process holds the store).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
-import duckdb
 import typer
 
-from calibrate.errors import StoreError, cli_errors
+from calibrate.errors import cli_errors
 from calibrate.replay.counts import check_k
 from calibrate.tables import consumers, exports, inferencex, query, runner_env, stats
 from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, context_bucket,
@@ -29,7 +27,7 @@ from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator
 from calibrate.tables.lookup import lookup as lookup_record
 from calibrate.tables.records import KEY_FIELDS, AcceptanceRecord
 from calibrate.tables.experts import ExpertRecord, load_expert_records
-from calibrate.tables.store import connect
+from calibrate.tables.store import connect, reading
 
 SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
              "acceptance_length", "ci_low", "ci_high", "ci_note", "macro_acceptance_length")
@@ -90,7 +88,7 @@ def _load(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int,
         raise ValueError(f"--by {by.name} gives the overall AL per bucket: it does not combine with --segments")
     con = connect(db, read_only=True)
     try:
-        with _reading(db):
+        with reading(db):
             filters = replace(_filters(con, *filters_args), bucket=bucket)
             if by is not None:
                 records = query.load_bucketed(con, by, filters, n_boot=n_boot, seed=seed)
@@ -132,16 +130,6 @@ def _no_match(con: Any, filters: query.Filters, db: Path) -> NotMeasured:
         asked.append(f"--where {column}={value}")
         measured.append(f"{column} {', '.join(query.distinct_values(con, column))}")
     return NotMeasured(f"no measurement in {db} matches {'; '.join(asked)}; measured: {'; '.join(measured)}")
-
-
-@contextlib.contextmanager
-def _reading(db: Path) -> Iterator[None]:
-    """A block that fails to read only now (the header opened fine) is a StoreError naming the file,
-    whichever command read it (DuckDB's own message names none)."""
-    try:
-        yield
-    except duckdb.Error as exc:
-        raise StoreError(f"{db}: cannot read the store ({str(exc).strip().splitlines()[0]})") from None
 
 
 def interrupted(record: AcceptanceRecord) -> bool:
@@ -305,7 +293,7 @@ def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool =
     con = connect(db, read_only=True)
     try:
         filters = query.Filters(run_ids=tuple(run_ids) if run_ids is not None else None)
-        with _reading(db):
+        with reading(db):
             records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
     finally:
         con.close()
@@ -396,7 +384,7 @@ def show(
 def _load_experts(db: Path, filters_args: tuple, n_boot: int, seed: int) -> list[ExpertRecord]:
     con = connect(db, read_only=True)
     try:
-        with _reading(db):
+        with reading(db):
             filters = _filters(con, *filters_args)
             records = load_expert_records(con, filters, n_boot=n_boot, seed=seed)
             if not records:
