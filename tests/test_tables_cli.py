@@ -535,3 +535,22 @@ def test_lookup_on_a_damaged_store_names_the_file(app: typer.Typer, db: Path, tm
     assert line.startswith(f"error: {bad}: cannot read the store (Corrupt database file"), line
     with pytest.raises(StoreError, match=f"^{bad}: cannot read the store"):
         lookup(Q, "ngram", 3, "off", table=bad)
+
+
+@pytest.mark.parametrize("command", [("export", "--to", "json"), ("export", "--to", "inferencex", "--model", Q,
+                                                                    "--model-prefix", "qwen2.5c"), ("report",)])
+def test_an_out_path_that_cannot_be_written_is_named(app: typer.Typer, db: Path, tmp_path: Path, command: tuple) -> None:
+    """Issue 31 item 8: `--out` under a file said "[Errno 17] File exists", and `--out /proc/version --force`
+    "[Errno 5]" naming no path: every --out failure is one line naming the path it could not write."""
+    (tmp_path / "file").write_text("mine")
+    under = tmp_path / "file" / "sub" / ("t.json" if command[-1] == "json" else "out")
+    res = invoke(app, *command, "--db", str(db), "--out", str(under), "--bootstrap", "50")
+    assert res.exit_code == 2, res.output
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: cannot write {under}") and line.endswith(f": {tmp_path / 'file'} is a file, not a folder")
+    assert (tmp_path / "file").read_text() == "mine"
+    unwritable = Path("/proc/version")
+    if command[-1] == "json" and unwritable.is_file():
+        res = invoke(app, *command, "--db", str(db), "--out", str(unwritable), "--force")
+        assert res.exit_code == 2 and res.stderr.startswith(f"error: cannot write {unwritable}: "), res.output
+        assert len(res.stderr.splitlines()) == 1
