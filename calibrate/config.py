@@ -16,8 +16,9 @@ import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from calibrate.replay.counts import check_k
 from calibrate.speculators.base import CONFIG_TABLE, ModelName
@@ -138,6 +139,16 @@ class ServerConfig(_Strict):
 
 
 
+def is_server_url(url: str) -> bool:
+    """http:// or https:// with a host (and a port that is a number, if any): what the server backends reach."""
+    parts = urlsplit(url)
+    try:
+        parts.port
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 class PairConfig(_Strict):
     target: str
     speculators: list[SpeculatorConfigUnion] = Field(min_length=1)
@@ -171,6 +182,14 @@ class PairConfig(_Strict):
                     raise ValueError(f"speculators[{i}] ({name}) has no {self.backend} method (this kind runs on: "
                                      f"{runs_on}); measure it in-process or on another backend")
         return self
+
+    @field_validator("server")
+    @classmethod
+    def _url(cls, server: ServerConfig | None, info: ValidationInfo) -> ServerConfig | None:
+        if server is not None and server.url is not None and not is_server_url(server.url):
+            raise ValueError(f"url {server.url!r} is not a URL of a {info.data.get('backend', 'server')} server: "
+                             "give http:// or https:// and a host (http://head-node:8000)")
+        return server
 
     @field_validator("speculators")
     @classmethod
