@@ -554,3 +554,19 @@ def test_an_out_path_that_cannot_be_written_is_named(app: typer.Typer, db: Path,
         res = invoke(app, *command, "--db", str(db), "--out", str(unwritable), "--force")
         assert res.exit_code == 2 and res.stderr.startswith(f"error: cannot write {unwritable}: "), res.output
         assert len(res.stderr.splitlines()) == 1
+
+
+def test_an_empty_store_is_no_answer_for_show_export_and_report(app: typer.Typer, tmp_path: Path) -> None:
+    """Issue 31 item 8: `show` of an empty store exited 0 where export and report exit 1; all three are no
+    answer (exit 1, calibrate/errors.py), in one line."""
+    from calibrate.tables.store import Store
+
+    empty = tmp_path / "empty.duckdb"
+    Store(empty).close()
+    for args in (("show",), ("show", "--format", "json"), ("show", "--format", "csv"), ("export", "--to", "json"),
+                 ("report", "--out", str(tmp_path / "plots"))):
+        res = invoke(app, *args, "--db", str(empty))
+        assert res.exit_code == 1, (args, res.output)
+        (line,) = res.stderr.splitlines()
+        assert line.startswith("error: nothing to ") and res.stdout == "", (args, res.output)
+    assert invoke(app, "show", "--db", str(empty)).stderr == f"error: nothing to show: no measurements in {empty}\n"

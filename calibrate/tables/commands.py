@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import typer
 
-from calibrate.errors import cli_errors
+from calibrate.errors import NothingUsable, cli_errors
 from calibrate.replay.counts import check_k
 from calibrate.tables import consumers, exports, inferencex, query, runner_env, stats
 from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, context_bucket,
@@ -369,12 +369,11 @@ def show(
         _show_experts(db, filters_args, format, bootstrap, seed)
         return
     records = _load(db, filters_args, segments, bootstrap, seed, by=DIMENSIONS[by.value] if by is not None else None)
+    if not records:  # no answer, as export and report say it of an empty store
+        raise NothingUsable(f"nothing to show: no measurements in {db}")
     for warning in truncation_warnings(records):
         typer.echo(f"warning: {warning}", err=True)
     if format is ShowFormat.table:
-        if not records:
-            typer.echo(f"no measurements in {db}")
-            return
         _render_table(records, segments, wide)
     elif format is ShowFormat.json:
         typer.echo(json.dumps(show_rows(records, segments), indent=2))
