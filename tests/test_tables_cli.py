@@ -370,10 +370,35 @@ def test_show_warns_when_most_requests_were_truncated(app: typer.Typer, tmp_path
                                                                          truncated_tokens=5)])
     res = invoke(app, "show", "--db", str(path), "--format", "json")
     assert res.exit_code == 0
-    assert ("warning: Qwen/Qwen2.5-Coder-1.5B-Instruct on mini-swe-agent: 2 of 3 requests had their prompt "
-            "left-truncated") in res.stderr
+    assert ("warning: Qwen/Qwen2.5-Coder-1.5B-Instruct on mini-swe-agent: 2 of 3 requests with a verify step (those "
+            "AL counts) had their prompt left-truncated") in res.stderr
     assert "smollm2" in res.stderr  # 1 of 1
     assert json.loads(res.stdout)[0]["requests"] == 3
+
+
+def test_the_truncation_warning_counts_the_requests_the_table_counts(app: typer.Typer, tmp_path: Path) -> None:
+    """Issue 31 item 9: on a vLLM n-gram store three requests were stored, the table counted two (a 2-token EOS
+    answer had no drafted step), and the warning said "3 of 2 requests"; both counts are now of the requests
+    with a verify step, and say so, with --segments too (a segment's record counts fewer requests)."""
+    from tests.tables_support import Req, make_spec, write_run
+
+    from calibrate.tables.store import Store
+
+    path = tmp_path / "cut.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(), [Req("r0", "c0", {"answer": [1, 1, 1, 1], "tool_call": [0, 1, 0, 0]},
+                                           truncated_tokens=900),
+                                       Req("r1", "c1", {"answer": [2, 0, 0, 1]}, truncated_tokens=9),
+                                       Req("r2", "c2", {"answer": [0, 0, 0, 0]}, truncated_tokens=9)])  # no step
+    for segments in ((), ("--segments",)):
+        res = invoke(app, "show", "--db", str(path), "--format", "json", *segments)
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)[0]["requests"] == 2
+        (line,) = res.stderr.splitlines()
+        assert ": 2 of 2 requests with a verify step (those AL counts) had their prompt left-truncated" in line
+    exported = json.loads(invoke(app, "export", "--to", "json", "--db", str(path)).stdout)["records"]
+    assert [(r["segment"], r["requests"], r["truncated_requests"]) for r in exported] == [
+        ("all", 2, 2), ("answer", 2, 2), ("tool_call", 1, 1)]  # a segment's record: its own requests
 
 
 # InferenceX's recipes launcher (infx/recipes/synthetic_acceptance.py at 18385430d628a4e35795a2f6278fc7fc241df79e,

@@ -25,7 +25,7 @@ from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimensi
 from calibrate.tables.inferencex import Naming
 from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.lookup import lookup as lookup_record
-from calibrate.tables.records import KEY_FIELDS, AcceptanceRecord
+from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
 from calibrate.tables.experts import ExpertRecord, load_expert_records
 from calibrate.tables.store import connect, reading
 
@@ -108,7 +108,8 @@ def _empty_bucket(con: Any, filters: query.Filters, bucket: Bucket, db: Path) ->
     held = query.bucket_requests(con, DIMENSIONS[bucket.dimension], replace(filters, bucket=None))
     listed = ", ".join(f"{label} ({n})" for label, n in held.items() if n) or "none"
     return NotMeasured(f"no measured request in {db} is in {bucket.name} "
-                       f"({DIMENSIONS[bucket.dimension].description}); requests per {bucket.dimension}: {listed}")
+                       f"({DIMENSIONS[bucket.dimension].description}); stored requests per {bucket.dimension}: "
+                       f"{listed}")
 
 
 # Filters -> (the runs column, the option that set it), for saying what was asked and what exists.
@@ -269,10 +270,11 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
 
 def truncation_warnings(records: Sequence[AcceptanceRecord]) -> list[str]:
     """One line per (target, dataset) whose runs left-truncated most of their requests' prompts: n-gram and
-    suffix copy from the context, so their AL there understates what full prompts give."""
+    suffix copy from the context, so their AL there understates what full prompts give. Both counts are of
+    the requests a record counts (those with a verify step), over whole keys (segment 'all')."""
     sums: dict[tuple[Any, ...], tuple[int, int]] = {}  # a key's buckets (`--by`) partition its requests: summed
     for r in records:
-        if r.truncated_requests is not None and r.requests:
+        if r.truncated_requests is not None and r.requests and r.segment == SEGMENT_ALL:
             cut, total = sums.get((r.key, r.segment), (0, 0))
             sums[(r.key, r.segment)] = (cut + r.truncated_requests, total + r.requests)
     worst: dict[tuple[str, str], tuple[int, int]] = {}
@@ -281,9 +283,9 @@ def truncation_warnings(records: Sequence[AcceptanceRecord]) -> list[str]:
             named = dict(zip(KEY_FIELDS, key))
             pair = (named["target"], named["dataset"])
             worst[pair] = max(worst.get(pair, (0, 1)), (cut, total), key=lambda t: t[0] / t[1])
-    return [f"{target} on {dataset}: {cut} of {total} requests had their prompt left-truncated to the context "
-            "budget; model-free speculators (n-gram, suffix) match against the context, so their AL is "
-            "understated (README: how much the prompt budget moves AL)"
+    return [f"{target} on {dataset}: {cut} of {total} requests with a verify step (those AL counts) had their "
+            "prompt left-truncated to the context budget; model-free speculators (n-gram, suffix) match against the "
+            "context, so their AL is understated (README: how much the prompt budget moves AL)"
             for (target, dataset), (cut, total) in sorted(worst.items())]
 
 
@@ -542,8 +544,8 @@ def lookup(
     if record.extrapolated:
         typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
     if record.bucket is not None:
-        typer.echo(f"note: AL of the requests in {record.bucket} only ({record.requests} requests, "
-                   f"{record.conversations} conversations)", err=True)
+        typer.echo(f"note: AL of the requests in {record.bucket} only ({record.requests} requests with a verify "
+                   f"step, {record.conversations} conversations)", err=True)
 
 
 def _framework_format(framework: str | None) -> str:

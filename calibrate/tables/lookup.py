@@ -103,7 +103,7 @@ class DuckDBTable:
             counts = query.bucket_requests(con, CONTEXT, _entry_filters(entry, None))
         if not any(counts.values()):
             return "no request written yet (a run stopped before its first?)"
-        return "requests per context: " + ", ".join(f"{label} ({n})" for label, n in counts.items() if n)
+        return "stored requests per context: " + ", ".join(f"{label} ({n})" for label, n in counts.items() if n)
 
 
 def _entry_filters(entry: CatalogEntry, bucket: Bucket | None) -> Filters:
