@@ -271,6 +271,10 @@ def test_report_writes_pngs(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     for name in ("al_vs_k.png", "rates.png", "drafts.png"):
         assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Issue 31 item 10: each file written is named on stderr as `wrote PATH`, as export names its files (the
+    # README's words); stdout stays empty (it printed bare paths there).
+    written = sorted(tmp_path.joinpath("report").iterdir())
+    assert res.stdout == "" and sorted(res.stderr.splitlines()) == sorted(f"wrote {p}" for p in written)
 
 
 def test_show_table_tells_apart_runs_that_differ_only_in_top_p(app: typer.Typer, tmp_path: Path) -> None:

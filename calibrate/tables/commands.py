@@ -580,12 +580,12 @@ def report(
 
     filters_args = (model, speculator, None, thinking, dataset, temperature, where)
     if experts:
-        typer.echo(str(plot_experts(_load_experts(db, filters_args, bootstrap, seed), out, force=force)))
-        return
-    records = _load(db, filters_args, False, bootstrap, seed)
-    by_context = _load(db, filters_args, False, bootstrap, seed, by=CONTEXT)
-    for path in plot(records, out, force=force, by_context=by_context):
-        typer.echo(str(path))
+        paths = [plot_experts(_load_experts(db, filters_args, bootstrap, seed), out, force=force)]
+    else:
+        records = _load(db, filters_args, False, bootstrap, seed)
+        paths = plot(records, out, force=force, by_context=_load(db, filters_args, False, bootstrap, seed, by=CONTEXT))
+    for path in paths:  # as export names its files
+        typer.echo(f"wrote {path}", err=True)
 
 
 def register(app: typer.Typer) -> None:
