@@ -599,3 +599,41 @@ def test_an_empty_store_is_no_answer_for_show_export_and_report(app: typer.Typer
         (line,) = res.stderr.splitlines()
         assert line.startswith("error: nothing to ") and res.stdout == "", (args, res.output)
     assert invoke(app, "show", "--db", str(empty)).stderr == f"error: nothing to show: no measurements in {empty}\n"
+
+
+def test_show_experts_fits_80_columns(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31 item 10: `show --experts` printed a table about 180 columns wide, where the README says `show`
+    fits 80: constant columns move to the caption, the target shows its last part, a long speculator label its
+    kind with a legend, headers are short and MB keep four digits; --wide keeps the long forms."""
+    from dataclasses import replace
+
+    from calibrate.tables.commands import _render_experts
+    from calibrate.tables.experts import ExpertRecord
+
+    model = "/root/.cache/calibrate-test-models/tiny-deepseek-mtp"
+    records = [
+        ExpertRecord(target=model, speculator=f"mtp:{model}", draft_len=k, thinking="off", temperature=0.7,
+                     dataset="mini-swe-agent", batch_size=b, routing=routing, requests=12 // b, conversations=12,
+                     steps=100, moe_layers=58, routed_experts=256, top_k=8, distinct=31.25, distinct_plain=8.0,
+                     multiplier=3.906, ci_low=None if k == 1 else 3.5, ci_high=None if k == 1 else 4.25,
+                     ci_note="n too small: fewer than 10 conversations" if k == 1 else None, acceptance_length=2.5,
+                     bytes_per_step=size * 1e6, bytes_per_token=size * 4e5, plain_bytes_per_token=size * 1e5)
+        for k in (1, 8, 16) for b in (1, 12) for routing in ("router", "uniform", "round-robin")
+        for size in (0.1234, 123456.78)]
+    monkeypatch.setenv("COLUMNS", "80")
+    two = [replace(r, speculator="eagle3:/some/long/path/head") if i % 2 else r for i, r in enumerate(records)]
+    for shown, named in ((records, [f"speculator mtp:{model},"]),
+                         (two, [f"mtp = mtp:{model}", "eagle3 = eagle3:/some/long/path/head"])):
+        _render_experts(shown)
+        lines = capsys.readouterr().out.splitlines()
+        assert max(len(line) for line in lines) <= 80 and "\u2026" not in "".join(lines), "\n".join(lines)
+        words = " ".join(" ".join(lines).split())  # the caption may wrap anywhere
+        assert "target tiny-deepseek-mtp" in words and "temperature 0.7" in words  # constant: in the caption
+        assert all(name in words for name in named), words  # one speculator in full, or a legend
+        assert any(line.split()[-3:] == ["123457", "49383", "12346"] for line in lines)  # MB, no exponent
+        assert any("n too small" in line for line in lines)
+        rows = [line.split()[-10:] for line in lines if "round-robin" in line.split()]
+        assert ["16", "12", "round-robin", "1", "31.25", "3.91", "3.50-4.25", "0.1234", "0.0494", "0.0123"] in rows
+    _render_experts(two, wide=True)
+    wide = capsys.readouterr().out
+    assert f"mtp:{model}" in wide and "distinct k=0" in wide and "MB/token k=0" in wide and "2.50" in wide
