@@ -475,10 +475,9 @@ def _render_experts(records: Sequence[ExpertRecord], wide: bool = False) -> None
              + ("" if wide else "; --wide adds distinct at k = 0 and AL")]
     if any(r.ci_note for r in records):
         notes.append(N_TOO_SMALL)
-    table = Table(title="MoE verify cost: distinct routed experts, multiplier x",
+    table = Table(title="MoE verify cost: distinct routed experts, multiplier x",  # up to 13 columns: one space apart
                   caption=_caption(cells, constant, short, notes, EXPERT_HEADERS), caption_justify="left",
-                  box=box.SIMPLE_HEAD,
-                  pad_edge=False, show_edge=False, padding=0)  # up to 13 columns: one space between them
+                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=0)
     shown = [c for c in cells if c not in constant]
     for col in shown:
         header = EXPERT_HEADERS.get(col, col) if wide else col

@@ -20,8 +20,8 @@ from typing import Protocol
 
 import duckdb
 
-from calibrate.tables import query
 from calibrate.replay.counts import check_k
+from calibrate.tables import query
 from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, from_name
 from calibrate.tables.inferencex import KNOWN_TARGETS
 from calibrate.tables.query import CatalogEntry, Filters

@@ -450,8 +450,9 @@ def _totals_records(
         summary = stats.summarize_totals(n_steps, np.array([g[6] for g in group]), conv, per_pos,
                                          n_boot=n_boot, seed=seed, level=level)
         accepted = float(sum(g[6] for g in group))
-        records.append(_record(key_row, segment, summary, total_of[(key, segment)], truncated_of.get((key, segment)),
-                               n_boot=n_boot, seed=seed, level=level, accepted=accepted))
+        records.append(_record(key_row, segment, summary, total_of[(key, segment)],
+                               truncated_of.get((key, segment)), n_boot=n_boot, seed=seed, level=level,
+                               accepted=accepted))
     return records
 
 
