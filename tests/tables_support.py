@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from calibrate.replay.counts import RequestOutcome, SegmentCounts, StepCounts
-from calibrate.tables.store import RunSpec, Store
+from calibrate.tables import query
+from calibrate.tables.store import RunSpec, Store, connect
 
 
 def make_spec(
@@ -105,3 +107,24 @@ def basic_store(path: Path) -> Path:
             Req("r0", "c0", {"answer": [4, 2, 0]}),
         ])
     return path
+
+
+def damage_a_used_block(db: Path) -> Path:
+    """A copy of `db` with one 4 KiB block overwritten that `show` fails to read (so the damage hit counts,
+    not free space), while the store still opens: the case a header check cannot see."""
+    raw = db.read_bytes()
+    bad = db.with_name("damaged.duckdb")
+    for at in range(64 * 1024, len(raw), 4096):
+        bad.write_bytes(raw[:at] + b"\xab" * 4096 + raw[at + 4096:])
+        try:
+            con = connect(bad, read_only=True)
+        except ValueError:
+            continue  # a header or catalog block: refused on open already
+        try:
+            query.load_records(con, n_boot=10)
+        except Exception as exc:  # noqa: BLE001  duckdb's checksum error: a block holding counts
+            if "Corrupt" in str(exc):
+                return bad
+        finally:
+            con.close()
+    pytest.fail("no block of the store holds counts")

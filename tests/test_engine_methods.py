@@ -31,7 +31,7 @@ from calibrate.speculators.suffix import SuffixSpeculator
 BUDGET = Budget(context_tokens=1000, max_new_tokens=24, seed=7)
 
 
-def _pair(backend: str, spec: dict, model: str = "/models/target", **server) -> PairConfig:
+def _pair(backend: str, spec: dict, model: str = "org/target", **server) -> PairConfig:
     return PairConfig(target="/models/target", backend=backend, speculators=[spec],
                       server={"mode": "launch", "model": model, **server})
 
@@ -95,11 +95,11 @@ def test_a_home_relative_server_model_is_expanded(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("spec, algorithm, steps, extra", [
-    ({"kind": "eagle3", "model": "/heads/h"}, "EAGLE3", "3", ["--speculative-draft-model-path", "/heads/h"]),
-    ({"kind": "draft", "model": "/drafts/d"}, "STANDALONE", "3", ["--speculative-draft-model-path", "/drafts/d"]),
+    ({"kind": "eagle3", "model": "heads/h"}, "EAGLE3", "3", ["--speculative-draft-model-path", "heads/h"]),
+    ({"kind": "draft", "model": "drafts/d"}, "STANDALONE", "3", ["--speculative-draft-model-path", "drafts/d"]),
     ({"kind": "mtp"}, "EAGLE", "3", []),  # NEXTN is SGLang's alias of EAGLE; DeepSeek's draft is the target's
-    ({"kind": "engine", "method": "DFLASH", "model": "/d/dflash"}, "DFLASH", "1",
-     ["--speculative-draft-model-path", "/d/dflash"]),
+    ({"kind": "engine", "method": "DFLASH", "model": "d/dflash"}, "DFLASH", "1",
+     ["--speculative-draft-model-path", "d/dflash"]),
     ({"kind": "engine", "method": "DSPARK"}, "DSPARK", "1", []),
     ({"kind": "engine", "method": "NGRAM", "settings": {"speculative-ngram-max-bfs-breadth": 1}}, "NGRAM", "3",
      ["--speculative-ngram-max-bfs-breadth", "1"]),
@@ -116,7 +116,7 @@ def test_sglang_algorithm_and_k_per_kind(spec, algorithm, steps, extra):
 def test_llamacpp_runs_a_gguf_draft_at_fixed_k(tmp_path):
     gguf = tmp_path / "d.gguf"
     gguf.write_bytes(b"GGUF")
-    command = _command("llama.cpp", {"kind": "draft", "model": "/drafts/d", "gguf": str(gguf)}, k=2,
+    command = _command("llama.cpp", {"kind": "draft", "model": "drafts/d", "gguf": str(gguf)}, k=2,
                        model=str(gguf))
     assert _flag(command, "--spec-type") == "draft-simple" and _flag(command, "--spec-draft-model") == str(gguf)
     assert _flag(command, "--spec-draft-n-max") == _flag(command, "--spec-draft-n-min") == "2"

@@ -208,8 +208,11 @@ def test_generic_speculator_with_probs_and_segments(target):
 
 
 def test_bad_arguments(target):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^k must be 1\.\.64 \(calibrate's largest k\), got 0$"):
         loop_results(target, target, PROMPTS, ks=[0], temperature=1.0, max_new_tokens=4,
+                    eos_token_ids=set(), seed=0)
+    with pytest.raises(ValueError, match=r"got 100000$"):  # issue 31 item 7: an in-process k = 100000 ran
+        loop_results(target, target, PROMPTS, ks=[1, 100000], temperature=0.0, max_new_tokens=4,
                     eos_token_ids=set(), seed=0)
     with pytest.raises(TypeError):
         loop_results(target, object(), PROMPTS, ks=[1], temperature=1.0, max_new_tokens=4,

@@ -318,7 +318,7 @@ def test_the_truncation_warning_counts_a_keys_buckets_together(store_path, dim_n
     cut = sum(r.truncated_tokens > 0 for r in reqs)
     assert (cut > len(reqs) / 2) == bool(truncation_warnings(whole))
     if truncation_warnings(whole):
-        assert f"{cut} of {len(reqs)} requests" in truncation_warnings(bucketed)[0]
+        assert f"{cut} of {len(reqs)} requests with a verify step" in truncation_warnings(bucketed)[0]
 
 
 def test_an_exported_record_with_a_bucket_that_is_none_of_ours_is_refused(store_path, tmp_path: Path) -> None:

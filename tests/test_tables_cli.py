@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from calibrate.tables.commands import SHOW_KEYS, register
-from tests.tables_support import basic_store
+from tests.tables_support import basic_store, damage_a_used_block
 
 Q = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 
@@ -271,6 +271,10 @@ def test_report_writes_pngs(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     for name in ("al_vs_k.png", "rates.png", "drafts.png"):
         assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Issue 31 item 10: each file written is named on stderr as `wrote PATH`, as export names its files (the
+    # README's words); stdout stays empty (it printed bare paths there).
+    written = sorted(tmp_path.joinpath("report").iterdir())
+    assert res.stdout == "" and sorted(res.stderr.splitlines()) == sorted(f"wrote {p}" for p in written)
 
 
 def test_show_table_tells_apart_runs_that_differ_only_in_top_p(app: typer.Typer, tmp_path: Path) -> None:
@@ -370,10 +374,35 @@ def test_show_warns_when_most_requests_were_truncated(app: typer.Typer, tmp_path
                                                                          truncated_tokens=5)])
     res = invoke(app, "show", "--db", str(path), "--format", "json")
     assert res.exit_code == 0
-    assert ("warning: Qwen/Qwen2.5-Coder-1.5B-Instruct on mini-swe-agent: 2 of 3 requests had their prompt "
-            "left-truncated") in res.stderr
+    assert ("warning: Qwen/Qwen2.5-Coder-1.5B-Instruct on mini-swe-agent: 2 of 3 requests with a verify step (those "
+            "AL counts) had their prompt left-truncated") in res.stderr
     assert "smollm2" in res.stderr  # 1 of 1
     assert json.loads(res.stdout)[0]["requests"] == 3
+
+
+def test_the_truncation_warning_counts_the_requests_the_table_counts(app: typer.Typer, tmp_path: Path) -> None:
+    """Issue 31 item 9: on a vLLM n-gram store three requests were stored, the table counted two (a 2-token EOS
+    answer had no drafted step), and the warning said "3 of 2 requests"; both counts are now of the requests
+    with a verify step, and say so, with --segments too (a segment's record counts fewer requests)."""
+    from tests.tables_support import Req, make_spec, write_run
+
+    from calibrate.tables.store import Store
+
+    path = tmp_path / "cut.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(), [Req("r0", "c0", {"answer": [1, 1, 1, 1], "tool_call": [0, 1, 0, 0]},
+                                           truncated_tokens=900),
+                                       Req("r1", "c1", {"answer": [2, 0, 0, 1]}, truncated_tokens=9),
+                                       Req("r2", "c2", {"answer": [0, 0, 0, 0]}, truncated_tokens=9)])  # no step
+    for segments in ((), ("--segments",)):
+        res = invoke(app, "show", "--db", str(path), "--format", "json", *segments)
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)[0]["requests"] == 2
+        (line,) = res.stderr.splitlines()
+        assert ": 2 of 2 requests with a verify step (those AL counts) had their prompt left-truncated" in line
+    exported = json.loads(invoke(app, "export", "--to", "json", "--db", str(path)).stdout)["records"]
+    assert [(r["segment"], r["requests"], r["truncated_requests"]) for r in exported] == [
+        ("all", 2, 2), ("answer", 2, 2), ("tool_call", 1, 1)]  # a segment's record: its own requests
 
 
 # InferenceX's recipes launcher (infx/recipes/synthetic_acceptance.py at 18385430d628a4e35795a2f6278fc7fc241df79e,
@@ -466,3 +495,145 @@ def test_export_inferencex_reference_merges_and_says_what_inferencex_reads(app: 
     assert res.exit_code == 2 and "would replace (qwen2.5c, thinking_off, k=3) = 2.0 -> 2.40" in res.output
     assert invoke(app, *args, "--force").exit_code == 0
     assert yaml.safe_load(out.read_text())["qwen2.5c"]["thinking_off"][3] == 2.40
+
+
+@pytest.mark.parametrize("block, says", [
+    ("{thinking_off: {one: 1.5, 2: abc}}", "qwen2.5c: thinking_off has k 'one', not an integer"),
+    ("{thinking_off: {1.5: 2.0}}", "qwen2.5c: thinking_off has k 1.5, not an integer"),
+    ('"just a string"', "qwen2.5c is a str ('just a string'), not a mapping of thinking modes"),
+    ("{thinking_off: 7}", "qwen2.5c: thinking_off is an int (7), not a mapping of k to AL"),
+    ("[1, 2]", "qwen2.5c is a list ([1, 2]), not a mapping of thinking modes"),
+])
+def test_export_inferencex_reference_refuses_a_block_it_cannot_read(app: typer.Typer, db: Path, tmp_path: Path,
+                                                                    block: str, says: str) -> None:
+    """Issue 31 items 2 and 3: an existing entry of our key that is not thinking modes of int k -> AL was a
+    TypeError traceback (a str k) or replaced without a word; it is refused in one line naming the file and
+    the key, and --force replaces it, saying so."""
+    out = tmp_path / "speedbench-reference-al.yaml"
+    text = f"other: {{thinking_on: {{1: 1.5}}}}\nqwen2.5c: {block}\n"
+    out.write_text(text)
+    args = ("export", "--to", "inferencex-reference", "--db", str(db), "--model", Q, "--speculator", "ngram",
+            "--model-prefix", "qwen2.5c", "--out", str(out), "--bootstrap", "50")
+    for force in ((), ("--force",)):
+        res = invoke(app, *args, *force)
+        assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+        if not force:
+            assert res.exit_code == 2, res.output
+            (line,) = res.stderr.splitlines()
+            assert line.startswith(f"error: {out}: {says}") and line.endswith("pass --force to replace qwen2.5c's block")
+            assert out.read_text() == text
+        else:
+            assert res.exit_code == 0, res.output
+            assert f"note: {out}: replaced qwen2.5c's block ({says}" in res.stderr
+            merged = yaml.safe_load(out.read_text())
+            assert merged["other"] == {"thinking_on": {1: 1.5}} and merged["qwen2.5c"]["thinking_off"][3] == 2.40
+
+
+@pytest.mark.parametrize("args", [
+    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--draft-len", "100000000", "--extrapolate"),
+    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--draft-len", "99999999999999999999"),
+    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--draft-len", "65"),
+    ("lookup", "--from-env", "--format", "value", "--draft-len", "0"),
+    ("show", "-k", "1", "-k", "65"),
+    ("export", "--to", "json", "--draft-len", "99999999999999999999"),
+])
+def test_draft_len_options_take_the_one_bound_on_k(app: typer.Typer, db: Path, args: tuple) -> None:
+    """Issue 31 item 7: `lookup --draft-len 100000000 --extrapolate` took 35 s and 7 GB before answering, and
+    99999999999999999999 said "Maximum allowed size exceeded"; every --draft-len is 1..MAX_K, one line, exit 2."""
+    from calibrate.replay.counts import MAX_K
+
+    flag = "--table" if args[0] == "lookup" else "--db"
+    res = invoke(app, *args, flag, str(db))
+    assert res.exit_code == 2, res.output
+    bad = next(a for a in reversed(args) if a.isdigit() and not 1 <= int(a) <= MAX_K)
+    assert res.stderr.splitlines() == [f"error: --draft-len must be 1..{MAX_K} (calibrate's largest k), got {bad}"]
+
+
+def test_lookup_on_a_damaged_store_names_the_file(app: typer.Typer, db: Path, tmp_path: Path) -> None:
+    """Issue 31 item 8: `lookup --table` said "Corrupt database file: ..." naming no file, where show, export
+    and run name it."""
+    from calibrate.errors import StoreError
+    from calibrate.tables.lookup import lookup
+
+    copy = tmp_path / "acceptance.duckdb"
+    copy.write_bytes(db.read_bytes())
+    bad = damage_a_used_block(copy)
+    res = invoke(app, "lookup", "--table", str(bad), "--model", Q, "--speculator", "ngram", "-k", "3", "--thinking", "off")
+    assert res.exit_code == 2, res.output
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: {bad}: cannot read the store (Corrupt database file"), line
+    with pytest.raises(StoreError, match=f"^{bad}: cannot read the store"):
+        lookup(Q, "ngram", 3, "off", table=bad)
+
+
+@pytest.mark.parametrize("command", [("export", "--to", "json"), ("export", "--to", "inferencex", "--model", Q,
+                                                                    "--model-prefix", "qwen2.5c"), ("report",)])
+def test_an_out_path_that_cannot_be_written_is_named(app: typer.Typer, db: Path, tmp_path: Path, command: tuple) -> None:
+    """Issue 31 item 8: `--out` under a file said "[Errno 17] File exists", and `--out /proc/version --force`
+    "[Errno 5]" naming no path: every --out failure is one line naming the path it could not write."""
+    (tmp_path / "file").write_text("mine")
+    under = tmp_path / "file" / "sub" / ("t.json" if command[-1] == "json" else "out")
+    res = invoke(app, *command, "--db", str(db), "--out", str(under), "--bootstrap", "50")
+    assert res.exit_code == 2, res.output
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: cannot write {under}") and line.endswith(f": {tmp_path / 'file'} is a file, not a folder")
+    assert (tmp_path / "file").read_text() == "mine"
+    unwritable = Path("/proc/version")
+    if command[-1] == "json" and unwritable.is_file():
+        res = invoke(app, *command, "--db", str(db), "--out", str(unwritable), "--force")
+        assert res.exit_code == 2 and res.stderr.startswith(f"error: cannot write {unwritable}: "), res.output
+        assert len(res.stderr.splitlines()) == 1
+
+
+def test_an_empty_store_is_no_answer_for_show_export_and_report(app: typer.Typer, tmp_path: Path) -> None:
+    """Issue 31 item 8: `show` of an empty store exited 0 where export and report exit 1; all three are no
+    answer (exit 1, calibrate/errors.py), in one line."""
+    from calibrate.tables.store import Store
+
+    empty = tmp_path / "empty.duckdb"
+    Store(empty).close()
+    for args in (("show",), ("show", "--format", "json"), ("show", "--format", "csv"), ("export", "--to", "json"),
+                 ("report", "--out", str(tmp_path / "plots"))):
+        res = invoke(app, *args, "--db", str(empty))
+        assert res.exit_code == 1, (args, res.output)
+        (line,) = res.stderr.splitlines()
+        assert line.startswith("error: nothing to ") and res.stdout == "", (args, res.output)
+    assert invoke(app, "show", "--db", str(empty)).stderr == f"error: nothing to show: no measurements in {empty}\n"
+
+
+def test_show_experts_fits_80_columns(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31 item 10: `show --experts` printed a table about 180 columns wide, where the README says `show`
+    fits 80: constant columns move to the caption, the target shows its last part, a long speculator label its
+    kind with a legend, headers are short and MB keep four digits; --wide keeps the long forms."""
+    from dataclasses import replace
+
+    from calibrate.tables.commands import _render_experts
+    from calibrate.tables.experts import ExpertRecord
+
+    model = "/root/.cache/calibrate-test-models/tiny-deepseek-mtp"
+    records = [
+        ExpertRecord(target=model, speculator=f"mtp:{model}", draft_len=k, thinking="off", temperature=0.7,
+                     dataset="mini-swe-agent", batch_size=b, routing=routing, requests=12 // b, conversations=12,
+                     steps=100, moe_layers=58, routed_experts=256, top_k=8, distinct=31.25, distinct_plain=8.0,
+                     multiplier=3.906, ci_low=None if k == 1 else 3.5, ci_high=None if k == 1 else 4.25,
+                     ci_note="n too small: fewer than 10 conversations" if k == 1 else None, acceptance_length=2.5,
+                     bytes_per_step=size * 1e6, bytes_per_token=size * 4e5, plain_bytes_per_token=size * 1e5)
+        for k in (1, 8, 16) for b in (1, 12) for routing in ("router", "uniform", "round-robin")
+        for size in (0.1234, 123456.78)]
+    monkeypatch.setenv("COLUMNS", "80")
+    two = [replace(r, speculator="eagle3:/some/long/path/head") if i % 2 else r for i, r in enumerate(records)]
+    for shown, named in ((records, [f"speculator mtp:{model},"]),
+                         (two, [f"mtp = mtp:{model}", "eagle3 = eagle3:/some/long/path/head"])):
+        _render_experts(shown)
+        lines = capsys.readouterr().out.splitlines()
+        assert max(len(line) for line in lines) <= 80 and "\u2026" not in "".join(lines), "\n".join(lines)
+        words = " ".join(" ".join(lines).split())  # the caption may wrap anywhere
+        assert "target tiny-deepseek-mtp" in words and "temperature 0.7" in words  # constant: in the caption
+        assert all(name in words for name in named), words  # one speculator in full, or a legend
+        assert any(line.split()[-3:] == ["123457", "49383", "12346"] for line in lines)  # MB, no exponent
+        assert any("n too small" in line for line in lines)
+        rows = [line.split()[-10:] for line in lines if "round-robin" in line.split()]
+        assert ["16", "12", "round-robin", "1", "31.25", "3.91", "3.50-4.25", "0.1234", "0.0494", "0.0123"] in rows
+    _render_experts(two, wide=True)
+    wide = capsys.readouterr().out
+    assert f"mtp:{model}" in wide and "distinct k=0" in wide and "MB/token k=0" in wide and "2.50" in wide

@@ -47,7 +47,7 @@ from calibrate.kernels import verify_greedy, verify_rejection
 from calibrate.kernels.reference import Sampling, VerifyOutput
 from calibrate.kv_slots import Prefix, SlotCache, prefill
 from calibrate.progress import TokenProgress
-from calibrate.replay.counts import StepCounts
+from calibrate.replay.counts import StepCounts, check_k
 from calibrate.replay.experts import ExpertRecorder, ExpertTrace
 from calibrate.replay.steps import step_accepted
 from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds, select_features
@@ -435,8 +435,7 @@ def _check(speculators: Sequence[Speculator], prompts: Sequence[Sequence[int]], 
         raise ValueError(f"temperature must be >= 0, got {sampling.temperature}")
     if verification not in VERIFICATION_RULES:
         raise ValueError(f"unknown verification rule {verification!r} (known: {', '.join(VERIFICATION_RULES)})")
-    if any(k < 1 for k in ks):
-        raise ValueError(f"k must be >= 1, got {list(ks)}")
+    check_k(ks)
     if loop_rows < 1:
         raise ValueError(f"loop_rows must be >= 1, got {loop_rows}")
     if any(len(p) < 1 for p in prompts):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from calibrate.replay.counts import StepCounts
+from calibrate.replay.counts import StepCounts, check_k
 from calibrate.replay.responses import Response
 from calibrate.replay.steps import walk_steps
 from calibrate.speculators.base import Speculator, TargetFeatures
@@ -29,6 +29,7 @@ def score_replay(
 ) -> list[dict[int, StepCounts]]:
     """Step counts per request and per k, for one speculator, from fixed responses. `features` (from
     `target_features`, covering at least what the speculator needs) is required when it needs any."""
+    check_k(ks)
     tokens = [r.tokens for r in responses]
     if speculator.needs.any:
         if features is None:

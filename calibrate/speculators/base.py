@@ -29,11 +29,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+from calibrate.models import check_written_path
 
 # run_at(t, k) -> (how many of the drafts proposed for k at response position t match the response from t,
 # how many drafts were proposed). See calibrate.replay.steps.walk_steps.
@@ -76,11 +78,32 @@ def select_features(hidden_states: Sequence[torch.Tensor], needs: TargetNeeds, r
                           hidden_states[-1][row] if needs.last else None)
 
 
+# Every table of a sweep config (calibrate.config, and each kind's speculator table): an unknown key is an
+# error; NaN and infinity are refused for every float (a NaN temperature would be stored and exported as a
+# key); and no value is coerced to another type (`strict`): `k = [true]`, `k = ["1"]`, `context_tokens =
+# "256"` or `experts = "yes"` are mistakes, refused as any wrong type is. An int is still a float
+# (`temperature = 1`).
+CONFIG_TABLE = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+
+def _written_path_exists(name: str) -> str:
+    try:
+        check_written_path(name)
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from None
+    return name
+
+
+# A model name in a config table (a speculator's `model`, a server's `model`): resolved as the README says (an
+# existing path, a built test model, else a hub id), so a name written as a path that does not exist is
+# refused when the config is read, naming it, not when an engine fails to load it.
+ModelName = Annotated[str, AfterValidator(_written_path_exists)]
+
+
 class SpeculatorConfig(BaseModel):
     """Base of every kind's config table (`[[pairs]].speculators` entries): strict, immutable."""
 
-    # NaN and infinity are refused for every float, as in calibrate.config.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = CONFIG_TABLE
 
 
 @dataclass

@@ -20,13 +20,13 @@ import torch
 from calibrate.kernels.reference import Sampling, sample_drafts
 from calibrate.kv_slots import SlotCache
 from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
-from calibrate.speculators.base import BuildContext, ReplayScorer, Speculator, SpeculatorConfig, needs
+from calibrate.speculators.base import BuildContext, ModelName, ReplayScorer, Speculator, SpeculatorConfig, needs
 
 
 class DraftSpeculatorConfig(SpeculatorConfig):
     kind: Literal["draft"]
-    model: str
-    gguf: str | None = None  # llama.cpp backend: the draft's GGUF file (`model` still names its tokenizer)
+    model: ModelName
+    gguf: ModelName | None = None  # llama.cpp backend: the draft's GGUF file (`model` still names its tokenizer)
 
 
 def run_lengths(match: np.ndarray) -> np.ndarray:

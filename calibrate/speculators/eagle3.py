@@ -26,7 +26,7 @@ import torch
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import fingerprint, resolve, resolve_dtype
 from calibrate.speculators.base import (
-    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
+    BuildContext, ModelName, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
     chain_replay_scorers,
 )
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # the head's module imports transformers' Llama layers (and T
 
 class Eagle3SpeculatorConfig(SpeculatorConfig):
     kind: Literal["eagle3"]
-    model: str  # a head folder in either checkpoint format, or a built test model's name
+    model: ModelName  # a head folder in either checkpoint format, or a built test model's name
 
 
 @dataclass

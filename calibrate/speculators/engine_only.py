@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from calibrate.speculators.base import EngineMethod, Speculator, SpeculatorConfig
+from calibrate.speculators.base import EngineMethod, ModelName, Speculator, SpeculatorConfig
 
 # Where each engine takes a drafter's weights: vLLM's speculative-config key, SGLang's and llama.cpp's flag.
 MODEL_KEY = {"vllm": "model", "sglang": "speculative-draft-model-path", "llama.cpp": "spec-draft-model"}
@@ -30,7 +30,7 @@ class EngineSpeculatorConfig(SpeculatorConfig):
 
     kind: Literal["engine"]
     method: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_\-]+$")
-    model: str | None = None
+    model: ModelName | None = None
     settings: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -7,28 +7,28 @@ another process holds the store).
 
 from __future__ import annotations
 
-import contextlib
 import json
+import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
-import duckdb
 import typer
 
-from calibrate.errors import StoreError, cli_errors
+from calibrate.errors import NothingUsable, cli_errors
+from calibrate.replay.counts import check_k
 from calibrate.tables import consumers, exports, inferencex, query, runner_env, stats
 from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, context_bucket,
                                      from_name)
 from calibrate.tables.inferencex import Naming
 from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.lookup import lookup as lookup_record
-from calibrate.tables.records import KEY_FIELDS, AcceptanceRecord
+from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
 from calibrate.tables.experts import ExpertRecord, load_expert_records
-from calibrate.tables.store import connect
+from calibrate.tables.store import connect, reading
 
 SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
              "acceptance_length", "ci_low", "ci_high", "ci_note", "macro_acceptance_length")
@@ -55,6 +55,8 @@ def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_le
              thinking: str | None, dataset: list[str] | None, temperature: list[float] | None,
              where: list[str] | None = None) -> query.Filters:
     """CLI filter options -> Filters; model and speculator names are resolved like lookup resolves them."""
+    if draft_len:
+        check_k(draft_len, "--draft-len")
     entries = query.catalog(con)
     targets = None
     if model is not None:
@@ -87,7 +89,7 @@ def _load(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int,
         raise ValueError(f"--by {by.name} gives the overall AL per bucket: it does not combine with --segments")
     con = connect(db, read_only=True)
     try:
-        with _reading(db):
+        with reading(db):
             filters = replace(_filters(con, *filters_args), bucket=bucket)
             if by is not None:
                 records = query.load_bucketed(con, by, filters, n_boot=n_boot, seed=seed)
@@ -107,7 +109,8 @@ def _empty_bucket(con: Any, filters: query.Filters, bucket: Bucket, db: Path) ->
     held = query.bucket_requests(con, DIMENSIONS[bucket.dimension], replace(filters, bucket=None))
     listed = ", ".join(f"{label} ({n})" for label, n in held.items() if n) or "none"
     return NotMeasured(f"no measured request in {db} is in {bucket.name} "
-                       f"({DIMENSIONS[bucket.dimension].description}); requests per {bucket.dimension}: {listed}")
+                       f"({DIMENSIONS[bucket.dimension].description}); stored requests per {bucket.dimension}: "
+                       f"{listed}")
 
 
 # Filters -> (the runs column, the option that set it), for saying what was asked and what exists.
@@ -129,16 +132,6 @@ def _no_match(con: Any, filters: query.Filters, db: Path) -> NotMeasured:
         asked.append(f"--where {column}={value}")
         measured.append(f"{column} {', '.join(query.distinct_values(con, column))}")
     return NotMeasured(f"no measurement in {db} matches {'; '.join(asked)}; measured: {'; '.join(measured)}")
-
-
-@contextlib.contextmanager
-def _reading(db: Path) -> Iterator[None]:
-    """A block that fails to read only now (the header opened fine) is a StoreError naming the file,
-    whichever command read it (DuckDB's own message names none)."""
-    try:
-        yield
-    except duckdb.Error as exc:
-        raise StoreError(f"{db}: cannot read the store ({str(exc).strip().splitlines()[0]})") from None
 
 
 def interrupted(record: AcceptanceRecord) -> bool:
@@ -201,12 +194,11 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
     move to the caption, a target shows its last path part, and a long speculator label its short form with
     a legend (json / csv, and `wide`, keep the full labels)."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
     short = {r.speculator: r.speculator for r in records} if wide else short_labels([r.speculator for r in records])
     cells: dict[str, list[str]] = {
-        "target": [r.target.rstrip("/").rsplit("/", 1)[-1] for r in records],
+        "target": [_last_part(r.target) for r in records],
         "speculator": [short[r.speculator] for r in records],
         "k": [str(r.draft_len) for r in records],
         "think": [r.thinking for r in records],
@@ -235,27 +227,21 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
     if any(r.empty_steps for r in records):
         cells["drafted AL"] = ["-" if r.drafted_acceptance_length is None else f"{r.drafted_acceptance_length:.3f}"
                                for r in records]
-    constant = [c for c in ("target", "think", "temperature", "top_p", "top_k", "dataset")
-                if c in cells and len(set(cells[c])) == 1]
-    caption = ", ".join(f"{c} {cells[c][0]}" for c in constant)
-    legend = [f"{brief} = {label}" for label, brief in short.items() if brief != label]
-    if legend:
-        caption += ("\n" if caption else "") + "\n".join(legend)
+    constant = _constants(cells, ("target", "think", "temperature", "top_p", "top_k", "dataset"))
+    notes = []
     if "drafted AL" in cells:
-        caption += ("\n" if caption else "") + ("drafted: the drafted AL, over the steps that proposed drafts, as "
-                                                 "vLLM logs it; AL counts every target pass")
+        notes.append("drafted: the drafted AL, over the steps that proposed drafts, as vLLM logs it; AL counts every "
+                     "target pass")
     if "expected" in cells and not wide:
-        caption += ("\n" if caption else "") + "E[AL]: the analytic expected AL (same mean, lower variance)"
+        notes.append("E[AL]: the analytic expected AL (same mean, lower variance)")
     if any(r.ci_note for r in records):
-        caption += ("\n" if caption else "") + (f"n too small: fewer than {stats.MIN_CI_CONVERSATIONS} conversations, too "
-                                                 "few for a clustered bootstrap: no interval")
+        notes.append(N_TOO_SMALL)
     if any(interrupted(r) for r in records):
-        caption += ("\n" if caption else "") + "* a run was interrupted: the same `calibrate run` resumes it"
-    for dim in (DIMENSIONS[name] for name in dims):
-        caption += ("\n" if caption else "") + f"{dim.name}: {dim.description}; buckets {bucket_labels(dim)}"
+        notes.append("* a run was interrupted: the same `calibrate run` resumes it")
+    notes += [f"{dim.name}: {dim.description}; buckets {bucket_labels(dim)}" for dim in (DIMENSIONS[n] for n in dims)]
     table = Table(title="Acceptance length: pooled AL, 95% CI, macro AL",
-                  caption=caption or None, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
-                  padding=(0, 1, 0, 0))
+                  caption=_caption(cells, constant, short, notes), box=box.SIMPLE_HEAD, pad_edge=False,
+                  show_edge=False, padding=(0, 1, 0, 0))
     shown = [c for c in cells if c not in constant]
     for col in shown:
         header = col if wide else NARROW_HEADERS.get(col, col)
@@ -267,8 +253,34 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
             table.add_column(header, justify="right", no_wrap=True)
     for i in range(len(records)):
         table.add_row(*(cells[c][i] for c in shown))
+    _print_table(table, wide)
+
+
+N_TOO_SMALL = (f"n too small: fewer than {stats.MIN_CI_CONVERSATIONS} conversations, too few for a clustered "
+               "bootstrap: no interval")
+
+
+def _constants(cells: dict[str, list[str]], movable: Sequence[str]) -> list[str]:
+    """The columns among `movable` whose value is the same on every row: they move to the caption."""
+    return [c for c in movable if c in cells and len(set(cells[c])) == 1]
+
+
+def _caption(cells: dict[str, list[str]], constant: Sequence[str], short: dict[str, str],
+             notes: Sequence[str], names: dict[str, str] | None = None) -> str | None:
+    """The constant columns' values (under their long `names`), the legend of shortened labels, then the
+    notes, one per line."""
+    lines = [", ".join(f"{(names or {}).get(c, c)} {cells[c][0]}" for c in constant),
+             *(f"{brief} = {label}" for label, brief in short.items() if brief != label), *notes]
+    return "\n".join(line for line in lines if line) or None
+
+
+def _print_table(table: Any, wide: bool) -> None:
+    """In the terminal's width (80 when it is no terminal); `wide`: as wide as the table wants, whatever the
+    terminal, so a pipe to a file or `less -S` reads it whole."""
+    from rich.console import Console
+
     console = Console()
-    if wide:  # as wide as the table wants, whatever the terminal: a pipe to a file or `less -S` reads it
+    if wide:
         from rich.measure import Measurement
 
         needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
@@ -278,10 +290,11 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
 
 def truncation_warnings(records: Sequence[AcceptanceRecord]) -> list[str]:
     """One line per (target, dataset) whose runs left-truncated most of their requests' prompts: n-gram and
-    suffix copy from the context, so their AL there understates what full prompts give."""
+    suffix copy from the context, so their AL there understates what full prompts give. Both counts are of
+    the requests a record counts (those with a verify step), over whole keys (segment 'all')."""
     sums: dict[tuple[Any, ...], tuple[int, int]] = {}  # a key's buckets (`--by`) partition its requests: summed
     for r in records:
-        if r.truncated_requests is not None and r.requests:
+        if r.truncated_requests is not None and r.requests and r.segment == SEGMENT_ALL:
             cut, total = sums.get((r.key, r.segment), (0, 0))
             sums[(r.key, r.segment)] = (cut + r.truncated_requests, total + r.requests)
     worst: dict[tuple[str, str], tuple[int, int]] = {}
@@ -290,9 +303,9 @@ def truncation_warnings(records: Sequence[AcceptanceRecord]) -> list[str]:
             named = dict(zip(KEY_FIELDS, key))
             pair = (named["target"], named["dataset"])
             worst[pair] = max(worst.get(pair, (0, 1)), (cut, total), key=lambda t: t[0] / t[1])
-    return [f"{target} on {dataset}: {cut} of {total} requests had their prompt left-truncated to the context "
-            "budget; model-free speculators (n-gram, suffix) match against the context, so their AL is "
-            "understated (README: how much the prompt budget moves AL)"
+    return [f"{target} on {dataset}: {cut} of {total} requests with a verify step (those AL counts) had their "
+            "prompt left-truncated to the context budget; model-free speculators (n-gram, suffix) match against the "
+            "context, so their AL is understated (README: how much the prompt budget moves AL)"
             for (target, dataset), (cut, total) in sorted(worst.items())]
 
 
@@ -302,7 +315,7 @@ def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool =
     con = connect(db, read_only=True)
     try:
         filters = query.Filters(run_ids=tuple(run_ids) if run_ids is not None else None)
-        with _reading(db):
+        with reading(db):
             records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
     finally:
         con.close()
@@ -375,15 +388,14 @@ def show(
         if by is not None or segments:
             raise ValueError(f"--experts is the verify-cost profile per key: it does not combine with "
                              f"{'--by' if by is not None else '--segments'}")
-        _show_experts(db, filters_args, format, bootstrap, seed)
+        _show_experts(db, filters_args, format, bootstrap, seed, wide)
         return
     records = _load(db, filters_args, segments, bootstrap, seed, by=DIMENSIONS[by.value] if by is not None else None)
+    if not records:  # no answer, as export and report say it of an empty store
+        raise NothingUsable(f"nothing to show: no measurements in {db}")
     for warning in truncation_warnings(records):
         typer.echo(f"warning: {warning}", err=True)
     if format is ShowFormat.table:
-        if not records:
-            typer.echo(f"no measurements in {db}")
-            return
         _render_table(records, segments, wide)
     elif format is ShowFormat.json:
         typer.echo(json.dumps(show_rows(records, segments), indent=2))
@@ -393,7 +405,7 @@ def show(
 def _load_experts(db: Path, filters_args: tuple, n_boot: int, seed: int) -> list[ExpertRecord]:
     con = connect(db, read_only=True)
     try:
-        with _reading(db):
+        with reading(db):
             filters = _filters(con, *filters_args)
             records = load_expert_records(con, filters, n_boot=n_boot, seed=seed)
             if not records:
@@ -403,35 +415,84 @@ def _load_experts(db: Path, filters_args: tuple, n_boot: int, seed: int) -> list
         con.close()
 
 
-def _show_experts(db: Path, filters_args: tuple, fmt: ShowFormat, n_boot: int, seed: int) -> None:
+def _show_experts(db: Path, filters_args: tuple, fmt: ShowFormat, n_boot: int, seed: int, wide: bool) -> None:
     records = _load_experts(db, filters_args, n_boot, seed)
     if fmt is ShowFormat.json:
         typer.echo(json.dumps([r.row() for r in records], indent=2))
     elif fmt is ShowFormat.csv:
         sys.stdout.write(_csv_text([r.row() for r in records]))
     else:
-        _render_experts(records)
+        _render_experts(records, wide)
 
 
-def _render_experts(records: Sequence[ExpertRecord]) -> None:
-    """The profile for humans: per key, batch size and routing, distinct experts at k and 0 and their ratio."""
+def _megabytes(n_bytes: float) -> str:
+    """MB in four significant digits and no exponent (0.1234, 12.35, 1235, 123457): a narrow column whatever
+    the model's size."""
+    mb = n_bytes / 1e6
+    return f"{mb:.{max(0, min(4, 3 - math.floor(math.log10(mb))))}f}" if mb > 0 else "0"
+
+
+# The profile's headers in 80 columns, and as `--wide` prints them; the caption explains both.
+EXPERT_HEADERS = {"spec": "speculator", "dist": "distinct", "dist0": "distinct k=0", "MB/tok": "MB/token",
+                  "MB/tok0": "MB/token k=0"}
+
+
+def _render_experts(records: Sequence[ExpertRecord], wide: bool = False) -> None:
+    """The profile for humans, in 80 columns as `show`'s table is: per key, batch size and routing, distinct
+    experts at k and at 0 and their ratio; columns the same on every row move to the caption, a target shows
+    its last path part and a long speculator label its short form with a legend."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
-    table = Table(box=box.SIMPLE, caption="distinct: routed experts per MoE layer per verify step (B requests "
-                  "batched: their union); x: distinct at k / at k = 0, 95% CI over conversations; MB read by "
-                  "the experts per step and per emitted token (shared experts included)", caption_justify="left")
-    for header in ("target", "speculator", "k", "B", "routing", "reqs", "distinct", "k=0", "x", "95% CI", "AL",
-                   "MB/step", "MB/token", "k=0 MB/tok"):
-        table.add_column(header, justify="left" if header in ("target", "speculator", "routing") else "right")
-    for r in records:
-        interval = r.ci_note.split(":")[0] if r.ci_note else f"{r.ci_low:.3f}-{r.ci_high:.3f}"
-        table.add_row(r.target.rstrip("/").rsplit("/", 1)[-1], r.speculator, str(r.draft_len), str(r.batch_size),
-                      r.routing, str(r.requests), f"{r.distinct:.2f}", f"{r.distinct_plain:.2f}",
-                      f"{r.multiplier:.3f}", interval, f"{r.acceptance_length:.3f}", f"{r.bytes_per_step / 1e6:.3f}",
-                      f"{r.bytes_per_token / 1e6:.3f}", f"{r.plain_bytes_per_token / 1e6:.3f}")
-    Console(width=200).print(table)
+    labels = [r.speculator for r in records]
+    one = len(set(labels)) == 1  # then the caption names it in full
+    short = {label: label for label in labels} if wide or one else short_labels(labels)
+    cells: dict[str, list[str]] = {
+        "target": [_last_part(r.target) for r in records],
+        "spec": [short[r.speculator] for r in records],
+        "think": [r.thinking for r in records],
+        "temperature": [f"{r.temperature:g}" for r in records],
+        "dataset": [r.dataset for r in records],
+        "k": [str(r.draft_len) for r in records],
+        "B": [str(r.batch_size) for r in records],
+        "routing": [r.routing for r in records],
+        "reqs": [str(r.requests) for r in records],
+        "dist": [f"{r.distinct:.2f}" for r in records],
+        "dist0": [f"{r.distinct_plain:.2f}" for r in records],
+        "x": [f"{r.multiplier:.2f}" for r in records],
+        "95% CI": [r.ci_note.split(":")[0] if r.ci_note else f"{r.ci_low:.2f}-{r.ci_high:.2f}" for r in records],
+        "AL": [f"{r.acceptance_length:.2f}" for r in records],
+        "MB/step": [_megabytes(r.bytes_per_step) for r in records],
+        "MB/tok": [_megabytes(r.bytes_per_token) for r in records],
+        "MB/tok0": [_megabytes(r.plain_bytes_per_token) for r in records],
+    }
+    if not wide:  # x is dist / dist0; `show` prints the AL, which bytes per token already divide by
+        del cells["dist0"], cells["AL"]
+    constant = _constants(cells, ("target", "spec", "think", "temperature", "dataset", "B", "reqs"))
+    notes = ["dist: distinct routed experts per MoE layer per verify step (B requests batched: their union); x: dist "
+             "/ the same at k = 0 (plain decoding), 95% CI over conversations; MB/step, MB/tok: expert weights read "
+             "per verify step and per emitted token (shared experts included), MB/tok0 at k = 0"
+             + ("" if wide else "; --wide adds distinct at k = 0 and AL")]
+    if any(r.ci_note for r in records):
+        notes.append(N_TOO_SMALL)
+    table = Table(title="MoE verify cost: distinct routed experts, multiplier x",  # up to 13 columns: one space apart
+                  caption=_caption(cells, constant, short, notes, EXPERT_HEADERS), caption_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=0)
+    shown = [c for c in cells if c not in constant]
+    for col in shown:
+        header = EXPERT_HEADERS.get(col, col) if wide else col
+        if col in ("target", "spec", "dataset"):
+            table.add_column(header, no_wrap=not wide and col == "spec", overflow="fold")
+        else:
+            table.add_column(header, justify="left" if col == "routing" else "right", no_wrap=True)
+    for i in range(len(records)):
+        table.add_row(*(cells[c][i] for c in shown))
+    _print_table(table, wide)
+
+
+def _last_part(target: str) -> str:
+    """A target as a narrow column shows it: the last part of its path or hub id."""
+    return target.rstrip("/").rsplit("/", 1)[-1]
 
 
 _FORMATS_HELP = "; ".join(f"{c.name}: {c.reads}" for c in consumers.CONSUMERS.values())
@@ -480,7 +541,8 @@ def export(
                     draft_sample_method=draft_sample_method.value if draft_sample_method else None,
                     draft_model=draft_model)
     options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, naming=naming)
-    written = consumers.export(records, target.name, out, options=options, force=force)
+    written = consumers.export(records, target.name, out, options=options, force=force,
+                               tell=lambda line: typer.echo(f"note: {line}", err=True))
     for warning in consumers.export_warnings(records, target.name, options):
         typer.echo(f"warning: {warning}", err=True)
     for note in consumers.export_notes(records, target.name, options):
@@ -514,6 +576,8 @@ def lookup(
     context: Optional[str] = _CONTEXT_OPT,
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
+    if draft_len is not None:
+        check_k([draft_len], "--draft-len")
     match_prefix = False
     if from_env:
         asked = runner_env.question(runner_env.environment(), model=model, speculator=speculator,
@@ -549,8 +613,8 @@ def lookup(
     if record.extrapolated:
         typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
     if record.bucket is not None:
-        typer.echo(f"note: AL of the requests in {record.bucket} only ({record.requests} requests, "
-                   f"{record.conversations} conversations)", err=True)
+        typer.echo(f"note: AL of the requests in {record.bucket} only ({record.requests} requests with a verify "
+                   f"step, {record.conversations} conversations)", err=True)
 
 
 def _framework_format(framework: str | None) -> str:
@@ -585,12 +649,12 @@ def report(
 
     filters_args = (model, speculator, None, thinking, dataset, temperature, where)
     if experts:
-        typer.echo(str(plot_experts(_load_experts(db, filters_args, bootstrap, seed), out, force=force)))
-        return
-    records = _load(db, filters_args, False, bootstrap, seed)
-    by_context = _load(db, filters_args, False, bootstrap, seed, by=CONTEXT)
-    for path in plot(records, out, force=force, by_context=by_context):
-        typer.echo(str(path))
+        paths = [plot_experts(_load_experts(db, filters_args, bootstrap, seed), out, force=force)]
+    else:
+        records = _load(db, filters_args, False, bootstrap, seed)
+        paths = plot(records, out, force=force, by_context=_load(db, filters_args, False, bootstrap, seed, by=CONTEXT))
+    for path in paths:  # as export names its files
+        typer.echo(f"wrote {path}", err=True)
 
 
 def register(app: typer.Typer) -> None:

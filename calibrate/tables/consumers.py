@@ -114,8 +114,10 @@ Writer = Callable[[Sequence[AcceptanceRecord], ExportOptions, Stamp, "Path | Non
 Render = Callable[[AcceptanceRecord, ExportOptions], str]
 Selection = Callable[[Sequence[AcceptanceRecord], ExportOptions], list[str]]
 # A merger returns the new text of an existing --out file that the consumer shares with others (its existing
-# text, then the records, options, stamp, `force`, the path); it refuses what would replace a value unforced.
-Merger = Callable[[str, Sequence[AcceptanceRecord], ExportOptions, Stamp, bool, Path], str]
+# text, then the records, options, stamp, `force`, the path, and where to tell what `force` replaced); it
+# refuses what would replace a value unforced.
+Tell = Callable[[str], None]
+Merger = Callable[[str, Sequence[AcceptanceRecord], ExportOptions, Stamp, bool, Path, Tell], str]
 
 
 @dataclass(frozen=True)
@@ -201,8 +203,8 @@ def _write_reference(records: Sequence[AcceptanceRecord], options: ExportOptions
 
 
 def _merge_reference(existing: str, records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
-                     force: bool, out: Path) -> str:
-    return reference_al.merge(existing, records, options.naming.model_prefix, str(stamp), force, str(out))
+                     force: bool, out: Path, tell: Tell) -> str:
+    return reference_al.merge(existing, records, options.naming.model_prefix, str(stamp), force, str(out), tell)
 
 
 def _trtllm_warnings(records: Sequence[AcceptanceRecord], options: ExportOptions) -> list[str]:
@@ -310,11 +312,11 @@ def check_options(c: Consumer, options: ExportOptions) -> None:
 
 def export(records: Sequence[AcceptanceRecord], to: str, out: Path | None, *,
            options: ExportOptions = ExportOptions(), stamp: Stamp | None = None,
-           force: bool = False) -> str | list[Path]:
+           force: bool = False, tell: Tell = lambda line: None) -> str | list[Path]:
     """Write `records` for consumer `to` to `out` (a file, or a folder for inferencex / specdec-profile), or
     return the text. Parquet, being binary, needs `out`; an existing file is overwritten only with `force`
     (a consumer that merges, inferencex-reference, merges into it instead, replacing a value only with `force`),
-    and nothing is written when one would be refused."""
+    and nothing is written when one would be refused; `tell` hears what a forced merge replaced."""
     c = consumer(to)
     check_options(c, options)
     if not records:
@@ -323,7 +325,8 @@ def export(records: Sequence[AcceptanceRecord], to: str, out: Path | None, *,
     stamp = stamp or Stamp.now()
     content = c.write(records, options, stamp, out)
     if c.merge is not None and out is not None and out.is_file():
-        return write_files(c.merge(out.read_text(encoding="utf-8"), records, options, stamp, force, out), out, True)
+        merged = c.merge(out.read_text(encoding="utf-8"), records, options, stamp, force, out, tell)
+        return write_files(merged, out, True)
     if out is None:
         assert isinstance(content, str)  # only a folder of files and parquet need `out`
         return content

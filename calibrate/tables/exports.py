@@ -10,10 +10,11 @@ TensorRT-LLM gets that AL - 1; rates sum to AL - 1.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -116,10 +117,32 @@ class NothingToExport(NothingUsable):
     """No measured key matches the filters: no answer (exit 1)."""
 
 
+def _file_above(path: Path) -> Path | None:
+    """The nearest existing folder above `path` when it is a file instead (nothing can be made under it)."""
+    for parent in path.parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """An OS error while writing `path` (or making its folder) is one message naming it: the bare errno text
+    names no path (`--out /proc/version --force`: "[Errno 5] Input/output error"), or only a parent."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def refuse_overwrite(paths: Sequence[Path], force: bool) -> None:
     """Refuse before writing anything when a path to be written exists (a measured table is easily lost by
-    re-running an export): `force` overwrites files, never a folder that stands where a file should go."""
+    re-running an export): `force` overwrites files, never a folder that stands where a file should go; and
+    a file where a folder above the path should be refuses it, forced or not."""
     for path in paths:
+        above = _file_above(path)
+        if above is not None:
+            raise NotADirectoryError(f"cannot write {path}: {above} is a file, not a folder")
         if path.is_dir():
             raise IsADirectoryError(f"{path} is a folder: give --out a file path")
         if path.exists() and not force:
@@ -133,9 +156,10 @@ def write_files(content: str | bytes | dict[str, str], out: Path, force: bool) -
         {out / name: text for name, text in content.items()} if isinstance(content, dict) else {out: content})
     refuse_overwrite(list(files), force)
     for path, data in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(data, bytes):
-            path.write_bytes(data)
-        else:
-            path.write_text(data)
+        with writing(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(data, bytes):
+                path.write_bytes(data)
+            else:
+                path.write_text(data)
     return list(files)

@@ -8,21 +8,25 @@ measured per-position curve only when the caller asks for it (`extrapolate=True`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Protocol
 
+import duckdb
+
+from calibrate.replay.counts import check_k
 from calibrate.tables import query
 from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, from_name
 from calibrate.tables.inferencex import KNOWN_TARGETS
 from calibrate.tables.query import CatalogEntry, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
-from calibrate.tables.store import connect
+from calibrate.tables.store import connect, reading
 
 DEFAULT_TABLE = Path("tables") / "acceptance.duckdb"
 EXPORT_SCHEMA = "spec-calibrate/acceptance-table"
@@ -74,31 +78,32 @@ class DuckDBTable:
         self.n_boot = n_boot
         self.seed = seed
 
-    def catalog(self) -> list[CatalogEntry]:
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only connection; a damaged block is an error naming the file, as `show` and `run` say it."""
         con = connect(self.path, read_only=True)
         try:
-            return query.catalog(con)
+            with reading(self.path):
+                yield con
         finally:
             con.close()
 
+    def catalog(self) -> list[CatalogEntry]:
+        with self._reading() as con:
+            return query.catalog(con)
+
     def record(self, entry: CatalogEntry, segment: str, bucket: Bucket | None = None) -> AcceptanceRecord | None:
-        con = connect(self.path, read_only=True)
-        try:
+        with self._reading() as con:
             records = query.load_records(con, _entry_filters(entry, bucket), segments=segment != SEGMENT_ALL,
                                          n_boot=self.n_boot, seed=self.seed)
-        finally:
-            con.close()
         return next((r for r in records if r.key == entry.key and r.segment == segment), None)
 
     def held(self, entry: CatalogEntry) -> str:
-        con = connect(self.path, read_only=True)
-        try:
+        with self._reading() as con:
             counts = query.bucket_requests(con, CONTEXT, _entry_filters(entry, None))
-        finally:
-            con.close()
         if not any(counts.values()):
             return "no request written yet (a run stopped before its first?)"
-        return "requests per context: " + ", ".join(f"{label} ({n})" for label, n in counts.items() if n)
+        return "stored requests per context: " + ", ".join(f"{label} ({n})" for label, n in counts.items() if n)
 
 
 def _entry_filters(entry: CatalogEntry, bucket: Bucket | None) -> Filters:
@@ -354,8 +359,7 @@ def resolve(
 
     Each narrowing step fails with what exists one level up, so the message says what to ask instead.
     """
-    if draft_len < 1:
-        raise ValueError(f"draft length must be a positive integer, got {draft_len}")
+    check_k([draft_len], "draft length k")
     mode = normalize_thinking(thinking)
     target = match_target(model, entries, prefix=match_prefix)
     rows = [e for e in entries if e.target == target]

@@ -252,8 +252,8 @@ def load_records(
         if key in totals_keys or hist.sum() == 0:
             continue
         summary = stats.summarize(hist, clusters, **stat)
-        records.append(_record(keys[key], segment, summary, total_of[(key, segment)], truncated_of.get(key),
-                               **stat))
+        records.append(_record(keys[key], segment, summary, total_of[(key, segment)],
+                               truncated_of.get((key, segment)), **stat))
     records.sort(key=lambda r: (_sort_key(r.key), SEGMENT_ORDER.index(r.segment)))
     if filters.bucket is not None:
         records = [replace(r, bucket=filters.bucket.name) for r in records]
@@ -335,13 +335,20 @@ def _segment_totals(scope: _Scope) -> dict[tuple[int, str], tuple[Any, ...]]:
     return {(row[0], row[1]): row[2:] for row in rows}
 
 
-def _truncated_requests(scope: _Scope) -> dict[int, int]:
-    """key -> requests whose prompt was left-truncated to the context budget."""
-    return dict(scope.run(
-        """SELECT key_ix, count(*) FILTER (WHERE truncated_tokens > 0)
-        FROM requests JOIN chosen USING (run_id, request_id) JOIN keyed USING (run_id)
-        GROUP BY key_ix"""
-    ).fetchall())
+def _truncated_requests(scope: _Scope) -> dict[tuple[int, str], int]:
+    """(key, segment) -> of the requests its record counts (those with a verify step there: the record's
+    `requests`), the ones whose prompt was left-truncated to the context budget. A request without a step (a
+    one-token answer; a vLLM n-gram answer whose steps all proposed nothing) is stored but in no record, so it
+    is in neither count."""
+    seg_sets = "(key_ix, segment), (key_ix)" if scope.segments else "(key_ix)"
+    rows = scope.run(
+        f"""SELECT key_ix, {scope.seg_expr}, count(DISTINCT request_id) FILTER (WHERE truncated_tokens > 0)
+        FROM segment_counts JOIN requests USING (run_id, request_id) JOIN chosen USING (run_id, request_id)
+             JOIN keyed USING (run_id)
+        WHERE steps > 0
+        GROUP BY GROUPING SETS ({seg_sets})"""
+    ).fetchall()
+    return {(row[0], row[1]): row[2] for row in rows}
 
 
 def _histograms(scope: _Scope, keys: Sequence[Any]) -> Iterator[tuple[int, str, np.ndarray, np.ndarray]]:
@@ -399,7 +406,7 @@ def _totals_keys(con: duckdb.DuckDBPyConnection, keyed: str, params: list[Any]) 
 
 def _totals_records(
     con: duckdb.DuckDBPyConnection, keyed: str, params: list[Any], keys: Sequence[Any], totals_keys: set[int],
-    total_of: dict[Any, Any], truncated_of: dict[int, int], seg_expr: str, segments: bool, *, n_boot: int,
+    total_of: dict[Any, Any], truncated_of: dict[Any, int], seg_expr: str, segments: bool, *, n_boot: int,
     seed: int, level: float,
 ) -> list[AcceptanceRecord]:
     """Records of keys measured (at least in part) by engines that give totals: per-request steps and
@@ -443,8 +450,9 @@ def _totals_records(
         summary = stats.summarize_totals(n_steps, np.array([g[6] for g in group]), conv, per_pos,
                                          n_boot=n_boot, seed=seed, level=level)
         accepted = float(sum(g[6] for g in group))
-        records.append(_record(key_row, segment, summary, total_of[(key, segment)], truncated_of.get(key),
-                               n_boot=n_boot, seed=seed, level=level, accepted=accepted))
+        records.append(_record(key_row, segment, summary, total_of[(key, segment)],
+                               truncated_of.get((key, segment)), n_boot=n_boot, seed=seed, level=level,
+                               accepted=accepted))
     return records
 
 

@@ -100,8 +100,9 @@ class AcceptanceRecord:
     drafted_acceptance_length: float | None = None  # stats.drafted_acceptance_length: vLLM's logged AL
     draft_acceptance_rate: float | None = None  # accepted / proposed drafts
     target_hashes: tuple[str, ...] = ()  # content fingerprints of the target (one model under several names)
-    # Requests whose prompt was left-truncated to the context budget (None in older exports): model-free
-    # drafters match against the context, so a mostly truncated run understates them.
+    # Of the record's `requests` (those with a verify step, in its segment), the ones whose prompt was
+    # left-truncated to the context budget (None in older exports): model-free drafters match against the
+    # context, so a mostly truncated run understates them.
     truncated_requests: int | None = None
     # Verification rules of the runs at temperature > 0 ("probabilistic", "target-only"); () at temperature 0.
     verifications: tuple[str, ...] = ()

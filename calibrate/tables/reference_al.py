@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import yaml
 
@@ -124,18 +124,52 @@ def document(records: Sequence[AcceptanceRecord], prefix: str | None, tool: str)
             + render_block(key, block, header(records, tool)))
 
 
-def _normalized(value: object) -> dict[object, object]:
-    """A block as the loader sees it: a list of one-item mappings merged into one mapping."""
-    if isinstance(value, list):
-        return {level: al for item in value if isinstance(item, dict) for level, al in item.items()}
-    return dict(value) if isinstance(value, dict) else {}
+def _mapping(value: object) -> dict[object, object] | None:
+    """A mapping as the loader reads it: a dict, or a list of one-item mappings merged into one (None, an empty
+    entry, is empty); anything else is None."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, list) and all(isinstance(item, dict) for item in value):
+        return {level: al for item in value for level, al in item.items()}
+    return None
+
+
+def _held(value: object) -> str:
+    text = repr(value)
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name} ({text if len(text) <= 40 else text[:37] + '...'})"
+
+
+def existing_block(value: object, key: str) -> dict[str, dict[int, object]]:
+    """Our key's block as the file holds it, {mode: {k: AL}}; a block the loader cannot read that way is a
+    ValueError saying why (replacing it needs --force)."""
+    modes = _mapping(value)
+    if modes is None:
+        raise ValueError(f"{key} is {_held(value)}, not a mapping of thinking modes")
+    if modes and not any(str(m).startswith("thinking") for m in modes):
+        raise ValueError(f"{key} holds k values without thinking modes ({', '.join(map(str, modes))}); thinking "
+                         "blocks would hide them from InferenceX")
+    block: dict[str, dict[int, object]] = {}
+    for mode, values in modes.items():
+        ks = _mapping(values)
+        if ks is None:
+            raise ValueError(f"{key}: {mode} is {_held(values)}, not a mapping of k to AL")
+        bad = [k for k in ks if isinstance(k, bool) or not isinstance(k, int)]
+        if bad:
+            raise ValueError(f"{key}: {mode} has k {', '.join(map(repr, bad))}, not an integer (InferenceX looks up "
+                             "an int k)")
+        block[str(mode)] = ks  # type: ignore[assignment]
+    return block
 
 
 def merge(existing: str, records: Sequence[AcceptanceRecord], prefix: str | None, tool: str, force: bool,
-          where: str) -> str:
+          where: str, tell: Callable[[str], None] = lambda line: None) -> str:
     """`existing` (a reference file's text) with our key's values added or replaced; every other key's lines are
-    kept as they are. Replacing a (key, thinking, k) value that differs, or a block without thinking modes, needs
-    `force`; a file we cannot splice safely is refused. The result is checked by parsing it back."""
+    kept as they are. Replacing a (key, thinking, k) value that differs, or a block the loader cannot read as
+    thinking modes of int k (existing_block), needs `force`, and `tell` is told what was replaced; a file we
+    cannot splice safely is refused. The result is checked by parsing it back."""
     _, key, new = cells(records, prefix)
     try:
         old = yaml.safe_load(existing) if existing.strip() else {}
@@ -150,19 +184,18 @@ def merge(existing: str, records: Sequence[AcceptanceRecord], prefix: str | None
     if len(spots) > 1:
         raise ValueError(f"{where}: key {key} appears {len(spots)} times; nothing written")
     block: dict[str, dict[int, object]] = {}
-    if key in old:
-        current = _normalized(old[key])
-        if current and not any(str(m).startswith("thinking") for m in current):
-            if not force:
-                raise ValueError(f"{where}: {key} holds k values without thinking modes "
-                                 f"({', '.join(map(str, current))}); thinking blocks would hide them from InferenceX: "
-                                 "pass --force to replace them")
-        else:
-            block = {str(m): dict(_normalized(v)) for m, v in current.items()}
+    try:
+        block = existing_block(old.get(key), key)
+    except ValueError as exc:
+        if not force:
+            raise ValueError(f"{where}: {exc}: pass --force to replace {key}'s block") from None
+        tell(f"{where}: replaced {key}'s block ({exc})")
     replaced = [f"({key}, {mode}, k={k}) = {block[mode][k]} -> {v}" for mode, ks in new.items() for k, v in ks.items()
                 if k in block.get(mode, {}) and not _same(block[mode][k], v)]
     if replaced and not force:
         raise ValueError(f"{where}: would replace {'; '.join(replaced)}: pass --force to replace")
+    if replaced:
+        tell(f"{where}: replaced {'; '.join(replaced)}")
     for mode, ks in new.items():
         block.setdefault(mode, {}).update(ks)
     text = render_block(key, block, header(records, tool))

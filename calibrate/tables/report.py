@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from calibrate.tables import stats
 from calibrate.tables.buckets import CONTEXT, from_name
 from calibrate.tables.experts import ExpertRecord
-from calibrate.tables.exports import NothingToExport, refuse_overwrite
+from calibrate.tables.exports import NothingToExport, refuse_overwrite, writing
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 
 
@@ -36,7 +37,20 @@ def _error_bars(rs: Sequence[AcceptanceRecord]) -> list[list[float]]:
             [r.ci_high - r.acceptance_length if r.ci_high is not None else 0.0 for r in rs]]
 
 
-def _plot_context(rows: Sequence[AcceptanceRecord], path: Path, with_target: bool) -> None:
+def _save(fig: Any, path: Path) -> Path:
+    """Write a figure as PNG (an OS error names the file: calibrate.tables.exports.writing) and free it."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with writing(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _plot_context(rows: Sequence[AcceptanceRecord], path: Path, with_target: bool) -> Path:
     """AL per context bucket (x: the buckets in order), a line per speculator and thinking mode, a panel per k."""
     import matplotlib.pyplot as plt
 
@@ -67,8 +81,7 @@ def _plot_context(rows: Sequence[AcceptanceRecord], path: Path, with_target: boo
                  + (f"\nno bar: < {stats.MIN_CI_CONVERSATIONS} conversations in the bucket" if withheld else ""),
                  fontsize="medium")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return _save(fig, path)
 
 
 def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False,
@@ -89,7 +102,6 @@ def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False,
     names = ["al_vs_k.png", "rates.png"] + (["drafts.png"] if any(r.drafted_tokens is not None for r in rows) else [])
     names += ["al_vs_context.png"] if context_rows else []
     refuse_overwrite([out / name for name in names], force)
-    out.mkdir(parents=True, exist_ok=True)
     with_target = len({r.target for r in rows}) > 1
     series: dict[tuple, list[AcceptanceRecord]] = {}
     for r in rows:
@@ -111,9 +123,7 @@ def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False,
                  + (f"\nno bar: n too small (< {stats.MIN_CI_CONVERSATIONS} conversations)" if withheld else ""))
     ax.legend(fontsize="small")
     fig.tight_layout()
-    al_path = out / "al_vs_k.png"
-    fig.savefig(al_path, dpi=120)
-    plt.close(fig)
+    paths = [_save(fig, out / "al_vs_k.png")]
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     missing = []
@@ -139,10 +149,7 @@ def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False,
     if ax.get_legend_handles_labels()[0]:  # no curve when every engine gave totals only
         ax.legend(fontsize="small")
     fig.tight_layout()
-    rates_path = out / "rates.png"
-    fig.savefig(rates_path, dpi=120)
-    plt.close(fig)
-    paths = [al_path, rates_path]
+    paths.append(_save(fig, out / "rates.png"))
 
     counted = {key: sorted((r for r in rs if r.drafted_tokens is not None), key=lambda r: r.draft_len)
                for key, rs in series.items()}
@@ -166,14 +173,9 @@ def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False,
         right.set_ylim(0, 1)
         right.set_title("Draft acceptance rate")
         fig.tight_layout()
-        drafts_path = out / "drafts.png"
-        fig.savefig(drafts_path, dpi=120)
-        plt.close(fig)
-        paths.append(drafts_path)
+        paths.append(_save(fig, out / "drafts.png"))
     if context_rows:
-        context_path = out / "al_vs_context.png"
-        _plot_context(context_rows, context_path, with_target)
-        paths.append(context_path)
+        paths.append(_plot_context(context_rows, out / "al_vs_context.png", with_target))
     return paths
 
 
@@ -191,7 +193,6 @@ def plot_experts(records: Sequence[ExpertRecord], out: Path, force: bool = False
         raise NothingToExport("nothing to plot: no expert profile matches the filters")
     path = out / "experts_vs_k.png"
     refuse_overwrite([path], force)
-    out.mkdir(parents=True, exist_ok=True)
     panels = sorted({(r.target, r.speculator) for r in records})
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
     styles = {"router": "-", "uniform": "--", "round-robin": ":"}
@@ -211,6 +212,4 @@ def plot_experts(records: Sequence[ExpertRecord], out: Path, force: bool = False
         ax.set_title(f"{target.rstrip('/').rsplit('/', 1)[-1]}, {speculator}", fontsize="small")
         ax.legend(fontsize="x-small")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

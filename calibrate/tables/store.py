@@ -49,11 +49,12 @@ copy of each request per key, but is not written to: measure into a new store.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -260,6 +261,16 @@ def _runs_ddl() -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def reading(path: str | Path) -> Iterator[None]:
+    """A block that fails to read only now (the header opened fine) is a StoreError naming the file, whichever
+    command or API read it (DuckDB's own message names none)."""
+    try:
+        yield
+    except duckdb.Error as exc:
+        raise StoreError(f"{path}: cannot read the store ({_first_line(exc)})") from None
 
 
 def check_writable(path: Path) -> None:

@@ -1,0 +1,90 @@
+"""Sampled replay-once against the sampled loop on a real target, in distribution.
+
+SmolLM2-135M-Instruct (fp32) with a perturbed copy of itself as the draft model, on 10 real mini-swe-agent
+turns, 20 sampled responses each (200 per k), at T = 1.0 and 0.7. Replay and loop use different seeds, so
+the coupled sampler does not make them agree token for token: only in distribution. Pooled AL per k must
+fall within each other's 95% interval (a bootstrap clustered by request), and the same check must fail
+when the loop runs the probabilistic rule instead (sampled drafts, min(1, p/q)), which replay cannot
+score: the test can tell the rules apart.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # the loop imports Triton: its interpreter mode must be set first
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from calibrate.data import render_prompt, select_from_source  # noqa: E402
+from calibrate.kernels.reference import Sampling  # noqa: E402
+from calibrate.models import load_model  # noqa: E402
+from calibrate.replay.loop import run_loops  # noqa: E402
+from calibrate.replay.responses import generate_responses  # noqa: E402
+from calibrate.replay.scoring import score_replay  # noqa: E402
+from calibrate.speculators.draft_model import DraftModelSpeculator  # noqa: E402
+from calibrate.tables import stats  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+KS = [1, 2, 4]
+REQUESTS, SAMPLES, TOKENS = 10, 20, 16
+
+
+@pytest.fixture(scope="module")
+def setup(smollm, mini_swe_dir):
+    target = load_model(str(smollm), dtype="float32", device="cpu")
+    draft = copy.deepcopy(target.model)
+    with torch.no_grad():  # a draft that agrees with the target often, not always
+        w = draft.lm_head.weight = torch.nn.Parameter(draft.lm_head.weight.clone())
+        w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(0)) * w.std() * 0.5)
+    picked = select_from_source(str(mini_swe_dir / "original"), "mini-swe-agent", max_requests=REQUESTS, seed=2,
+                                turns_per_conversation=1)
+    prompts = [render_prompt(r, target.tokenizer, thinking="off", context_tokens=128, model_name="smollm").ids
+               for r in picked.requests]
+    assert len(prompts) == REQUESTS
+    units = [p for p in prompts for _ in range(SAMPLES)]
+    clusters = np.repeat(np.arange(REQUESTS), SAMPLES)
+    return target, DraftModelSpeculator.of_model(draft), units, clusters
+
+
+def replayed(target, spec, units, sampling):
+    keys = list(range(len(units)))
+    responses = []
+    for start in range(0, len(units), 50):
+        responses += generate_responses(target.model, units[start:start + 50], max_new_tokens=TOKENS,
+                                        eos_token_ids=target.eos_token_ids, sampling=sampling,
+                                        keys=keys[start:start + 50])
+    scored = score_replay(spec, units, responses, KS)
+    return {k: np.stack([s[k].hist for s in scored]) for k in KS}
+
+
+def looped(target, spec, units, sampling, verification):
+    results = run_loops(target.model, [spec], units, ks=KS, sampling=sampling, max_new_tokens=TOKENS,
+                        eos_token_ids=target.eos_token_ids, loop_rows=60, verification=verification)[0]
+    return {k: np.stack([r.counts[k].hist for r in results]) for k in KS}
+
+
+def agree(a: dict[int, np.ndarray], b: dict[int, np.ndarray], clusters: np.ndarray) -> dict[int, bool]:
+    """Per k: each side's pooled AL inside the other's 95% clustered interval."""
+    out = {}
+    for k in KS:
+        sa, sb = stats.summarize(a[k], clusters, seed=1), stats.summarize(b[k], clusters, seed=1)
+        out[k] = sb.ci_low <= sa.acceptance_length <= sb.ci_high and sa.ci_low <= sb.acceptance_length <= sa.ci_high
+    return out
+
+
+@pytest.mark.parametrize("temperature, seeds", [(1.0, (11, 12)), (0.7, (21, 22))])
+def test_sampled_replay_and_the_loop_agree_in_distribution_and_not_across_rules(setup, temperature, seeds):
+    target, spec, units, clusters = setup
+    replay = replayed(target, spec, units, Sampling(temperature, seed=seeds[0]))
+    loop = looped(target, spec, units, Sampling(temperature, seed=seeds[1]), "target-only")
+    assert all(agree(replay, loop, clusters).values()), {
+        k: (stats.acceptance_length(replay[k].sum(0)), stats.acceptance_length(loop[k].sum(0))) for k in KS}
+    assert sum(int(loop[k][:, 1:].sum()) for k in KS) > 0  # drafts are accepted: not a trivial agreement
+    probabilistic = looped(target, spec, units, Sampling(temperature, seed=seeds[1]), "probabilistic")
+    assert not all(agree(replay, probabilistic, clusters).values())  # switching one side's rule is caught
