@@ -149,27 +149,121 @@ def known(tmp_path_factory: pytest.TempPathFactory) -> list[AcceptanceRecord]:
         con.close()
 
 
+# Per engine, the kinds whose recipe method runs the algorithm we measure, and those whose recipe method is another
+# algorithm of the same name (SGLang's NGRAM: a trie searched breadth-first, sglang/srt/speculative/cpp_ngram/;
+# TensorRT-LLM's NGram: tensorrt_llm/_torch/speculative/ngram.py, a pattern pool): the latter are refused unless
+# forced. Any other kind has no method in that engine's recipes.
+AS_MEASURED = {"vllm": {"mtp", "eagle3", "draft", "ngram", "suffix"}, "sglang": {"mtp", "eagle3", "draft"},
+               "trtllm": {"mtp", "eagle3", "draft"}, "atom": {"mtp", "eagle3"}, "tilert": {"mtp"}}
+OTHER_ALGORITHM = {"sglang": {"ngram"}, "trtllm": {"ngram"}}
+
+
+def _kind(r: AcceptanceRecord) -> str:
+    return r.speculator.partition(":")[0]
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm", "atom", "tilert"])
 def test_inferencex_newest_loader_finds_every_curve_we_export(engine: str, known: list[AcceptanceRecord],
                                                               tmp_path: Path) -> None:
     """For every (engine, method, thinking, k) we export, the engine's recipe makes InferenceX open our file
     and read our value; a kind the engine cannot serve is refused with the reason."""
     naming = Naming(engine=engine)  # no --model-prefix: DeepSeek-V4-Pro is a known target (dsv4)
-    served = [r for r in known if r.speculator.partition(":")[0] in inferencex.RECIPE_METHODS[engine]]
+    served = [r for r in known if _kind(r) in AS_MEASURED[engine]]
     consumers.export(served, "inferencex", tmp_path, stamp=STAMP, options=ExportOptions(naming=naming))
     for r in served:
-        method = inferencex.RECIPE_METHODS[engine][r.speculator.partition(":")[0]]
+        method = inferencex.RECIPE_METHODS[engine][_kind(r)]
         role = infx_recipe(engine, method, r.draft_len, " ".join(r.draft_ids))
         assert infx_golden_length("dsv4", infx_spec_parameters(role, engine), f"thinking_{r.thinking}", tmp_path) == r.al
     notes = consumers.export_notes(served, "inferencex", ExportOptions(naming=naming))
-    assert len(notes) == len(list(tmp_path.iterdir()))
+    loads = [n for n in notes if n.startswith("InferenceX loads ")]
+    assert len(loads) == len(list(tmp_path.iterdir()))
     field = inferencex.RECIPE_FIELDS[engine][0]
     assert any(n.startswith(f"InferenceX loads golden_al_distribution/dsv4_") and f"MODEL_PREFIX=dsv4, a {engine} "
                f"recipe with {field} " in n and "in {1, 3}, THINKING_MODE thinking_on / thinking_off" in n for n in notes)
-    unserved = [r for r in known if r not in served]
+    # dsv4_mtp.yaml is DeepSeek-V4-Pro's committed curve (golden_al_distribution/ at 843c6254f): ours replaces it
+    assert [n for n in notes if n not in loads] == ["dsv4_mtp.yaml replaces the curve InferenceX ships under that "
+                                                    "name for every run that loads it"]
+    for r in (r for r in known if _kind(r) in OTHER_ALGORITHM.get(engine, ())):
+        with pytest.raises(ValueError, match=f"dsv4_ngram.yaml is for a {engine} recipe with .* another algorithm than "
+                                             "the ngram measured here .*: pass --force to write it anyway"):
+            consumers.export([r], "inferencex", None, stamp=STAMP, options=ExportOptions(naming=naming))
+    unserved = [r for r in known if _kind(r) not in AS_MEASURED[engine] | OTHER_ALGORITHM.get(engine, set())]
     if unserved:
         with pytest.raises(ValueError, match=f"{engine} recipes have no method for speculator kind"):
             consumers.export(unserved, "inferencex", None, stamp=STAMP, options=ExportOptions(naming=naming))
+
+
+def test_inferencex_writes_another_engines_algorithm_only_when_forced(records: list[AcceptanceRecord],
+                                                                      tmp_path: Path) -> None:
+    """Issue 31, item 10: an n-gram row for an SGLang recipe (--speculative-algorithm NGRAM, SGLang's own n-gram
+    algorithm) is refused, and with --force written with a warning that the numbers are ours."""
+    ngram = [r for r in records if r.speculator == "ngram" and r.target.startswith("Qwen")]
+    refused = ExportOptions(naming=Naming(model_prefix="qwen2.5c", engine="sglang"))
+    with pytest.raises(ValueError, match=r"qwen2.5c_ngram.yaml is for a sglang recipe with --speculative-algorithm "
+                                         r"ngram, another algorithm than the ngram measured here \(it runs as measured "
+                                         r"on vllm\): the numbers are ours, not sglang's: pass --force"):
+        consumers.export(ngram, "inferencex", tmp_path, stamp=STAMP, options=refused)
+    assert not list(tmp_path.iterdir())
+    forced = ExportOptions(naming=Naming(model_prefix="qwen2.5c", engine="sglang", force=True))
+    consumers.export(ngram, "inferencex", tmp_path, stamp=STAMP, options=forced)
+    assert [p.name for p in tmp_path.iterdir()] == ["qwen2.5c_ngram.yaml"]
+    (warning,) = [w for w in consumers.export_warnings(ngram, "inferencex", forced) if "another algorithm" in w]
+    assert "the numbers are ours, not sglang's" in warning
+
+
+# InferenceX's own names (SemiAnalysisAI/InferenceX): the curves golden_al_distribution/ holds at 843c6254f (file
+# name -> its top-level key) and those infx/golden_al_distribution/README.md adds at 2e7b70492d76 (with glm5.3_mtp,
+# which the package's test of its committed curves shows); MODEL_KEYS of infx/recipes/synthetic_acceptance.py at
+# 18385430d628a4e35795a2f6278fc7fc241df79e is INFX_MODEL_KEYS below.
+INFX_CURVES_843C = {"dsv4_mtp": "deepseek-v4-pro", "dsv4-pro-0813-dspark": "deepseek-v4-pro-0813",
+                    "qwen3.5_mtp": "qwen3.5-397b-a17b-nvfp4", "glm5.2_mtp": "glm-5.2-fp8",
+                    "kimik2.5_eagle3": "kimi-k2.5-nvfp4", "kimik3_dspark": "kimi-k3",
+                    "kimik3_dspark_probabilistic_sample_method_block_rejection_sample_method": "kimi-k3",
+                    "minimaxm3_eagle3": "minimax-m3", "minimaxm3_eagle3_gqa": "minimax-m3"}
+INFX_CURVES_NEWEST = {"dsv41flash_dspark", "qwen3.8next_mtp", "glm5.3_mtp"}
+
+
+def test_inferencex_prefix_table_holds_inferencex_own_names() -> None:
+    """One table (inferencex.MODEL_PREFIXES) holds every curve name InferenceX ships, and its MODEL_KEYS; a
+    shipped curve's prefix names the model its top-level key is."""
+    assert inferencex.SHIPPED_CURVES == set(INFX_CURVES_843C) | INFX_CURVES_NEWEST
+    assert inferencex.MODEL_KEYS == INFX_MODEL_KEYS
+    for curve, key in INFX_CURVES_843C.items():
+        prefixes = [p for p, e in inferencex.MODEL_PREFIXES.items() if curve in e.curves]
+        assert prefixes and all(inferencex.names_model(inferencex.MODEL_PREFIXES[p].model, [key]) for p in prefixes)
+
+
+def test_inferencex_warns_when_the_prefix_names_another_model(records: list[AcceptanceRecord],
+                                                             tmp_path: Path) -> None:
+    """Issue 31, item 12: --model-prefix dsv4 on Qwen2.5-Coder rows is InferenceX's DeepSeek-V4-Pro prefix: one
+    warning naming both; with --method mtp the name is InferenceX's own DeepSeek-V4 curve: refused unless forced."""
+    ngram = [r for r in records if r.speculator == "ngram" and r.target.startswith("Qwen")]
+    options = ExportOptions(naming=Naming(model_prefix="dsv4"))
+    consumers.export(ngram, "inferencex", tmp_path / "a", stamp=STAMP, options=options)
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["dsv4_ngram.yaml"]
+    (warning,) = [w for w in consumers.export_warnings(ngram, "inferencex", options) if "MODEL_PREFIX" in w]
+    assert warning == ("MODEL_PREFIX dsv4 is InferenceX's for deepseek-v4-pro, but dsv4_ngram.yaml holds "
+                       "Qwen/Qwen2.5-Coder-1.5B-Instruct: a dsv4 run would force this AL on deepseek-v4-pro")
+    shipped = ExportOptions(naming=Naming(model_prefix="dsv4", method="mtp"))
+    with pytest.raises(ValueError, match=r"MODEL_PREFIX dsv4 is InferenceX's for deepseek-v4-pro, but dsv4_mtp.yaml "
+                                         r"holds Qwen/Qwen2.5-Coder-1.5B-Instruct: .*, and InferenceX ships "
+                                         r"dsv4_mtp.yaml for it: pass --force to replace it"):
+        consumers.export(ngram, "inferencex", tmp_path / "b", stamp=STAMP, options=shipped)
+    assert not (tmp_path / "b").exists()
+    forced = ExportOptions(naming=Naming(model_prefix="dsv4", method="mtp", force=True))
+    consumers.export(ngram, "inferencex", tmp_path / "b", stamp=STAMP, options=forced)
+    (warning,) = [w for w in consumers.export_warnings(ngram, "inferencex", forced) if "MODEL_PREFIX" in w]
+    assert warning.endswith("; dsv4_mtp.yaml replaces the curve InferenceX ships under that name for every run "
+                            "that loads it")
+
+
+def test_inferencex_prefix_of_the_measured_model_is_not_warned(known: list[AcceptanceRecord]) -> None:
+    mtp = [r for r in known if r.speculator == "mtp"]
+    for prefix in (None, "dsv4"):  # the known target's own prefix, derived or given
+        options = ExportOptions(naming=Naming(model_prefix=prefix))
+        assert not [w for w in consumers.export_warnings(mtp, "inferencex", options) if "MODEL_PREFIX" in w]
+    qwen = ExportOptions(naming=Naming(model_prefix="qwen2.5c"))  # no InferenceX prefix: nothing to compare with
+    assert not [w for w in consumers.export_warnings(mtp, "inferencex", qwen) if "MODEL_PREFIX" in w]
 
 
 def test_inferencex_names_model_heads_the_way_the_loader_does(known: list[AcceptanceRecord], tmp_path: Path) -> None:

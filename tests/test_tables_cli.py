@@ -155,6 +155,24 @@ def test_lookup_failures_exit_nonzero_with_what_exists(app: typer.Typer, db: Pat
     assert res.exit_code == 2 and "missing --draft-len, --thinking" in res.output
 
 
+def test_export_inferencex_prefix_of_another_model(app: typer.Typer, db: Path, tmp_path: Path) -> None:
+    """Issue 31, items 12 and 10: a prefix InferenceX uses for another model is one warning line naming both; a
+    name InferenceX ships a curve under, or an engine's other algorithm, is one error line (exit 2) unless --force."""
+    args = ("export", "--to", "inferencex", "--db", str(db), "--model", Q, "--speculator", "ngram", "--bootstrap", "50")
+    res = invoke(app, *args, "--out", str(tmp_path / "a"), "--model-prefix", "dsv4")
+    assert res.exit_code == 0, res.output
+    (line,) = [x for x in res.stderr.splitlines() if "MODEL_PREFIX dsv4" in x]
+    assert line.startswith("warning: MODEL_PREFIX dsv4 is InferenceX's for deepseek-v4-pro, but dsv4_ngram.yaml holds "
+                           "Qwen/Qwen2.5-Coder-1.5B-Instruct")
+    for extra in (("--method", "mtp"), ("--engine", "sglang")):
+        out = tmp_path / extra[1]
+        res = invoke(app, *args, "--out", str(out), "--model-prefix", "dsv4", *extra)
+        assert res.exit_code == 2 and res.output.startswith("error: ") and res.output.count("\n") == 1, res.output
+        assert "pass --force" in res.output and not out.exists()
+        res = invoke(app, *args, "--out", str(out), "--model-prefix", "dsv4", *extra, "--force")
+        assert res.exit_code == 0 and "wrote " in res.stderr, res.output
+
+
 def test_lookup_from_runner_environment(app: typer.Typer, db: Path) -> None:
     env = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "NUM_SPEC_TOKENS": "3", "THINKING_MODE": "thinking_off",
            "FRAMEWORK": "dynamo-sglang"}

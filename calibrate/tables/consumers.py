@@ -163,10 +163,8 @@ def _write_vllm(records: Sequence[AcceptanceRecord], options: ExportOptions, sta
 def inferencex_documents(records: Sequence[AcceptanceRecord], options: ExportOptions,
                          stamp: Stamp) -> dict[str, str]:
     """One golden_al_distribution YAML per curve InferenceX resolves: {file name: text}."""
-    docs = {}
-    for curve, rows in sorted(inferencex.groups(records, options.naming).items(), key=lambda kv: kv[0].name):
-        docs[curve.file_name] = inferencex.document(curve, rows, str(stamp), model_free_notes(rows))
-    return docs
+    return {curve.file_name: inferencex.document(curve, rows, str(stamp), model_free_notes(rows))
+            for curve, rows in _curves(records, options)}
 
 
 def _write_inferencex(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
@@ -184,15 +182,18 @@ def _write_inferencex(records: Sequence[AcceptanceRecord], options: ExportOption
 
 
 def _inferencex_notes(records: Sequence[AcceptanceRecord], options: ExportOptions) -> list[str]:
-    """Which file InferenceX loads for which recipe."""
-    return [f"InferenceX loads golden_al_distribution/{curve.file_name} for {inferencex.load_line(curve, rows)}"
-            for curve, rows in sorted(inferencex.groups(records, options.naming).items(), key=lambda kv: kv[0].name)]
+    """Which file InferenceX loads for which recipe (and that it replaces a curve InferenceX ships)."""
+    return [n for curve, rows in _curves(records, options) for n in inferencex.curve_notes(curve, rows)]
 
 
 def _inferencex_warnings(records: Sequence[AcceptanceRecord], options: ExportOptions) -> list[str]:
-    """Curves a runner with the default THINKING_MODE will not find a value in."""
-    groups = inferencex.groups(records, options.naming)
-    return [w for curve, rows in groups.items() if (w := inferencex.thinking_warning(curve, rows)) is not None]
+    """Curves the runners find no value in, named for another model, or for another engine's algorithm."""
+    return [w for curve, rows in _curves(records, options) for w in inferencex.curve_warnings(curve, rows)]
+
+
+def _curves(records: Sequence[AcceptanceRecord],
+            options: ExportOptions) -> list[tuple[inferencex.Curve, list[AcceptanceRecord]]]:
+    return sorted(inferencex.groups(records, options.naming).items(), key=lambda kv: kv[0].name)
 
 
 def _write_reference(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,

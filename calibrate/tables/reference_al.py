@@ -18,13 +18,10 @@ from collections.abc import Mapping, Sequence
 
 import yaml
 
-from calibrate.tables.inferencex import KNOWN_TARGETS, _same_model, known_prefix, sampling
+from calibrate.tables.inferencex import KNOWN_TARGETS, MODEL_KEYS, _same_model, known_prefix, sampling
 from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, AcceptanceRecord
 
 REFERENCE_FILE = "benchmarks/speedbench-reference-al.yaml"
-# MODEL_PREFIX -> top-level key (synthetic_acceptance.py MODEL_KEYS); any other prefix is its own key.
-MODEL_KEYS = {"dsv4": "deepseek-v4-pro", "dsr1": "deepseek-r1", "dsv4dspark": "deepseek-v4-pro-0813",
-              "dsv4dsparkprob": "deepseek-v4-pro-0813"}
 MODES = ("thinking_on", "thinking_off")
 _PLAIN = re.compile(r"[a-z][a-z0-9_.-]*")
 _YAML_WORDS = frozenset({"yes", "no", "on", "off", "true", "false", "null", "y", "n"})
