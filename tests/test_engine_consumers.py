@@ -570,22 +570,71 @@ def test_specdec_profiles_validate_against_the_format(known: list[AcceptanceReco
     assert draft["target_model"] == {"id": "deepseek-ai/DeepSeek-V4-Pro"}
 
 
-def test_specdec_profile_counts_empty_steps_as_steps(tmp_path: Path) -> None:
-    """An n-gram step that proposed nothing emits one token: it is in the histogram, and the identity holds."""
+def _empty_step_ngram(tmp_path: Path) -> list[AcceptanceRecord]:
+    """One n-gram key, k = 3, 15 steps: accepted 0, 1, 2, 3 drafts at 6, 2, 2, 5 steps, 4 of the 6 proposing
+    nothing. Over all steps AL = 36 / 15 = 2.4; over the 11 drafted steps 1 + 21 / 11 = 2.909."""
     path = tmp_path / "mf.duckdb"
     with Store(path) as store:
         write_run(store, make_spec(speculator="ngram"), [Req("r0", "c0", {"answer": [6, 2, 2, 5]}, empty={"answer": 4})])
     con = connect(path, read_only=True)
     try:
-        records = load_records(con, segments=True, n_boot=20)
+        return load_records(con, segments=True, n_boot=20)
     finally:
         con.close()
+
+
+def test_specdec_profile_counts_empty_steps_as_steps(tmp_path: Path) -> None:
+    """An n-gram step that proposed nothing emits one token: it is in the histogram, and the identity holds."""
+    records = _empty_step_ngram(tmp_path)
     profile = json.loads(consumers.export(records, "specdec-profile", None, stamp=STAMP))
     check_profile(profile)
     assert profile["acceptance_length_histogram"] == {"1": 6, "2": 2, "3": 2, "4": 5}
     assert profile["mean_accept_length"] == pytest.approx(2.4)  # over every step, not the drafted AL 2.91
     assert profile["per_category"] == {"answer": {"mean_accept_length": 2.4, "steps": 15, "requests": 1}}
     assert profile["measurement_conditions"]["empty_steps"] == 4
+
+
+def test_each_file_names_the_basis_its_consumer_counts(tmp_path: Path) -> None:
+    """Issue 31, item 11. InferenceX's collector counts 1 + delta accepted / delta num_drafts of vLLM's counters
+    (infx/golden_al_distribution/README.md at 2e7b70492d76): steps that drafted. specdec_bench's AcceptanceRate
+    (metrics/acceptance_rate.py at 037a9f69dfed, process_step) counts every engine iteration's tokens, 1 when
+    nothing was proposed: all steps. Each file says which, and the profile names the other figure too."""
+    records = _empty_step_ngram(tmp_path)
+    overall_rows = [r for r in records if r.segment == "all"]
+    drafted = 1 + (1 * 2 + 2 * 2 + 3 * 5) / (15 - 4)  # the collector's arithmetic on the same counts
+    golden = consumers.export(overall_rows, "inferencex", None, stamp=STAMP,
+                              options=ExportOptions(naming=Naming(model_prefix="qwen2.5c")))
+    assert yaml.safe_load(golden)["qwen2.5-coder-1.5b-instruct"]["thinking_off"][3] == round(drafted, 2)
+    header = golden.split("\nqwen2.5-coder")[0]
+    assert "AL = 1 + accepted drafts / steps that proposed drafts" in header and "InferenceX's collector" in header
+    assert "pooled" not in header and "per verification step" not in header
+    reference = consumers.export(overall_rows, "inferencex-reference", None, stamp=STAMP,
+                                 options=ExportOptions(naming=Naming(model_prefix="qwen2.5c")))
+    assert "steps that proposed drafts" in reference and yaml.safe_load(reference)["qwen2.5c"]["thinking_off"][3] == 2.91
+    profile = json.loads(consumers.export(records, "specdec-profile", None, stamp=STAMP))
+    assert profile["mean_accept_length"] == pytest.approx(2.4)
+    conditions = profile["measurement_conditions"]
+    assert conditions["acceptance_basis"].startswith("AL = tokens emitted / verification steps")
+    assert "specdec_bench's AcceptanceRate" in conditions["acceptance_basis"]
+    assert conditions["drafted_mean_accept_length"] == pytest.approx(drafted, abs=1e-6)
+    (warning,) = consumers.export_warnings(records, "specdec-profile")
+    assert warning == ("ngram k=3: mean_accept_length 2.4000 is over all steps; the InferenceX and engine exports of "
+                       "this row carry the AL over drafted steps, 2.91")
+    engine = consumers.export(overall_rows, "sglang", None)
+    assert engine.startswith("# AL = 1 + accepted drafts / steps that proposed drafts") and "SIMULATE_ACC_LEN=2.91" in engine
+    assert json.loads(consumers.export(overall_rows, "vllm", None))[0]["al_over"] == "drafted steps"
+
+
+def test_the_registry_holds_one_basis_per_consumer(known: list[AcceptanceRecord]) -> None:
+    """The basis is the registry's: drafted steps for InferenceX and the engines, all steps for specdec_bench,
+    both (in their own columns) for the full tables; every engine value is its consumer's basis, rounded."""
+    bases = {name: c.basis for name, c in consumers.CONSUMERS.items()}
+    assert bases == {"inferencex": consumers.DRAFTED, "inferencex-reference": consumers.DRAFTED,
+                     "vllm": consumers.DRAFTED, "sglang": consumers.DRAFTED, "trtllm": consumers.DRAFTED,
+                     "atom": consumers.DRAFTED, "tilert": consumers.DRAFTED, "llamacpp": consumers.DRAFTED,
+                     "specdec-profile": consumers.ALL_STEPS, "csv": None, "parquet": None, "json": None}
+    for r in known:
+        assert r.value() == f"{round(consumers.DRAFTED.length(r), 2):.2f}"
 
 
 def test_specdec_profile_is_one_key_per_file(records: list[AcceptanceRecord]) -> None:

@@ -65,9 +65,11 @@ def _validation(mean: float, marginal: Sequence[float]) -> dict[str, object]:
 
 
 def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
-            siblings: Sequence[AcceptanceRecord], tool: str) -> dict[str, object]:
+            siblings: Sequence[AcceptanceRecord], tool: str, basis: str) -> dict[str, object]:
     """The profile of one key: `segments` are its per-segment records (its per_category), `siblings` the same
-    target, speculator, thinking mode and population at other k (its accept_length_by_k)."""
+    target, speculator, thinking mode and population at other k (its accept_length_by_k). `basis` says which
+    steps its means are over (every step: the histogram's and the marginals'); an n-gram / suffix row also names
+    its AL over drafted steps, the figure its InferenceX and engine exports carry."""
     kind = record.speculator.partition(":")[0]
     method = RECIPE_METHODS["vllm"].get(kind, kind)
     marginal = [float(x) for x in record.unconditional_rates]
@@ -79,6 +81,8 @@ def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
         "censored_steps": record.censored_steps, "empty_steps": record.empty_steps,
         "ci95_mean_accept_length": None if record.ci_low is None else [record.ci_low, record.ci_high],
         **({"bucket": record.bucket} if record.bucket else {}),  # only the requests of one bucket (export --context)
+        "acceptance_basis": basis,
+        **({"drafted_mean_accept_length": round(record.exported_length, DIGITS)} if record.uses_drafted else {}),
         "producer": tool,
     }
     return {
@@ -118,7 +122,7 @@ def _folder(r: AcceptanceRecord) -> str:
     return f"{_slug(r.target)}_{_slug(speculator)}_k{r.draft_len}_thinking-{r.thinking}"
 
 
-def documents(records: Sequence[AcceptanceRecord], tool: str) -> dict[str, str]:
+def documents(records: Sequence[AcceptanceRecord], tool: str, basis: str) -> dict[str, str]:
     """{KEY/speculation_profile.json: text} for every measured key; two keys that differ only in dataset or
     sampling would share a folder: refused, naming them."""
     mains = [r for r in records if r.segment == SEGMENT_ALL]
@@ -135,5 +139,5 @@ def documents(records: Sequence[AcceptanceRecord], tool: str) -> dict[str, str]:
         siblings = [s for s in mains if s is not r and (s.target, s.speculator, s.thinking, s.dataset,
                                                        sampling(s)) == (r.target, r.speculator, r.thinking,
                                                                         r.dataset, sampling(r))]
-        docs[name] = json.dumps(profile(r, segments, siblings, tool), indent=2) + "\n"
+        docs[name] = json.dumps(profile(r, segments, siblings, tool, basis), indent=2) + "\n"
     return docs
