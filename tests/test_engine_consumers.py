@@ -547,6 +547,7 @@ def check_profile(profile: dict) -> None:
     assert profile["accept_length_model"] == expected["model"]
     assert profile["max_supported_k"] >= k and profile["verification_method"] == "longest_prefix"
     assert profile["accept_length_by_k"][str(k)] == pytest.approx(profile["mean_accept_length"])
+    assert all(int(kk) <= profile["max_supported_k"] for kk in profile["accept_length_by_k"])
 
 
 def test_specdec_profiles_validate_against_the_format(known: list[AcceptanceRecord], tmp_path: Path) -> None:
@@ -561,8 +562,8 @@ def test_specdec_profiles_validate_against_the_format(known: list[AcceptanceReco
         mine = next(r for r in known if path.parent.name.endswith(f"_k{r.draft_len}_thinking-{r.thinking}")
                     and profile["method"] == inferencex.RECIPE_METHODS["vllm"][r.speculator.partition(":")[0]])
         assert profile["mean_accept_length"] == pytest.approx(mine.acceptance_length, abs=1e-6)
-        if mine.thinking == "on":  # k 1 and 3 measured under the same conditions: both in accept_length_by_k
-            assert set(profile["accept_length_by_k"]) == {"1", "3"}
+        if mine.thinking == "on":  # k 1 and 3 measured under the same conditions: each K up to the file's own
+            assert set(profile["accept_length_by_k"]) == ({"1", "3"} if mine.draft_len == 3 else {"1"})
     assert ("eagle3", "chain_analytic") in methods and ("draft_model", "chain_analytic") in methods
     assert ("mtp", "measured_per_k") in methods and ("ngram", "measured_per_k") in methods
     draft = json.loads(next(p for p in paths if "draft" in p.parent.name and "_k3_thinking-on" in p.parent.name).read_text())
@@ -635,6 +636,36 @@ def test_the_registry_holds_one_basis_per_consumer(known: list[AcceptanceRecord]
                      "specdec-profile": consumers.ALL_STEPS, "csv": None, "parquet": None, "json": None}
     for r in known:
         assert r.value() == f"{round(consumers.DRAFTED.length(r), 2):.2f}"
+
+
+def test_specdec_profile_names_models_as_published_never_a_cache_path(tmp_path: Path) -> None:
+    """Issue 31, item 15: build_profile's checkpoint_id keeps a path's last two parts (speculation_profile.py at
+    edf879d3; its test: no cluster layout in a published profile), which for our model cache names the cache.
+    The profile names the model as the config wrote it, or its hub id; and a per-K file lists no K above its
+    max_supported_k."""
+    cache = "/root/.cache/calibrate-test-models"
+    path = tmp_path / "ids.duckdb"
+    with Store(path) as store:
+        for k in (1, 2, 3):
+            spec = make_spec(target="qwen2.5-coder-1.5b-instruct", target_id=f"{cache}/qwen2.5-coder-1.5b-instruct",
+                             speculator="draft:qwen2.5-coder-0.5b-instruct", draft_len=k,
+                             draft_id=f"{cache}/qwen2.5-coder-0.5b-instruct")
+            write_run(store, spec, [Req("r0", "c0", {"answer": [1] * k + [3]})])
+    con = connect(path, read_only=True)
+    try:
+        records = load_records(con, segments=True, n_boot=20)
+    finally:
+        con.close()
+    docs = consumers.export(records, "specdec-profile", tmp_path / "out", stamp=STAMP)
+    for doc in docs:
+        text = doc.read_text()
+        profile = json.loads(text)
+        check_profile(profile)
+        assert "calibrate-test-models" not in text
+        assert profile["draft_checkpoint"] == {"id": "qwen2.5-coder-0.5b-instruct"}
+        assert profile["target_model"] == {"id": "qwen2.5-coder-1.5b-instruct"}
+        k = profile["num_speculative_tokens"]
+        assert profile["max_supported_k"] == k and sorted(profile["accept_length_by_k"]) == [str(i) for i in range(1, k + 1)]
 
 
 def test_specdec_profile_is_one_key_per_file(records: list[AcceptanceRecord]) -> None:
