@@ -178,7 +178,7 @@ def test_inferencex_newest_loader_finds_every_curve_we_export(engine: str, known
     loads = [n for n in notes if n.startswith("InferenceX loads ")]
     assert len(loads) == len(list(tmp_path.iterdir()))
     field = inferencex.RECIPE_FIELDS[engine][0]
-    assert any(n.startswith(f"InferenceX loads golden_al_distribution/dsv4_") and f"MODEL_PREFIX=dsv4, a {engine} "
+    assert any(n.startswith("InferenceX loads infx/golden_al_distribution/dsv4_") and f"MODEL_PREFIX=dsv4, a {engine} "
                f"recipe with {field} " in n and "in {1, 3}, THINKING_MODE thinking_on / thinking_off" in n for n in notes)
     # dsv4_mtp.yaml is DeepSeek-V4-Pro's committed curve (golden_al_distribution/ at 843c6254f): ours replaces it
     assert [n for n in notes if n not in loads] == ["dsv4_mtp.yaml replaces the curve InferenceX ships under that "

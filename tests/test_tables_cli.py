@@ -81,7 +81,8 @@ def test_export_commands(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     curve = yaml.safe_load((tmp_path / "golden" / "qwen2.5c_ngram.yaml").read_text())
     assert curve["qwen2.5-coder-1.5b-instruct"]["thinking_off"] == {1: 1.45, 3: 2.4}
     assert "warning: ngram k=1: exported AL 1.45 is over drafted steps" in res.output  # on stderr
-    assert ("note: InferenceX loads golden_al_distribution/qwen2.5c_draft_model.yaml for MODEL_PREFIX=qwen2.5c, a vllm "
+    assert ("note: InferenceX loads infx/golden_al_distribution/qwen2.5c_draft_model.yaml (golden_al_distribution/ in "
+            "older versions) for MODEL_PREFIX=qwen2.5c, a vllm "
             "recipe with speculative-config.method draft_model and speculative-config.num_speculative_tokens in {2}, "
             "THINKING_MODE thinking_off") in res.output
     assert "warning: qwen2.5c_draft_model.yaml has no thinking_on curve" in res.output
@@ -153,6 +154,16 @@ def test_lookup_failures_exit_nonzero_with_what_exists(app: typer.Typer, db: Pat
     assert res.exit_code == 2 and "no acceptance database" in res.output
     res = invoke(app, "lookup", "--model", Q, "--table", str(db))
     assert res.exit_code == 2 and "missing --draft-len, --thinking" in res.output
+
+
+def test_export_help_names_both_curve_folders_and_their_versions() -> None:
+    """Issue 31, item 16: the newest InferenceX reads infx/golden_al_distribution/ (the package; its README at
+    2e7b70492d76), older ones golden_al_distribution/ (843c6254f; synthetic_acceptance.py up to 5101757502ac)."""
+    from calibrate.cli import app as calibrate_app
+
+    text = " ".join(invoke(calibrate_app, "export", "--help").output.split())
+    assert ("infx/golden_al_distribution/ (the infx.golden_al_distribution package, from 2e7b70492d76) or "
+            "golden_al_distribution/ (843c6254f and synthetic_acceptance.py up to 5101757502ac)") in text
 
 
 def test_export_inferencex_prefix_of_another_model(app: typer.Typer, db: Path, tmp_path: Path) -> None:

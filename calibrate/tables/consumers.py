@@ -199,7 +199,7 @@ def _write_vllm(c: Consumer, records: Sequence[AcceptanceRecord], options: Expor
 
 def inferencex_documents(records: Sequence[AcceptanceRecord], options: ExportOptions,
                          stamp: Stamp) -> dict[str, str]:
-    """One golden_al_distribution YAML per curve InferenceX resolves: {file name: text}."""
+    """One golden curve YAML per curve InferenceX resolves: {file name: text}."""
     return _inferencex_documents(CONSUMERS["inferencex"], records, options, stamp)
 
 
@@ -283,7 +283,7 @@ SPECDEC_WHY = ("as specdec_bench's AcceptanceRate counts it: the tokens of every
 TABLE_WHY = "both, each in its column: acceptance_length (all steps) and drafted_acceptance_length (drafted steps)"
 
 CONSUMERS: dict[str, Consumer] = {c.name: c for c in (
-    Consumer("inferencex", "InferenceX golden_al_distribution/{MODEL_PREFIX}_{method}.yaml", _write_inferencex,
+    Consumer("inferencex", "InferenceX {MODEL_PREFIX}_{method}.yaml in " + inferencex.golden_dirs(), _write_inferencex,
              why=INFERENCEX_WHY, warnings=_inferencex_warnings, notes=_inferencex_notes),
     Consumer("inferencex-reference", f"InferenceX {reference_al.REFERENCE_FILE} (synthetic_acceptance.py; "
              "merged into an existing --out)", _write_reference, why=INFERENCEX_WHY,

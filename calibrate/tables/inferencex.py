@@ -1,8 +1,9 @@
 """InferenceX golden curves: the file name its newest loader resolves, and the YAML it parses.
 
 InferenceX finds a curve by itself, never by a path a person types: its runner takes `MODEL_PREFIX` from the
-environment and the speculative method from the engine recipe, and opens
-`golden_al_distribution/{curve}.yaml`. The rules restated here were read from (SemiAnalysisAI/InferenceX):
+environment and the speculative method from the engine recipe, and opens `{curve}.yaml` in its curve folder:
+`infx/golden_al_distribution/` in the newest InferenceX, `golden_al_distribution/` before (GOLDEN_DIRS). The rules
+restated here were read from (SemiAnalysisAI/InferenceX):
 
 - `infx/golden_al_distribution` (`curves.py`: `curve_name`, `load_curve`, `golden_length`; stored in the
   search index after mirror HEAD 843c6254f, whose tree still has the older copy inside
@@ -29,6 +30,21 @@ from dataclasses import dataclass
 from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, AcceptanceRecord
 
 CURVE_ALPHABET = re.compile(r"[a-z0-9_.-]+")
+
+# Where InferenceX keeps its curves, newest first: the infx.golden_al_distribution package
+# (infx/golden_al_distribution/README.md at 2e7b70492d76f26ff7e916a1a586c005684285b3: "This directory is the
+# infx.golden_al_distribution Python package"; the newest synthetic_acceptance.py and llm-d's role renderer import
+# GOLDEN_DIR from it), and before it the top-level folder (mirror HEAD 843c6254f; synthetic_acceptance.py at
+# 1014800402a2 and 5101757502ac: GOLDEN_DIR = parents[2] / "golden_al_distribution").
+GOLDEN_DIRS: tuple[tuple[str, str], ...] = (
+    ("infx/golden_al_distribution/", "the infx.golden_al_distribution package, from 2e7b70492d76"),
+    ("golden_al_distribution/", "843c6254f and synthetic_acceptance.py up to 5101757502ac"),
+)
+
+
+def golden_dirs() -> str:
+    """The curve folders in words, newest first, each with the InferenceX versions that read it."""
+    return " or ".join(f"{folder} ({versions})" for folder, versions in GOLDEN_DIRS)
 
 # Where each engine's recipe names the method and k (synthetic_acceptance.py spec_parameters).
 RECIPE_FIELDS = {
@@ -315,7 +331,7 @@ def groups(records: Sequence[AcceptanceRecord], naming: Naming) -> dict[Curve, l
 
 
 def document(curve: Curve, rows: Sequence[AcceptanceRecord], tool: str, basis: str, notes: Sequence[str]) -> str:
-    """One golden_al_distribution YAML, its header naming its AL's `basis`. One dataset and one sampling per
+    """One golden curve's YAML, its header naming its AL's `basis`. One dataset and one sampling per
     file: several is an error."""
     populations = sorted({(r.dataset, sampling(r)) for r in rows})
     if len(populations) > 1:
@@ -370,5 +386,6 @@ def curve_warnings(curve: Curve, rows: Sequence[AcceptanceRecord]) -> list[str]:
 
 def curve_notes(curve: Curve, rows: Sequence[AcceptanceRecord]) -> list[str]:
     """Which file InferenceX loads for which recipe, and whether it replaces one InferenceX ships."""
-    return [f"InferenceX loads golden_al_distribution/{curve.file_name} for {load_line(curve, rows)}",
+    (newest, _), (older, _) = GOLDEN_DIRS
+    return [f"InferenceX loads {newest}{curve.file_name} ({older} in older versions) for {load_line(curve, rows)}",
             *prefix_lines(curve, rows)[1]]
