@@ -331,11 +331,23 @@ def test_inferencex_refuses_names_it_cannot_resolve(records: list[AcceptanceReco
     assert not list(tmp_path.iterdir())
 
 
-def test_inferencex_warns_when_the_default_thinking_mode_finds_nothing(records: list[AcceptanceRecord]) -> None:
-    draft = [r for r in records if r.speculator.startswith("draft")]  # thinking off only
+# InferenceX's newest workflow templates (.github/workflows/benchmark-tmpl.yml at
+# 00983c3e22a0489aa5f3219f4b8765f2258099fe, benchmark-multinode-tmpl.yml at 00609a176b4e1243ec16aafa12b903c8fd022506)
+# set `THINKING_MODE: thinking_on` in the job's env, a fixed value, not an input: every run they start reads
+# thinking_on, and the golden loader reads modes[THINKING_MODE] as written.
+def test_inferencex_warns_that_the_templates_read_thinking_on_only(records: list[AcceptanceRecord]) -> None:
+    """Issue 31, item 13: the warning says the templates fix thinking_on (not a default a run could change) and
+    that a target without a thinking mode has no curve those runners can load; the reference file says the same."""
+    draft = [r for r in records if r.speculator.startswith("draft")]  # Qwen2.5-Coder: thinking off only
     options = ExportOptions(naming=Naming(model_prefix="qwen2.5c"))
-    (warning,) = consumers.export_warnings(draft, "inferencex", options)
-    assert "qwen2.5c_draft_model.yaml has no thinking_on curve" in warning and "THINKING_MODE" in warning
+    for to, subject in (("inferencex", "qwen2.5c_draft_model.yaml has no thinking_on curve"),
+                        ("inferencex-reference", "qwen2.5c has no thinking_on values")):
+        (warning,) = [w for w in consumers.export_warnings(draft, to, options) if "thinking_on" in w]
+        assert warning.startswith(subject) and "default" not in warning
+        assert ("workflow templates (benchmark-tmpl.yml, benchmark-multinode-tmpl.yml) fix THINKING_MODE: "
+                "thinking_on") in warning
+        assert warning.endswith("A target without a thinking mode has only thinking_off values: those runners cannot "
+                                "load its curve")
 
 
 def test_inferencex_never_lets_two_curves_share_a_file(tmp_path: Path, records: list[AcceptanceRecord]) -> None:

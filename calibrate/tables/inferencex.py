@@ -368,12 +368,22 @@ def load_line(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str:
             f"{k_field} in {{{ks}}}, THINKING_MODE {modes}")
 
 
+# InferenceX's newest workflow templates set THINKING_MODE as a fixed job value, not an input a run could change
+# (.github/workflows/benchmark-tmpl.yml at 00983c3e22a0489aa5f3219f4b8765f2258099fe and benchmark-multinode-tmpl.yml
+# at 00609a176b4e1243ec16aafa12b903c8fd022506, env: `THINKING_MODE: thinking_on`), so every run they start reads
+# thinking_on; a curve without it fails there. A target without a thinking mode is measured with thinking off
+# only (the run refuses `on` for a template that has no switch), and nothing here relabels it.
+NO_THINKING_ON = ("InferenceX's workflow templates (benchmark-tmpl.yml, benchmark-multinode-tmpl.yml) fix "
+                  "THINKING_MODE: thinking_on for every run they start, so none of those runs finds a value; only a "
+                  "launcher run outside them with THINKING_MODE=thinking_off does. A target without a thinking mode "
+                  "has only thinking_off values: those runners cannot load its curve")
+
+
 def thinking_warning(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str | None:
-    """A curve without thinking_on fails a runner that leaves THINKING_MODE at its default (thinking_on)."""
+    """A curve without thinking_on fails every run of InferenceX's workflow templates (NO_THINKING_ON)."""
     if any(r.thinking == "on" for r in rows):
         return None
-    return (f"{curve.file_name} has no thinking_on curve: InferenceX runners default THINKING_MODE to thinking_on, "
-            "so only a run that sets THINKING_MODE=thinking_off finds a value in it")
+    return f"{curve.file_name} has no thinking_on curve: {NO_THINKING_ON}"
 
 
 def curve_warnings(curve: Curve, rows: Sequence[AcceptanceRecord]) -> list[str]:

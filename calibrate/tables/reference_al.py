@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 
 import yaml
 
-from calibrate.tables.inferencex import KNOWN_TARGETS, MODEL_KEYS, _same_model, known_prefix, sampling
+from calibrate.tables.inferencex import (KNOWN_TARGETS, MODEL_KEYS, NO_THINKING_ON, _same_model, known_prefix,
+                                         sampling)
 from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, AcceptanceRecord
 
 REFERENCE_FILE = "benchmarks/speedbench-reference-al.yaml"
@@ -204,9 +205,8 @@ def notes(records: Sequence[AcceptanceRecord], prefix: str | None) -> list[str]:
 
 
 def warnings(records: Sequence[AcceptanceRecord], prefix: str | None) -> list[str]:
-    """A block without thinking_on fails a runner that leaves THINKING_MODE at its default."""
+    """A block without thinking_on fails every run of InferenceX's workflow templates."""
     _, key, block = cells(records, prefix)
     if "thinking_on" in block:
         return []
-    return [f"{key} has no thinking_on values: InferenceX defaults THINKING_MODE to thinking_on, so only a run that "
-            "sets THINKING_MODE=thinking_off finds a value (unless the file already holds thinking_on for it)"]
+    return [f"{key} has no thinking_on values (unless the file already holds them for it): {NO_THINKING_ON}"]
