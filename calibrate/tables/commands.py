@@ -535,6 +535,8 @@ def lookup(
         if asked.default_k:
             typer.echo(f"note: no role of {recipe} names k: InferenceX's synthetic_acceptance.py runs "
                        f"k = {runner_env.REFERENCE_DEFAULT_K}", err=True)
+        for note in asked.notes:
+            typer.echo(f"note: {note}", err=True)
     elif recipe is not None:
         raise ValueError("--recipe is read with --from-env (it needs the runner's FRAMEWORK)")
     missing_opts = [name for name, v in (("--model", model), ("--draft-len", draft_len), ("--thinking", thinking))
