@@ -455,7 +455,7 @@ def export(
         help="sglang: SGLANG_SIMULATE_ACC_TOKEN_MODE (real-draft-token needs --speculative-eagle-topk 1)."),
     model_prefix: Optional[str] = typer.Option(
         None, "--model-prefix", help="inferencex: the runner's MODEL_PREFIX (dsv4, qwen3.5, ...; known targets "
-                                     "have one, see calibrate/tables/inferencex.py KNOWN_TARGETS)."),
+                                     "have one, see calibrate/tables/inferencex.py MODEL_PREFIXES)."),
     engine: InferencexEngine = typer.Option(
         InferencexEngine.vllm, "--engine", help="inferencex: the engine whose recipe names the method."),
     method: Optional[str] = typer.Option(
