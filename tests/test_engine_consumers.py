@@ -149,27 +149,121 @@ def known(tmp_path_factory: pytest.TempPathFactory) -> list[AcceptanceRecord]:
         con.close()
 
 
+# Per engine, the kinds whose recipe method runs the algorithm we measure, and those whose recipe method is another
+# algorithm of the same name (SGLang's NGRAM: a trie searched breadth-first, sglang/srt/speculative/cpp_ngram/;
+# TensorRT-LLM's NGram: tensorrt_llm/_torch/speculative/ngram.py, a pattern pool): the latter are refused unless
+# forced. Any other kind has no method in that engine's recipes.
+AS_MEASURED = {"vllm": {"mtp", "eagle3", "draft", "ngram", "suffix"}, "sglang": {"mtp", "eagle3", "draft"},
+               "trtllm": {"mtp", "eagle3", "draft"}, "atom": {"mtp", "eagle3"}, "tilert": {"mtp"}}
+OTHER_ALGORITHM = {"sglang": {"ngram"}, "trtllm": {"ngram"}}
+
+
+def _kind(r: AcceptanceRecord) -> str:
+    return r.speculator.partition(":")[0]
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm", "atom", "tilert"])
 def test_inferencex_newest_loader_finds_every_curve_we_export(engine: str, known: list[AcceptanceRecord],
                                                               tmp_path: Path) -> None:
     """For every (engine, method, thinking, k) we export, the engine's recipe makes InferenceX open our file
     and read our value; a kind the engine cannot serve is refused with the reason."""
     naming = Naming(engine=engine)  # no --model-prefix: DeepSeek-V4-Pro is a known target (dsv4)
-    served = [r for r in known if r.speculator.partition(":")[0] in inferencex.RECIPE_METHODS[engine]]
+    served = [r for r in known if _kind(r) in AS_MEASURED[engine]]
     consumers.export(served, "inferencex", tmp_path, stamp=STAMP, options=ExportOptions(naming=naming))
     for r in served:
-        method = inferencex.RECIPE_METHODS[engine][r.speculator.partition(":")[0]]
+        method = inferencex.RECIPE_METHODS[engine][_kind(r)]
         role = infx_recipe(engine, method, r.draft_len, " ".join(r.draft_ids))
         assert infx_golden_length("dsv4", infx_spec_parameters(role, engine), f"thinking_{r.thinking}", tmp_path) == r.al
     notes = consumers.export_notes(served, "inferencex", ExportOptions(naming=naming))
-    assert len(notes) == len(list(tmp_path.iterdir()))
+    loads = [n for n in notes if n.startswith("InferenceX loads ")]
+    assert len(loads) == len(list(tmp_path.iterdir()))
     field = inferencex.RECIPE_FIELDS[engine][0]
-    assert any(n.startswith(f"InferenceX loads golden_al_distribution/dsv4_") and f"MODEL_PREFIX=dsv4, a {engine} "
+    assert any(n.startswith("InferenceX loads infx/golden_al_distribution/dsv4_") and f"MODEL_PREFIX=dsv4, a {engine} "
                f"recipe with {field} " in n and "in {1, 3}, THINKING_MODE thinking_on / thinking_off" in n for n in notes)
-    unserved = [r for r in known if r not in served]
+    # dsv4_mtp.yaml is DeepSeek-V4-Pro's committed curve (golden_al_distribution/ at 843c6254f): ours replaces it
+    assert [n for n in notes if n not in loads] == ["dsv4_mtp.yaml replaces the curve InferenceX ships under that "
+                                                    "name for every run that loads it"]
+    for r in (r for r in known if _kind(r) in OTHER_ALGORITHM.get(engine, ())):
+        with pytest.raises(ValueError, match=f"dsv4_ngram.yaml is for a {engine} recipe with .* another algorithm than "
+                                             "the ngram measured here .*: pass --force to write it anyway"):
+            consumers.export([r], "inferencex", None, stamp=STAMP, options=ExportOptions(naming=naming))
+    unserved = [r for r in known if _kind(r) not in AS_MEASURED[engine] | OTHER_ALGORITHM.get(engine, set())]
     if unserved:
         with pytest.raises(ValueError, match=f"{engine} recipes have no method for speculator kind"):
             consumers.export(unserved, "inferencex", None, stamp=STAMP, options=ExportOptions(naming=naming))
+
+
+def test_inferencex_writes_another_engines_algorithm_only_when_forced(records: list[AcceptanceRecord],
+                                                                      tmp_path: Path) -> None:
+    """Issue 31, item 10: an n-gram row for an SGLang recipe (--speculative-algorithm NGRAM, SGLang's own n-gram
+    algorithm) is refused, and with --force written with a warning that the numbers are ours."""
+    ngram = [r for r in records if r.speculator == "ngram" and r.target.startswith("Qwen")]
+    refused = ExportOptions(naming=Naming(model_prefix="qwen2.5c", engine="sglang"))
+    with pytest.raises(ValueError, match=r"qwen2.5c_ngram.yaml is for a sglang recipe with --speculative-algorithm "
+                                         r"ngram, another algorithm than the ngram measured here \(it runs as measured "
+                                         r"on vllm\): the numbers are ours, not sglang's: pass --force"):
+        consumers.export(ngram, "inferencex", tmp_path, stamp=STAMP, options=refused)
+    assert not list(tmp_path.iterdir())
+    forced = ExportOptions(naming=Naming(model_prefix="qwen2.5c", engine="sglang", force=True))
+    consumers.export(ngram, "inferencex", tmp_path, stamp=STAMP, options=forced)
+    assert [p.name for p in tmp_path.iterdir()] == ["qwen2.5c_ngram.yaml"]
+    (warning,) = [w for w in consumers.export_warnings(ngram, "inferencex", forced) if "another algorithm" in w]
+    assert "the numbers are ours, not sglang's" in warning
+
+
+# InferenceX's own names (SemiAnalysisAI/InferenceX): the curves golden_al_distribution/ holds at 843c6254f (file
+# name -> its top-level key) and those infx/golden_al_distribution/README.md adds at 2e7b70492d76 (with glm5.3_mtp,
+# which the package's test of its committed curves shows); MODEL_KEYS of infx/recipes/synthetic_acceptance.py at
+# 18385430d628a4e35795a2f6278fc7fc241df79e is INFX_MODEL_KEYS below.
+INFX_CURVES_843C = {"dsv4_mtp": "deepseek-v4-pro", "dsv4-pro-0813-dspark": "deepseek-v4-pro-0813",
+                    "qwen3.5_mtp": "qwen3.5-397b-a17b-nvfp4", "glm5.2_mtp": "glm-5.2-fp8",
+                    "kimik2.5_eagle3": "kimi-k2.5-nvfp4", "kimik3_dspark": "kimi-k3",
+                    "kimik3_dspark_probabilistic_sample_method_block_rejection_sample_method": "kimi-k3",
+                    "minimaxm3_eagle3": "minimax-m3", "minimaxm3_eagle3_gqa": "minimax-m3"}
+INFX_CURVES_NEWEST = {"dsv41flash_dspark", "qwen3.8next_mtp", "glm5.3_mtp"}
+
+
+def test_inferencex_prefix_table_holds_inferencex_own_names() -> None:
+    """One table (inferencex.MODEL_PREFIXES) holds every curve name InferenceX ships, and its MODEL_KEYS; a
+    shipped curve's prefix names the model its top-level key is."""
+    assert inferencex.SHIPPED_CURVES == set(INFX_CURVES_843C) | INFX_CURVES_NEWEST
+    assert inferencex.MODEL_KEYS == INFX_MODEL_KEYS
+    for curve, key in INFX_CURVES_843C.items():
+        prefixes = [p for p, e in inferencex.MODEL_PREFIXES.items() if curve in e.curves]
+        assert prefixes and all(inferencex.names_model(inferencex.MODEL_PREFIXES[p].model, [key]) for p in prefixes)
+
+
+def test_inferencex_warns_when_the_prefix_names_another_model(records: list[AcceptanceRecord],
+                                                             tmp_path: Path) -> None:
+    """Issue 31, item 12: --model-prefix dsv4 on Qwen2.5-Coder rows is InferenceX's DeepSeek-V4-Pro prefix: one
+    warning naming both; with --method mtp the name is InferenceX's own DeepSeek-V4 curve: refused unless forced."""
+    ngram = [r for r in records if r.speculator == "ngram" and r.target.startswith("Qwen")]
+    options = ExportOptions(naming=Naming(model_prefix="dsv4"))
+    consumers.export(ngram, "inferencex", tmp_path / "a", stamp=STAMP, options=options)
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["dsv4_ngram.yaml"]
+    (warning,) = [w for w in consumers.export_warnings(ngram, "inferencex", options) if "MODEL_PREFIX" in w]
+    assert warning == ("MODEL_PREFIX dsv4 is InferenceX's for deepseek-v4-pro, but dsv4_ngram.yaml holds "
+                       "Qwen/Qwen2.5-Coder-1.5B-Instruct: a dsv4 run would force this AL on deepseek-v4-pro")
+    shipped = ExportOptions(naming=Naming(model_prefix="dsv4", method="mtp"))
+    with pytest.raises(ValueError, match=r"MODEL_PREFIX dsv4 is InferenceX's for deepseek-v4-pro, but dsv4_mtp.yaml "
+                                         r"holds Qwen/Qwen2.5-Coder-1.5B-Instruct: .*, and InferenceX ships "
+                                         r"dsv4_mtp.yaml for it: pass --force to replace it"):
+        consumers.export(ngram, "inferencex", tmp_path / "b", stamp=STAMP, options=shipped)
+    assert not (tmp_path / "b").exists()
+    forced = ExportOptions(naming=Naming(model_prefix="dsv4", method="mtp", force=True))
+    consumers.export(ngram, "inferencex", tmp_path / "b", stamp=STAMP, options=forced)
+    (warning,) = [w for w in consumers.export_warnings(ngram, "inferencex", forced) if "MODEL_PREFIX" in w]
+    assert warning.endswith("; dsv4_mtp.yaml replaces the curve InferenceX ships under that name for every run "
+                            "that loads it")
+
+
+def test_inferencex_prefix_of_the_measured_model_is_not_warned(known: list[AcceptanceRecord]) -> None:
+    mtp = [r for r in known if r.speculator == "mtp"]
+    for prefix in (None, "dsv4"):  # the known target's own prefix, derived or given
+        options = ExportOptions(naming=Naming(model_prefix=prefix))
+        assert not [w for w in consumers.export_warnings(mtp, "inferencex", options) if "MODEL_PREFIX" in w]
+    qwen = ExportOptions(naming=Naming(model_prefix="qwen2.5c"))  # no InferenceX prefix: nothing to compare with
+    assert not [w for w in consumers.export_warnings(mtp, "inferencex", qwen) if "MODEL_PREFIX" in w]
 
 
 def test_inferencex_names_model_heads_the_way_the_loader_does(known: list[AcceptanceRecord], tmp_path: Path) -> None:
@@ -237,11 +331,23 @@ def test_inferencex_refuses_names_it_cannot_resolve(records: list[AcceptanceReco
     assert not list(tmp_path.iterdir())
 
 
-def test_inferencex_warns_when_the_default_thinking_mode_finds_nothing(records: list[AcceptanceRecord]) -> None:
-    draft = [r for r in records if r.speculator.startswith("draft")]  # thinking off only
+# InferenceX's newest workflow templates (.github/workflows/benchmark-tmpl.yml at
+# 00983c3e22a0489aa5f3219f4b8765f2258099fe, benchmark-multinode-tmpl.yml at 00609a176b4e1243ec16aafa12b903c8fd022506)
+# set `THINKING_MODE: thinking_on` in the job's env, a fixed value, not an input: every run they start reads
+# thinking_on, and the golden loader reads modes[THINKING_MODE] as written.
+def test_inferencex_warns_that_the_templates_read_thinking_on_only(records: list[AcceptanceRecord]) -> None:
+    """Issue 31, item 13: the warning says the templates fix thinking_on (not a default a run could change) and
+    that a target without a thinking mode has no curve those runners can load; the reference file says the same."""
+    draft = [r for r in records if r.speculator.startswith("draft")]  # Qwen2.5-Coder: thinking off only
     options = ExportOptions(naming=Naming(model_prefix="qwen2.5c"))
-    (warning,) = consumers.export_warnings(draft, "inferencex", options)
-    assert "qwen2.5c_draft_model.yaml has no thinking_on curve" in warning and "THINKING_MODE" in warning
+    for to, subject in (("inferencex", "qwen2.5c_draft_model.yaml has no thinking_on curve"),
+                        ("inferencex-reference", "qwen2.5c has no thinking_on values")):
+        (warning,) = [w for w in consumers.export_warnings(draft, to, options) if "thinking_on" in w]
+        assert warning.startswith(subject) and "default" not in warning
+        assert ("workflow templates (benchmark-tmpl.yml, benchmark-multinode-tmpl.yml) fix THINKING_MODE: "
+                "thinking_on") in warning
+        assert warning.endswith("A target without a thinking mode has only thinking_off values: those runners cannot "
+                                "load its curve")
 
 
 def test_inferencex_never_lets_two_curves_share_a_file(tmp_path: Path, records: list[AcceptanceRecord]) -> None:
@@ -453,6 +559,7 @@ def check_profile(profile: dict) -> None:
     assert profile["accept_length_model"] == expected["model"]
     assert profile["max_supported_k"] >= k and profile["verification_method"] == "longest_prefix"
     assert profile["accept_length_by_k"][str(k)] == pytest.approx(profile["mean_accept_length"])
+    assert all(int(kk) <= profile["max_supported_k"] for kk in profile["accept_length_by_k"])
 
 
 def test_specdec_profiles_validate_against_the_format(known: list[AcceptanceRecord], tmp_path: Path) -> None:
@@ -467,8 +574,8 @@ def test_specdec_profiles_validate_against_the_format(known: list[AcceptanceReco
         mine = next(r for r in known if path.parent.name.endswith(f"_k{r.draft_len}_thinking-{r.thinking}")
                     and profile["method"] == inferencex.RECIPE_METHODS["vllm"][r.speculator.partition(":")[0]])
         assert profile["mean_accept_length"] == pytest.approx(mine.acceptance_length, abs=1e-6)
-        if mine.thinking == "on":  # k 1 and 3 measured under the same conditions: both in accept_length_by_k
-            assert set(profile["accept_length_by_k"]) == {"1", "3"}
+        if mine.thinking == "on":  # k 1 and 3 measured under the same conditions: each K up to the file's own
+            assert set(profile["accept_length_by_k"]) == ({"1", "3"} if mine.draft_len == 3 else {"1"})
     assert ("eagle3", "chain_analytic") in methods and ("draft_model", "chain_analytic") in methods
     assert ("mtp", "measured_per_k") in methods and ("ngram", "measured_per_k") in methods
     draft = json.loads(next(p for p in paths if "draft" in p.parent.name and "_k3_thinking-on" in p.parent.name).read_text())
@@ -476,22 +583,101 @@ def test_specdec_profiles_validate_against_the_format(known: list[AcceptanceReco
     assert draft["target_model"] == {"id": "deepseek-ai/DeepSeek-V4-Pro"}
 
 
-def test_specdec_profile_counts_empty_steps_as_steps(tmp_path: Path) -> None:
-    """An n-gram step that proposed nothing emits one token: it is in the histogram, and the identity holds."""
+def _empty_step_ngram(tmp_path: Path) -> list[AcceptanceRecord]:
+    """One n-gram key, k = 3, 15 steps: accepted 0, 1, 2, 3 drafts at 6, 2, 2, 5 steps, 4 of the 6 proposing
+    nothing. Over all steps AL = 36 / 15 = 2.4; over the 11 drafted steps 1 + 21 / 11 = 2.909."""
     path = tmp_path / "mf.duckdb"
     with Store(path) as store:
         write_run(store, make_spec(speculator="ngram"), [Req("r0", "c0", {"answer": [6, 2, 2, 5]}, empty={"answer": 4})])
     con = connect(path, read_only=True)
     try:
-        records = load_records(con, segments=True, n_boot=20)
+        return load_records(con, segments=True, n_boot=20)
     finally:
         con.close()
+
+
+def test_specdec_profile_counts_empty_steps_as_steps(tmp_path: Path) -> None:
+    """An n-gram step that proposed nothing emits one token: it is in the histogram, and the identity holds."""
+    records = _empty_step_ngram(tmp_path)
     profile = json.loads(consumers.export(records, "specdec-profile", None, stamp=STAMP))
     check_profile(profile)
     assert profile["acceptance_length_histogram"] == {"1": 6, "2": 2, "3": 2, "4": 5}
     assert profile["mean_accept_length"] == pytest.approx(2.4)  # over every step, not the drafted AL 2.91
     assert profile["per_category"] == {"answer": {"mean_accept_length": 2.4, "steps": 15, "requests": 1}}
     assert profile["measurement_conditions"]["empty_steps"] == 4
+
+
+def test_each_file_names_the_basis_its_consumer_counts(tmp_path: Path) -> None:
+    """Issue 31, item 11. InferenceX's collector counts 1 + delta accepted / delta num_drafts of vLLM's counters
+    (infx/golden_al_distribution/README.md at 2e7b70492d76): steps that drafted. specdec_bench's AcceptanceRate
+    (metrics/acceptance_rate.py at 037a9f69dfed, process_step) counts every engine iteration's tokens, 1 when
+    nothing was proposed: all steps. Each file says which, and the profile names the other figure too."""
+    records = _empty_step_ngram(tmp_path)
+    overall_rows = [r for r in records if r.segment == "all"]
+    drafted = 1 + (1 * 2 + 2 * 2 + 3 * 5) / (15 - 4)  # the collector's arithmetic on the same counts
+    golden = consumers.export(overall_rows, "inferencex", None, stamp=STAMP,
+                              options=ExportOptions(naming=Naming(model_prefix="qwen2.5c")))
+    assert yaml.safe_load(golden)["qwen2.5-coder-1.5b-instruct"]["thinking_off"][3] == round(drafted, 2)
+    header = golden.split("\nqwen2.5-coder")[0]
+    assert "AL = 1 + accepted drafts / steps that proposed drafts" in header and "InferenceX's collector" in header
+    assert "pooled" not in header and "per verification step" not in header
+    reference = consumers.export(overall_rows, "inferencex-reference", None, stamp=STAMP,
+                                 options=ExportOptions(naming=Naming(model_prefix="qwen2.5c")))
+    assert "steps that proposed drafts" in reference and yaml.safe_load(reference)["qwen2.5c"]["thinking_off"][3] == 2.91
+    profile = json.loads(consumers.export(records, "specdec-profile", None, stamp=STAMP))
+    assert profile["mean_accept_length"] == pytest.approx(2.4)
+    conditions = profile["measurement_conditions"]
+    assert conditions["acceptance_basis"].startswith("AL = tokens emitted / verification steps")
+    assert "specdec_bench's AcceptanceRate" in conditions["acceptance_basis"]
+    assert conditions["drafted_mean_accept_length"] == pytest.approx(drafted, abs=1e-6)
+    (warning,) = consumers.export_warnings(records, "specdec-profile")
+    assert warning == ("ngram k=3: mean_accept_length 2.4000 is over all steps; the InferenceX and engine exports of "
+                       "this row carry the AL over drafted steps, 2.91")
+    engine = consumers.export(overall_rows, "sglang", None)
+    assert engine.startswith("# AL = 1 + accepted drafts / steps that proposed drafts") and "SIMULATE_ACC_LEN=2.91" in engine
+    assert json.loads(consumers.export(overall_rows, "vllm", None))[0]["al_over"] == "drafted steps"
+
+
+def test_the_registry_holds_one_basis_per_consumer(known: list[AcceptanceRecord]) -> None:
+    """The basis is the registry's: drafted steps for InferenceX and the engines, all steps for specdec_bench,
+    both (in their own columns) for the full tables; every engine value is its consumer's basis, rounded."""
+    bases = {name: c.basis for name, c in consumers.CONSUMERS.items()}
+    assert bases == {"inferencex": consumers.DRAFTED, "inferencex-reference": consumers.DRAFTED,
+                     "vllm": consumers.DRAFTED, "sglang": consumers.DRAFTED, "trtllm": consumers.DRAFTED,
+                     "atom": consumers.DRAFTED, "tilert": consumers.DRAFTED, "llamacpp": consumers.DRAFTED,
+                     "specdec-profile": consumers.ALL_STEPS, "csv": None, "parquet": None, "json": None}
+    for r in known:
+        assert r.value() == f"{round(consumers.DRAFTED.length(r), 2):.2f}"
+
+
+def test_specdec_profile_names_models_as_published_never_a_cache_path(tmp_path: Path) -> None:
+    """Issue 31, item 15: build_profile's checkpoint_id keeps a path's last two parts (speculation_profile.py at
+    edf879d3; its test: no cluster layout in a published profile), which for our model cache names the cache.
+    The profile names the model as the config wrote it, or its hub id; and a per-K file lists no K above its
+    max_supported_k."""
+    cache = "/root/.cache/calibrate-test-models"
+    path = tmp_path / "ids.duckdb"
+    with Store(path) as store:
+        for k in (1, 2, 3):
+            spec = make_spec(target="qwen2.5-coder-1.5b-instruct", target_id=f"{cache}/qwen2.5-coder-1.5b-instruct",
+                             speculator="draft:qwen2.5-coder-0.5b-instruct", draft_len=k,
+                             draft_id=f"{cache}/qwen2.5-coder-0.5b-instruct")
+            write_run(store, spec, [Req("r0", "c0", {"answer": [1] * k + [3]})])
+    con = connect(path, read_only=True)
+    try:
+        records = load_records(con, segments=True, n_boot=20)
+    finally:
+        con.close()
+    docs = consumers.export(records, "specdec-profile", tmp_path / "out", stamp=STAMP)
+    for doc in docs:
+        text = doc.read_text()
+        profile = json.loads(text)
+        check_profile(profile)
+        assert "calibrate-test-models" not in text
+        assert profile["draft_checkpoint"] == {"id": "qwen2.5-coder-0.5b-instruct"}
+        assert profile["target_model"] == {"id": "qwen2.5-coder-1.5b-instruct"}
+        k = profile["num_speculative_tokens"]
+        assert profile["max_supported_k"] == k and sorted(profile["accept_length_by_k"]) == [str(i) for i in range(1, k + 1)]
 
 
 def test_specdec_profile_is_one_key_per_file(records: list[AcceptanceRecord]) -> None:

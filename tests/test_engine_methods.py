@@ -222,7 +222,8 @@ def test_inferencex_recipe_methods_agree_with_the_kinds_engine_spellings():
     """The exports name curves by what an engine recipe calls a speculator (calibrate.tables.inferencex, kept
     torch-free for lookup); the launches use the kinds' own declarations. They must not drift apart. Known,
     intended differences: SGLang recipes spell MTP `NEXTN` (its alias of EAGLE), and a recipe's SGLang
-    `NGRAM` is SGLang's trie algorithm, which our `ngram` kind is not (so we never launch it as one)."""
+    `NGRAM` or TensorRT-LLM `NGram` is that engine's own algorithm, which our `ngram` kind is not: the kind does
+    not run there (`runs_on`), so the export refuses it unless forced."""
     from calibrate.speculators.registry import KINDS
     from calibrate.tables.inferencex import RECIPE_METHODS
 
@@ -230,10 +231,14 @@ def test_inferencex_recipe_methods_agree_with_the_kinds_engine_spellings():
     for engine in ("vllm", "sglang"):
         for kind, recipe in RECIPE_METHODS[engine].items():
             spelled = KINDS[kind].engines.get(engine)
-            if (engine, kind) == ("sglang", "ngram"):
-                assert spelled is None
+            if engine not in KINDS[kind].runs_on():
+                assert (engine, kind) == ("sglang", "ngram") and spelled is None
                 continue
             assert spelled is not None, (engine, kind)
             assert spelled[0].lower() == aliases.get((engine, kind), recipe), (engine, kind)
         launched = {kind for kind, cls in KINDS.items() if engine in cls.engines and cls.in_process}
         assert launched <= set(RECIPE_METHODS[engine]), (engine, launched)
+    for engine in ("trtllm", "atom", "tilert"):  # never launched: a kind that runs there has a recipe method
+        runs = {kind for kind, cls in KINDS.items() if engine in cls.runs_on()}
+        assert runs <= set(RECIPE_METHODS[engine]), (engine, runs)
+        assert not any(engine in cls.engines for cls in KINDS.values())

@@ -12,7 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from calibrate.tables.commands import SHOW_KEYS, register
-from tests.tables_support import basic_store, damage_a_used_block
+from calibrate.tables.store import Store
+from tests.tables_support import Req, basic_store, damage_a_used_block, make_spec, write_run
 
 Q = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 
@@ -81,7 +82,8 @@ def test_export_commands(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     curve = yaml.safe_load((tmp_path / "golden" / "qwen2.5c_ngram.yaml").read_text())
     assert curve["qwen2.5-coder-1.5b-instruct"]["thinking_off"] == {1: 1.45, 3: 2.4}
     assert "warning: ngram k=1: exported AL 1.45 is over drafted steps" in res.output  # on stderr
-    assert ("note: InferenceX loads golden_al_distribution/qwen2.5c_draft_model.yaml for MODEL_PREFIX=qwen2.5c, a vllm "
+    assert ("note: InferenceX loads infx/golden_al_distribution/qwen2.5c_draft_model.yaml (golden_al_distribution/ in "
+            "older versions) for MODEL_PREFIX=qwen2.5c, a vllm "
             "recipe with speculative-config.method draft_model and speculative-config.num_speculative_tokens in {2}, "
             "THINKING_MODE thinking_off") in res.output
     assert "warning: qwen2.5c_draft_model.yaml has no thinking_on curve" in res.output
@@ -155,9 +157,37 @@ def test_lookup_failures_exit_nonzero_with_what_exists(app: typer.Typer, db: Pat
     assert res.exit_code == 2 and "missing --draft-len, --thinking" in res.output
 
 
+def test_export_help_names_both_curve_folders_and_their_versions() -> None:
+    """Issue 31, item 16: the newest InferenceX reads infx/golden_al_distribution/ (the package; its README at
+    2e7b70492d76), older ones golden_al_distribution/ (843c6254f; synthetic_acceptance.py up to 5101757502ac)."""
+    from calibrate.cli import app as calibrate_app
+
+    text = " ".join(invoke(calibrate_app, "export", "--help").output.split())
+    assert ("infx/golden_al_distribution/ (the infx.golden_al_distribution package, from 2e7b70492d76) or "
+            "golden_al_distribution/ (843c6254f and synthetic_acceptance.py up to 5101757502ac)") in text
+
+
+def test_export_inferencex_prefix_of_another_model(app: typer.Typer, db: Path, tmp_path: Path) -> None:
+    """Issue 31, items 12 and 10: a prefix InferenceX uses for another model is one warning line naming both; a
+    name InferenceX ships a curve under, or an engine's other algorithm, is one error line (exit 2) unless --force."""
+    args = ("export", "--to", "inferencex", "--db", str(db), "--model", Q, "--speculator", "ngram", "--bootstrap", "50")
+    res = invoke(app, *args, "--out", str(tmp_path / "a"), "--model-prefix", "dsv4")
+    assert res.exit_code == 0, res.output
+    (line,) = [x for x in res.stderr.splitlines() if "MODEL_PREFIX dsv4" in x]
+    assert line.startswith("warning: MODEL_PREFIX dsv4 is InferenceX's for deepseek-v4-pro, but dsv4_ngram.yaml holds "
+                           "Qwen/Qwen2.5-Coder-1.5B-Instruct")
+    for extra in (("--method", "mtp"), ("--engine", "sglang")):
+        out = tmp_path / extra[1]
+        res = invoke(app, *args, "--out", str(out), "--model-prefix", "dsv4", *extra)
+        assert res.exit_code == 2 and res.output.startswith("error: ") and res.output.count("\n") == 1, res.output
+        assert "pass --force" in res.output and not out.exists()
+        res = invoke(app, *args, "--out", str(out), "--model-prefix", "dsv4", *extra, "--force")
+        assert res.exit_code == 0 and "wrote " in res.stderr, res.output
+
+
 def test_lookup_from_runner_environment(app: typer.Typer, db: Path) -> None:
     env = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "NUM_SPEC_TOKENS": "3", "THINKING_MODE": "thinking_off",
-           "FRAMEWORK": "dynamo-sglang"}
+           "FRAMEWORK": "dynamo-sglang", "IS_AGENTIC": "1", "EVAL_ONLY": "false", "SPEC_DECODING": "mtp"}
     res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), env=env)
     assert res.exit_code == 0, res.output
     assert "SGLANG_SIMULATE_ACC_LEN=2.40\n" in res.output
@@ -173,11 +203,12 @@ def test_lookup_from_runner_environment(app: typer.Typer, db: Path) -> None:
     res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
                  env={**env, "FRAMEWORK": "atom-disagg"})
     assert res.stdout.startswith("--num-speculative-tokens 3 --spec-decode-acceptance-length 2.40")
-    res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "MODEL_PREFIX": "smollm2"})
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+                 env={**env, "MODEL_PREFIX": "smollm2"})
     assert res.exit_code == 1 and "k=3 not measured for smollm2-135m-instruct with ngram" in res.output
     assert "measured k: 2" in res.output
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "MODEL_PREFIX": "qwen2.5"})
-    assert res.exit_code == 1 and "several speculators" in res.output
+    assert res.exit_code == 1 and "speculator 'mtp' not measured" in res.output  # SPEC_DECODING names it
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "FRAMEWORK": "tgi"})
     assert res.exit_code == 2 and "FRAMEWORK='tgi'" in res.output and "dynamo-sglang" in res.output
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "NUM_SPEC_TOKENS": ""})
@@ -244,9 +275,12 @@ def test_lookup_from_env_says_why_a_run_forces_nothing(app: typer.Typer, db: Pat
                                     ("EVAL_ONLY", "true", "EVAL_ONLY=true: accuracy runs verify drafts for real")):
         res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**base, variable: value})
         assert res.exit_code == 1 and reason in res.output and res.stdout == ""
-    # THINKING_MODE unset: the runners' default, thinking_on
+    # THINKING_MODE unset: build_overrides reads environment["THINKING_MODE"] and fails (issue 31, item 14)
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**base, "THINKING_MODE": None})
-    assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=2.24\n" in res.stdout
+    assert res.exit_code == 2 and "THINKING_MODE unset: InferenceX's build_overrides" in res.output
+    res = invoke(app, "lookup", "--from-env", "--thinking", "on", "--table", str(db),
+                 env={**base, "THINKING_MODE": None})
+    assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=2.24\n" in res.stdout  # asked for explicitly
 
 
 def test_lookup_recipe_errors_are_one_line(app: typer.Typer, db: Path, tmp_path: Path) -> None:
@@ -466,6 +500,55 @@ def test_lookup_from_the_recipes_launcher_gate_and_override(app: typer.Typer, db
         res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
                      env={**env, "SYNTHETIC_ACCEPTANCE_LENGTH": bad})
         assert res.exit_code == 2 and "InferenceX refuses it" in res.output and res.output.count("\n") == 1
+
+
+# Issue 31, item 14: where InferenceX refuses, lookup --from-env refuses too (or says why it does not).
+# infx/srt_slurm/synthetic_acceptance.py build_overrides (newest in the index; nearest commit 5101757502ac) reads
+# environment["EVAL_ONLY"], ["IS_AGENTIC"], ["SPEC_DECODING"], ["MODEL_PREFIX"], ["THINKING_MODE"] for a FRAMEWORK it
+# serves (unset: KeyError, "ERROR: golden acceptance"); golden_length reads modes[THINKING_MODE] as written, so
+# THINKING_MODE=off finds no curve ("No golden acceptance for ..."); the recipes launcher (infx/recipes/
+# synthetic_acceptance.py at 18385430d628) looks the AL up at NUM_SPEC_TOKENS and writes it into the recipe's
+# speculative config, whose num_speculative_tokens it keeps.
+def test_lookup_from_env_refuses_what_inferencex_refuses(app: typer.Typer, db: Path, tmp_path: Path) -> None:
+    table = ("lookup", "--from-env", "--speculator", "ngram", "--table", str(db))
+    bare = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "THINKING_MODE": "thinking_off", "NUM_SPEC_TOKENS": "3",
+            "FRAMEWORK": "sglang"}
+    res = invoke(app, *table, env=bare)
+    assert res.exit_code == 2 and res.stdout == "" and res.output.count("\n") == 1, res.output
+    assert "IS_AGENTIC, EVAL_ONLY, SPEC_DECODING unset: InferenceX's build_overrides" in res.output
+    res = invoke(app, *table, env={**bare, "FRAMEWORK": "llmd-vllm"})  # llm-d: IS_AGENTIC unset is not agentic
+    assert res.exit_code == 1 and "llm-d's role renderer forces acceptance only in agentic runs" in res.output
+    full = {**bare, "IS_AGENTIC": "1", "EVAL_ONLY": "false", "SPEC_DECODING": "mtp"}
+    assert invoke(app, *table, env=full).exit_code == 0
+    for variables in (full, {**RECIPES_ENV, "FRAMEWORK": "dynamo-sglang"}):  # golden curves, reference file
+        res = invoke(app, *table, env={**variables, "THINKING_MODE": "off"})
+        assert res.exit_code == 2 and "THINKING_MODE='off': InferenceX reads it as the curve's key" in res.output
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"roles": {"agg": {"args": {"speculative-config": json.dumps(
+        {"method": "ngram", "num_speculative_tokens": 3})}}}}))
+    res = invoke(app, "lookup", "--from-env", "--recipe", str(recipe), "--table", str(db),
+                 env={**RECIPES_ENV, "FRAMEWORK": "vllm", "NUM_SPEC_TOKENS": "4"})
+    assert res.exit_code == 2 and "NUM_SPEC_TOKENS=4 but the generation role of" in res.output and res.stdout == ""
+    res = invoke(app, "lookup", "--from-env", "--recipe", str(recipe), "--table", str(db),
+                 env={**full, "FRAMEWORK": "vllm", "NUM_SPEC_TOKENS": "4"})  # the newest launchers read the recipe
+    assert res.exit_code == 0 and json.loads(res.stdout)["num_speculative_tokens"] == 3
+    assert "note: NUM_SPEC_TOKENS=4 is not read by InferenceX's newest launchers: k is the recipe's, 3" in res.stderr
+
+
+def test_lookup_from_env_resolves_dsv4_through_model_keys(app: typer.Typer, tmp_path: Path) -> None:
+    """MODEL_PREFIX=dsv4 names DeepSeek-V4-Pro (MODEL_KEYS: dsv4 -> deepseek-v4-pro), whose letters it does not
+    start: both runner paths find a store whose target is deepseek-ai/DeepSeek-V4-Pro."""
+    path = tmp_path / "dsv4.duckdb"
+    with Store(path) as store:
+        write_run(store, make_spec(target="deepseek-ai/DeepSeek-V4-Pro", speculator="mtp", draft_len=3,
+                                   thinking="on"), [Req("r0", "c0", {"answer": [1, 1, 1, 3]})])
+    golden = {"MODEL_PREFIX": "dsv4", "THINKING_MODE": "thinking_on", "NUM_SPEC_TOKENS": "3", "FRAMEWORK": "vllm",
+              "IS_AGENTIC": "1", "EVAL_ONLY": "false", "SPEC_DECODING": "mtp"}
+    reference = {"MODEL_PREFIX": "dsv4", "SYNTHETIC_ACCEPTANCE": "true", "NUM_SPEC_TOKENS": "3", "FRAMEWORK": "vllm"}
+    for env in (golden, reference):
+        res = invoke(app, "lookup", "--from-env", "--table", str(path), env=env)
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["synthetic_acceptance_length"] == 3.0  # 18 tokens / 6 steps
 
 
 def test_recipes_launcher_model_keys_name_the_model() -> None:

@@ -192,6 +192,14 @@ class Speculator(ABC):
     # method's settings, raising ValueError with the reason where this config cannot run there). The one
     # place a kind's engine spellings live: the engine backends read them and hold no list of kinds.
     engines: ClassVar[Mapping[str, tuple[str, Settings]]] = {}
+    # Engines this toolkit never launches (TensorRT-LLM "trtllm", ATOM "atom", TileRT "tilert") whose method for
+    # this kind is the same algorithm, so what is measured here holds there too (InferenceX's recipes name them).
+    unlaunched_engines: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def runs_on(cls) -> frozenset[str]:
+        """Every engine that runs this kind as it is measured here: those it launches on, and the others."""
+        return frozenset(cls.engines) | cls.unlaunched_engines
 
     @classmethod
     def check(cls, spec: SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:

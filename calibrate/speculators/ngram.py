@@ -95,7 +95,8 @@ class NgramSpeculator(Speculator):
     defaults = {"prompt_lookup_max": VLLM_DEFAULT_LOOKUP, "prompt_lookup_min": VLLM_DEFAULT_LOOKUP}
     config_model = NgramSpeculatorConfig
     # vLLM's prompt lookup only: SGLang's NGRAM is another algorithm (a trie of earlier tokens searched
-    # breadth-first, `--speculative-ngram-*`), measured there as an engine-only kind, never as this one.
+    # breadth-first, `--speculative-ngram-*`), measured there as an engine-only kind, never as this one; so is
+    # TensorRT-LLM's NGram (a pool of patterns updated as it decodes): no other engine runs this kind.
     engines = {"vllm": ("ngram", lambda spec, weights: _params(spec))}
 
     @classmethod

@@ -353,6 +353,10 @@ _WHERE_OPT = typer.Option(None, "--where", help="FIELD=VALUE on a run field (rep
                          "picks one of several conditions a key was measured under.")
 
 _FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out would replace (refused otherwise).")
+_EXPORT_FORCE_OPT = typer.Option(
+    False, "--force", help="Overwrite files that --out would replace (refused otherwise); inferencex: also write a "
+    "curve InferenceX ships under a MODEL_PREFIX of another model, or for an engine that runs the speculator as "
+    "another algorithm (each with a warning).")
 _CONTEXT_OPT = typer.Option(
     None, "--context", help=f"Only requests whose prompt, before truncation, is in this bucket "
     f"({bucket_labels(CONTEXT)}; 0-4k and 64k+ spell the ends) or the bucket of this length (20k, 20000): the AL "
@@ -512,7 +516,7 @@ def export(
         help="sglang: SGLANG_SIMULATE_ACC_TOKEN_MODE (real-draft-token needs --speculative-eagle-topk 1)."),
     model_prefix: Optional[str] = typer.Option(
         None, "--model-prefix", help="inferencex: the runner's MODEL_PREFIX (dsv4, qwen3.5, ...; known targets "
-                                     "have one, see calibrate/tables/inferencex.py KNOWN_TARGETS)."),
+                                     "have one, see calibrate/tables/inferencex.py MODEL_PREFIXES)."),
     engine: InferencexEngine = typer.Option(
         InferencexEngine.vllm, "--engine", help="inferencex: the engine whose recipe names the method."),
     method: Optional[str] = typer.Option(
@@ -530,7 +534,7 @@ def export(
     bootstrap: int = _BOOT_OPT,
     seed: int = _SEED_OPT,
     where: Optional[list[str]] = _WHERE_OPT,
-    force: bool = _FORCE_OPT,
+    force: bool = _EXPORT_FORCE_OPT,
     context: Optional[str] = _CONTEXT_OPT,
 ) -> None:
     """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
@@ -539,7 +543,7 @@ def export(
                     bootstrap, seed, bucket=context_bucket(context))
     naming = Naming(model_prefix=model_prefix, method=method, engine=engine.value,
                     draft_sample_method=draft_sample_method.value if draft_sample_method else None,
-                    draft_model=draft_model)
+                    draft_model=draft_model, force=force)
     options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, naming=naming)
     written = consumers.export(records, target.name, out, options=options, force=force,
                                tell=lambda line: typer.echo(f"note: {line}", err=True))
@@ -595,6 +599,8 @@ def lookup(
         if asked.default_k:
             typer.echo(f"note: no role of {recipe} names k: InferenceX's synthetic_acceptance.py runs "
                        f"k = {runner_env.REFERENCE_DEFAULT_K}", err=True)
+        for note in asked.notes:
+            typer.echo(f"note: {note}", err=True)
     elif recipe is not None:
         raise ValueError("--recipe is read with --from-env (it needs the runner's FRAMEWORK)")
     missing_opts = [name for name, v in (("--model", model), ("--draft-len", draft_len), ("--thinking", thinking))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from calibrate.tables import inferencex, reference_al, specdec_profile
 from calibrate.tables.exports import (
-    MODES, ExportOptions, NothingToExport, Stamp, blocks, model_free_notes, overall, parquet_bytes, render_csv,
+    MODES, ExportOptions, NothingToExport, Stamp, blocks, overall, parquet_bytes, render_csv,
     render_json, write_files,
 )
 from calibrate.tables.records import LENGTH_DIGITS, RATE_DIGITS, AcceptanceRecord, fmt
@@ -108,33 +108,60 @@ def tilert_lines(r: AcceptanceRecord, options: ExportOptions) -> str:
 
 # ---- the registry -----------------------------------------------------------------------------------------
 
-# A writer returns the content of one file (text to print or save, or bytes), or {relative path: text} for a
-# folder of files under `out`; `export` alone touches the disk, after checking it overwrites nothing.
-Writer = Callable[[Sequence[AcceptanceRecord], ExportOptions, Stamp, "Path | None"], "str | bytes | dict[str, str]"]
+@dataclass(frozen=True)
+class Basis:
+    """Which verification steps an exported AL is the mean over. n-gram and suffix propose nothing at some steps
+    (each emits one token), so for them the two differ; a draft model, EAGLE-3 or MTP proposes at every step."""
+
+    name: str  # in files that hold no comment (vLLM's JSON rows)
+    says: str  # how a file's header states it
+    length: Callable[[AcceptanceRecord], float]  # the unrounded AL on this basis
+    note: Callable[[AcceptanceRecord], "str | None"]  # what a user of a model-free row must know, or None
+
+
+DRAFTED = Basis("drafted steps", "AL = 1 + accepted drafts / steps that proposed drafts, bonus token included (for "
+                "a drafter that proposes at every step, the AL over all steps)", lambda r: r.exported_length,
+                lambda r: r.model_free_note())
+ALL_STEPS = Basis("all steps", "AL = tokens emitted / verification steps, bonus token included, a step that "
+                  "proposed nothing counted (it emits 1 token)", lambda r: r.acceptance_length,
+                  lambda r: (f"{r.speculator} k={r.draft_len}: mean_accept_length {r.acceptance_length:.4f} is over "
+                             f"all steps; the InferenceX and engine exports of this row carry the AL over drafted "
+                             f"steps, {r.value()}") if r.uses_drafted else None)
+
+# A writer gets its registry entry (its basis) and returns the content of one file (text to print or save, or
+# bytes), or {relative path: text} for a folder of files under `out`; `export` alone touches the disk, after
+# checking it overwrites nothing.
+Writer = Callable[["Consumer", Sequence[AcceptanceRecord], ExportOptions, Stamp, "Path | None"],
+                  "str | bytes | dict[str, str]"]
 Render = Callable[[AcceptanceRecord, ExportOptions], str]
 Selection = Callable[[Sequence[AcceptanceRecord], ExportOptions], list[str]]
-# A merger returns the new text of an existing --out file that the consumer shares with others (its existing
-# text, then the records, options, stamp, `force`, the path, and where to tell what `force` replaced); it
-# refuses what would replace a value unforced.
+# A merger returns the new text of an existing --out file that the consumer shares with others (its entry, its
+# existing text, then the records, options, stamp, `force`, the path, and where to tell what `force`
+# replaced); it refuses what would replace a value unforced.
 Tell = Callable[[str], None]
-Merger = Callable[[str, Sequence[AcceptanceRecord], ExportOptions, Stamp, bool, Path, Tell], str]
+Merger = Callable[["Consumer", str, Sequence[AcceptanceRecord], ExportOptions, Stamp, bool, Path, Tell], str]
 
 
 @dataclass(frozen=True)
 class Consumer:
     """One consumer: how `export --to NAME` writes for it and how `lookup` answers in its form.
 
-    `engine`: an engine setting (one value per key, segment all; model-free warnings apply). `segments`: its
-    export needs the per-segment records too. `modes`: accepted --mode values (empty: --mode means nothing
-    here). `render`: one record as the engine reads it (lookup, and the export's blocks). `env`: render gives
-    KEY=VALUE lines (lookup adds a comment line, --shell prefixes `export`). `frameworks`: runner FRAMEWORK
-    values that mean this consumer -> the InferenceX recipe dialect `lookup --from-env --recipe` reads.
-    `serves`: speculator kinds the engine runs at all; a setting for another is refused, not written.
+    `basis`: the steps its AL is a mean over, and `why` it gets that basis (its own collector's, or, where the
+    consumer's definition is silent, our choice and its reason); None for the full tables, which carry both,
+    each in its own column. `engine`: an engine setting (one value per key, segment all). `segments`: its export
+    needs the per-segment records too. `modes`: accepted --mode values (empty: --mode means nothing here).
+    `render`: one record as the engine reads it (lookup, and the export's blocks). `env`: render gives KEY=VALUE
+    lines (lookup adds a comment line, --shell prefixes `export`). `frameworks`: runner FRAMEWORK values that mean
+    this consumer -> the InferenceX recipe dialect `lookup --from-env --recipe` reads. `serves`: speculator kinds
+    the engine runs at all; a setting for another is refused, not written.
     """
 
     name: str
     reads: str
     write: Writer
+    basis: Basis | None = DRAFTED
+    why: str = ("the engine forces it on the steps where its drafter proposes: a step with no draft has nothing "
+                "to accept")
     engine: bool = True
     segments: bool = False
     modes: tuple[str, ...] = ("length",)
@@ -143,37 +170,49 @@ class Consumer:
     env: bool = False
     frameworks: Mapping[str, str | None] = field(default_factory=dict)
     serves: frozenset[str] | None = None  # the speculator kinds the engine can run (None: any)
-    warnings: Selection | None = None  # what the user must know beyond the model-free note
+    warnings: Selection | None = None  # what the user must know beyond the basis note
     notes: Selection | None = None  # what the consumer will do with the export
     merge: Merger | None = None  # --out is a file shared with other writers: merge into it, never overwrite it
 
+    @property
+    def basis_line(self) -> str:
+        """The basis and why, as a file's header states it."""
+        assert self.basis is not None  # only consumers with one basis state it
+        return f"{self.basis.says}; {self.why}"
+
 
 def _engine_blocks(render: Render) -> Writer:
-    """An env file / args catalogue: per key a comment naming it, then the engine lines."""
-    return lambda records, options, stamp, out: blocks(records, lambda r: render(r, options))
+    """An env file / args catalogue: its basis, then per key a comment naming it and the engine lines."""
+    return lambda c, records, options, stamp, out: f"# {c.basis_line}\n" + blocks(records,
+                                                                                 lambda r: render(r, options))
 
 
-def _write_vllm(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp, out: Path | None) -> str:
-    """A JSON list: per key, the --speculative-config fragment to merge into the runner's own."""
+def _write_vllm(c: Consumer, records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
+                out: Path | None) -> str:
+    """A JSON list: per key, the --speculative-config fragment to merge into the runner's own, and its basis."""
+    assert c.basis is not None
     rows = [{"model": r.target, "speculator": r.speculator, "draft_len": r.draft_len, "thinking": r.thinking,
              "dataset": r.dataset, "temperature": r.temperature, **({"bucket": r.bucket} if r.bucket else {}),
-             "speculative_config": vllm_config(r, options)}
+             "al_over": c.basis.name, "speculative_config": vllm_config(r, options)}
             for r in overall(records)]
     return json.dumps(rows, indent=2) + "\n"
 
 
 def inferencex_documents(records: Sequence[AcceptanceRecord], options: ExportOptions,
                          stamp: Stamp) -> dict[str, str]:
-    """One golden_al_distribution YAML per curve InferenceX resolves: {file name: text}."""
-    docs = {}
-    for curve, rows in sorted(inferencex.groups(records, options.naming).items(), key=lambda kv: kv[0].name):
-        docs[curve.file_name] = inferencex.document(curve, rows, str(stamp), model_free_notes(rows))
-    return docs
+    """One golden curve YAML per curve InferenceX resolves: {file name: text}."""
+    return _inferencex_documents(CONSUMERS["inferencex"], records, options, stamp)
 
 
-def _write_inferencex(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
+def _inferencex_documents(c: Consumer, records: Sequence[AcceptanceRecord], options: ExportOptions,
+                          stamp: Stamp) -> dict[str, str]:
+    return {curve.file_name: inferencex.document(curve, rows, str(stamp), c.basis_line, basis_notes(c, rows))
+            for curve, rows in _curves(records, options)}
+
+
+def _write_inferencex(c: Consumer, records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
                       out: Path | None) -> str | dict[str, str]:
-    docs = inferencex_documents(records, options, stamp)
+    docs = _inferencex_documents(c, records, options, stamp)
     if out is not None and (out.is_dir() or out.suffix not in (".yaml", ".yml")):
         return docs  # a folder: one file per curve, named as InferenceX resolves it
     if out is not None and len(docs) > 1:
@@ -186,34 +225,38 @@ def _write_inferencex(records: Sequence[AcceptanceRecord], options: ExportOption
 
 
 def _inferencex_notes(records: Sequence[AcceptanceRecord], options: ExportOptions) -> list[str]:
-    """Which file InferenceX loads for which recipe."""
-    return [f"InferenceX loads golden_al_distribution/{curve.file_name} for {inferencex.load_line(curve, rows)}"
-            for curve, rows in sorted(inferencex.groups(records, options.naming).items(), key=lambda kv: kv[0].name)]
+    """Which file InferenceX loads for which recipe (and that it replaces a curve InferenceX ships)."""
+    return [n for curve, rows in _curves(records, options) for n in inferencex.curve_notes(curve, rows)]
 
 
 def _inferencex_warnings(records: Sequence[AcceptanceRecord], options: ExportOptions) -> list[str]:
-    """Curves a runner with the default THINKING_MODE will not find a value in."""
-    groups = inferencex.groups(records, options.naming)
-    return [w for curve, rows in groups.items() if (w := inferencex.thinking_warning(curve, rows)) is not None]
+    """Curves the runners find no value in, named for another model, or for another engine's algorithm."""
+    return [w for curve, rows in _curves(records, options) for w in inferencex.curve_warnings(curve, rows)]
 
 
-def _write_reference(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
+def _curves(records: Sequence[AcceptanceRecord],
+            options: ExportOptions) -> list[tuple[inferencex.Curve, list[AcceptanceRecord]]]:
+    return sorted(inferencex.groups(records, options.naming).items(), key=lambda kv: kv[0].name)
+
+
+def _write_reference(c: Consumer, records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
                      out: Path | None) -> str:
-    return reference_al.document(records, options.naming.model_prefix, str(stamp))
+    return reference_al.document(records, options.naming.model_prefix, str(stamp), c.basis_line)
 
 
-def _merge_reference(existing: str, records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
-                     force: bool, out: Path, tell: Tell) -> str:
-    return reference_al.merge(existing, records, options.naming.model_prefix, str(stamp), force, str(out), tell)
+def _merge_reference(c: Consumer, existing: str, records: Sequence[AcceptanceRecord], options: ExportOptions,
+                     stamp: Stamp, force: bool, out: Path, tell: Tell) -> str:
+    return reference_al.merge(existing, records, options.naming.model_prefix, str(stamp), force, str(out), tell,
+                              c.basis_line)
 
 
 def _trtllm_warnings(records: Sequence[AcceptanceRecord], options: ExportOptions) -> list[str]:
     return [w for r in overall(records) if (w := trtllm_warning(r)) is not None]
 
 
-def _write_profiles(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
+def _write_profiles(c: Consumer, records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
                     out: Path | None) -> str | dict[str, str]:
-    docs = specdec_profile.documents(records, str(stamp))
+    docs = specdec_profile.documents(records, str(stamp), c.basis_line)
     if out is not None and (out.is_dir() or out.suffix != ".json"):
         return docs  # a folder: one KEY/speculation_profile.json per key
     if len(docs) > 1:
@@ -222,18 +265,29 @@ def _write_profiles(records: Sequence[AcceptanceRecord], options: ExportOptions,
     return next(iter(docs.values()))
 
 
-def _write_parquet(records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
+def _write_parquet(c: Consumer, records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
                    out: Path | None) -> bytes:
     if out is None:
         raise ValueError("parquet is binary: give --out PATH")
     return parquet_bytes(records, stamp)
 
 
+# InferenceX's golden curves and its reference file come from one collector (infx/golden_al_distribution/README.md
+# at 2e7b70492d76: "AL = 1 + (delta accepted draft tokens / delta verification drafts)" of vLLM's counters), so
+# they carry its basis; specdec_bench's AcceptanceRate (examples/specdec_bench/specdec_bench/metrics/
+# acceptance_rate.py at 037a9f69dfed18d03975361f136ca80d0459fb25, process_step) counts the tokens of every engine
+# iteration, one when nothing was proposed, so its profile carries the AL over all steps.
+INFERENCEX_WHY = ("as InferenceX's collector counts it: 1 + delta accepted draft tokens / delta verification drafts "
+                  "of vLLM's counters, which count only steps that drafted")
+SPECDEC_WHY = ("as specdec_bench's AcceptanceRate counts it: the tokens of every engine iteration, 1 when nothing "
+               "was proposed")
+TABLE_WHY = "both, each in its column: acceptance_length (all steps) and drafted_acceptance_length (drafted steps)"
+
 CONSUMERS: dict[str, Consumer] = {c.name: c for c in (
-    Consumer("inferencex", "InferenceX golden_al_distribution/{MODEL_PREFIX}_{method}.yaml", _write_inferencex,
-             warnings=_inferencex_warnings, notes=_inferencex_notes),
+    Consumer("inferencex", "InferenceX {MODEL_PREFIX}_{method}.yaml in " + inferencex.golden_dirs(), _write_inferencex,
+             why=INFERENCEX_WHY, warnings=_inferencex_warnings, notes=_inferencex_notes),
     Consumer("inferencex-reference", f"InferenceX {reference_al.REFERENCE_FILE} (synthetic_acceptance.py; "
-             "merged into an existing --out)", _write_reference,
+             "merged into an existing --out)", _write_reference, why=INFERENCEX_WHY,
              warnings=lambda rs, o: reference_al.warnings(rs, o.naming.model_prefix),
              notes=lambda rs, o: reference_al.notes(rs, o.naming.model_prefix), merge=_merge_reference),
     Consumer("vllm", "vLLM --speculative-config fragments", _write_vllm, modes=MODES, lookup_format="vllm-config",
@@ -255,13 +309,13 @@ CONSUMERS: dict[str, Consumer] = {c.name: c for c in (
              lookup_format="llamacpp-args", render=llamacpp_args,
              frameworks={"llamacpp": None, "llama.cpp": None}),
     Consumer("specdec-profile", "specdec_bench speculation_profile.json v1.0 (Dynamo mocker, AIC)", _write_profiles,
+             basis=ALL_STEPS, why=SPECDEC_WHY, engine=False, segments=True, modes=()),
+    Consumer("csv", "the full table as CSV", lambda c, rs, o, st, out: render_csv(rs), basis=None, why=TABLE_WHY,
              engine=False, segments=True, modes=()),
-    Consumer("csv", "the full table as CSV", lambda rs, o, st, out: render_csv(rs), engine=False, segments=True,
-             modes=()),
-    Consumer("parquet", "the full table as Parquet (needs --out)", _write_parquet, engine=False, segments=True,
-             modes=()),
-    Consumer("json", "the full table as JSON (lookup reads it)", lambda rs, o, st, out: render_json(rs, st),
+    Consumer("parquet", "the full table as Parquet (needs --out)", _write_parquet, basis=None, why=TABLE_WHY,
              engine=False, segments=True, modes=()),
+    Consumer("json", "the full table as JSON (lookup reads it)", lambda c, rs, o, st, out: render_json(rs, st),
+             basis=None, why=TABLE_WHY, engine=False, segments=True, modes=()),
 )}
 
 
@@ -323,9 +377,9 @@ def export(records: Sequence[AcceptanceRecord], to: str, out: Path | None, *,
         raise NothingToExport("nothing to export: no measured keys match the filters")
     check_served(c, records)
     stamp = stamp or Stamp.now()
-    content = c.write(records, options, stamp, out)
+    content = c.write(c, records, options, stamp, out)
     if c.merge is not None and out is not None and out.is_file():
-        merged = c.merge(out.read_text(encoding="utf-8"), records, options, stamp, force, out, tell)
+        merged = c.merge(c, out.read_text(encoding="utf-8"), records, options, stamp, force, out, tell)
         return write_files(merged, out, True)
     if out is None:
         assert isinstance(content, str)  # only a folder of files and parquet need `out`
@@ -333,13 +387,18 @@ def export(records: Sequence[AcceptanceRecord], to: str, out: Path | None, *,
     return write_files(content, out, force)
 
 
+def basis_notes(c: Consumer, records: Sequence[AcceptanceRecord]) -> list[str]:
+    """One line per n-gram / suffix record: what its number is on the consumer's basis (and what the other
+    basis's exports carry)."""
+    return [n for r in overall(records) if (n := c.basis.note(r)) is not None] if c.basis is not None else []
+
+
 def export_warnings(records: Sequence[AcceptanceRecord], to: str,
                     options: ExportOptions = ExportOptions()) -> list[str]:
     """What the user must know before using an export: numbers the engine will not reproduce, values the
     consumer may ignore, curves it will not find."""
     c = consumer(to)
-    out = model_free_notes(records) if c.engine else []
-    return out + (c.warnings(records, options) if c.warnings is not None else [])
+    return basis_notes(c, records) + (c.warnings(records, options) if c.warnings is not None else [])
 
 
 def export_notes(records: Sequence[AcceptanceRecord], to: str, options: ExportOptions = ExportOptions()) -> list[str]:

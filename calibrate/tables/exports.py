@@ -64,11 +64,6 @@ def overall(records: Sequence[AcceptanceRecord]) -> list[AcceptanceRecord]:
     return [r for r in records if r.segment == SEGMENT_ALL]
 
 
-def model_free_notes(records: Sequence[AcceptanceRecord]) -> list[str]:
-    """One line per n-gram / suffix record: what an engine reproduces of its number on synthetic text."""
-    return [note for r in overall(records) if (note := r.model_free_note()) is not None]
-
-
 def blocks(records: Sequence[AcceptanceRecord], body: Callable[[AcceptanceRecord], str]) -> str:
     """Per record: a comment naming its key, then the engine lines (an env file / args catalogue)."""
     return "\n".join(f"# {label(r)}\n{body(r)}" for r in overall(records))

@@ -1,8 +1,9 @@
 """InferenceX golden curves: the file name its newest loader resolves, and the YAML it parses.
 
 InferenceX finds a curve by itself, never by a path a person types: its runner takes `MODEL_PREFIX` from the
-environment and the speculative method from the engine recipe, and opens
-`golden_al_distribution/{curve}.yaml`. The rules restated here were read from (SemiAnalysisAI/InferenceX):
+environment and the speculative method from the engine recipe, and opens `{curve}.yaml` in its curve folder:
+`infx/golden_al_distribution/` in the newest InferenceX, `golden_al_distribution/` before (GOLDEN_DIRS). The rules
+restated here were read from (SemiAnalysisAI/InferenceX):
 
 - `infx/golden_al_distribution` (`curves.py`: `curve_name`, `load_curve`, `golden_length`; stored in the
   search index after mirror HEAD 843c6254f, whose tree still has the older copy inside
@@ -29,6 +30,21 @@ from dataclasses import dataclass
 from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, AcceptanceRecord
 
 CURVE_ALPHABET = re.compile(r"[a-z0-9_.-]+")
+
+# Where InferenceX keeps its curves, newest first: the infx.golden_al_distribution package
+# (infx/golden_al_distribution/README.md at 2e7b70492d76f26ff7e916a1a586c005684285b3: "This directory is the
+# infx.golden_al_distribution Python package"; the newest synthetic_acceptance.py and llm-d's role renderer import
+# GOLDEN_DIR from it), and before it the top-level folder (mirror HEAD 843c6254f; synthetic_acceptance.py at
+# 1014800402a2 and 5101757502ac: GOLDEN_DIR = parents[2] / "golden_al_distribution").
+GOLDEN_DIRS: tuple[tuple[str, str], ...] = (
+    ("infx/golden_al_distribution/", "the infx.golden_al_distribution package, from 2e7b70492d76"),
+    ("golden_al_distribution/", "843c6254f and synthetic_acceptance.py up to 5101757502ac"),
+)
+
+
+def golden_dirs() -> str:
+    """The curve folders in words, newest first, each with the InferenceX versions that read it."""
+    return " or ".join(f"{folder} ({versions})" for folder, versions in GOLDEN_DIRS)
 
 # Where each engine's recipe names the method and k (synthetic_acceptance.py spec_parameters).
 RECIPE_FIELDS = {
@@ -63,27 +79,72 @@ ENGINE_METHODS: dict[str, frozenset[str]] = {
 }
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 
-# Known targets -> their runners' MODEL_PREFIX: the committed curves' file prefixes and top-level keys
-# (golden_al_distribution/*.yaml at 843c6254f: dsv4_mtp.yaml `deepseek-v4-pro:`, qwen3.5_mtp.yaml
-# `qwen3.5-397b-a17b-nvfp4:`, glm5.2_mtp.yaml `glm-5.2-fp8:`, kimik2.5_eagle3.yaml `kimi-k2.5-nvfp4:`,
-# kimik3_dspark.yaml `kimi-k3:`, minimaxm3_eagle3.yaml `minimax-m3:`; glm5.3_mtp.yaml `glm-5.3-fp8` in the
-# package's tests) and the legacy runner's MODEL_PREFIX_TO_YAML_KEY (dsr1). Matched against the start of the
-# target's lowercased last path part.
-KNOWN_TARGETS: tuple[tuple[str, str], ...] = (
-    ("deepseek-v4-pro", "dsv4"), ("deepseek-r1", "dsr1"), ("qwen3.5-397b-a17b", "qwen3.5"),
-    ("glm-5.2", "glm5.2"), ("glm-5.3", "glm5.3"), ("kimi-k2.5", "kimik2.5"), ("kimi-k3", "kimik3"),
-    ("minimax-m3", "minimaxm3"),
-)
+
+@dataclass(frozen=True)
+class Prefix:
+    """One MODEL_PREFIX of InferenceX's runners: the model it stands for and what InferenceX keeps under it."""
+
+    model: str  # the start of the model's lowercased last path part (the committed curves' top-level keys)
+    curves: tuple[str, ...] = ()  # golden curves InferenceX ships that a runner with this prefix loads
+    keyed: bool = False  # in MODEL_KEYS (recipes launcher: MODEL_PREFIX -> the reference file's key, = model)
+
+
+# The one table of InferenceX's MODEL_PREFIXes (SemiAnalysisAI/InferenceX), from its own source:
+# - the curves in golden_al_distribution/ at 843c6254f (file name -> top-level key: dsv4_mtp `deepseek-v4-pro`,
+#   dsv4-pro-0813-dspark `deepseek-v4-pro-0813`, qwen3.5_mtp `qwen3.5-397b-a17b-nvfp4`, glm5.2_mtp `glm-5.2-fp8`,
+#   kimik2.5_eagle3 `kimi-k2.5-nvfp4`, kimik3_dspark and its probabilistic twin `kimi-k3`, minimaxm3_eagle3 and
+#   _gqa `minimax-m3`);
+# - the curves infx/golden_al_distribution/README.md lists at 2e7b70492d76f26ff7e916a1a586c005684285b3
+#   (dsv41flash_dspark "DeepSeek V4.1 Flash", qwen3.8next_mtp "Qwen3.8-Flash-Next") and glm5.3_mtp (`glm-5.3-fp8`,
+#   the package's own test of its committed curves);
+# - MODEL_KEYS of infx/recipes/synthetic_acceptance.py at 18385430d628a4e35795a2f6278fc7fc241df79e (the same map
+#   as runners/inject_synthetic_acceptance.py MODEL_PREFIX_TO_YAML_KEY at 843c6254f): dsv4, dsr1, dsv4dspark,
+#   dsv4dsparkprob.
+# A prefix names its model when the model's start is a start of the target's last path part, punctuation ignored.
+# Order matters where two models share a start: a DeepSeek-V4-Pro-0813 target defaults to dsv4, the first.
+MODEL_PREFIXES: dict[str, Prefix] = {
+    "dsv4": Prefix("deepseek-v4-pro", ("dsv4_mtp", "dsv4-pro-0813-dspark"), keyed=True),
+    "dsv4dspark": Prefix("deepseek-v4-pro-0813", ("dsv4-pro-0813-dspark",), keyed=True),
+    "dsv4dsparkprob": Prefix("deepseek-v4-pro-0813", ("dsv4-pro-0813-dspark",), keyed=True),
+    "dsv41flash": Prefix("deepseek-v4.1-flash", ("dsv41flash_dspark",)),
+    "dsr1": Prefix("deepseek-r1", keyed=True),
+    "qwen3.5": Prefix("qwen3.5-397b-a17b", ("qwen3.5_mtp",)),
+    "qwen3.8next": Prefix("qwen3.8-flash-next", ("qwen3.8next_mtp",)),
+    "glm5.2": Prefix("glm-5.2", ("glm5.2_mtp",)),
+    "glm5.3": Prefix("glm-5.3", ("glm5.3_mtp",)),
+    "kimik2.5": Prefix("kimi-k2.5", ("kimik2.5_eagle3",)),
+    "kimik3": Prefix("kimi-k3", ("kimik3_dspark",
+                                 "kimik3_dspark_probabilistic_sample_method_block_rejection_sample_method")),
+    "minimaxm3": Prefix("minimax-m3", ("minimaxm3_eagle3", "minimaxm3_eagle3_gqa")),
+}
+# MODEL_PREFIX -> the reference file's top-level key (the recipes launcher's MODEL_KEYS; any other prefix is its own).
+MODEL_KEYS: dict[str, str] = {p: e.model for p, e in MODEL_PREFIXES.items() if e.keyed}
+# Every curve name InferenceX ships (a file of that name replaces InferenceX's own for every run that loads it).
+SHIPPED_CURVES: frozenset[str] = frozenset(c for e in MODEL_PREFIXES.values() for c in e.curves)
 
 
 def basename(target: str) -> str:
     return target.rstrip("/").rsplit("/", 1)[-1].lower()
 
 
+def letters(name: str) -> str:
+    """Lowercased letters and digits only: 'GLM-5.2' and 'glm5.2' are both 'glm52'."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def names_model(model: str, names: Sequence[str]) -> bool:
+    """Whether a model start (a Prefix's model) is the start of one of `names`' last path parts."""
+    return any(letters(basename(n)).startswith(letters(model)) for n in names)
+
+
 def known_prefix(target: str) -> str | None:
-    """The MODEL_PREFIX InferenceX's runners use for a known target, or None."""
-    name = basename(target)
-    return next((prefix for start, prefix in KNOWN_TARGETS if name.startswith(start)), None)
+    """The MODEL_PREFIX InferenceX's runners use for a known target (the first in MODEL_PREFIXES), or None."""
+    return next((p for p, e in MODEL_PREFIXES.items() if basename(target).startswith(e.model)), None)
+
+
+# Known targets -> the MODEL_PREFIX they default to (for messages: the prefixes known_prefix can give).
+KNOWN_TARGETS: tuple[tuple[str, str], ...] = tuple((e.model, p) for p, e in MODEL_PREFIXES.items()
+                                                   if known_prefix(e.model) == p)
 
 
 def curve_name(prefix: str, method: str, draft_model: str = "", draft_sample_method: str | None = None) -> str:
@@ -118,6 +179,9 @@ class Naming:
     engine: str = "vllm"
     draft_sample_method: str | None = None  # DSpark recipes: greedy / probabilistic
     draft_model: str | None = None  # the recipe's draft model path (MiniMax-M3 EAGLE3 GQA); default: the record's
+    # --force: write what is otherwise refused (a curve InferenceX ships, named for another model; a speculator
+    # the recipe's engine runs another way), with a warning
+    force: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,7 +213,11 @@ def resolve(record: AcceptanceRecord, naming: Naming) -> Curve:
                          f"so InferenceX would never open {prefix}_{method}.yaml; "
                          f"{naming.engine} methods: {', '.join(sorted(ENGINE_METHODS[naming.engine]))}")
     draft = naming.draft_model if naming.draft_model is not None else " ".join(record.draft_ids)
-    return Curve(curve_name(prefix, method, draft, naming.draft_sample_method), prefix, naming.engine, method)
+    curve = Curve(curve_name(prefix, method, draft, naming.draft_sample_method), prefix, naming.engine, method)
+    other = other_algorithm(record, curve)
+    if other is not None and not naming.force:
+        raise ValueError(f"{other}: pass --force to write it anyway")
+    return curve
 
 
 def _recipe_method(record: AcceptanceRecord, engine: str) -> str:
@@ -160,6 +228,51 @@ def _recipe_method(record: AcceptanceRecord, engine: str) -> str:
         servable = ", ".join(RECIPE_METHODS[engine]) or "none"
         raise ValueError(f"{record.speculator}: {engine} recipes have no method for speculator kind {kind!r} "
                          f"(kinds it serves: {servable}); pick another --engine or name the recipe's --method") from None
+
+
+def other_algorithm(record: AcceptanceRecord, curve: Curve) -> str | None:
+    """Why the curve's recipe runs another algorithm than the one measured, or None. The kind's own engine
+    mapping says where it runs as measured (calibrate.speculators: `Speculator.runs_on`); SGLang's NGRAM and
+    TensorRT-LLM's NGram, for one, are other algorithms than vLLM's prompt lookup, our `ngram`. A row of an
+    engine-only method was measured on the engine itself."""
+    from calibrate.speculators.registry import KINDS  # imports torch: only an InferenceX export asks
+
+    kind = record.speculator.partition(":")[0]
+    cls = KINDS.get(kind)
+    if cls is None or curve.engine in cls.runs_on():
+        return None
+    return (f"{curve.file_name} is for a {curve.engine} recipe with {RECIPE_FIELDS[curve.engine][0]} {curve.method}, "
+            f"another algorithm than the {record.speculator} measured here (it runs as measured on "
+            f"{', '.join(sorted(cls.runs_on()))}): the numbers are ours, not {curve.engine}'s")
+
+
+def model_mismatch(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str | None:
+    """A line naming both when the curve's MODEL_PREFIX is InferenceX's for another model than the rows
+    measured (MODEL_PREFIXES), else None."""
+    entry = MODEL_PREFIXES.get(curve.prefix)
+    if entry is None or any(names_model(entry.model, (r.target, *r.target_ids)) for r in rows):
+        return None
+    targets = ", ".join(sorted({r.target for r in rows}))
+    return (f"MODEL_PREFIX {curve.prefix} is InferenceX's for {entry.model}, but {curve.file_name} holds {targets}: "
+            f"a {curve.prefix} run would force this AL on {entry.model}")
+
+
+def check_prefix(curve: Curve, rows: Sequence[AcceptanceRecord], naming: Naming) -> None:
+    """Refuse, unless forced, a curve InferenceX ships under a prefix that names another model."""
+    mismatch = model_mismatch(curve, rows)
+    if mismatch is not None and curve.name in SHIPPED_CURVES and not naming.force:
+        raise ValueError(f"{mismatch}, and InferenceX ships {curve.file_name} for it: pass --force to replace it")
+
+
+def prefix_lines(curve: Curve, rows: Sequence[AcceptanceRecord]) -> tuple[list[str], list[str]]:
+    """(warnings, notes) about the curve's MODEL_PREFIX: another model's prefix (warned); a curve InferenceX
+    ships (the file replaces it: a warning for another model's, else a note)."""
+    mismatch = model_mismatch(curve, rows)
+    shipped = curve.name in SHIPPED_CURVES
+    replaces = f"{curve.file_name} replaces the curve InferenceX ships under that name for every run that loads it"
+    warnings = [mismatch + (f"; {replaces}" if shipped else "")] if mismatch is not None else []
+    notes = [replaces] if shipped and mismatch is None else []
+    return warnings, notes
 
 
 def top_key(target: str) -> str:
@@ -206,6 +319,7 @@ def groups(records: Sequence[AcceptanceRecord], naming: Naming) -> dict[Curve, l
             listed = "; ".join(f"{t} with {s}" for t, s in pairs)
             raise ValueError(f"{curve.file_name} would hold several curves ({listed}): filter with --model / "
                              "--speculator, or name each with --model-prefix / --method")
+        check_prefix(curve, rows, naming)
         cells: dict[tuple[str, int], AcceptanceRecord] = {}
         for r in rows:
             other = cells.setdefault((r.thinking, r.draft_len), r)
@@ -216,8 +330,9 @@ def groups(records: Sequence[AcceptanceRecord], naming: Naming) -> dict[Curve, l
     return out
 
 
-def document(curve: Curve, rows: Sequence[AcceptanceRecord], tool: str, notes: Sequence[str]) -> str:
-    """One golden_al_distribution YAML. One dataset and one sampling per file: several is an error."""
+def document(curve: Curve, rows: Sequence[AcceptanceRecord], tool: str, basis: str, notes: Sequence[str]) -> str:
+    """One golden curve's YAML, its header naming its AL's `basis`. One dataset and one sampling per
+    file: several is an error."""
     populations = sorted({(r.dataset, sampling(r)) for r in rows})
     if len(populations) > 1:
         listed = "; ".join(f"dataset={d} {s}" for d, s in populations)
@@ -230,8 +345,7 @@ def document(curve: Curve, rows: Sequence[AcceptanceRecord], tool: str, notes: S
         f"# golden acceptance-length distribution: {', '.join(targets)} with speculator {rows[0].speculator}",
         f"# dataset: {dataset} (fingerprint {', '.join(fingerprints) or 'unknown'}); sampling: {how}",
         *(f"# requests: {name} only (calibrate.tables.buckets)" for name in sorted({r.bucket for r in rows if r.bucket})),
-        f"# AL = mean tokens per verification step, bonus token included (pooled over steps), {LENGTH_DIGITS} "
-        "decimals",
+        f"# {basis}; {LENGTH_DIGITS} decimals",
         f"# loaded by InferenceX for {load_line(curve, rows)}",
         *(f"# {line}" for line in notes),
         f"# generated by {tool}",
@@ -254,9 +368,34 @@ def load_line(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str:
             f"{k_field} in {{{ks}}}, THINKING_MODE {modes}")
 
 
+# InferenceX's newest workflow templates set THINKING_MODE as a fixed job value, not an input a run could change
+# (.github/workflows/benchmark-tmpl.yml at 00983c3e22a0489aa5f3219f4b8765f2258099fe and benchmark-multinode-tmpl.yml
+# at 00609a176b4e1243ec16aafa12b903c8fd022506, env: `THINKING_MODE: thinking_on`), so every run they start reads
+# thinking_on; a curve without it fails there. A target without a thinking mode is measured with thinking off
+# only (the run refuses `on` for a template that has no switch), and nothing here relabels it.
+NO_THINKING_ON = ("InferenceX's workflow templates (benchmark-tmpl.yml, benchmark-multinode-tmpl.yml) fix "
+                  "THINKING_MODE: thinking_on for every run they start, so none of those runs finds a value; only a "
+                  "launcher run outside them with THINKING_MODE=thinking_off does. A target without a thinking mode "
+                  "has only thinking_off values: those runners cannot load its curve")
+
+
 def thinking_warning(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str | None:
-    """A curve without thinking_on fails a runner that leaves THINKING_MODE at its default (thinking_on)."""
+    """A curve without thinking_on fails every run of InferenceX's workflow templates (NO_THINKING_ON)."""
     if any(r.thinking == "on" for r in rows):
         return None
-    return (f"{curve.file_name} has no thinking_on curve: InferenceX runners default THINKING_MODE to thinking_on, "
-            "so only a run that sets THINKING_MODE=thinking_off finds a value in it")
+    return f"{curve.file_name} has no thinking_on curve: {NO_THINKING_ON}"
+
+
+def curve_warnings(curve: Curve, rows: Sequence[AcceptanceRecord]) -> list[str]:
+    """What the user must know about one curve: no value for the runners' THINKING_MODE, another model's
+    prefix, another engine's algorithm (written only with --force)."""
+    other = other_algorithm(rows[0], curve)  # one speculator per curve
+    thinking = thinking_warning(curve, rows)
+    return [*([thinking] if thinking else []), *prefix_lines(curve, rows)[0], *([other] if other else [])]
+
+
+def curve_notes(curve: Curve, rows: Sequence[AcceptanceRecord]) -> list[str]:
+    """Which file InferenceX loads for which recipe, and whether it replaces one InferenceX ships."""
+    (newest, _), (older, _) = GOLDEN_DIRS
+    return [f"InferenceX loads {newest}{curve.file_name} ({older} in older versions) for {load_line(curve, rows)}",
+            *prefix_lines(curve, rows)[1]]

@@ -23,7 +23,7 @@ import duckdb
 from calibrate.replay.counts import check_k
 from calibrate.tables import query
 from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, from_name
-from calibrate.tables.inferencex import KNOWN_TARGETS
+from calibrate.tables.inferencex import MODEL_PREFIXES, letters
 from calibrate.tables.query import CatalogEntry, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
 from calibrate.tables.store import connect, reading
@@ -264,15 +264,10 @@ def _last_part(name: str) -> str:
     return name.rstrip("/").rsplit("/", 1)[-1].lower()
 
 
-def _letters(name: str) -> str:
-    """Lowercased letters and digits only: 'GLM-5.2' and 'glm5.2' are both 'glm52'."""
-    return re.sub(r"[^a-z0-9]", "", name.lower())
-
-
-# InferenceX MODEL_PREFIX codes -> the start of their model's name (inferencex.KNOWN_TARGETS, from the committed
-# curves): `dsv4` is not a prefix of DeepSeek-V4-Pro's letters; codes like qwen3.5, glm5.2, kimik3 or minimaxm3
-# would match with punctuation ignored anyway.
-MODEL_PREFIX_ALIASES = {prefix: start for start, prefix in KNOWN_TARGETS}
+# InferenceX MODEL_PREFIX codes -> the start of their model's name (inferencex.MODEL_PREFIXES, from InferenceX's
+# MODEL_KEYS and committed curves): `dsv4` is not a prefix of DeepSeek-V4-Pro's letters; codes like qwen3.5,
+# glm5.2, kimik3 or minimaxm3 would match with punctuation ignored anyway.
+MODEL_PREFIX_ALIASES = {prefix: entry.model for prefix, entry in MODEL_PREFIXES.items()}
 
 
 def _describe_targets(entries: Iterable[CatalogEntry]) -> str:
@@ -298,9 +293,9 @@ def match_target(model: str, entries: Sequence[CatalogEntry], *, prefix: bool = 
         lambda name: _last_part(name) == _last_part(wanted),
     ]
     if prefix:
-        short = _letters(MODEL_PREFIX_ALIASES.get(_last_part(wanted), _last_part(wanted)))
+        short = letters(MODEL_PREFIX_ALIASES.get(_last_part(wanted), _last_part(wanted)))
         rules.append(lambda name: _last_part(name).startswith(_last_part(wanted)))
-        rules.append(lambda name: bool(short) and _letters(_last_part(name)).startswith(short))
+        rules.append(lambda name: bool(short) and letters(_last_part(name)).startswith(short))
     for rule in rules:
         hits = sorted({e.target for e in entries if any(rule(n) for n in (e.target, *e.target_ids))})
         if len(hits) == 1:

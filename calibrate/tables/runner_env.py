@@ -13,6 +13,14 @@ Two generations of runner are spoken (SemiAnalysisAI/InferenceX):
   set (no table read), else reads the reference file (`reference_al.py`) at MODEL_KEYS' key, THINKING_MODE and
   k = NUM_SPEC_TOKENS, else the recipe's (first of its agg / prefill / decode roles that names one), else 2.
 Where each engine's recipe keeps method and k is restated in `spec_of` and `reference_draft_len`, our way.
+
+Where InferenceX refuses, so does lookup (issue 31, item 14): for a FRAMEWORK the newest launchers serve,
+IS_AGENTIC, EVAL_ONLY, SPEC_DECODING, MODEL_PREFIX and THINKING_MODE unset are an error, as build_overrides
+reads them without a default (llm-d's renderer takes IS_AGENTIC unset as not agentic: nothing forced); a
+THINKING_MODE other than thinking_on / thinking_off finds no curve in any loader, so it is an error too; the
+recipes launcher would force the NUM_SPEC_TOKENS AL on the recipe's k, so the two disagreeing is an error; the
+newest launchers do not read NUM_SPEC_TOKENS at all when a recipe gives k (a note says so). An option given on
+the command line (--model, --thinking, --draft-len) stands in for its variable.
 """
 
 from __future__ import annotations
@@ -37,7 +45,16 @@ ENV_VARIABLES = ("MODEL_PREFIX", "FRAMEWORK", "THINKING_MODE", "NUM_SPEC_TOKENS"
 REFERENCE_ENGINES = {"vllm": "vllm", "dynamo-vllm": "vllm", "dynamo-sglang": "sglang", "trt": "trtllm",
                      "dynamo-trt": "trtllm"}
 REFERENCE_DEFAULT_K = 2  # _spec_tokens when no role names k
-DEFAULT_THINKING = "thinking_on"  # the runners' default when THINKING_MODE is unset
+DEFAULT_THINKING = "thinking_on"  # the recipes launcher's default when THINKING_MODE is unset
+# THINKING_MODE as every InferenceX loader reads it: the curve's key itself (modes[THINKING_MODE]), no other spelling.
+THINKING_KEYS = ("thinking_on", "thinking_off")
+# What the newest launchers read without a default: infx/srt_slurm/synthetic_acceptance.py build_overrides reads
+# environment[...] of each for a FRAMEWORK it serves (unset: KeyError, the launch fails with "ERROR: golden
+# acceptance"). llm-d's role renderer (benchmarks/multi_node/llm-d/recipe.py role_assignments, newest in the index,
+# after 3ba226bfc674) reads IS_AGENTIC and EVAL_ONLY with a default (IS_AGENTIC unset: not agentic, nothing
+# forced) and then needs the other three. The workflow templates set all five (benchmark-tmpl.yml at 00983c3e22a0).
+GOLDEN_REQUIRED = ("IS_AGENTIC", "EVAL_ONLY", "SPEC_DECODING", "MODEL_PREFIX", "THINKING_MODE")
+LLMD_DEFAULTED = ("IS_AGENTIC", "EVAL_ONLY")
 
 # A recipe method -> our speculator kind (the inverse of RECIPE_METHODS over every engine).
 KIND_OF_METHOD = {method: kind for methods in RECIPE_METHODS.values() for kind, method in methods.items()}
@@ -74,6 +91,7 @@ class Question:
     prefix: bool
     override: float | None = None  # SYNTHETIC_ACCEPTANCE_LENGTH: the recipes launcher forces it, reading no table
     default_k: bool = False  # the recipes launcher fell back to k = 2: no role of the recipe names k
+    notes: tuple[str, ...] = ()  # what InferenceX does differently from what the environment suggests
 
 
 def _roles_args(recipe: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -148,6 +166,29 @@ def speculator_of(method: str, model_prefix: str | None) -> str:
     return KIND_OF_METHOD.get(method, method)
 
 
+def _thinking(env: Mapping[str, str], default: str | None) -> str:
+    """THINKING_MODE as InferenceX reads it: thinking_on / thinking_off literally (`off` finds no curve there)."""
+    value = (env.get("THINKING_MODE") or "").strip() or default
+    if value not in THINKING_KEYS:
+        raise ValueError(f"THINKING_MODE={value!r}: InferenceX reads it as the curve's key "
+                         f"({' / '.join(THINKING_KEYS)}), so a run with it finds no curve; set one of those")
+    return value
+
+
+def _golden_required(env: Mapping[str, str], dialect: str, asked: Mapping[str, object]) -> None:
+    """Refuse what InferenceX's newest launchers refuse: a variable they read without a default, unset (or empty).
+    `asked`: the variables a command-line option stands in for (--model for MODEL_PREFIX, --thinking)."""
+    if dialect == "llmd" and env.get("IS_AGENTIC", "").strip().lower() not in ("1", "true"):
+        raise NoSyntheticAcceptance(f"IS_AGENTIC={env.get('IS_AGENTIC', '')!r}: llm-d's role renderer forces "
+                                    "acceptance only in agentic runs")
+    missing = [v for v in GOLDEN_REQUIRED if not env.get(v) and asked.get(v) is None
+               and not (dialect == "llmd" and v in LLMD_DEFAULTED)]
+    if missing:
+        who = "llm-d's role renderer" if dialect == "llmd" else "InferenceX's build_overrides (synthetic_acceptance.py)"
+        raise ValueError(f"{', '.join(missing)} unset: {who} reads {'it' if len(missing) == 1 else 'them'} without a "
+                         "default and fails; InferenceX's workflow templates set each")
+
+
 def _synthetic_gate(env: Mapping[str, str]) -> None:
     """The newest runners force acceptance only for agentic, speculative, non-eval runs; say which failed."""
     agentic = env.get("IS_AGENTIC")
@@ -220,11 +261,15 @@ def _reference_question(env: Mapping[str, str], *, model: str | None, speculator
         if framework is None:
             raise ValueError(f"--recipe needs FRAMEWORK set (one of {', '.join(REFERENCE_ENGINES)})")
         data = read_recipe(recipe)
+        spec = spec_of(data, dialect_of.get(framework) or REFERENCE_ENGINES[framework])
         if k is None:
             k = reference_draft_len(data, REFERENCE_ENGINES[framework])
             default_k = k is None
             k = REFERENCE_DEFAULT_K if k is None else k
-        spec = spec_of(data, dialect_of.get(framework) or REFERENCE_ENGINES[framework])
+        elif draft_len is None and spec is not None and spec.draft_len and str(spec.draft_len) != str(k):
+            raise ValueError(f"NUM_SPEC_TOKENS={k} but the generation role of {recipe} runs k={spec.draft_len}: "
+                             f"InferenceX's synthetic_acceptance.py would force the k={k} AL on it (it keeps the "
+                             "recipe's k); make them agree, or give --draft-len")
         if spec is None and REFERENCE_ENGINES[framework] == "vllm":
             raise ValueError(f"{recipe}: no role has a speculative-config, so InferenceX refuses SYNTHETIC_ACCEPTANCE")
         if speculator is None and spec is not None and spec.method:
@@ -240,8 +285,8 @@ def _reference_question(env: Mapping[str, str], *, model: str | None, speculator
     # The reference file's key names the model: MODEL_KEYS' codes stand for it (dsv4dspark -> deepseek-v4-pro-0813).
     asked = model or MODEL_KEYS.get(prefix, prefix)  # type: ignore[arg-type]
     return Question(model=asked, speculator=speculator, draft_len=k,
-                    thinking=thinking or (env.get("THINKING_MODE") or "").strip() or DEFAULT_THINKING,
-                    framework=framework, prefix=model is None, override=override, default_k=default_k)
+                    thinking=thinking or _thinking(env, DEFAULT_THINKING), framework=framework, prefix=model is None,
+                    override=override, default_k=default_k)
 
 
 def question(env: Mapping[str, str], *, model: str | None, speculator: str | None, draft_len: int | None,
@@ -255,7 +300,10 @@ def question(env: Mapping[str, str], *, model: str | None, speculator: str | Non
     _synthetic_gate(env)
     framework = (env.get("FRAMEWORK") or "").strip().lower() or None
     prefix = (env.get("MODEL_PREFIX") or "").strip() or None
-    k = draft_len
+    dialect = dialect_of.get(framework) if framework else None
+    if dialect is not None:  # a FRAMEWORK InferenceX's launchers serve: their rules
+        _golden_required(env, dialect, {"MODEL_PREFIX": model, "THINKING_MODE": thinking})
+    k, notes = draft_len, []
     if recipe is not None:
         if framework is None or framework not in dialect_of or dialect_of[framework] is None:
             raise ValueError(f"--recipe needs FRAMEWORK set to an engine whose recipe InferenceX reads; "
@@ -264,6 +312,9 @@ def question(env: Mapping[str, str], *, model: str | None, speculator: str | Non
         if spec is None:
             raise NoSyntheticAcceptance(f"{recipe}: the generation role runs no speculative decoding")
         k = k if k is not None else spec.checked_draft_len(str(recipe))
+        if env.get("NUM_SPEC_TOKENS") and draft_len is None:
+            notes.append(f"NUM_SPEC_TOKENS={env['NUM_SPEC_TOKENS']} is not read by InferenceX's newest launchers: k "
+                         f"is the recipe's, {k}")
         if speculator is None:
             kind = speculator_of(spec.method, prefix)
             speculator = f"{kind}:{spec.draft_model}" if kind == "draft" and spec.draft_model else kind
@@ -280,8 +331,8 @@ def question(env: Mapping[str, str], *, model: str | None, speculator: str | Non
     if model is None and prefix is None:
         raise ValueError("--from-env needs MODEL_PREFIX set (or --model)")
     return Question(model=model or prefix, speculator=speculator, draft_len=k,
-                    thinking=thinking or env.get("THINKING_MODE") or DEFAULT_THINKING, framework=framework,
-                    prefix=model is None)
+                    thinking=thinking or _thinking(env, DEFAULT_THINKING), framework=framework, prefix=model is None,
+                    notes=tuple(notes))
 
 
 def environment() -> dict[str, str]:

@@ -14,7 +14,10 @@ the marginal ones. Its rules, as we meet them:
   observed lengths only;
 - `validation.mean_consistency`: 1 + sum(marginals) within 0.02 of the mean; `validation.marginal_monotonicity`:
   marginals non-increasing;
-- `accept_length_model` is `chain_analytic` for chain drafters (eagle*, draft_model), else `measured_per_k`.
+- `accept_length_model` is `chain_analytic` for chain drafters (eagle*, draft_model), else `measured_per_k`;
+- `max_supported_k` defaults to `num_speculative_tokens`, and `accept_length_by_k` never holds a K above it
+  (build_profile writes the measured K only; ours adds the K below it measured under the same conditions);
+- `draft_checkpoint` / `target_model` name the model as published, never a machine's path (checkpoint_id).
 
 Our steps are every verification step; specdec_bench's AcceptanceRate drops a turn's first step when it
 emitted one token and its last step, so its figures on the same traffic differ slightly.
@@ -26,6 +29,7 @@ import json
 import re
 from collections.abc import Sequence
 
+from calibrate.hub import looks_like_path
 from calibrate.tables.inferencex import RECIPE_METHODS, basename, sampling
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 
@@ -36,10 +40,24 @@ CHAIN_METHODS = frozenset({"eagle", "eagle1", "eagle2", "eagle3", "draft_model"}
 DIGITS = 6
 
 
-def checkpoint_id(path: str) -> str:
-    """`org/model` of a checkpoint path: the profile is published, so no cluster layout goes into it."""
-    parts = [p for p in path.replace("\\", "/").split("/") if p]
-    return "/".join(parts[-2:])
+def model_name(resolved: Sequence[str], written: str | None) -> str | None:
+    """The name a published profile gives a model: its hub id when it resolved to one, else the name the config
+    wrote, else the last part of a path. Never a machine's path: specdec_bench reduces a checkpoint path to its
+    last two parts (checkpoint_id), which for our cache (~/.cache/calibrate-test-models/x) names the cache."""
+    names = [n for n in (*resolved[:1], written) if n]
+    if not names:
+        return None
+    return next((n for n in names if not looks_like_path(n)), basename(names[0]))
+
+
+def written_name(speculator: str) -> str | None:
+    """The model a speculator label names as the config wrote it (`draft:NAME`, `eagle3:NAME`, `mtp:TARGET`;
+    an engine-only method's `model=NAME` setting), or None for a model-free one."""
+    _, _, rest = speculator.partition(":")
+    if "=" not in rest:
+        return rest or None
+    settings = dict(part.partition("=")[::2] for part in rest.split(","))
+    return settings.get("model") or None
 
 
 def conditional_rates(marginal: Sequence[float]) -> list[float]:
@@ -65,13 +83,17 @@ def _validation(mean: float, marginal: Sequence[float]) -> dict[str, object]:
 
 
 def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
-            siblings: Sequence[AcceptanceRecord], tool: str) -> dict[str, object]:
+            siblings: Sequence[AcceptanceRecord], tool: str, basis: str) -> dict[str, object]:
     """The profile of one key: `segments` are its per-segment records (its per_category), `siblings` the same
-    target, speculator, thinking mode and population at other k (its accept_length_by_k)."""
+    target, speculator, thinking mode and population at other k (its accept_length_by_k). `basis` says which
+    steps its means are over (every step: the histogram's and the marginals'); an n-gram / suffix row also names
+    its AL over drafted steps, the figure its InferenceX and engine exports carry."""
     kind = record.speculator.partition(":")[0]
     method = RECIPE_METHODS["vllm"].get(kind, kind)
     marginal = [float(x) for x in record.unconditional_rates]
-    by_k = {r.draft_len: r.acceptance_length for r in (*siblings, record)}
+    max_k = record.draft_len  # build_profile's default: the K measured; accept_length_by_k never goes past it
+    by_k = {r.draft_len: r.acceptance_length for r in (*siblings, record) if r.draft_len <= max_k}
+    draft = model_name(record.draft_ids, written_name(record.speculator)) if record.draft_ids else None
     conditions: dict[str, object] = {
         "dataset": record.dataset, "dataset_fingerprints": list(record.dataset_fingerprints),
         "thinking": record.thinking, "sampling": sampling(record), "engines": list(record.engines),
@@ -79,17 +101,19 @@ def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
         "censored_steps": record.censored_steps, "empty_steps": record.empty_steps,
         "ci95_mean_accept_length": None if record.ci_low is None else [record.ci_low, record.ci_high],
         **({"bucket": record.bucket} if record.bucket else {}),  # only the requests of one bucket (export --context)
+        "acceptance_basis": basis,
+        **({"drafted_mean_accept_length": round(record.exported_length, DIGITS)} if record.uses_drafted else {}),
         "producer": tool,
     }
     return {
         "schema_version": SCHEMA_VERSION,
         "measured": True,
         "method": method,
-        "draft_checkpoint": {"id": checkpoint_id(record.draft_ids[0])} if record.draft_ids else None,
-        "target_model": {"id": checkpoint_id(record.target_ids[0] if record.target_ids else record.target)},
+        "draft_checkpoint": {"id": draft} if draft else None,
+        "target_model": {"id": model_name(record.target_ids, record.target)},
         "num_speculative_tokens": record.draft_len,
         "block_size": None,
-        "max_supported_k": record.draft_len,
+        "max_supported_k": max_k,
         "verification_method": "longest_prefix",
         "conditional_accept_rates": [round(x, DIGITS) for x in conditional_rates(marginal)],
         "marginal_accept_rates": [round(x, DIGITS) for x in marginal],
@@ -118,7 +142,7 @@ def _folder(r: AcceptanceRecord) -> str:
     return f"{_slug(r.target)}_{_slug(speculator)}_k{r.draft_len}_thinking-{r.thinking}"
 
 
-def documents(records: Sequence[AcceptanceRecord], tool: str) -> dict[str, str]:
+def documents(records: Sequence[AcceptanceRecord], tool: str, basis: str) -> dict[str, str]:
     """{KEY/speculation_profile.json: text} for every measured key; two keys that differ only in dataset or
     sampling would share a folder: refused, naming them."""
     mains = [r for r in records if r.segment == SEGMENT_ALL]
@@ -135,5 +159,5 @@ def documents(records: Sequence[AcceptanceRecord], tool: str) -> dict[str, str]:
         siblings = [s for s in mains if s is not r and (s.target, s.speculator, s.thinking, s.dataset,
                                                        sampling(s)) == (r.target, r.speculator, r.thinking,
                                                                         r.dataset, sampling(r))]
-        docs[name] = json.dumps(profile(r, segments, siblings, tool), indent=2) + "\n"
+        docs[name] = json.dumps(profile(r, segments, siblings, tool, basis), indent=2) + "\n"
     return docs
