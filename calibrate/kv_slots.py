@@ -103,34 +103,42 @@ class SlotCache:
 
 @dataclass
 class Prefix:
-    """The KV caches of a batch of prompts, each computed once and padded to the longest: the start of every
-    (speculator, k) loop of those requests, which copy their rows of it (`start`).
+    """The KV caches of a batch of prompts, each distinct prompt computed once and padded to the longest: the
+    start of every (speculator, k) loop of those requests, which copy their rows of it (`start`). Requests
+    with the same prompt (the samples of one request) share one computed row (`stored[j]`).
 
     `hidden[j]` is request j's hidden-state tuple ((1, n_j, H) each) over its prompt, when it was asked for.
     """
 
     model: torch.nn.Module
-    layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), (B, heads, slots, dim)
+    layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), (distinct, heads, slots, dim)
     lengths: torch.Tensor  # (B,) prompt tokens cached per request
     last_logits: torch.Tensor  # (B, V): the logits after each full prompt
     hidden: list[tuple[torch.Tensor, ...] | None]
+    stored: torch.Tensor  # (B,) int64: the row of `layers` that holds request j's prompt
 
     def start(self, rows: torch.Tensor) -> SlotCache:
         """A loop cache for the given requests (a request may appear more than once): a copy of their rows."""
         rows = rows.to(self.lengths.device)
-        cache = DynamicCache(ddp_cache_data=((k.index_select(0, rows), v.index_select(0, rows))
+        held = self.stored.index_select(0, rows)
+        cache = DynamicCache(ddp_cache_data=((k.index_select(0, held), v.index_select(0, held))
                                              for k, v in self.layers)) if self.layers else None
         return SlotCache(self.model, len(rows), cache=cache, lengths=self.lengths.index_select(0, rows))
 
 
 @torch.inference_mode()
 def prefill(model: torch.nn.Module, prompts: Sequence[Sequence[int]], hidden: bool = False) -> Prefix:
-    """Run every prompt through the model once, one at a time (no padding compute), and stack the caches.
+    """Run every distinct prompt through the model once, one at a time (no padding compute), and stack the
+    caches (a request's samples repeat its prompt: it is computed once for all of them).
 
     The whole prompt is cached, so every loop begins by sampling its first token from `last_logits` and
     its first draft step feeds that token alone."""
+    row_of: dict[tuple[int, ...], int] = {}
     caches, logits, states = [], [], []
     for prompt in prompts:
+        if tuple(prompt) in row_of:
+            continue
+        row_of[tuple(prompt)] = len(caches)
         one = SlotCache(model, 1)
         logits.append(one.feed([list(prompt)], logits_to_keep=1, hidden=hidden)[0, -1])
         caches.append([(layer.keys, layer.values) for layer in one.cache.layers])
@@ -140,8 +148,11 @@ def prefill(model: torch.nn.Module, prompts: Sequence[Sequence[int]], hidden: bo
     for i in range(len(caches[0])):
         keys, values = zip(*(c[i] for c in caches))
         layers.append((_pad_stack(keys, slots), _pad_stack(values, slots)))
-    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=model_device(model))
-    return Prefix(model, layers, lengths, torch.stack(logits), states)
+    device = model_device(model)
+    stored = torch.tensor([row_of[tuple(p)] for p in prompts], dtype=torch.int64, device=device)
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=device)
+    return Prefix(model, layers, lengths, torch.stack(logits).index_select(0, stored),
+                  [states[j] for j in stored.tolist()], stored)
 
 
 def _pad_stack(parts: Sequence[torch.Tensor], slots: int) -> torch.Tensor:
