@@ -65,10 +65,13 @@ class RunConfig(_Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 where native, else fp32
     device: str = Field(default="auto", pattern=DEVICE_PATTERN)  # availability is checked before models load
     batch_size: int = Field(default=4, gt=0)
-    # How the counts are made in this process: "replay" scores every speculator and k from one response per
-    # request (greedy, or at T > 0 sampled, under the target-only rule); "loop" decodes each (speculator, k)
-    # step by step; "auto" picks replay wherever it is exact (T = 0, or the target-only rule) and the loop
-    # for the probabilistic rule and the MoE profile (calibrate.engines.factory.in_process_engine).
+    # How the counts are made. "replay" scores every speculator and k from one response per request (greedy,
+    # or at T > 0 sampled, under the target-only rule), generated in this process or, on a server pair, by
+    # a plain engine; "loop" decodes each (speculator, k) step by step: in this process, or on a server pair
+    # the engine's own speculation, a launch per (speculator, k). "auto" picks replay wherever it is exact
+    # (T = 0, or the target-only rule) and the loop for the probabilistic rule, the MoE profile, engine-only
+    # kinds and a connected server that speculates (calibrate.engines.factory.in_process_engine,
+    # server_split below).
     engine: Literal["auto", "replay", "loop"] = "auto"
     verify_kernel: Literal["auto", "triton", "reference"] = "auto"
     # Verification rule at temperature > 0 (calibrate.replay.loop.VERIFICATION_RULES): "target-only" drafts
@@ -84,6 +87,8 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _expert_batches(self) -> RunConfig:
+        if not self.experts and "expert_batch_sizes" in self.model_fields_set:
+            raise ValueError("expert_batch_sizes is read only with experts = true (the MoE verify-cost profile)")
         if self.experts and self.engine == "replay":
             raise ValueError("experts = true needs the step-by-step loop: set engine = \"loop\" or \"auto\"")
         too_big = [b for b in self.expert_batch_sizes if not 1 <= b <= self.batch_size]
@@ -94,7 +99,8 @@ class RunConfig(_Strict):
 
 
 class ServerConfig(_Strict):
-    """How a server backend is reached: `launch` starts the engine per (speculator, k); `connect` uses a URL.
+    """How a server backend is reached: `launch` starts the engine (plain, for replay; or speculating, one
+    launch per (speculator, k)); `connect` uses a URL.
 
     `model` is what the engine loads (a GGUF file for llama.cpp, a path or hub id for vLLM / SGLang); the
     pair's `target` still names the tokenizer and chat template the prompts are rendered with.
@@ -102,7 +108,7 @@ class ServerConfig(_Strict):
 
     mode: Literal["launch", "connect"] = "launch"
     url: str | None = None  # connect
-    k: int | None = None  # connect: the k the server was started with
+    k: int | None = None  # connect: the k a speculating server was started with (none: a plain server)
     model: ModelName | None = None  # launch
     command: str | None = None  # launch: the engine executable (default: per backend)
     args: list[str] = Field(default_factory=list)  # launch: extra engine arguments, passed as written
@@ -114,6 +120,16 @@ class ServerConfig(_Strict):
     log_dir: str | None = None  # launch: where the engine's log goes (default: the temp folder)
     env: dict[str, str] = Field(default_factory=dict)  # launch: environment variables for the engine, e.g.
     # VLLM_CPU_KVCACHE_SPACE (GiB of KV cache for vLLM on CPU) or an SGLANG_* switch
+    # Plain-engine replay of EAGLE-3 / MTP: where the target's hidden states over prompt + response come from,
+    # a teacher-forced pass of `model` loaded in this process, or the engine's own (vLLM's
+    # extract_hidden_states: a second server, launched beside the plain one, or connected at
+    # hidden_states_url). calibrate.engines.hidden_states.
+    hidden_states: Literal["in-process", "engine"] = "in-process"
+    hidden_states_url: str | None = None  # connect, hidden_states = "engine"
+    # The engine audit at T > 0 (calibrate.engines.audit): each speculating server's per-step counts checked
+    # against its own tokens, with the speculator's in-process twin (loading it, and the target where it reads
+    # hidden states). false: not checked (rows then say nothing of it).
+    audit: bool = True
 
     @field_validator("k")
     @classmethod
@@ -136,11 +152,21 @@ class ServerConfig(_Strict):
 
     @model_validator(mode="after")
     def _mode(self) -> ServerConfig:
-        if self.mode == "connect" and (not self.url or self.k is None):
-            raise ValueError("mode 'connect' needs `url` and `k` (the k the server drafts)")
+        if self.mode == "connect" and not self.url:
+            raise ValueError("mode 'connect' needs `url` (and `k` where the server speculates)")
         if self.mode == "launch" and not self.model:
             raise ValueError("mode 'launch' needs `model` (the weights the engine loads)")
+        wrong = [key for key in (LAUNCH_KEYS if self.mode == "connect" else CONNECT_KEYS) if key in self.model_fields_set]
+        if wrong:
+            what = ("a connected server runs what it was started with" if self.mode == "connect" else
+                    "a launched server runs every sweep.k, one launch each, or none for replay")
+            raise ValueError(f"{', '.join(f'server.{key}' for key in wrong)}: not read in mode {self.mode!r} ({what})")
         return self
+
+
+# The keys only one mode reads: set in the other, they would be ignored, so they are refused.
+LAUNCH_KEYS = ("model", "command", "args", "host", "port", "startup_timeout", "log_dir", "env")
+CONNECT_KEYS = ("url", "k", "hidden_states_url")
 
 
 
@@ -168,32 +194,35 @@ class PairConfig(_Strict):
                              "\"sglang\"")
         if self.backend != "transformers" and self.server is None:
             raise ValueError(f"backend {self.backend!r} needs a [pairs.server] table (mode, url or model)")
-        if self.server is not None and self.server.mode == "connect" and len(self.speculators) != 1:
-            raise ValueError("a connected server runs one speculator: list exactly the one it was started with")
         for i, spec in enumerate(self.speculators):
-            cls = KINDS[spec.kind]
-            if self.backend == "transformers" and not cls.in_process:
+            if self.backend == "transformers" and not KINDS[spec.kind].in_process:
                 raise ValueError(f"speculators[{i}] ({spec.kind}, method {getattr(spec, 'method', '?')!r}) runs only "
                                  "inside a serving engine: set backend = \"vllm\" or \"sglang\" with a "
                                  "[pairs.server] table")
-            if self.server is not None and self.server.mode == "launch":  # a connected server runs what it runs
-                name = cls.config_name(spec, self.target)
-                try:
-                    method = cls.engine_method(spec, self.backend, str)
-                except ValueError as exc:
-                    raise ValueError(f"speculators[{i}] ({name}) cannot be launched on {self.backend}: {exc}") from None
-                if method is None:
-                    runs_on = ", ".join(cls.engines) or "no engine"
-                    raise ValueError(f"speculators[{i}] ({name}) has no {self.backend} method (this kind runs on: "
-                                     f"{runs_on}); measure it in-process or on another backend")
         return self
+
+    def launch_method(self, i: int) -> None:
+        """Refuse speculators[i] where the engine must run it itself (a launch per k) and cannot."""
+        spec = self.speculators[i]
+        cls = KINDS[spec.kind]
+        name = cls.config_name(spec, self.target)
+        try:
+            method = cls.engine_method(spec, self.backend, str)
+        except ValueError as exc:
+            raise ValueError(f"speculators[{i}] ({name}) cannot be launched on {self.backend}: {exc}") from None
+        if method is None:
+            runs_on = ", ".join(cls.engines) or "no engine"
+            raise ValueError(f"speculators[{i}] ({name}) has no {self.backend} method (this kind runs on: {runs_on}); "
+                             "score it by replay (engine = \"replay\" or \"auto\"), in-process or on another backend")
 
     @field_validator("server")
     @classmethod
     def _url(cls, server: ServerConfig | None, info: ValidationInfo) -> ServerConfig | None:
-        if server is not None and server.url is not None and not is_server_url(server.url):
-            raise ValueError(f"url {server.url!r} is not a URL of a {info.data.get('backend', 'server')} server: "
-                             "give http:// or https:// and a host (http://head-node:8000)")
+        for key in ("url", "hidden_states_url"):
+            url = getattr(server, key, None)
+            if url is not None and not is_server_url(url):
+                raise ValueError(f"{key} {url!r} is not a URL of a {info.data.get('backend', 'server')} server: "
+                                 "give http:// or https:// and a host (http://head-node:8000)")
         return server
 
     @field_validator("speculators")
@@ -259,9 +288,20 @@ class Config(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _servers(self) -> Config:
+        for n, pair in enumerate(self.pairs):
+            if pair.server is not None:
+                try:
+                    check_server_pair(pair, self.run.engine, self.sweep.k)
+                except ValueError as exc:
+                    raise ValueError(f"pairs[{n}] (backend {pair.backend!r}, engine {self.run.engine!r}): {exc}") from None
+        return self
+
+    @model_validator(mode="after")
     def _replay_needs_target_only(self) -> Config:
         sampled = [t for t in self.sweep.temperature if t > 0]
-        if self.run.engine == "replay" and sampled and self.run.verification == "probabilistic":
+        in_process = any(p.backend == "transformers" for p in self.pairs)  # a server replays target-only anyway
+        if self.run.engine == "replay" and sampled and self.run.verification == "probabilistic" and in_process:
             raise ValueError(f"engine \"replay\" at temperature {sampled[0]:g} needs verification = \"target-only\": "
                              "under the probabilistic rule a step's outcome depends on the drafter's own draws, "
                              "not on the response alone; use engine \"loop\" or \"auto\"")
@@ -275,6 +315,70 @@ class Config(_Strict):
             out.append(f"sweep.k {too_long} >= dataset.max_new_tokens ({self.dataset.max_new_tokens}): "
                        "no step can check all k drafts before the budget ends, so those steps are censored")
         return out
+
+
+def server_split(pair: PairConfig, engine: str) -> tuple[list[int], list[int]]:
+    """A server pair's speculators (indices): those plain-engine replay scores in this process from a plain
+    server's responses, and those the engine runs itself (a launch per k, or the connected server's own).
+
+    engine "replay": all replayed; "loop": all run by the engine; "auto": the engine runs them where it is
+    the only way (a connected server that speculates, stated by server.k; an engine-only kind), and replay
+    scores the rest, for one plain launch instead of one per (speculator, k)."""
+    every = list(range(len(pair.speculators)))
+    if engine == "loop" or (engine == "auto" and pair.server.mode == "connect" and pair.server.k is not None):
+        return [], every
+    if engine == "replay":
+        return every, []
+    replayed = [i for i in every if KINDS[pair.speculators[i].kind].in_process]
+    return replayed, [i for i in every if i not in replayed]
+
+
+def check_server_pair(pair: PairConfig, engine: str, ks: list[int]) -> None:
+    """Everything about a server pair that depends on which speculators the engine runs itself."""
+    cfg = pair.server
+    replayed, served = server_split(pair, engine)
+    for i in served:
+        if cfg.mode == "launch":
+            pair.launch_method(i)
+    if served and cfg.mode == "connect":
+        if len(pair.speculators) != 1:
+            raise ValueError("a connected server runs one speculator: list exactly the one it was started with (or "
+                             "score several by replay against a plain server: engine = \"replay\")")
+        if cfg.k is None:
+            raise ValueError("mode 'connect' with the engine's own speculation needs `k` (the k the server drafts); "
+                             "a plain server is measured by replay (engine = \"replay\" or \"auto\")")
+        if ks != [cfg.k]:
+            raise ValueError(f"sweep.k {ks}: a connected server measures only the k it runs (server.k = {cfg.k}): set "
+                             f"sweep.k = [{cfg.k}], or score every k by replay against a plain server "
+                             "(engine = \"replay\", no server.k)")
+    if replayed and cfg.mode == "connect" and cfg.k is not None:
+        raise ValueError(f"server.k = {cfg.k} says the server speculates; replay needs a plain server's responses: "
+                         "drop server.k, or measure its own speculation with engine = \"loop\"")
+    for i in replayed:
+        check_replayed(pair, i)
+
+
+def check_replayed(pair: PairConfig, i: int) -> None:
+    """speculators[i], scored in this process from a server's responses: it must run here, and its hidden
+    states must come from somewhere that has them."""
+    spec, cfg = pair.speculators[i], pair.server
+    cls = KINDS[spec.kind]
+    name = cls.config_name(spec, pair.target)
+    if not cls.in_process:
+        raise ValueError(f"speculators[{i}] ({name}) runs only inside the engine: replay cannot score it (set "
+                         "engine = \"loop\" or \"auto\")")
+    if cls.hidden_states is None or cfg.hidden_states == "in-process":
+        return
+    if pair.backend != "vllm":
+        raise ValueError(f"speculators[{i}] ({name}): hidden_states = \"engine\" is vLLM's extract_hidden_states; "
+                         f"{pair.backend} has none: use hidden_states = \"in-process\"")
+    if cls.hidden_states == "last":
+        raise ValueError(f"speculators[{i}] ({name}) drafts from the target's final hidden state, which vLLM's "
+                         "extract_hidden_states does not capture (it captures the inputs of given layers): use "
+                         "hidden_states = \"in-process\", or engine = \"loop\" for vLLM's own MTP")
+    if cfg.mode == "connect" and not cfg.hidden_states_url:
+        raise ValueError(f"speculators[{i}] ({name}) with hidden_states = \"engine\" on a connected server needs "
+                         "server.hidden_states_url (a vLLM started with the extract_hidden_states method)")
 
 
 TABLES = ("dataset", "run", "sweep")  # the single tables ([[pairs]] is a list of them)
@@ -310,7 +414,8 @@ def format_errors(path: str, exc: ValidationError) -> str:
         elif err["type"] == "union_tag_invalid":
             msg = f"unknown speculator kind {err['input'].get('kind')!r} (known: {', '.join(KINDS)})" \
                 if isinstance(err.get("input"), dict) else msg
-        shown = "" if err["type"] in ("missing", "union_tag_invalid") else f" (got {err.get('input')!r})"
+        hidden = err["type"] in ("missing", "union_tag_invalid") or not err["loc"]  # top level: the whole file
+        shown = "" if hidden else f" (got {err.get('input')!r})"
         lines.append(f"  {_where(err['loc'])}: {msg}{shown}")
     return "\n".join(lines)
 

@@ -9,6 +9,7 @@ weights do).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,6 +252,35 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto", tokenizer: 
     if fp == model_id and revision:
         fp = revision
     return LoadedModel(name=name, model_id=model_id, fingerprint=fp, model=model,
+                       tokenizer=tokenizer if tokenizer is not None else load_tokenizer(name), dtype=dtype,
+                       device=device)
+
+
+def load_embeddings(name: str, dtype: str = "auto", device: str = "auto", tokenizer: Any = None) -> LoadedModel:
+    """The target's modules on the meta device with its input embeddings alone loaded (from its safetensors):
+    all an EAGLE-3 head takes from the target (it embeds with the target's table) when the target's hidden
+    states come from the engine, whose weights (a cluster's worth) need not load here."""
+    from safetensors import safe_open
+    from transformers.utils import cached_file
+
+    model_id = resolve(name)
+    device = resolve_device(device)
+    dtype = choose_dtype(dtype, device).dtype
+    model = skeleton(name)
+    embeddings = model.get_input_embeddings()
+    key = next(n for n, param in model.named_parameters() if param is embeddings.weight)
+    access = hub_access(name, model_id)
+    try:
+        index = cached_file(model_id, "model.safetensors.index.json", _raise_exceptions_for_missing_entries=False,
+                            **access)
+        shard = json.loads(Path(index).read_text())["weight_map"][key] if index else "model.safetensors"
+        with safe_open(cached_file(model_id, shard, **access), framework="pt") as weights:
+            table = weights.get_tensor(key)
+    except (OSError, KeyError) as exc:
+        raise FileNotFoundError(f"model {name!r}: no safetensors tensor {key} for its input embeddings ({exc})") \
+            from None
+    embeddings.weight = torch.nn.Parameter(table.to(device=device, dtype=resolve_dtype(dtype)), requires_grad=False)
+    return LoadedModel(name=name, model_id=model_id, fingerprint=fingerprint(model_id), model=model,
                        tokenizer=tokenizer if tokenizer is not None else load_tokenizer(name), dtype=dtype,
                        device=device)
 

@@ -22,7 +22,7 @@ from typing import Any
 import duckdb
 from rich.console import Console
 
-from calibrate.config import Config, PairConfig
+from calibrate.config import Config, PairConfig, server_split
 from calibrate.data import RenderedPrompt, label_segments, render_prompt, select_from_source
 from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
@@ -102,7 +102,7 @@ def prepare(config: Config) -> Prepared:
         if pair.target not in tokenizers:  # two pairs of one target read its tokenizer once
             tokenizers[pair.target] = load_tokenizer(pair.target)
         tokenizer = tokenizers[pair.target]
-        for spec in pair.speculators if pair.backend == "transformers" else ():  # a server checks its own
+        for spec in scored_here(config, pair):  # a speculating server checks its own
             speculator_class(spec.kind).check(spec, pair.target, tokenizer)  # e.g. a head's shapes, before weights
         for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
             render_prompt(requests[0], tokenizer, thinking=thinking, context_tokens=ds.context_tokens,
@@ -112,6 +112,14 @@ def prepare(config: Config) -> Prepared:
     return Prepared(requests=requests, selection=picked.provenance, fingerprint=picked.fingerprint,
                     dataset_format=picked.format, device=device, dtype=choose_dtype(config.run.dtype, device),
                     tokenizers=tokenizers, problems=picked.problems)
+
+
+def scored_here(config: Config, pair: PairConfig) -> list[Any]:
+    """The pair's speculators that run in this process: all of an in-process pair, and those replay scores from
+    a server's responses."""
+    if pair.backend == "transformers":
+        return list(pair.speculators)
+    return [pair.speculators[i] for i in server_split(pair, config.run.engine)[0]]
 
 
 def check_moe(target: str) -> None:
@@ -132,7 +140,7 @@ def run_specs(config: Config, prepared: Prepared, engine: Engine, thinking: str,
     provenance (command line, version, log); its verification rule is the engine's own.
     """
     ds, versions, commit = config.dataset, package_versions(), git_commit()
-    in_process, target = engine.provenance is None, engine.target
+    target = engine.target
     out = {}
     for spec in engine.speculators:
         draft_id, draft_hash = spec.identity
@@ -145,11 +153,14 @@ def run_specs(config: Config, prepared: Prepared, engine: Engine, thinking: str,
                 dataset_fingerprint=prepared.fingerprint, context_tokens=ds.context_tokens,
                 max_new_tokens=ds.max_new_tokens, dtype=engine.dtype or prepared.dtype.dtype, engine=engine.name,
                 step_rule=STEP_RULE_VERSION, sampling_seed=ds.seed if temperature > 0 else None,
-                verification=config.run.verification if temperature > 0 and in_process else None,
+                verification=engine.verification if temperature > 0 else None,
+                responses_from=engine.responses_from, responses_dtype=engine.responses_dtype,
+                features_from=engine.features_from if getattr(getattr(spec, "needs", None), "any", False) else None,
                 target_id=target.model_id, speculator_kind=spec.kind, draft_id=draft_id,
                 dataset_format=prepared.dataset_format, selection=prepared.selection, device=target.device,
                 seed=ds.seed, versions=versions, git_commit=commit,
-                dtype_reason=prepared.dtype.reason if in_process else None, server=dict(engine.provenance or {}),
+                dtype_reason=prepared.dtype.reason if engine.dtype is None else None,
+                server=dict(engine.provenance or {}),
             )
     return out
 
@@ -176,6 +187,9 @@ def _run_pair(config: Config, pair: PairConfig, prepared: Prepared, drafts: dict
     """Every generation setting of one pair, through the engines the factory makes for it."""
     if pair.backend == "transformers":
         console.print(f"loading {pair.target} and its speculators", highlight=False, soft_wrap=True)
+    elif scored_here(config, pair):
+        console.print(f"loading the speculators that score {pair.backend}'s responses for {pair.target}",
+                      highlight=False, soft_wrap=True)
     tokenizer = prepared.tokenizers[pair.target]
     engines = PairEngines(config, pair, tokenizer, prepared.device, prepared.dtype.dtype, drafts)
     sweep = config.sweep
@@ -238,6 +252,9 @@ def _label(pair: PairConfig, engine: Engine, thinking: str, temperature: float) 
     """The progress line's name of one group."""
     if engine.provenance is None:
         return f"{engine.target.name} thinking={thinking} T={temperature:g}"
+    if engine.responses_from is not None:
+        return (f"{pair.target} via {engine.responses_from} (plain), replay of {len(engine.speculators)} "
+                f"speculator(s) at k={engine.ks} thinking={thinking} T={temperature:g}")
     return (f"{pair.target} via {engine.name} {engine.speculators[0].name} k={engine.ks} "
             f"thinking={thinking} T={temperature:g}")
 
@@ -295,6 +312,7 @@ class _Recorder:
                 request_id=unit.id, conversation_id=request.conversation_id, turn=request.turn,
                 turn_depth=request.depth, prompt_tokens=prompt.prompt_tokens, truncated_tokens=prompt.truncated_tokens,
                 generated_tokens=m.generated_tokens, finish_reason=m.finish_reason, sample=unit.sample,
+                disagreeing_steps=m.disagreeing_steps,
             ), {run_id: m.counts}) for run_id, m in per_run.items())
         raw = {(run_id, unit.id): m.raw for unit, _, per_run in rows
                for run_id, m in per_run.items() if m.raw is not None}

@@ -52,6 +52,7 @@ class Req:
     truncated_tokens: int = 0  # prompt tokens dropped from the left to fit the context budget
     prompt_tokens: int = 100  # after truncation
     depth: int | None = None  # turn depth (None: the request's position in the run, from 1)
+    disagreeing_steps: int | None = None  # the engine audit's count (None: not audited)
 
 
 def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool = True) -> str:
@@ -74,6 +75,7 @@ def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool
             request_id=req.request_id, conversation_id=req.conversation_id, turn=i,
             turn_depth=req.depth if req.depth is not None else i + 1, prompt_tokens=req.prompt_tokens,
             truncated_tokens=req.truncated_tokens, generated_tokens=counts.tokens, finish_reason="eos",
+            disagreeing_steps=req.disagreeing_steps,
         )
         batch.append((outcome, {run_id: counts}))
     store.write_requests(batch)

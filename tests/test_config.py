@@ -243,11 +243,11 @@ def test_a_servers_k_has_the_same_bound(tmp_path):
 def test_a_server_url_is_checked_when_the_config_is_read(tmp_path, url):
     """Issue 31 item 8: `url = "not a url"` failed at the first request with "unknown url type: 'not a
     url/version'", naming neither the key nor the engine."""
-    text = SERVED.replace('mode = "launch", model = "MODEL"LOG', f'mode = "connect", url = "{url}", k = 2')
+    text = SERVED.replace('mode = "launch", model = "MODEL"LOG', f'mode = "connect", url = "{url}", k = 1')
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, text.replace("SPECULATOR", '{ kind = "ngram" }')))
     assert (f"\n  pairs[0].server: Value error, url {url!r} is not a URL of a vllm server: give http:// or https:// "
             "and a host (http://head-node:8000)") in str(err.value)
     for good in ("http://head-node:8000", "https://10.0.0.1/", "http://[::1]:8000"):
-        text = SERVED.replace('mode = "launch", model = "MODEL"LOG', f'mode = "connect", url = "{good}", k = 2')
+        text = SERVED.replace('mode = "launch", model = "MODEL"LOG', f'mode = "connect", url = "{good}", k = 1')
         assert load_config(write(tmp_path, text.replace("SPECULATOR", '{ kind = "ngram" }'))).pairs[0].server.url == good

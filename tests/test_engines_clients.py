@@ -210,24 +210,30 @@ def test_launch_command_that_exits_quotes_its_log(tmp_path):
 
 # -- config -----------------------------------------------------------------------------------------------
 
-def _pair_config(tmp_path, pair: str):
+def _pair_config(tmp_path, pair: str, run: str = ""):
     from calibrate.config import load_config
     path = tmp_path / "c.toml"
-    path.write_text(f'[dataset]\nsource = "x.jsonl"\n[[pairs]]\ntarget = "t"\n'
+    path.write_text(f'[dataset]\nsource = "x.jsonl"\n[run]\n{run}\n[[pairs]]\ntarget = "t"\n'
                     f'speculators = [{{ kind = "draft", model = "d" }}]\n{pair}\n[sweep]\nk = [2]\n')
     return load_config(path)
 
 
 def test_config_backend_needs_server_table_and_connect_needs_url_and_k(tmp_path):
-    from calibrate.config import ConfigError
+    from calibrate.config import ConfigError, server_split
     with pytest.raises(ConfigError, match=r"backend 'vllm' needs a \[pairs.server\] table"):
         _pair_config(tmp_path, 'backend = "vllm"')
-    with pytest.raises(ConfigError, match="mode 'connect' needs `url` and `k`"):
-        _pair_config(tmp_path, 'backend = "sglang"\nserver = { mode = "connect", url = "http://h:1" }')
+    with pytest.raises(ConfigError, match="mode 'connect' needs `url`"):
+        _pair_config(tmp_path, 'backend = "sglang"\nserver = { mode = "connect", k = 2 }')
     with pytest.raises(ConfigError, match="for server backends"):
         _pair_config(tmp_path, 'server = { mode = "launch", model = "m" }')
     ok = _pair_config(tmp_path, 'backend = "vllm"\nserver = { mode = "connect", url = "http://h:1", k = 2 }')
     assert ok.pairs[0].backend == "vllm" and ok.pairs[0].server.k == 2
+    assert server_split(ok.pairs[0], ok.run.engine) == ([], [0])  # a server that speculates: its own counts
+    plain = _pair_config(tmp_path, 'backend = "vllm"\nserver = { mode = "connect", url = "http://h:1" }')
+    assert server_split(plain.pairs[0], plain.run.engine) == ([0], [])  # no k: a plain server, replayed
+    with pytest.raises(ConfigError, match="the engine's own speculation needs `k`"):
+        _pair_config(tmp_path, 'backend = "vllm"\nserver = { mode = "connect", url = "http://h:1" }',
+                     run='engine = "loop"')
 
 
 def test_vllm_learns_from_its_first_reply_whether_it_counts_per_request(standin):

@@ -29,6 +29,9 @@ class Measured:
     finish_reason: str  # "eos" | "length"
     raw: dict[str, Any] | None = None
     experts: tuple[ExpertRow, ...] = ()  # the MoE verify-cost rows stored under this request (loop, experts on)
+    # The engine audit (calibrate.engines.audit): steps of a speculating server's own list that contradict its
+    # own tokens; None where not audited (T = 0, no step list, no in-process twin, or not a server).
+    disagreeing_steps: int | None = None
 
 
 BatchResult = list[dict[tuple[str, int], Measured]]
@@ -57,6 +60,12 @@ class Engine(Protocol):
     dtype: str | None  # None: the run's own (in-process); a server's "as served"
     provenance: dict[str, Any] | None  # a server's command line, version and log; None in-process
     expert_layers: list[int]  # the MoE layers the verify-cost profile covers (none without it)
+    verification: str | None  # the rule its counts follow at T > 0 (None: a speculating server's own)
+    # Replay of a server's responses: the engine that generated them and its precision, and where the
+    # hidden states came from; None where this process generated them.
+    responses_from: str | None
+    responses_dtype: str | None
+    features_from: str | None
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
                 progress: TokenProgress | None = None) -> BatchResult:

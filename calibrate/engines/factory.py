@@ -1,10 +1,13 @@
 """One factory for every pair: the engines that measure it, in this process or through servers alike.
 
-`PairEngines(config, pair, ...)` loads what the pair needs up front (the target and its speculators for
-`backend = "transformers"`; only the tokenizer for a server backend), then `engines(labeller, sampling)`
-yields, for one generation setting, a context manager per engine: one in-process engine (greedy replay-once
-or the loop), or one server per (speculator, k) launched (one connected server at the k it states). The
-runner measures through each the same way; a launched server is stopped when its context ends.
+`PairEngines(config, pair, ...)` loads what the pair needs up front: for `backend = "transformers"` the
+target and its speculators; for a server backend, the scorers plain-engine replay runs here (the
+speculators `config.server_split` gives it, and the target itself where their hidden states come from an
+in-process pass), nothing for those the engine runs itself. Then `engines(labeller, sampling)` yields, for
+one generation setting, a context manager per engine: one in-process engine (replay-once or the loop); or,
+for a server pair, one plain server whose responses replay scores at every k, and one speculating server
+per (speculator, k) the engine runs itself (one connected server at the k it states). The runner measures
+through each the same way; a launched server is stopped when its context ends.
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
+from calibrate.config import server_split
+from calibrate.engines.audit import Auditor
 from calibrate.engines.base import Budget, Engine, Labeller, TargetIdentity
+from calibrate.engines.hidden_states import EngineFeatures, InProcessFeatures
 from calibrate.engines.in_process import ExpertProfile, LoopEngine, ReplayEngine
 from calibrate.engines.llamacpp import LlamaCppBackend
 from calibrate.engines.server_engine import Backend, Served, ServerEngine, ServerSpeculator
+from calibrate.engines.server_replay import FeatureSource, ServerReplayEngine
 from calibrate.engines.sglang import SGLangBackend
 from calibrate.engines.vllm import VLLMBackend
 from calibrate.kernels.reference import Sampling
-from calibrate.models import LoadedModel, fingerprint, load_model, resolve
+from calibrate.models import LoadedModel, fingerprint, load_embeddings, load_model, resolve
 from calibrate.speculators.base import BuildContext, Speculator
 from calibrate.speculators.registry import speculator_class
 
@@ -35,21 +42,55 @@ class PairEngines:
     def __init__(self, config: Any, pair: Any, tokenizer: Any, device: str, dtype: str,
                  loaded: dict[str, LoadedModel]):
         self.config, self.pair, self.tokenizer = config, pair, tokenizer
-        self.target: LoadedModel | None = None
-        self.speculators: list[Speculator] = []
+        self.target: LoadedModel | None = None  # in this process: the pair's target, or the scorers' view of it
+        self.speculators: list[Speculator] = []  # built here: the in-process engine's, or replay's scorers
+        self.served: list[int] = []  # a server pair's speculators the engine runs itself
+        self.auditors: dict[str, Auditor] = {}  # their in-process twins, by name: the engine audit at T > 0
+        specs, audited = list(pair.speculators), []
         if pair.backend == "transformers":
             self.target = load_model(pair.target, dtype, device, tokenizer=tokenizer)
-            ctx = BuildContext(dtype=dtype, device=device, batch_size=config.run.batch_size, target=self.target,
-                               loaded=loaded)
-            self.speculators = [speculator_class(spec.kind).build(spec, ctx) for spec in pair.speculators]
+        else:
+            replayed, self.served = server_split(pair, config.run.engine)
+            audited = [specs[i] for i in self._audited()]
+            specs = [specs[i] for i in replayed]
+            self.target = self._scoring_target(specs + audited, dtype, device)
+        ctx = BuildContext(dtype=dtype, device=device, batch_size=config.run.batch_size, target=self.target,
+                           loaded=loaded)
+        self.speculators = [speculator_class(spec.kind).build(spec, ctx) for spec in specs]
+        for spec in audited:
+            twin = speculator_class(spec.kind).build(spec, ctx)
+            self.auditors[twin.name] = Auditor(twin, InProcessFeatures(self.target) if twin.needs.any else None)
+
+    def _audited(self) -> list[int]:
+        """The served speculators whose engine counts are audited: at T > 0 (at 0 both are exact greedy), where
+        the kind runs here and its hidden states (if any) come from the target loaded here."""
+        cfg = self.pair.server
+        if not cfg.audit or not any(t > 0 for t in self.config.sweep.temperature):
+            return []
+        kinds = {i: speculator_class(self.pair.speculators[i].kind) for i in self.served}
+        return [i for i, cls in kinds.items() if cls.in_process and (cls.hidden_states is None
+                                                                     or cfg.hidden_states == "in-process")]
+
+    def _scoring_target(self, specs: list[Any], dtype: str, device: str) -> LoadedModel | None:
+        """What replay's scorers need of the served target: its weights for an in-process hidden-state pass
+        (and MTP's own layers), its embedding table alone for EAGLE-3 heads fed by the engine, else nothing."""
+        readers = [speculator_class(spec.kind).hidden_states for spec in specs]
+        if not any(readers):
+            return None
+        model = self.pair.server.model or self.pair.target
+        if self.pair.server.hidden_states == "in-process":
+            return load_model(model, dtype, device, tokenizer=self.tokenizer)
+        return load_embeddings(model, dtype, device, tokenizer=self.tokenizer)
 
     def engines(self, labeller: Labeller, sampling: Sampling) -> Iterator[AbstractContextManager[Engine]]:
         """Every engine of one generation setting, each as a context manager (a server's lifetime)."""
-        if self.target is not None:
+        if self.pair.backend == "transformers":
             yield contextlib.nullcontext(self._in_process(labeller, sampling))
             return
-        for served in plan_servers(self.config, self.pair):
-            yield open_server(served, self.config, sampling, labeller)
+        if self.speculators:
+            yield self._server_replay(labeller, sampling)
+        for served in plan_servers(self.config, self.pair, self.served):
+            yield open_server(served, self.config, sampling, labeller, self.auditors.get(served.speculator.name))
 
     def _in_process(self, labeller: Labeller, sampling: Sampling) -> Engine:
         run, ds = self.config.run, self.config.dataset
@@ -59,6 +100,21 @@ class PairEngines:
             return ReplayEngine(self.target, self.speculators, **common)
         experts = ExpertProfile(tuple(sorted({1, *run.expert_batch_sizes}))) if run.experts else None
         return LoopEngine(self.target, self.speculators, verification=run.verification, experts=experts, **common)
+
+    def _server_replay(self, labeller: Labeller, sampling: Sampling) -> ServerReplayEngine:
+        backend: Backend = BACKENDS[self.pair.backend]()
+        budget = budget_of(self.config)
+        return ServerReplayEngine(backend, self.pair, budget, sampling, labeller, self.speculators,
+                                  self.config.sweep.k, target_of=_target,
+                                  features=self._features(backend, budget))
+
+    def _features(self, backend: Backend, budget: Budget) -> FeatureSource | None:
+        layers = sorted({i for s in self.speculators for i in s.needs.layers})
+        if not any(s.needs.any for s in self.speculators):
+            return None
+        if self.pair.server.hidden_states == "in-process":
+            return InProcessFeatures(self.target)
+        return EngineFeatures(backend, self.pair.server, budget, layers, int(self.target.model.config.hidden_size))
 
 
 def in_process_engine(run: Any, temperature: float) -> str:
@@ -94,13 +150,16 @@ def server_speculator(spec: Any, pair: Any) -> ServerSpeculator:
                             identity=identity, method=method, drafts_every_step=cls.drafts_every_step)
 
 
-def plan_servers(config: Any, pair: Any) -> list[Served]:
-    """launch: one server per (speculator, k); connect: the one server, at the k the config states."""
+def plan_servers(config: Any, pair: Any, served: list[int] | None = None) -> list[Served]:
+    """The speculating servers of the speculators at `served` (default: all): launch, one per (speculator,
+    k); connect, the one server, at the k the config states."""
+    specs = [pair.speculators[i] for i in (range(len(pair.speculators)) if served is None else served)]
     cfg = pair.server
+    if not specs:
+        return []
     if cfg.mode == "connect":
-        return [Served(server_speculator(pair.speculators[0], pair), cfg.k, pair)]
-    return [Served(server_speculator(spec, pair), k, pair) for spec in pair.speculators
-            for k in config.sweep.k]
+        return [Served(server_speculator(specs[0], pair), cfg.k, pair)]
+    return [Served(server_speculator(spec, pair), k, pair) for spec in specs for k in config.sweep.k]
 
 
 def _target(pair: Any, url: str, info: dict[str, Any]) -> TargetIdentity:
@@ -112,9 +171,14 @@ def _target(pair: Any, url: str, info: dict[str, Any]) -> TargetIdentity:
     return TargetIdentity(pair.target, str(served), None, "server")
 
 
-def open_server(served: Served, config: Any, sampling: Sampling, labeller: Labeller) -> ServerEngine:
-    """An engine for one (speculator, k) on its server; the server gets the run's budget, not its config."""
-    backend: Backend = BACKENDS[served.pair.backend]()
+def budget_of(config: Any) -> Budget:
+    """What a server is sized for and each request asks: the run's [dataset] budget, not the config."""
     ds = config.dataset
-    budget = Budget(context_tokens=ds.context_tokens, max_new_tokens=ds.max_new_tokens, seed=ds.seed)
-    return ServerEngine(backend, served, budget, sampling, labeller, target_of=_target)
+    return Budget(context_tokens=ds.context_tokens, max_new_tokens=ds.max_new_tokens, seed=ds.seed)
+
+
+def open_server(served: Served, config: Any, sampling: Sampling, labeller: Labeller,
+                auditor: Auditor | None = None) -> ServerEngine:
+    """An engine for one (speculator, k) on its speculating server (its counts audited where `auditor`)."""
+    backend: Backend = BACKENDS[served.pair.backend]()
+    return ServerEngine(backend, served, budget_of(config), sampling, labeller, target_of=_target, auditor=auditor)

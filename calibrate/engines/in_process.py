@@ -34,6 +34,8 @@ class ReplayEngine:
     dtype = None  # the run's own
     provenance = None
     expert_layers: list[int] = []
+    verification = "target-only"  # at T > 0: a draft is accepted iff it is the response's token there
+    responses_from = responses_dtype = features_from = None  # this process
 
     def __init__(self, target: LoadedModel, speculators: Sequence[Speculator], ks: Sequence[int],
                  max_new_tokens: int, labeller: Labeller, sampling: Sampling | None = None,
@@ -97,6 +99,7 @@ class LoopEngine:
 
     dtype = None  # the run's own
     provenance = None
+    responses_from = responses_dtype = features_from = None  # this process
 
     def __init__(self, target: LoadedModel, speculators: Sequence[Speculator], ks: Sequence[int],
                  max_new_tokens: int, sampling: Sampling, verify_kernel: str,

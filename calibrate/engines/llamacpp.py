@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from calibrate.engines.base import Budget
-from calibrate.engines.server_engine import Reply, Served
+from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json
 from calibrate.models import resolve
 from calibrate.replay.counts import TotalCounts
@@ -45,17 +45,19 @@ class LlamaCppBackend:
     health = "/health"
     per_request_counts = True
 
+    def plain_command(self, cfg: Any, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
+        """The server without speculation (plain-engine replay), `extra` flags before the config's own args."""
+        return [cfg.command or default_binary(), "--model", resolve(cfg.model), *extra,
+                "--ctx-size", str(budget.max_model_len * cfg.concurrency), "--parallel", str(cfg.concurrency),
+                "--host", host, "--port", str(port), *cfg.args]
+
     def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]:
-        cfg, method, k = served.pair.server, served.speculator.method, served.k
+        method, k = served.speculator.method, served.k
         flags = [item for key, value in method.settings.items() for item in (f"--{key}", str(value))]
-        return [
-            cfg.command or default_binary(), "--model", resolve(cfg.model),
-            # The speculative type defaults to `none` in this version: a draft model alone does not draft.
-            "--spec-type", method.method, *flags,
-            "--spec-draft-n-max", str(k), "--spec-draft-n-min", str(k), "--spec-draft-p-min", "0",
-            "--ctx-size", str(budget.max_model_len * cfg.concurrency), "--parallel", str(cfg.concurrency),
-            "--host", host, "--port", str(port), *cfg.args,
-        ]
+        # The speculative type defaults to `none` in this version: a draft model alone does not draft.
+        return self.plain_command(served.pair.server, host, port, budget, "--spec-type", method.method, *flags,
+                                  "--spec-draft-n-max", str(k), "--spec-draft-n-min", str(k),
+                                  "--spec-draft-p-min", "0")
 
     def describe(self, url: str, timeout: float) -> dict[str, Any]:
         props = http_json(self.name, url + "/props", timeout=timeout)
@@ -64,8 +66,12 @@ class LlamaCppBackend:
         return {"engine_version": props.get("build_info"), "model": props.get("model_path"),
                 "slots": props.get("total_slots")}
 
-    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
+    def speculates(self, url: str, info: dict[str, Any], timeout: float) -> bool:
+        """Unknown before a reply (its props do not say): each reply's timings do (`generate` checks)."""
+        return False
+
+    def _completion(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
+                    timeout: float) -> dict[str, Any]:
         body = {
             "prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": sampling.temperature,
             # llama.cpp samples with top_k 40, top_p 0.95, min_p 0.05 unless told: ours means "unset" = off
@@ -75,7 +81,23 @@ class LlamaCppBackend:
         resp = http_json(self.name, url + "/completion", body, timeout=timeout)
         if not isinstance(resp, dict) or "tokens" not in resp or "timings" not in resp:
             raise EngineError(f"llama.cpp at {url}: /completion reply lacks tokens/timings: {str(resp)[:300]}")
+        return resp
+
+    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
+                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
+        resp = self._completion(url, prompt_ids, max_new_tokens, sampling, timeout)
         return parse_reply(resp, k, max_new_tokens, url, info.get("engine_version"))
+
+    def generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
+                 info: dict[str, Any], timeout: float) -> Generated:
+        resp = self._completion(url, prompt_ids, max_new_tokens, sampling, timeout)
+        drafted = int(resp["timings"].get("draft_n", 0))
+        if drafted:
+            raise EngineError(f"llama.cpp at {url}: the server speculates ({drafted} drafted tokens in one reply); "
+                              "plain-engine replay needs a server started without --spec-type")
+        tokens = [int(t) for t in resp["tokens"]]
+        return Generated(tokens=tokens, finish_reason="eos" if resp.get("stop_type") == "eos" else "length",
+                         raw={"stop_type": resp.get("stop_type"), "tokens": tokens, "seed": sampling.seed})
 
 
 def parse_reply(resp: dict[str, Any], k: int, max_new_tokens: int, url: str, version: str | None) -> Reply:

@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,3 +172,66 @@ def _wait_healthy(engine: str, launched: Launched, health: str, timeout: float) 
             raise EngineError(f"{engine}: {url} not healthy after {timeout:.0f} s: {shlex.join(command)}\n"
                               f"log {launched.log_path}:\n{launched.log_tail()}")
         time.sleep(0.5)
+
+
+class Server:
+    """One server a run measures through: launched here (and stopped, whatever ends the run) or connected to.
+
+    A context manager. `command(host, port)` gives the launch command (None: connect to `url`); `describe`
+    asks the server what it is (version, model) once it is up. Engines hold one Server each, or two (a
+    plain one and a hidden-state one)."""
+
+    def __init__(self, engine: str, cfg: Any, health: str, describe: Callable[[str, float], dict[str, Any]],
+                 command: Callable[[str, int], list[str]] | None = None, url: str | None = None,
+                 env: dict[str, str] | None = None):
+        self.engine, self.cfg, self.health, self._describe, self._command = engine, cfg, health, describe, command
+        self.env = cfg.env if env is None else env  # a launched server's environment variables
+        self.url = (url or "").rstrip("/")
+        self.launched: Launched | None = None
+        self.info: dict[str, Any] = {}
+        self._signals = contextlib.ExitStack()  # SIGTERM -> SystemExit while a launched server lives
+
+    def __enter__(self) -> Server:
+        cfg = self.cfg
+        if self._command is not None:
+            port = cfg.port or free_port(cfg.host)
+            check_port_free(self.engine, cfg.host, port)
+            self.url = f"http://{cfg.host}:{port}"
+            self._signals.enter_context(terminate_as_exit())
+            try:
+                self.launched = launch(self.engine, self._command(cfg.host, port), self.url, self.health,
+                                       cfg.startup_timeout, log_dir=cfg.log_dir, env=self.env)
+            except BaseException:
+                self._signals.close()
+                raise
+        try:
+            self.info = self._describe(self.url, cfg.request_timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            if self.launched is not None:
+                self.launched.stop()
+        finally:
+            self._signals.close()
+
+    def explain(self, exc: EngineError) -> EngineError:
+        """A failed request's error, with the launched server's exit status and log tail where it died."""
+        if self.launched is not None and self.launched.process.poll() is not None:
+            return EngineError(f"{exc}\n{self.engine} exited with status {self.launched.process.returncode}; log "
+                               f"{self.launched.log_path}:\n{self.launched.log_tail()}")
+        return exc
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        out = {"engine": self.engine, "mode": "launch" if self._command is not None else "connect", "url": self.url,
+               **self.info}
+        if self.launched is not None:
+            out.update(command=shlex.join(self.launched.command), log_file=str(self.launched.log_path))
+        return out

@@ -11,17 +11,16 @@ the two a connected server does is learnt from its first reply, sent alone.
 
 from __future__ import annotations
 
-import contextlib
-import shlex
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from calibrate.data import RenderedPrompt
+from calibrate.engines.audit import Auditor
 from calibrate.engines.base import BatchResult, Budget, Labeller, Measured, TargetIdentity
-from calibrate.engines.server import EngineError, Launched, check_port_free, free_port, launch, terminate_as_exit
+from calibrate.engines.server import EngineError, Server
 from calibrate.kernels.reference import Sampling
 from calibrate.progress import TokenProgress
 from calibrate.replay.counts import StepCounts, TotalCounts
@@ -64,6 +63,24 @@ class Reply:
     steps: StepSeries | None = None
 
 
+@dataclass(frozen=True)
+class Generated:
+    """One request's answer from a server running no speculation: the response tokens and why they stopped."""
+
+    tokens: list[int]
+    finish_reason: str  # "eos" | "length"
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def request_sampling(sampling: Sampling, key: int) -> Sampling:
+    """A request's own seed at T > 0, from the run's seed and the response's random-stream key: every request,
+    and every sample of one, draws apart and reproducibly (one seed for all would give a request's samples
+    one response). At T = 0 nothing is drawn."""
+    if sampling.temperature <= 0:
+        return sampling
+    return replace(sampling, seed=(sampling.seed * 1_000_003 + key) % (1 << 31))
+
+
 class Backend(Protocol):
     name: str  # "llama.cpp", "vllm", "sglang"
     health: str  # path answering 200 once the server is up
@@ -71,101 +88,97 @@ class Backend(Protocol):
     # None: not known until the server's first reply says (a connected vLLM with or without per-request metrics)
     per_request_counts: bool | None
 
-    def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]: ...
+    def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]: ...  # speculating
+
+    def plain_command(self, cfg: Any, host: str, port: int, budget: Budget) -> list[str]: ...  # no speculation
 
     def describe(self, url: str, timeout: float) -> dict[str, Any]: ...  # version, model, settings
 
     def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
                  info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply: ...
 
+    def generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
+                 info: dict[str, Any], timeout: float) -> Generated: ...  # refuses a reply that speculated
+
+    def speculates(self, url: str, info: dict[str, Any], timeout: float) -> bool: ...  # where it can tell
+
 
 class ServerEngine:
-    """Measures through one server; a context manager so a launched server is always stopped."""
+    """Measures through one server's own speculation; a context manager so a launched server is always stopped."""
 
     expert_layers: list[int] = []  # the verify-cost profile is an in-process measurement
+    verification = None  # the engine's own rule
+    responses_from = responses_dtype = features_from = None  # its counts are its own, not a replay
 
     def __init__(self, backend: Backend, served: Served, budget: Budget, sampling: Sampling, labeller: Labeller,
-                 target_of: Callable[[Any, str, dict[str, Any]], TargetIdentity]):
+                 target_of: Callable[[Any, str, dict[str, Any]], TargetIdentity], auditor: Auditor | None = None):
         self.backend, self.served, self.budget, self.sampling = backend, served, budget, sampling
         self.labeller, self.target_of = labeller, target_of
+        self.auditor = auditor if sampling.temperature > 0 else None  # T = 0: exact by construction
         self.target: TargetIdentity | None = None  # known once the server answered
         self.name = backend.name
         self.speculators, self.ks = [served.speculator], [served.k]
         self.dtype = "as served"
-        self.server_cfg = served.pair.server
-        self.launched: Launched | None = None
-        self._signals = contextlib.ExitStack()  # SIGTERM -> SystemExit while a launched server lives
-        self.url = ""
-        self.info: dict[str, Any] = {}
+        self.server_cfg = cfg = served.pair.server
+        command = (lambda host, port: backend.command(served, host, port, budget)) if cfg.mode == "launch" else None
+        self.server = Server(backend.name, cfg, backend.health, backend.describe, command=command, url=cfg.url)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def __enter__(self) -> ServerEngine:
-        cfg = self.server_cfg
-        if cfg.mode == "connect":
-            self.url = cfg.url.rstrip("/")
-        else:
-            port = cfg.port or free_port(cfg.host)
-            check_port_free(self.name, cfg.host, port)
-            self.url = f"http://{cfg.host}:{port}"
-            command = self.backend.command(self.served, cfg.host, port, self.budget)
-            self._signals.enter_context(terminate_as_exit())
-            self.launched = launch(self.name, command, self.url, self.backend.health, cfg.startup_timeout,
-                                   log_dir=cfg.log_dir, env=cfg.env)
+        self.server.__enter__()
         try:
-            self.info = self.backend.describe(self.url, cfg.request_timeout)
-            self.target = self.target_of(self.served.pair, self.url, self.info)
+            self.target = self.target_of(self.served.pair, self.server.url, self.server.info)
         except BaseException:
-            self.close()
+            self.server.close()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.server.close()
 
-    def close(self) -> None:
-        try:
-            if self.launched is not None:
-                self.launched.stop()
-        finally:
-            self._signals.close()
+    @property
+    def url(self) -> str:
+        return self.server.url
 
     @property
     def provenance(self) -> dict[str, Any]:
-        out = {"engine": self.name, "mode": self.server_cfg.mode, "url": self.url, **self.info}
-        if self.launched is not None:
-            out.update(command=shlex.join(self.launched.command), log_file=str(self.launched.log_path))
-        return out
+        return self.server.provenance
 
     # -- measuring ------------------------------------------------------------------------------------
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
                 progress: TokenProgress | None = None) -> BatchResult:
-        def one(prompt: RenderedPrompt) -> Measured:
-            measured = self._one(prompt)
+        def one(job: tuple[RenderedPrompt, int]) -> Measured:
+            measured = self._one(*job)
             if progress is not None:
                 progress(measured.generated_tokens)
             return measured
 
+        jobs = list(zip(prompts, keys, strict=True))
         first: list[Measured] = []
-        if self.backend.per_request_counts is None and prompts:  # its reply says how the server counts
-            first, prompts = [one(prompts[0])], prompts[1:]
+        if self.backend.per_request_counts is None and jobs:  # its reply says how the server counts
+            first, jobs = [one(jobs[0])], jobs[1:]
         workers = self.server_cfg.concurrency if self.backend.per_request_counts else 1
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            replies = first + list(pool.map(one, prompts))
+            replies = first + list(pool.map(one, jobs))
         return [{(self.served.speculator.name, self.served.k): m} for m in replies]
 
-    def _one(self, prompt: RenderedPrompt) -> Measured:
+    def _one(self, prompt: RenderedPrompt, key: int) -> Measured:
         try:
             reply = self.backend.complete(self.url, prompt.ids, self.served.k, self.budget.max_new_tokens,
-                                          self.sampling, self.info, self.server_cfg.request_timeout,
+                                          request_sampling(self.sampling, key), self.server.info,
+                                          self.server_cfg.request_timeout,
                                           every_step=self.served.speculator.drafts_every_step)
         except EngineError as exc:
-            if self.launched is not None and self.launched.process.poll() is not None:
-                raise EngineError(f"{exc}\n{self.name} exited with status {self.launched.process.returncode}; "
-                                  f"log {self.launched.log_path}:\n{self.launched.log_tail()}") from None
-            raise
+            raise self.server.explain(exc) from None
         labels = self.labeller(reply.tokens, prompt.opens_thinking) if reply.tokens else []
         raw = {**reply.raw, "segment_tokens": dict(Counter(labels))}
-        return Measured(self._counts(reply, labels), len(reply.tokens), reply.finish_reason, raw=raw)
+        disagreeing = None
+        if self.auditor is not None and reply.steps is not None:
+            disagreeing = self.auditor.disagreements(prompt.ids, reply.tokens, reply.steps, self.served.k,
+                                                     self.served.speculator.drafts_every_step)
+            raw["audit"] = {"steps": len(reply.steps.accepted), "disagreeing": disagreeing}
+        return Measured(self._counts(reply, labels), len(reply.tokens), reply.finish_reason, raw=raw,
+                        disagreeing_steps=disagreeing)
 
     def _counts(self, reply: Reply, labels: list[str]) -> StepCounts | TotalCounts:
         """The step rule applied to the engine's own step list where it gives one: a model drafter's steps

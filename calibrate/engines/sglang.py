@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from calibrate.engines.base import Budget
-from calibrate.engines.server_engine import Reply, Served
+from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json
 from calibrate.models import resolve
 from calibrate.replay.counts import TotalCounts
@@ -88,13 +88,17 @@ class SGLangBackend:
     health = "/health"
     per_request_counts = True
 
-    def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]:
-        cfg, method, k = served.pair.server, served.speculator.method, served.k
+    def plain_command(self, cfg: Any, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
+        """The server without speculation (plain-engine replay), `extra` flags before the config's own args."""
         return [*(cfg.command.split() if cfg.command else ["python", "-m", "sglang.launch_server"]),
-                "--model-path", resolve(cfg.model), "--host", host, "--port", str(port),
-                "--speculative-algorithm", method.method, *setting_flags(method.settings), *k_flags(method.method, k),
+                "--model-path", resolve(cfg.model), "--host", host, "--port", str(port), *extra,
                 "--disable-radix-cache", "--context-length", str(budget.max_model_len),
                 "--random-seed", str(budget.seed), *cfg.args]
+
+    def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]:
+        method, k = served.speculator.method, served.k
+        return self.plain_command(served.pair.server, host, port, budget, "--speculative-algorithm", method.method,
+                                  *setting_flags(method.settings), *k_flags(method.method, k))
 
     def describe(self, url: str, timeout: float) -> dict[str, Any]:
         info = http_json(self.name, url + "/get_server_info", timeout=timeout)
@@ -106,18 +110,35 @@ class SGLangBackend:
                 "speculative_algorithm": info.get("speculative_algorithm"),
                 "speculative_num_draft_tokens": info.get("speculative_num_draft_tokens")}
 
-    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
+    def speculates(self, url: str, info: dict[str, Any], timeout: float) -> bool:
+        return bool(info.get("speculative_algorithm"))
+
+    def _generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
+                  timeout: float) -> tuple[list[int], dict[str, Any]]:
         params = {"max_new_tokens": max_new_tokens, "temperature": sampling.temperature,
                   "top_p": sampling.top_p or 1.0, "top_k": sampling.top_k or -1, "sampling_seed": sampling.seed}
         resp = http_json(self.name, url + "/generate", {"input_ids": list(prompt_ids), "sampling_params": params},
                          timeout=timeout)
         try:
-            tokens, meta = [int(t) for t in resp["output_ids"]], resp["meta_info"]
+            return [int(t) for t in resp["output_ids"]], resp["meta_info"]
         except (KeyError, TypeError):
             raise EngineError(f"sglang at {url}: /generate reply lacks output_ids/meta_info: {str(resp)[:300]}") \
                 from None
+
+    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
+                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
+        tokens, meta = self._generate(url, prompt_ids, max_new_tokens, sampling, timeout)
         counts = parse_meta(meta, k, len(tokens), url, info.get("engine_version"))
         reason = (meta.get("finish_reason") or {}).get("type")
         raw = {"meta_info": meta, "output_ids": tokens}
         return Reply(tokens=tokens, finish_reason="length" if reason == "length" else "eos", counts=counts, raw=raw)
+
+    def generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
+                 info: dict[str, Any], timeout: float) -> Generated:
+        tokens, meta = self._generate(url, prompt_ids, max_new_tokens, sampling, timeout)
+        if meta.get("spec_verify_ct"):
+            raise EngineError(f"sglang at {url}: the server speculates ({meta['spec_verify_ct']} verify passes in one "
+                              "reply); plain-engine replay needs a server started without --speculative-algorithm")
+        reason = (meta.get("finish_reason") or {}).get("type")
+        return Generated(tokens=tokens, finish_reason="length" if reason == "length" else "eos",
+                         raw={"meta_info": meta, "output_ids": tokens})

@@ -30,7 +30,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from calibrate.engines.base import Budget
-from calibrate.engines.server_engine import Reply, Served
+from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json, http_text
 from calibrate.models import resolve
 from calibrate.replay.counts import TotalCounts
@@ -149,15 +149,18 @@ class VLLMBackend:
         # Launched servers are asked for per-request metrics; a connected one shows in its first reply.
         self.per_request_counts: bool | None = None
 
-    def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]:
-        cfg = served.pair.server
-        self.per_request_counts = True
+    def plain_command(self, cfg: Any, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
+        """The server without speculation (plain-engine replay), `extra` flags before the config's own args."""
         return [*(cfg.command.split() if cfg.command else default_command()), "--model", resolve(cfg.model),
-                "--host", host, "--port", str(port), "--speculative-config",
-                json.dumps(speculative_config(served.speculator.method, served.k)),
-                "--per-request-spec-decode-metrics", "detailed", "--no-enable-prefix-caching",
+                "--host", host, "--port", str(port), "--no-enable-prefix-caching",
                 "--max-model-len", str(budget.max_model_len), "--max-num-seqs", str(cfg.concurrency),
-                "--seed", str(budget.seed), *cfg.args]
+                "--seed", str(budget.seed), *extra, *cfg.args]
+
+    def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]:
+        self.per_request_counts = True
+        return self.plain_command(served.pair.server, host, port, budget, "--speculative-config",
+                                  json.dumps(speculative_config(served.speculator.method, served.k)),
+                                  "--per-request-spec-decode-metrics", "detailed")
 
     def describe(self, url: str, timeout: float) -> dict[str, Any]:
         version = http_json(self.name, url + "/version", timeout=timeout)
@@ -168,9 +171,14 @@ class VLLMBackend:
             raise EngineError(f"vllm at {url}: /v1/models lists no model") from None
         return {"engine_version": version.get("version") if isinstance(version, dict) else None, "model": model}
 
-    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
-        before = None if self.per_request_counts else read_counters(http_text(self.name, url + "/metrics", timeout))
+    def speculates(self, url: str, info: dict[str, Any], timeout: float) -> bool:
+        """Whether a server runs speculative decoding: vLLM registers its spec-decode counters only then
+        (vllm/v1/metrics/loggers.py SpecDecodingProm, which returns early without a speculative config)."""
+        families = text_string_to_metric_families(http_text(self.name, url + "/metrics", timeout))
+        return any(f.name == PREFIX + "num_drafts" for f in families)
+
+    def _completion(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
+                    info: dict[str, Any], timeout: float) -> tuple[dict[str, Any], dict[str, Any], list[int]]:
         body = {"model": info["model"], "prompt": list(prompt_ids), "max_tokens": max_new_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p or 1.0, "top_k": sampling.top_k or -1,
                 "seed": sampling.seed, "return_token_ids": True, "stream": False}
@@ -181,6 +189,24 @@ class VLLMBackend:
         except (KeyError, IndexError, TypeError):
             raise EngineError(f"vllm {info.get('engine_version')} at {url}: reply has no choices[0].token_ids "
                               "(needs a vLLM that accepts return_token_ids)") from None
+        return resp, choice, tokens
+
+    def generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
+                 info: dict[str, Any], timeout: float) -> Generated:
+        resp, choice, tokens = self._completion(url, prompt_ids, max_new_tokens, sampling, info, timeout)
+        stats = (resp.get("metrics") or {}).get("speculative_decoding") or choice.get("speculative_decoding_stats")
+        if stats and int(stats.get("num_draft_tokens") or 0) > 0:
+            raise EngineError(f"vllm at {url}: the server speculates ({stats['num_draft_tokens']} draft tokens in one "
+                              "reply); plain-engine replay needs a server started without --speculative-config")
+        finish = "length" if choice.get("finish_reason") == "length" else "eos"
+        return Generated(tokens=tokens, finish_reason=finish,
+                         raw={"finish_reason": choice.get("finish_reason"), "usage": resp.get("usage"),
+                              "token_ids": tokens, "seed": sampling.seed})
+
+    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
+                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
+        before = None if self.per_request_counts else read_counters(http_text(self.name, url + "/metrics", timeout))
+        resp, choice, tokens = self._completion(url, prompt_ids, max_new_tokens, sampling, info, timeout)
         stats = (resp.get("metrics") or {}).get("speculative_decoding") or choice.get("speculative_decoding_stats")
         steps = None
         if stats:
@@ -199,7 +225,7 @@ class VLLMBackend:
             counts, source = counts_from_deltas(before, after, k, len(tokens), every_step, url), "counters"
         finish = "length" if choice.get("finish_reason") == "length" else "eos"
         raw = {"finish_reason": choice.get("finish_reason"), "usage": resp.get("usage"), "token_ids": tokens,
-               "speculative_decoding": stats or None, "counts_from": source,
+               "speculative_decoding": stats or None, "counts_from": source, "seed": sampling.seed,
                "counter_deltas": None if stats else {"steps": counts.steps, "drafted": counts.drafted_tokens,
                                                      "accepted": counts.accepted,
                                                      "per_position": counts.per_position}}

@@ -188,6 +188,10 @@ class Speculator(ABC):
     # True for a model drafter: every verify step drafts k, so an engine that lists only drafted steps
     # (vLLM) lists them all; model-free drafters propose nothing at some steps.
     drafts_every_step: ClassVar[bool] = False
+    # What of the target's hidden states the kind drafts from, known before any instance (its `needs` say
+    # which layers): None, "layers" (the inputs of given layers: EAGLE-3, what vLLM's extract_hidden_states
+    # captures) or "last" (the final hidden state: MTP).
+    hidden_states: ClassVar[str | None] = None
     # How each serving engine runs a config of this kind: engine -> (its method name, (spec, weights) -> the
     # method's settings, raising ValueError with the reason where this config cannot run there). The one
     # place a kind's engine spellings live: the engine backends read them and hold no list of kinds.

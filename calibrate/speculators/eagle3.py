@@ -59,13 +59,15 @@ def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tup
     aux = check_fit(cfg, target_model.config, name, target_name)
     head = Eagle3Head(cfg, target_model.get_input_embeddings(), num_aux=len(aux))
     head.load_weights(read_head_weights(path, name, cfg), name)
-    return head.to(dtype=resolve_dtype(dtype), device=next(target_model.parameters()).device).eval(), aux
+    device = target_model.get_input_embeddings().weight.device  # the one table a head takes (models.load_embeddings)
+    return head.to(dtype=resolve_dtype(dtype), device=device).eval(), aux
 
 
 class Eagle3Speculator(Speculator):
     kind = "eagle3"
     config_model = Eagle3SpeculatorConfig
     drafts_every_step = True
+    hidden_states = "layers"
     engines = {
         "vllm": ("eagle3", lambda spec, weights: {"model": weights(spec.model)}),
         "sglang": ("EAGLE3", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),

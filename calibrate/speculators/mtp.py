@@ -235,6 +235,7 @@ class MtpSpeculator(Speculator):
     config_model = MtpSpeculatorConfig
     needs = TargetNeeds(last=True)
     drafts_every_step = True
+    hidden_states = "last"
     # The target's own MTP layers: vLLM `mtp` (any model type it has MTP for); SGLang's EAGLE, which NEXTN
     # aliases and which loads the DeepSeek / GLM family's draft from the target checkpoint by default.
     engines = {"vllm": ("mtp", no_settings), "sglang": ("EAGLE", no_settings)}

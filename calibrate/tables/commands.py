@@ -158,6 +158,8 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
             row["drafted_acceptance_length"] = r.drafted_acceptance_length
         if interrupted(r):
             row["interrupted"] = True
+        if r.disagreeing_steps:
+            row["disagreeing_steps"] = r.disagreeing_steps
         rows.append(row)
     return rows
 
@@ -216,7 +218,8 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
     dims = sorted({b.dimension for b in buckets if b is not None})
     for dim in dims:  # `--by`: one bucket per row
         cells[dim] = [b.label if b is not None else "all" for b in buckets]
-    cells["reqs"] = [f"{r.requests}*" if interrupted(r) else str(r.requests) for r in records]
+    cells["reqs"] = [f"{r.requests}{'*' if interrupted(r) else ''}{'!' if r.disagreeing_steps else ''}"
+                     for r in records]
     cells["steps"] = [str(r.steps) for r in records]
     cells["AL"] = [f"{r.acceptance_length:.3f}" for r in records]
     cells["95% CI"] = [r.interval for r in records]
@@ -238,6 +241,9 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
         notes.append(N_TOO_SMALL)
     if any(interrupted(r) for r in records):
         notes.append("* a run was interrupted: the same `calibrate run` resumes it")
+    notes += [f"! engine audit: {r.disagreeing_steps} steps of {r.engines[0]}'s own counts contradict its own tokens "
+              f"({r.speculator} k={r.draft_len}); exports refuse the row unless forced" for r in records
+              if r.disagreeing_steps and r.segment == "all"]
     notes += [f"{dim.name}: {dim.description}; buckets {bucket_labels(dim)}" for dim in (DIMENSIONS[n] for n in dims)]
     table = Table(title="Acceptance length: pooled AL, 95% CI, macro AL",
                   caption=_caption(cells, constant, short, notes), box=box.SIMPLE_HEAD, pad_edge=False,
@@ -356,7 +362,8 @@ _FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out wou
 _EXPORT_FORCE_OPT = typer.Option(
     False, "--force", help="Overwrite files that --out would replace (refused otherwise); inferencex: also write a "
     "curve InferenceX ships under a MODEL_PREFIX of another model, or for an engine that runs the speculator as "
-    "another algorithm (each with a warning).")
+    "another algorithm (each with a warning); any consumer: a row the engine audit marked (its engine's own "
+    "counts contradict its own tokens).")
 _CONTEXT_OPT = typer.Option(
     None, "--context", help=f"Only requests whose prompt, before truncation, is in this bucket "
     f"({bucket_labels(CONTEXT)}; 0-4k and 64k+ spell the ends) or the bucket of this length (20k, 20000): the AL "

@@ -356,6 +356,20 @@ def check_served(c: Consumer, records: Sequence[AcceptanceRecord]) -> None:
                              "none of them: filter with --speculator")
 
 
+def check_audit(records: Sequence[AcceptanceRecord], force: bool) -> None:
+    """Refuse, unless forced, a row whose engine's own step counts contradict its own tokens (the engine audit,
+    calibrate.engines.audit): an exact sampler has no such step, so the row measures a fault, not the
+    speculator, and a benchmark forced to it would be forced to the fault."""
+    marked = [r for r in records if r.segment == "all" and r.disagreeing_steps]
+    if marked and not force:
+        r = marked[0]
+        raise NothingToExport(
+            f"{r.speculator} k={r.draft_len} ({', '.join(r.engines)}): {r.disagreeing_steps} steps of the engine's own "
+            f"counts contradict its own tokens (engine audit of {r.audited_requests} responses)"
+            + (f", and {len(marked) - 1} more rows" if len(marked) > 1 else "")
+            + ": not exported; pass --force to export it anyway")
+
+
 def check_options(c: Consumer, options: ExportOptions) -> None:
     """Refuse an option value the consumer has no use for, rather than ignore it."""
     if c.modes and options.mode not in c.modes:
@@ -376,6 +390,7 @@ def export(records: Sequence[AcceptanceRecord], to: str, out: Path | None, *,
     if not records:
         raise NothingToExport("nothing to export: no measured keys match the filters")
     check_served(c, records)
+    check_audit(records, force)
     stamp = stamp or Stamp.now()
     content = c.write(c, records, options, stamp, out)
     if c.merge is not None and out is not None and out.is_file():

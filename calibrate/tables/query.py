@@ -243,17 +243,17 @@ def load_records(
     keys = _key_rows(scope)
     if not keys:
         return []
-    total_of, truncated_of = _segment_totals(scope), _truncated_requests(scope)
+    total_of, facts_of = _segment_totals(scope), _request_facts(scope)
     totals_keys = _totals_keys(con, keyed, params)
     stat = dict(n_boot=n_boot, seed=seed, level=level)
-    records = _totals_records(con, keyed, params, keys, totals_keys, total_of, truncated_of, scope.seg_expr,
+    records = _totals_records(con, keyed, params, keys, totals_keys, total_of, facts_of, scope.seg_expr,
                               segments, **stat)
     for key, segment, hist, clusters in _histograms(scope, keys):
         if key in totals_keys or hist.sum() == 0:
             continue
         summary = stats.summarize(hist, clusters, **stat)
         records.append(_record(keys[key], segment, summary, total_of[(key, segment)],
-                               truncated_of.get((key, segment)), **stat))
+                               facts_of.get((key, segment), RequestFacts()), **stat))
     records.sort(key=lambda r: (_sort_key(r.key), SEGMENT_ORDER.index(r.segment)))
     if filters.bucket is not None:
         records = [replace(r, bucket=filters.bucket.name) for r in records]
@@ -335,20 +335,33 @@ def _segment_totals(scope: _Scope) -> dict[tuple[int, str], tuple[Any, ...]]:
     return {(row[0], row[1]): row[2:] for row in rows}
 
 
-def _truncated_requests(scope: _Scope) -> dict[tuple[int, str], int]:
-    """(key, segment) -> of the requests its record counts (those with a verify step there: the record's
-    `requests`), the ones whose prompt was left-truncated to the context budget. A request without a step (a
+@dataclass(frozen=True)
+class RequestFacts:
+    """What a record's requests say beside their counts: of the requests it counts (those with a verify step
+    there: the record's `requests`), those whose prompt was left-truncated to the context budget, those the
+    engine audit checked, and the audit's disagreeing steps over them. A request without a step (a
     one-token answer; a vLLM n-gram answer whose steps all proposed nothing) is stored but in no record, so it
-    is in neither count."""
+    is in no count."""
+
+    truncated: int | None = None
+    audited: int = 0
+    disagreeing_steps: int = 0
+
+
+def _request_facts(scope: _Scope) -> dict[tuple[int, str], RequestFacts]:
     seg_sets = "(key_ix, segment), (key_ix)" if scope.segments else "(key_ix)"
     rows = scope.run(
-        f"""SELECT key_ix, {scope.seg_expr}, count(DISTINCT request_id) FILTER (WHERE truncated_tokens > 0)
+        f"""SELECT key_ix, {scope.seg_expr}, count(DISTINCT request_id) FILTER (WHERE truncated_tokens > 0),
+               count(DISTINCT request_id) FILTER (WHERE disagreeing_steps IS NOT NULL)
         FROM segment_counts JOIN requests USING (run_id, request_id) JOIN chosen USING (run_id, request_id)
              JOIN keyed USING (run_id)
         WHERE steps > 0
         GROUP BY GROUPING SETS ({seg_sets})"""
     ).fetchall()
-    return {(row[0], row[1]): row[2] for row in rows}
+    disagreeing = dict(scope.run(  # per response, not per segment: summed over the key's responses
+        """SELECT key_ix, sum(disagreeing_steps) FROM requests JOIN chosen USING (run_id, request_id)
+             JOIN keyed USING (run_id) GROUP BY key_ix""").fetchall())
+    return {(row[0], row[1]): RequestFacts(row[2], int(row[3]), int(disagreeing.get(row[0]) or 0)) for row in rows}
 
 
 def _histograms(scope: _Scope, keys: Sequence[Any]) -> Iterator[tuple[int, str, np.ndarray, np.ndarray]]:
@@ -406,7 +419,7 @@ def _totals_keys(con: duckdb.DuckDBPyConnection, keyed: str, params: list[Any]) 
 
 def _totals_records(
     con: duckdb.DuckDBPyConnection, keyed: str, params: list[Any], keys: Sequence[Any], totals_keys: set[int],
-    total_of: dict[Any, Any], truncated_of: dict[Any, int], seg_expr: str, segments: bool, *, n_boot: int,
+    total_of: dict[Any, Any], facts_of: dict[Any, RequestFacts], seg_expr: str, segments: bool, *, n_boot: int,
     seed: int, level: float,
 ) -> list[AcceptanceRecord]:
     """Records of keys measured (at least in part) by engines that give totals: per-request steps and
@@ -451,7 +464,7 @@ def _totals_records(
                                          n_boot=n_boot, seed=seed, level=level)
         accepted = float(sum(g[6] for g in group))
         records.append(_record(key_row, segment, summary, total_of[(key, segment)],
-                               truncated_of.get((key, segment)), n_boot=n_boot, seed=seed, level=level,
+                               facts_of.get((key, segment), RequestFacts()), n_boot=n_boot, seed=seed, level=level,
                                accepted=accepted))
     return records
 
@@ -479,7 +492,7 @@ def _intervals(summary: stats.Summary) -> dict[str, Any]:
 
 def _record(
     key_row: Sequence[Any], segment: str, summary: stats.Summary, totals: Sequence[Any],
-    truncated: int | None, *, n_boot: int, seed: int, level: float, accepted: float | None = None,
+    facts: RequestFacts, *, n_boot: int, seed: int, level: float, accepted: float | None = None,
 ) -> AcceptanceRecord:
     """`accepted` is given for a record summarised from totals (no histogram to count it from)."""
     tokens, censored, expected_sum, expected_steps, drafted, empty = totals
@@ -521,7 +534,9 @@ def _record(
         bootstrap_seed=seed,
         target_ids=tuple(target_ids),
         target_hashes=tuple(h for h in target_hashes if h),
-        truncated_requests=None if truncated is None else int(truncated),
+        truncated_requests=None if facts.truncated is None else int(facts.truncated),
+        audited_requests=facts.audited,
+        disagreeing_steps=facts.disagreeing_steps if facts.audited else None,
         verifications=tuple(rules or ()),
         speculator_kinds=tuple(kinds),
         draft_ids=tuple(draft_ids),

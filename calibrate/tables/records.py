@@ -104,6 +104,12 @@ class AcceptanceRecord:
     # left-truncated to the context budget (None in older exports): model-free drafters match against the
     # context, so a mostly truncated run understates them.
     truncated_requests: int | None = None
+    # The engine audit (calibrate.engines.audit): of the record's requests, those whose server's own step counts
+    # were checked against its own tokens, and the steps over all of the key's responses that contradicted
+    # them (None where none was audited). A row with disagreeing steps is marked by `show` and refused by
+    # exports unless forced: an exact target-only sampler has none.
+    audited_requests: int = 0
+    disagreeing_steps: int | None = None
     # Verification rules of the runs at temperature > 0 ("probabilistic", "target-only"); () at temperature 0.
     verifications: tuple[str, ...] = ()
     # Why the record carries no confidence interval although it is measured (stats.ci_withheld: too few
@@ -215,7 +221,7 @@ class AcceptanceRecord:
         for name in ("draft_len", "requests", "conversations", "steps", "censored_steps", "tokens",
                      "bootstrap_replicates", "bootstrap_seed"):
             out[name] = int(out[name])
-        for name in ("drafted_tokens", "empty_steps", "truncated_requests"):
+        for name in ("drafted_tokens", "empty_steps", "truncated_requests", "audited_requests", "disagreeing_steps"):
             if out.get(name) is not None:
                 out[name] = int(out[name])
         if out.get("top_k") is not None:

@@ -95,6 +95,9 @@ ALTER TABLE requests ADD COLUMN IF NOT EXISTS turn_depth INTEGER;
 -- which of the request's sampled responses (`[sweep] samples` at T > 0; 0 the first, NULL in stores written
 -- before: one each); `request_id` then names the response (`<request id>~<sample>` from the second on)
 ALTER TABLE requests ADD COLUMN IF NOT EXISTS sample INTEGER;
+-- the engine audit (calibrate.engines.audit): steps of a speculating server's own list whose accepted count
+-- contradicts its own tokens; NULL where the response was not audited
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS disagreeing_steps INTEGER;
 CREATE TABLE IF NOT EXISTS segment_counts (
     run_id VARCHAR NOT NULL,
     request_id VARCHAR NOT NULL,
@@ -172,8 +175,10 @@ def _key(sql: str) -> Any:
     return field(metadata={"role": KEY, "sql": sql})
 
 
-def _condition(sql: str, **default: Any) -> Any:
-    return field(metadata={"role": CONDITION, "sql": sql}, **default)
+def _condition(sql: str, omit_none: bool = False, **default: Any) -> Any:
+    """A condition of the run's identity. `omit_none`: a condition added after runs were stored, left out of
+    the identity while it is None, so every earlier run keeps its id (and is resumed, not measured again)."""
+    return field(metadata={"role": CONDITION, "sql": sql, "omit_none": omit_none}, **default)
 
 
 def _provenance(sql: str, **default: Any) -> Any:
@@ -206,6 +211,12 @@ class RunSpec:
     sampling_seed: int | None = _condition("BIGINT", default=None)  # the seed at temperature > 0, else None
     # the verification rule at temperature > 0 ("probabilistic" | "target-only"); None at 0 (greedy matching)
     verification: str | None = _condition("VARCHAR", default=None)
+    # Replay of a serving engine's responses (plain-engine replay): the engine that generated them and its
+    # precision ("as served" where its args name none), and where EAGLE-3 / MTP read the target's hidden
+    # states ("in-process", or the engine's name); None where this process generated (and `dtype` is all).
+    responses_from: str | None = _condition("VARCHAR", omit_none=True, default=None)
+    responses_dtype: str | None = _condition("VARCHAR", omit_none=True, default=None)
+    features_from: str | None = _condition("VARCHAR", omit_none=True, default=None)
     # provenance: recorded, not identity
     target_id: str = _provenance("VARCHAR")
     speculator_kind: str = _provenance("VARCHAR")
@@ -221,7 +232,8 @@ class RunSpec:
     def identity(self) -> dict[str, Any]:
         """The fields that define what was measured, as stored (JSON fields encoded)."""
         row = self.row()
-        return {f.name: row[f.name] for f in fields(self) if f.metadata["role"] != PROVENANCE}
+        return {f.name: row[f.name] for f in fields(self) if f.metadata["role"] != PROVENANCE
+                and not (f.metadata.get("omit_none") and row[f.name] is None)}
 
     def row(self) -> dict[str, Any]:
         """Column -> value for the runs table."""
@@ -479,7 +491,7 @@ class Store:
                 rows["req"].append([
                     run_id, outcome.request_id, outcome.conversation_id, outcome.turn, outcome.turn_depth,
                     outcome.prompt_tokens, outcome.truncated_tokens, outcome.generated_tokens, outcome.finish_reason,
-                    outcome.sample,
+                    outcome.sample, outcome.disagreeing_steps,
                 ])
                 _count_rows(rows, run_id, outcome.request_id, counts)
                 if raw and (run_id, outcome.request_id) in raw:
@@ -498,7 +510,8 @@ class Store:
 
 _WRITE_SQL = {
     "req": "INSERT INTO requests (run_id, request_id, conversation_id, turn, turn_depth, prompt_tokens, "
-           "truncated_tokens, generated_tokens, finish_reason, sample) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+           "truncated_tokens, generated_tokens, finish_reason, sample, disagreeing_steps) "
+           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "seg": "INSERT INTO segment_counts (run_id, request_id, segment, tokens, steps, censored_steps, "
            "expected_accepted, drafted_tokens, empty_steps, accepted_drafts, histogram) "
            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

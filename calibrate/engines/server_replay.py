@@ -1,0 +1,138 @@
+"""Plain-engine replay: a serving engine running no speculation generates each response once; every speculator
+is scored in this process at every k.
+
+Under greedy decoding, and at T > 0 under the target-only rule the engines verify with, a step's counts follow
+from the response's tokens alone (calibrate.replay.scoring). So the engine need not speculate at all: one
+plain launch (instead of one per speculator and k) hands out the target's tokens, at the configured
+concurrency, greedy or sampled with each request's own seed. The scorers are this process's: n-gram and
+suffix read the tokens, a draft model is teacher-forced over them, EAGLE-3 and MTP chain-draft from the
+target's hidden states over prompt + response, taken from a teacher-forced pass of the target loaded here
+(`[pairs.server] hidden_states = "in-process"`) or from the engine's own pass (`"engine"`: vLLM's
+`extract_hidden_states` method, calibrate.engines.hidden_states), a second server beside the plain one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, Protocol
+
+from calibrate.data import RenderedPrompt
+from calibrate.engines.base import BatchResult, Budget, Labeller, TargetIdentity
+from calibrate.engines.in_process import score_responses
+from calibrate.engines.server import EngineError, Server
+from calibrate.engines.server_engine import Backend, request_sampling
+from calibrate.kernels.reference import Sampling
+from calibrate.progress import TokenProgress
+from calibrate.replay.responses import Response
+from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds
+
+
+class FeatureSource(Protocol):
+    """Where the target's hidden states over prompt + response come from, for EAGLE-3 and MTP."""
+
+    name: str  # stored with the run: "in-process" or the engine's name
+    dtype: str | None
+
+    def features(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                 needs: TargetNeeds) -> list[TargetFeatures]: ...
+
+
+def served_dtype(args: Sequence[str]) -> str:
+    """The precision a server's args ask for (`--dtype X` / `--dtype=X`), else "as served" (its default)."""
+    for i, arg in enumerate(args):
+        if arg == "--dtype" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--dtype="):
+            return arg.split("=", 1)[1]
+    return "as served"
+
+
+class ServerReplayEngine:
+    """A plain server's responses, scored here for every speculator and k; a context manager (the servers'
+    lifetime)."""
+
+    name = "replay"
+    expert_layers: list[int] = []
+    dtype = None  # the scorers': the run's own
+    verification = "target-only"  # at T > 0: a draft is accepted iff it is the response's token there
+
+    def __init__(self, backend: Backend, pair: Any, budget: Budget, sampling: Sampling, labeller: Labeller,
+                 speculators: Sequence[Speculator], ks: Sequence[int],
+                 target_of: Callable[[Any, str, dict[str, Any]], TargetIdentity],
+                 features: FeatureSource | None = None):
+        self.backend, self.pair, self.budget, self.sampling = backend, pair, budget, sampling
+        self.labeller, self.speculators, self.ks = labeller, list(speculators), list(ks)
+        self.target_of, self.features = target_of, features
+        self.responses_from, self.responses_dtype = backend.name, served_dtype(pair.server.args)
+        self.features_from = None if features is None else features.name
+        self._open = contextlib.ExitStack()
+        self.target: TargetIdentity | None = None
+        cfg = pair.server
+        command = (lambda host, port: backend.plain_command(cfg, host, port, budget)) if cfg.mode == "launch" else None
+        self.server = Server(backend.name, cfg, backend.health, backend.describe, command=command, url=cfg.url)
+
+    def __enter__(self) -> ServerReplayEngine:
+        self._open.enter_context(self.server)
+        try:
+            cfg = self.pair.server
+            if cfg.mode == "connect" and self.backend.speculates(self.server.url, self.server.info,
+                                                                cfg.request_timeout):
+                raise EngineError(f"{self.backend.name} at {self.server.url}: the server runs speculative decoding; "
+                                  "plain-engine replay (engine = \"replay\") needs one started without it (or measure "
+                                  "its own speculation with engine = \"loop\" and server.k)")
+            if isinstance(self.features, contextlib.AbstractContextManager):  # the engine's hidden-state server
+                self._open.enter_context(self.features)
+            self.target = self.target_of(self.pair, self.server.url, self.server.info)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._open.close()
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        out = {**self.server.provenance, "responses_from": self.backend.name}
+        hidden = getattr(self.features, "server", None)
+        if hidden is not None:
+            out["hidden_states"] = hidden.provenance
+        return out
+
+    def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
+                progress: TokenProgress | None = None) -> BatchResult:
+        """Every prompt's response from the plain server, concurrently; then every speculator at every k."""
+        cfg = self.pair.server
+
+        def one(job: tuple[RenderedPrompt, int]) -> tuple[Response, dict[str, Any]]:
+            prompt, key = job
+            try:
+                out = self.backend.generate(self.server.url, prompt.ids, self.budget.max_new_tokens,
+                                            request_sampling(self.sampling, key), self.server.info,
+                                            cfg.request_timeout)
+            except EngineError as exc:
+                raise self.server.explain(exc) from None
+            if progress is not None:
+                progress(len(out.tokens))
+            return Response(out.tokens, out.finish_reason == "eos"), out.raw
+
+        with ThreadPoolExecutor(max_workers=cfg.concurrency) as pool:
+            replies = list(pool.map(one, zip(prompts, keys, strict=True)))
+        responses = [r for r, _ in replies]
+        ids = [p.ids for p in prompts]
+
+        def features(needs: TargetNeeds) -> list[TargetFeatures]:
+            if self.features is None:
+                raise EngineError(f"{self.backend.name}: no source of the target's hidden states for "
+                                  f"{', '.join(s.name for s in self.speculators if s.needs.any)}")
+            return self.features.features(ids, [r.tokens for r in responses], needs)
+
+        scored = score_responses(self.speculators, self.ks, prompts, responses, self.labeller, features)
+        return [{key: replace(m, raw=raw) for key, m in per_key.items()}
+                for per_key, (_, raw) in zip(scored, replies, strict=True)]

