@@ -1,11 +1,12 @@
 """Sampled replay-once against the sampled loop on a real target, in distribution.
 
 SmolLM2-135M-Instruct (fp32) with a perturbed copy of itself as the draft model, on 10 real mini-swe-agent
-turns, 20 sampled responses each (200 per k), at T = 1.0 and 0.7. Replay and loop use different seeds, so
-the coupled sampler does not make them agree token for token: only in distribution. Pooled AL per k must
-fall within each other's 95% interval (a bootstrap clustered by request), and the same check must fail
-when the loop runs the probabilistic rule instead (sampled drafts, min(1, p/q)), which replay cannot
-score: the test can tell the rules apart.
+turns, 20 sampled responses each (200 per k), k = 1 and 2, at T = 1.0 and 0.7. Replay and loop use
+different seeds, so the coupled sampler does not make them agree token for token: only in distribution.
+Pooled AL per k must fall within each other's 95% interval (a bootstrap clustered by request), and at
+T = 1.0 the same check must fail when the loop runs the probabilistic rule instead (sampled drafts,
+min(1, p/q)), which replay cannot score: the test can tell the rules apart. (The loop pays a verify pass
+of k + 1 positions per step for each of its 400 loops: about 4 minutes on 2 cores.)
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from calibrate.tables import stats  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-KS = [1, 2, 4]
-REQUESTS, SAMPLES, TOKENS = 10, 20, 16
+KS = [1, 2]
+REQUESTS, SAMPLES, TOKENS = 10, 20, 12
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +79,19 @@ def agree(a: dict[int, np.ndarray], b: dict[int, np.ndarray], clusters: np.ndarr
     return out
 
 
-@pytest.mark.parametrize("temperature, seeds", [(1.0, (11, 12)), (0.7, (21, 22))])
-def test_sampled_replay_and_the_loop_agree_in_distribution_and_not_across_rules(setup, temperature, seeds):
+def pooled(h: dict[int, np.ndarray]) -> dict[int, float]:
+    return {k: round(float(stats.acceptance_length(h[k].sum(0))), 3) for k in KS}
+
+
+@pytest.mark.parametrize("temperature, seeds, control", [(1.0, (11, 12), True), (0.7, (21, 22), False)])
+def test_sampled_replay_and_the_loop_agree_in_distribution_and_not_across_rules(setup, temperature, seeds, control):
     target, spec, units, clusters = setup
     replay = replayed(target, spec, units, Sampling(temperature, seed=seeds[0]))
     loop = looped(target, spec, units, Sampling(temperature, seed=seeds[1]), "target-only")
-    assert all(agree(replay, loop, clusters).values()), {
-        k: (stats.acceptance_length(replay[k].sum(0)), stats.acceptance_length(loop[k].sum(0))) for k in KS}
+    print(f"T = {temperature}: replay {pooled(replay)}, loop {pooled(loop)}")
+    assert all(agree(replay, loop, clusters).values()), (pooled(replay), pooled(loop))
     assert sum(int(loop[k][:, 1:].sum()) for k in KS) > 0  # drafts are accepted: not a trivial agreement
-    probabilistic = looped(target, spec, units, Sampling(temperature, seed=seeds[1]), "probabilistic")
-    assert not all(agree(replay, probabilistic, clusters).values())  # switching one side's rule is caught
+    if control:
+        probabilistic = looped(target, spec, units, Sampling(temperature, seed=seeds[1]), "probabilistic")
+        print(f"T = {temperature}: the loop under the probabilistic rule {pooled(probabilistic)}")
+        assert not all(agree(replay, probabilistic, clusters).values())  # switching one side's rule is caught
