@@ -2,6 +2,12 @@
 
     python bench/vllm_vs_replay.py [--speculators ngram eagle3 mtp draft] [--ks 1 2 3 4 5 6 7 8]
                                    [--requests 10] [--max-new-tokens 64] [--temperature 0]
+                                   [--plain-replay [--hidden-states in-process|engine]]
+
+With --plain-replay it compares instead plain-engine replay (one vLLM launch with no speculation, every k
+scored here; two launches with `--hidden-states engine`, EAGLE-3 reading vLLM's own hidden states) with a
+launch per k: AL per k side by side, whether it falls inside the per-k launch's interval, the launches and
+the wall time of each.
 
 vLLM is the CPU build `make vllm` installs, one launch per (speculator, k) with `--enforce-eager` and bf16;
 `calibrate run` reaches it in connect mode, so the bench also reads the server's Prometheus counters around
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import duckdb
@@ -118,6 +125,50 @@ def through_vllm(tmp: Path, args: argparse.Namespace, name: str, k: int) -> tupl
     return db, (1 + accepted / drafts) if drafts else None
 
 
+def plain_replay(tmp: Path, args: argparse.Namespace, name: str) -> tuple[Path, float]:
+    """One `calibrate run` by plain-engine replay for every k: one launch of vLLM without speculation (two
+    with vLLM's own hidden states), every k scored here. Returns the store and its wall seconds."""
+    target, spec = SPECULATORS[name]
+    model = str(built_models_dir() / target)
+    server = {"mode": "launch", "model": model, "concurrency": 4, "args": CPU_ARGS, "env": CPU_ENV,
+              "log_dir": str(tmp), "hidden_states": args.hidden_states}
+    path = write_config(tmp, args, target, spec, args.ks, f"plain-{name}", server)
+    path.write_text(path.read_text().replace("[run]\n", '[run]\nengine = "replay"\n'))
+    db = tmp / f"plain-{name}.duckdb"
+    started = time.perf_counter()
+    execute(load_config(path), db)
+    return db, time.perf_counter() - started
+
+
+def compare_plain_replay(tmp: Path, args: argparse.Namespace, console: Console) -> None:
+    """Plain-engine replay against a launch per k, per speculator: AL per k side by side, launches, wall."""
+    for name in args.speculators:
+        plain_db, plain_s = plain_replay(tmp, args, name)
+        con = connect(plain_db, read_only=True)
+        plain = {r.draft_len: r for r in load_records(con)}
+        con.close()
+        table = Table(title=f"{name}: plain-engine replay against a vLLM launch per k, T={args.temperature:g}, "
+                            f"{args.requests} turns, {args.max_new_tokens} new tokens (AL, 95% CI)")
+        for col in ("k", "a launch per k", "plain-engine replay", "replay - per k", "inside the per-k CI"):
+            table.add_column(col, justify="right")
+        per_k_s = 0.0
+        for k in args.ks:
+            started = time.perf_counter()
+            db, _ = through_vllm(tmp, args, name, k)
+            per_k_s += time.perf_counter() - started
+            theirs, ours = record(db), plain[k]
+            inside = theirs.ci_low is not None and theirs.ci_low <= ours.acceptance_length <= theirs.ci_high
+            table.add_row(str(k), f"{theirs.acceptance_length:.3f} [{theirs.interval}]",
+                          f"{ours.acceptance_length:.3f} [{ours.interval}]",
+                          f"{ours.acceptance_length - theirs.acceptance_length:+.3f}",
+                          "yes" if inside else "no" if theirs.ci_low is not None else "n too small")
+        console.print(table)
+        launches = 2 if args.hidden_states == "engine" and name == "eagle3" else 1
+        console.print(f"{name}: a launch per k: {len(args.ks)} launches, {per_k_s:.0f} s; plain-engine replay: "
+                      f"{launches} launch{'es' if launches > 1 else ''}, {plain_s:.0f} s "
+                      f"({per_k_s / plain_s:.1f}x less wall time)")
+
+
 def record(db: Path):
     con = connect(db, read_only=True)
     (rec,) = load_records(con)
@@ -141,12 +192,20 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", type=Path, default=None, help="keep the stores and server logs here")
+    ap.add_argument("--plain-replay", action="store_true",
+                    help="compare plain-engine replay (one launch, every k) with a launch per k, not in-process")
+    ap.add_argument("--hidden-states", choices=("in-process", "engine"), default="in-process",
+                    help="with --plain-replay: where EAGLE-3 / MTP read the target's hidden states")
     args = ap.parse_args()
     if not (vllm_env() / ".complete").exists():
         raise SystemExit(f"no vLLM at {vllm_env()}: run `make vllm` first")
     tmp = args.out or Path(tempfile.mkdtemp(prefix="vllm-vs-replay-"))
     tmp.mkdir(parents=True, exist_ok=True)
     console = Console(width=200)  # the table's seven columns, unfolded
+    if args.plain_replay:
+        compare_plain_replay(tmp, args, console)
+        console.print(f"stores and server logs in {tmp}")
+        return
     for name in args.speculators:
         target, spec = SPECULATORS[name]
         local_db = tmp / f"local-{name}.duckdb"

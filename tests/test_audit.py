@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from calibrate.cli import app
-from calibrate.engines.audit import disagreeing_steps
+from calibrate.engines.audit import disagreeing_steps, reconciled_counts
 from calibrate.replay.steps import StepSeries
 from tests.tables_support import Req, make_spec, write_run
 from calibrate.tables.store import Store
@@ -45,6 +45,16 @@ def test_a_model_free_drafters_unlisted_empty_steps_are_walked_past():
     run_at = scorer({3: 2, 6: 1}, proposals={1: 0, 2: 0})
     assert disagreeing_steps(series([2, 1]), run_at, n=9, k=K, every_step=False) == 0
     assert disagreeing_steps(series([1, 0]), run_at, n=9, k=K, every_step=False) == 1
+
+
+def test_a_model_free_drafters_engine_steps_follow_the_one_step_rule_once_placed():
+    """vLLM counts a draft EOS it accepted as an accepted draft; placed by the twin (empty steps at 1 and 2),
+    the last step's EOS is its bonus token, as in every engine here, and the empty steps are counted."""
+    run_at = scorer({3: 2, 6: 3}, proposals={1: 0, 2: 0})
+    counts = reconciled_counts(series([2, 3]), run_at, n=9, k=K, ended=True)
+    assert counts.hist.tolist() == [2, 0, 2, 0] and counts.tokens == 9
+    assert counts.segments["answer"].empty_steps == 2
+    assert reconciled_counts(series([2, 3, 1]), run_at, n=9, k=K, ended=True) is None  # a list that does not fit
 
 
 @pytest.fixture

@@ -17,43 +17,74 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from calibrate.replay.steps import StepSeries
+from calibrate.replay.counts import StepCounts
+from calibrate.replay.steps import StepSeries, walk_steps
 from calibrate.speculators.base import ReplayScorer, Speculator, TargetNeeds
 
 
-def disagreeing_steps(series: StepSeries, run_at: ReplayScorer, n: int, k: int, every_step: bool) -> int:
-    """Steps of the engine's list whose accepted count contradicts the n-token response. The walk follows
-    the engine's own steps (step i starts after the tokens steps before it emitted); where the drafter
-    proposes at some positions only (`every_step` False), the positions it proposes nothing at are
-    steps the engine does not list, one token each."""
-    t, bad = 1, 0
-    for accepted in series.accepted:
+def listed_positions(series: StepSeries, run_at: ReplayScorer, n: int, k: int,
+                     every_step: bool) -> dict[int, tuple[int, int]] | None:
+    """Where each step of the engine's list started in the n-token response: position -> (accepted, drafted).
+
+    The walk follows the engine's own steps (a step starts after the tokens the steps before it emitted);
+    where the drafter proposes at some positions only (`every_step` False: n-gram, suffix), the positions
+    it proposes nothing at are steps the engine does not list, one token each, found with the drafter's
+    in-process twin. None when the list does not fit the response so walked (the twin proposed otherwise)."""
+    t, out = 1, {}
+    for accepted, drafted in zip(series.accepted, series.drafted, strict=True):
         if not every_step:
             while t < n and run_at(t, k)[1] == 0:
                 t += 1
         if t >= n:
-            break
+            return None
+        out[t] = (accepted, drafted)
+        t += accepted + 1
+    return out
+
+
+def disagreeing_steps(series: StepSeries, run_at: ReplayScorer, n: int, k: int, every_step: bool) -> int | None:
+    """Steps of the engine's list whose accepted count contradicts the n-token response (None: the list does
+    not fit it). A step disagrees where it accepted fewer drafts than the response's tokens match, or more
+    where the response shows the mismatch (not where the drafts matched to a budget cut)."""
+    positions = listed_positions(series, run_at, n, k, every_step)
+    if positions is None:
+        return None
+    bad = 0
+    for t, (accepted, _) in positions.items():
         match, _ = run_at(t, k)
         hidden = t + match >= n  # the drafts matched to the response's end: what follows was cut off
-        if accepted < match or (accepted > match and not hidden):
-            bad += 1
-        t += accepted + 1
+        bad += accepted < match or (accepted > match and not hidden)
     return bad
 
 
+def reconciled_counts(series: StepSeries, run_at: ReplayScorer, n: int, k: int, ended: bool,
+                      segments: Sequence[str] | None = None) -> StepCounts | None:
+    """A model-free drafter's engine steps under the one step rule, every step (the empty ones too) placed by
+    the twin: what the engine counted, but a draft EOS it accepted is the step's bonus token and a step cut
+    by the budget is censored, as in-process. None when the list does not fit the response."""
+    positions = listed_positions(series, run_at, n, k, every_step=False)
+    if positions is None:
+        return None
+
+    def engine_run_at(t: int, k: int) -> tuple[int, int]:
+        accepted, drafted = positions.get(t, (0, 0))
+        return min(accepted, n - t), drafted
+
+    return walk_steps(n, k, ended, engine_run_at, segments)
+
+
 @dataclass
-class Auditor:
-    """A served speculator's in-process twin, and the target's hidden states where it drafts from them."""
+class Twin:
+    """A served speculator's in-process twin, and the target's hidden states where it drafts from them: it
+    recomputes the engine's drafts over the engine's own tokens (the audit; placing a model-free drafter's
+    unlisted empty steps)."""
 
     speculator: Speculator
     features: object | None = None  # calibrate.engines.server_replay.FeatureSource
 
-    def disagreements(self, prompt: Sequence[int], tokens: Sequence[int], series: StepSeries, k: int,
-                      every_step: bool) -> int:
+    def scorer(self, prompt: Sequence[int], tokens: Sequence[int], k: int) -> ReplayScorer:
         needs: TargetNeeds = self.speculator.needs
-        feats = self.features.features([prompt], [tokens], needs) if needs.any else None
-        if needs.any:
-            run_at = self.speculator.replay_scorers([prompt], [list(tokens)], k, feats)[0]
-        else:
-            run_at = self.speculator.replay_scorers([prompt], [list(tokens)], k)[0]
-        return disagreeing_steps(series, run_at, len(tokens), k, every_step)
+        if not needs.any:
+            return self.speculator.replay_scorers([prompt], [list(tokens)], k)[0]
+        feats = self.features.features([prompt], [tokens], needs)
+        return self.speculator.replay_scorers([prompt], [list(tokens)], k, feats)[0]

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from calibrate.config import server_split
-from calibrate.engines.audit import Auditor
+from calibrate.engines.audit import Twin
 from calibrate.engines.base import Budget, Engine, Labeller, TargetIdentity
 from calibrate.engines.hidden_states import EngineFeatures, InProcessFeatures
 from calibrate.engines.in_process import ExpertProfile, LoopEngine, ReplayEngine
@@ -45,31 +45,32 @@ class PairEngines:
         self.target: LoadedModel | None = None  # in this process: the pair's target, or the scorers' view of it
         self.speculators: list[Speculator] = []  # built here: the in-process engine's, or replay's scorers
         self.served: list[int] = []  # a server pair's speculators the engine runs itself
-        self.auditors: dict[str, Auditor] = {}  # their in-process twins, by name: the engine audit at T > 0
-        specs, audited = list(pair.speculators), []
+        self.twins: dict[str, Twin] = {}  # their in-process twins, by name (calibrate.engines.audit)
+        specs, twinned = list(pair.speculators), []
         if pair.backend == "transformers":
             self.target = load_model(pair.target, dtype, device, tokenizer=tokenizer)
         else:
             replayed, self.served = server_split(pair, config.run.engine)
-            audited = [specs[i] for i in self._audited()]
+            twinned = [specs[i] for i in self._twinned()]
             specs = [specs[i] for i in replayed]
-            self.target = self._scoring_target(specs + audited, dtype, device)
+            self.target = self._scoring_target(specs + twinned, dtype, device)
         ctx = BuildContext(dtype=dtype, device=device, batch_size=config.run.batch_size, target=self.target,
                            loaded=loaded)
         self.speculators = [speculator_class(spec.kind).build(spec, ctx) for spec in specs]
-        for spec in audited:
+        for spec in twinned:
             twin = speculator_class(spec.kind).build(spec, ctx)
-            self.auditors[twin.name] = Auditor(twin, InProcessFeatures(self.target) if twin.needs.any else None)
+            self.twins[twin.name] = Twin(twin, InProcessFeatures(self.target) if twin.needs.any else None)
 
-    def _audited(self) -> list[int]:
-        """The served speculators whose engine counts are audited: at T > 0 (at 0 both are exact greedy), where
-        the kind runs here and its hidden states (if any) come from the target loaded here."""
+    def _twinned(self) -> list[int]:
+        """The served speculators that get an in-process twin: every model-free one (it places the steps the
+        engine does not list, and costs nothing to build), and, for the engine audit at T > 0 (at 0 greedy
+        is exact by construction), the model drafters whose hidden states (if any) come from the target
+        loaded here."""
         cfg = self.pair.server
-        if not cfg.audit or not any(t > 0 for t in self.config.sweep.temperature):
-            return []
+        audit = cfg.audit and any(t > 0 for t in self.config.sweep.temperature)
         kinds = {i: speculator_class(self.pair.speculators[i].kind) for i in self.served}
-        return [i for i, cls in kinds.items() if cls.in_process and (cls.hidden_states is None
-                                                                     or cfg.hidden_states == "in-process")]
+        return [i for i, cls in kinds.items() if cls.in_process and (
+            not cls.drafts_every_step or audit and (cls.hidden_states is None or cfg.hidden_states == "in-process"))]
 
     def _scoring_target(self, specs: list[Any], dtype: str, device: str) -> LoadedModel | None:
         """What replay's scorers need of the served target: its weights for an in-process hidden-state pass
@@ -90,7 +91,7 @@ class PairEngines:
         if self.speculators:
             yield self._server_replay(labeller, sampling)
         for served in plan_servers(self.config, self.pair, self.served):
-            yield open_server(served, self.config, sampling, labeller, self.auditors.get(served.speculator.name))
+            yield open_server(served, self.config, sampling, labeller, self.twins.get(served.speculator.name))
 
     def _in_process(self, labeller: Labeller, sampling: Sampling) -> Engine:
         run, ds = self.config.run, self.config.dataset
@@ -178,7 +179,7 @@ def budget_of(config: Any) -> Budget:
 
 
 def open_server(served: Served, config: Any, sampling: Sampling, labeller: Labeller,
-                auditor: Auditor | None = None) -> ServerEngine:
-    """An engine for one (speculator, k) on its speculating server (its counts audited where `auditor`)."""
+                twin: Twin | None = None) -> ServerEngine:
+    """An engine for one (speculator, k) on its speculating server (with the speculator's twin, where built)."""
     backend: Backend = BACKENDS[served.pair.backend]()
-    return ServerEngine(backend, served, budget_of(config), sampling, labeller, target_of=_target, auditor=auditor)
+    return ServerEngine(backend, served, budget_of(config), sampling, labeller, target_of=_target, twin=twin)

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from calibrate.data import RenderedPrompt
-from calibrate.engines.audit import Auditor
+from calibrate.engines.audit import Twin, disagreeing_steps, reconciled_counts
 from calibrate.engines.base import BatchResult, Budget, Labeller, Measured, TargetIdentity
 from calibrate.engines.server import EngineError, Server
 from calibrate.kernels.reference import Sampling
 from calibrate.progress import TokenProgress
 from calibrate.replay.counts import StepCounts, TotalCounts
 from calibrate.replay.steps import StepSeries, drafted_steps_counts, walk_engine_steps
-from calibrate.speculators.base import EngineMethod
+from calibrate.speculators.base import EngineMethod, ReplayScorer
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,9 @@ class ServerEngine:
     responses_from = responses_dtype = features_from = None  # its counts are its own, not a replay
 
     def __init__(self, backend: Backend, served: Served, budget: Budget, sampling: Sampling, labeller: Labeller,
-                 target_of: Callable[[Any, str, dict[str, Any]], TargetIdentity], auditor: Auditor | None = None):
+                 target_of: Callable[[Any, str, dict[str, Any]], TargetIdentity], twin: Twin | None = None):
         self.backend, self.served, self.budget, self.sampling = backend, served, budget, sampling
-        self.labeller, self.target_of = labeller, target_of
-        self.auditor = auditor if sampling.temperature > 0 else None  # T = 0: exact by construction
+        self.labeller, self.target_of, self.twin = labeller, target_of, twin
         self.target: TargetIdentity | None = None  # known once the server answered
         self.name = backend.name
         self.speculators, self.ks = [served.speculator], [served.k]
@@ -172,24 +171,29 @@ class ServerEngine:
             raise self.server.explain(exc) from None
         labels = self.labeller(reply.tokens, prompt.opens_thinking) if reply.tokens else []
         raw = {**reply.raw, "segment_tokens": dict(Counter(labels))}
+        run_at = (self.twin.scorer(prompt.ids, reply.tokens, self.served.k)
+                  if self.twin is not None and reply.steps is not None and reply.tokens else None)
         disagreeing = None
-        if self.auditor is not None and reply.steps is not None:
-            disagreeing = self.auditor.disagreements(prompt.ids, reply.tokens, reply.steps, self.served.k,
-                                                     self.served.speculator.drafts_every_step)
+        if run_at is not None and self.sampling.temperature > 0:  # the audit (at T = 0 greedy is exact)
+            disagreeing = disagreeing_steps(reply.steps, run_at, len(reply.tokens), self.served.k,
+                                            self.served.speculator.drafts_every_step)
             raw["audit"] = {"steps": len(reply.steps.accepted), "disagreeing": disagreeing}
-        return Measured(self._counts(reply, labels), len(reply.tokens), reply.finish_reason, raw=raw,
+        return Measured(self._counts(reply, labels, run_at), len(reply.tokens), reply.finish_reason, raw=raw,
                         disagreeing_steps=disagreeing)
 
-    def _counts(self, reply: Reply, labels: list[str]) -> StepCounts | TotalCounts:
+    def _counts(self, reply: Reply, labels: list[str], run_at: ReplayScorer | None) -> StepCounts | TotalCounts:
         """The step rule applied to the engine's own step list where it gives one: a model drafter's steps
         are all listed, so they are walked position by position (segments too); a model-free drafter's
-        steps that proposed nothing are not, so only its drafted steps are counted (see drafted_steps_counts)."""
+        steps that proposed nothing are not, so its in-process twin places them (then every step is walked,
+        segments too: reconciled_counts), or, with no twin or a list that does not fit, only its drafted
+        steps are counted (drafted_steps_counts)."""
         if reply.steps is None:
             return reply.counts
         n, k, ended = len(reply.tokens), self.served.k, reply.finish_reason == "eos"
         try:
             if self.served.speculator.drafts_every_step:
                 return walk_engine_steps(reply.steps, n, k, ended, labels)
-            return drafted_steps_counts(reply.steps, n, k, ended)
+            placed = reconciled_counts(reply.steps, run_at, n, k, ended, labels) if run_at is not None else None
+            return placed if placed is not None else drafted_steps_counts(reply.steps, n, k, ended)
         except ValueError as exc:
             raise EngineError(f"{self.name} at {self.url}: {exc}") from None
