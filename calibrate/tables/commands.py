@@ -24,11 +24,11 @@ from calibrate.tables import consumers, exports, inferencex, query, runner_env, 
 from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, context_bucket,
                                      from_name)
 from calibrate.tables.inferencex import Naming
-from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.lookup import lookup as lookup_record
+from calibrate.tables.names import NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
 from calibrate.tables.experts import ExpertRecord, load_expert_records
-from calibrate.tables.store import connect, reading
+from calibrate.tables.store import DEFAULT_TABLE, connect, reading
 
 SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
              "acceptance_length", "ci_low", "ci_high", "ci_note", "macro_acceptance_length")

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calibrate.outfiles import write_files
 from calibrate.tables import inferencex, reference_al, specdec_profile
 from calibrate.tables.exports import (
-    MODES, ExportOptions, NothingToExport, Stamp, blocks, overall, parquet_bytes, render_csv,
-    render_json, write_files,
+    MODES, ExportOptions, NothingToExport, Stamp, blocks, overall, parquet_bytes, render_csv, render_json,
 )
 from calibrate.tables.records import LENGTH_DIGITS, RATE_DIGITS, AcceptanceRecord, fmt
 

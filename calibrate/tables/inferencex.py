@@ -27,6 +27,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from calibrate.tables.names import letters
 from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, AcceptanceRecord
 
 CURVE_ALPHABET = re.compile(r"[a-z0-9_.-]+")
@@ -125,11 +126,6 @@ SHIPPED_CURVES: frozenset[str] = frozenset(c for e in MODEL_PREFIXES.values() fo
 
 def basename(target: str) -> str:
     return target.rstrip("/").rsplit("/", 1)[-1].lower()
-
-
-def letters(name: str) -> str:
-    """Lowercased letters and digits only: 'GLM-5.2' and 'glm5.2' are both 'glm52'."""
-    return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
 def names_model(model: str, names: Sequence[str]) -> bool:
