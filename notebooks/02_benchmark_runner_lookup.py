@@ -30,7 +30,7 @@ OUT.mkdir(parents=True, exist_ok=True)
 # The catalog lists every measured key; a runner usually knows its model and k, here we take them from it.
 
 # %%
-from calibrate.tables.lookup import DuckDBTable
+from calibrate.consumers.lookup import DuckDBTable
 
 catalog = DuckDBTable(DB).catalog()
 for entry in catalog[:12]:
@@ -63,7 +63,7 @@ except LookupError as exc:
 # ## Each engine's setting
 
 # %%
-from calibrate.tables.consumers import LOOKUP_FORMATS, render_lookup
+from calibrate.consumers import LOOKUP_FORMATS, render_lookup
 
 # Every consumer with a lookup form that runs this speculator, as `calibrate lookup --format FORM` prints it.
 kind = record.speculator.partition(":")[0]
@@ -78,7 +78,8 @@ for name, text in settings.items():
 # `calibrate export --to json` writes a table a benchmark machine can carry without DuckDB.
 
 # %%
-from calibrate.tables import consumers, query
+from calibrate import consumers
+from calibrate.tables import query
 from calibrate.tables.store import connect
 
 con = connect(DB, read_only=True)

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calibrate.tables import consumers, inferencex
-from calibrate.tables.exports import ExportOptions, Stamp
-from calibrate.tables.inferencex import Naming
+from calibrate import consumers
+from calibrate.consumers import inferencex
+from calibrate.consumers.exports import ExportOptions, Stamp
+from calibrate.consumers.inferencex import Naming
 from calibrate.tables.query import load_records
 from calibrate.tables.records import AcceptanceRecord
 from calibrate.tables.store import Store, connect
@@ -894,7 +895,7 @@ def test_inferencex_reference_merges_a_list_block_and_refuses_hiding_a_flat_one(
 def test_inferencex_reference_refuses_a_prefix_the_loader_cannot_resolve(prefix: str, known: list[AcceptanceRecord]) -> None:
     """MODEL_PREFIX is read unstripped: an empty or padded name finds no key (an empty --model-prefix falls back
     to the known target in Naming, so it is asked of the key function itself)."""
-    from calibrate.tables import reference_al
+    from calibrate.consumers import reference_al
 
     with pytest.raises(ValueError, match="InferenceX cannot resolve MODEL_PREFIX") as info:
         reference_al.model_key(prefix)

@@ -219,13 +219,13 @@ def test_model_free_steps_censor_the_last_drafted_step_of_a_cut_response():
 
 
 def test_inferencex_recipe_methods_agree_with_the_kinds_engine_spellings():
-    """The exports name curves by what an engine recipe calls a speculator (calibrate.tables.inferencex, kept
+    """The exports name curves by what an engine recipe calls a speculator (calibrate.consumers.inferencex, kept
     torch-free for lookup); the launches use the kinds' own declarations. They must not drift apart. Known,
     intended differences: SGLang recipes spell MTP `NEXTN` (its alias of EAGLE), and a recipe's SGLang
     `NGRAM` or TensorRT-LLM `NGram` is that engine's own algorithm, which our `ngram` kind is not: the kind does
     not run there (`runs_on`), so the export refuses it unless forced."""
     from calibrate.speculators.registry import KINDS
-    from calibrate.tables.inferencex import RECIPE_METHODS
+    from calibrate.consumers.inferencex import RECIPE_METHODS
 
     aliases = {("sglang", "mtp"): "eagle"}
     for engine in ("vllm", "sglang"):

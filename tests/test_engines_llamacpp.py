@@ -20,7 +20,7 @@ from calibrate.config import load_config
 from calibrate.engines.llamacpp import default_binary
 from calibrate.engines.server import free_port, launch
 from calibrate.runner import execute
-from calibrate.tables.lookup import lookup
+from calibrate.consumers.lookup import lookup
 from tests.configs import write_config
 from tests.conftest import real_model
 

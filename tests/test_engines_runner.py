@@ -15,7 +15,7 @@ from calibrate.cli import app
 from calibrate.config import load_config
 from calibrate.engines import EngineError
 from calibrate.runner import execute
-from calibrate.tables.lookup import lookup
+from calibrate.consumers.lookup import lookup
 from calibrate.tables.store import Store
 from tests.standin_engines import StandIn, llamacpp_routes
 

@@ -35,7 +35,7 @@ from calibrate.replay.steps import step_accepted
 from calibrate.runner import _prompts, prepare
 from calibrate.speculators.base import leading_matches
 from calibrate.speculators.ngram import NgramSpeculator
-from calibrate.tables.lookup import lookup
+from calibrate.consumers.lookup import lookup
 from tests.configs import write_config
 
 # Without vLLM every test here is reported skipped, each with the reason (pytest -ra), not the module as one

@@ -246,7 +246,7 @@ def test_every_consumer_exports_a_context_bucket_and_names_it(app, store_path, t
     say which requests it is."""
     import json
 
-    from calibrate.tables.consumers import CONSUMERS
+    from calibrate.consumers import CONSUMERS
 
     path, _ = store_path
     bucket = next(r for r in _bucketed(path, "context") if r.bucket == "context=16k-64k")
@@ -324,7 +324,7 @@ def test_the_truncation_warning_counts_a_keys_buckets_together(store_path, dim_n
 def test_an_exported_record_with_a_bucket_that_is_none_of_ours_is_refused(store_path, tmp_path: Path) -> None:
     import json
 
-    from calibrate.tables.lookup import read_exported
+    from calibrate.consumers.lookup import read_exported
 
     path, _ = store_path
     row = _bucketed(path, "context")[0].to_dict()

@@ -254,7 +254,7 @@ def test_lookup_from_the_newest_runner_reads_k_and_method_from_the_recipe(app: t
 
 
 def test_lookup_from_env_speaks_every_runner_framework(app: typer.Typer, db: Path) -> None:
-    from calibrate.tables.consumers import FRAMEWORKS
+    from calibrate.consumers import FRAMEWORKS
 
     assert {"mori-sglang", "sglang-disagg", "vllm-disagg", "atom-disagg", "llmd-vllm", "tilert", "dynamo-trt",
             "dynamo-vllm", "dynamo-sglang", "trt"} <= set(FRAMEWORKS)
@@ -552,7 +552,7 @@ def test_lookup_from_env_resolves_dsv4_through_model_keys(app: typer.Typer, tmp_
 
 
 def test_recipes_launcher_model_keys_name_the_model() -> None:
-    from calibrate.tables import runner_env
+    from calibrate.consumers import runner_env
 
     asked = runner_env.question({"MODEL_PREFIX": "dsv4dspark", "SYNTHETIC_ACCEPTANCE": "True", "NUM_SPEC_TOKENS": "2"},
                                 model=None, speculator=None, draft_len=None, thinking=None, recipe=None, dialect_of={})
@@ -636,7 +636,7 @@ def test_lookup_on_a_damaged_store_names_the_file(app: typer.Typer, db: Path, tm
     """Issue 31 item 8: `lookup --table` said "Corrupt database file: ..." naming no file, where show, export
     and run name it."""
     from calibrate.errors import StoreError
-    from calibrate.tables.lookup import lookup
+    from calibrate.consumers.lookup import lookup
 
     copy = tmp_path / "acceptance.duckdb"
     copy.write_bytes(db.read_bytes())

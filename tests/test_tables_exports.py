@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calibrate.tables import consumers, inferencex, stats
-from calibrate.tables.exports import ExportOptions, Stamp
-from calibrate.tables.inferencex import Naming
-from calibrate.tables.lookup import read_exported
+from calibrate import consumers
+from calibrate.consumers import inferencex
+from calibrate.tables import stats
+from calibrate.consumers.exports import ExportOptions, Stamp
+from calibrate.consumers.inferencex import Naming
+from calibrate.consumers.lookup import read_exported
 from calibrate.tables.query import Filters, load_records
 from calibrate.tables.records import AcceptanceRecord
 from calibrate.tables.store import Store, connect

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from calibrate import lookup
-from calibrate.tables import consumers, stats
-from calibrate.tables.exports import ExportOptions
-from calibrate.tables.lookup import MODEL_PREFIX_ALIASES, DuckDBTable
+from calibrate import consumers
+from calibrate.tables import stats
+from calibrate.consumers.exports import ExportOptions
+from calibrate.consumers.lookup import MODEL_PREFIX_ALIASES, DuckDBTable
 from calibrate.tables.names import AmbiguousMatch, NotMeasured, normalize_thinking
 from calibrate.tables.query import load_records
 from calibrate.tables.store import Store, connect

@@ -20,11 +20,13 @@ import typer
 
 from calibrate.errors import NothingUsable, cli_errors
 from calibrate.replay.counts import check_k
-from calibrate.tables import consumers, exports, inferencex, query, runner_env, stats
+from calibrate import consumers
+from calibrate.consumers import exports, inferencex, runner_env
+from calibrate.tables import query, stats
 from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, context_bucket,
                                      from_name)
-from calibrate.tables.inferencex import Naming
-from calibrate.tables.lookup import lookup as lookup_record
+from calibrate.consumers.inferencex import Naming
+from calibrate.consumers.lookup import lookup as lookup_record
 from calibrate.tables.names import NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
 from calibrate.tables.experts import ExpertRecord, load_expert_records
@@ -516,7 +518,7 @@ def export(
         help="sglang: SGLANG_SIMULATE_ACC_TOKEN_MODE (real-draft-token needs --speculative-eagle-topk 1)."),
     model_prefix: Optional[str] = typer.Option(
         None, "--model-prefix", help="inferencex: the runner's MODEL_PREFIX (dsv4, qwen3.5, ...; known targets "
-                                     "have one, see calibrate/tables/inferencex.py MODEL_PREFIXES)."),
+                                     "have one, see calibrate/consumers/inferencex.py MODEL_PREFIXES)."),
     engine: InferencexEngine = typer.Option(
         InferencexEngine.vllm, "--engine", help="inferencex: the engine whose recipe names the method."),
     method: Optional[str] = typer.Option(

@@ -4,7 +4,7 @@ An `AcceptanceRecord` is the statistics of one key (target, speculator, k, think
 and one segment, with provenance. Exports and lookups never compute numbers of their own: they render a
 record, so a value exported for SGLang, vLLM, TensorRT-LLM, ATOM, TileRT, llama.cpp and InferenceX is the
 same number. Derived values (AL - 1 for TensorRT-LLM, (AL - 1) / k for ATOM's rate, the per-position rates
-for vLLM) come from `calibrate.tables.stats`; how each consumer spells them is `calibrate.tables.consumers`.
+for vLLM) come from `calibrate.tables.stats`; how each consumer spells them is `calibrate.consumers`.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from calibrate.outfiles import write_files
-from calibrate.tables import inferencex, reference_al, specdec_profile
-from calibrate.tables.exports import (
+from calibrate.consumers import inferencex, reference_al, specdec_profile
+from calibrate.consumers.exports import (
     MODES, ExportOptions, NothingToExport, Stamp, blocks, overall, parquet_bytes, render_csv, render_json,
 )
 from calibrate.tables.records import LENGTH_DIGITS, RATE_DIGITS, AcceptanceRecord, fmt

@@ -1,6 +1,6 @@
-"""What every consumer's export shares: the options, the stamp, the full-table forms (CSV / Parquet / JSON);
-files are written without overwriting by `calibrate.outfiles`. The consumers themselves (engine settings, InferenceX curves,
-specdec_bench profiles) are one registry, `calibrate.tables.consumers.CONSUMERS`.
+"""What every consumer's export shares: the options, the stamp, the full-table forms (CSV / Parquet / JSON).
+The consumers themselves (engine settings, InferenceX curves, specdec_bench profiles) are one registry,
+`calibrate.consumers.CONSUMERS`; their files are written, never over another unforced, by `calibrate.outfiles`.
 
 Every number comes from a record, so the formats agree with each other by construction: the InferenceX
 golden value, SGLANG_SIMULATE_ACC_LEN, vLLM's synthetic_acceptance_length, ATOM's, TileRT's and llama.cpp's
@@ -19,8 +19,8 @@ from datetime import date
 from typing import Any
 
 from calibrate.errors import NothingUsable
-from calibrate.tables.inferencex import Naming, sampling
-from calibrate.tables.lookup import EXPORT_SCHEMA
+from calibrate.consumers.inferencex import Naming, sampling
+from calibrate.consumers.lookup import EXPORT_SCHEMA
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 from calibrate.version import __version__
 
