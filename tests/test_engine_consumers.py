@@ -704,10 +704,10 @@ def test_the_consumer_registry_is_the_one_list(known: list[AcceptanceRecord]) ->
     import typer
     from typer.testing import CliRunner
 
-    from calibrate.tables.commands import register
+    from calibrate.cli import register_tables
 
     app = typer.Typer()
-    register(app)
+    register_tables(app)
     export_help = " ".join(CliRunner().invoke(app, ["export", "--help"], terminal_width=400).output.split())
     lookup_help = " ".join(CliRunner().invoke(app, ["lookup", "--help"], terminal_width=400).output.split())
     for c in consumers.CONSUMERS.values():

@@ -172,10 +172,10 @@ def test_turn_depth_counts_answers_not_messages() -> None:
 def app():
     import typer
 
-    from calibrate.tables.commands import register
+    from calibrate.cli import register_tables
 
     app = typer.Typer()
-    register(app)
+    register_tables(app)
     return app
 
 

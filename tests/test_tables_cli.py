@@ -11,7 +11,8 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from calibrate.tables.commands import SHOW_KEYS, register
+from calibrate.cli import register_tables
+from calibrate.tables.commands import SHOW_KEYS
 from calibrate.tables.store import Store
 from tests.tables_support import Req, basic_store, damage_a_used_block, make_spec, write_run
 
@@ -21,7 +22,7 @@ Q = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 @pytest.fixture(scope="module")
 def app() -> typer.Typer:
     app = typer.Typer()
-    register(app)
+    register_tables(app)
     return app
 
 

@@ -6,6 +6,12 @@ person reading the full table. `export --to`, `lookup --format`, `lookup --from-
 help all come from `CONSUMERS`; adding a consumer is one entry here (its spelling function beside it) and its
 test in `tests/test_engine_consumers.py`. How each engine spells a setting was checked against the engine's
 source (`notes/engine-exports.md` of the workplace, and the oracle tests, name file and commit).
+
+This package is who reads the tables, and this registry its index; beside it a consumer with a format of its
+own has its module (`inferencex`, `reference_al`, `specdec_profile`), `exports` is what every export shares,
+`lookup` answers one question from the store or an exported table, `runner_env` reads what an InferenceX
+runner asks, and `commands` is `calibrate export` / `lookup`. What was measured is `calibrate.tables`, which
+imports nothing from here. See README.md beside this file.
 """
 
 from __future__ import annotations
