@@ -224,8 +224,8 @@ def test_inferencex_recipe_methods_agree_with_the_kinds_engine_spellings():
     intended differences: SGLang recipes spell MTP `NEXTN` (its alias of EAGLE), and a recipe's SGLang
     `NGRAM` or TensorRT-LLM `NGram` is that engine's own algorithm, which our `ngram` kind is not: the kind does
     not run there (`runs_on`), so the export refuses it unless forced."""
-    from calibrate.speculators.registry import KINDS
     from calibrate.consumers.inferencex import RECIPE_METHODS
+    from calibrate.speculators.registry import KINDS
 
     aliases = {("sglang", "mtp"): "eagle"}
     for engine in ("vllm", "sglang"):

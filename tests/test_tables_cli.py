@@ -636,8 +636,8 @@ def test_draft_len_options_take_the_one_bound_on_k(app: typer.Typer, db: Path, a
 def test_lookup_on_a_damaged_store_names_the_file(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     """Issue 31 item 8: `lookup --table` said "Corrupt database file: ..." naming no file, where show, export
     and run name it."""
-    from calibrate.errors import StoreError
     from calibrate.consumers.lookup import lookup
+    from calibrate.errors import StoreError
 
     copy = tmp_path / "acceptance.duckdb"
     copy.write_bytes(db.read_bytes())

@@ -16,10 +16,10 @@ import yaml
 
 from calibrate import consumers
 from calibrate.consumers import inferencex
-from calibrate.tables import stats
 from calibrate.consumers.exports import ExportOptions, Stamp
 from calibrate.consumers.inferencex import Naming
 from calibrate.consumers.lookup import read_exported
+from calibrate.tables import stats
 from calibrate.tables.query import Filters, load_records
 from calibrate.tables.records import AcceptanceRecord
 from calibrate.tables.store import Store, connect

@@ -11,9 +11,9 @@ import pytest
 
 from calibrate import lookup
 from calibrate import consumers
-from calibrate.tables import stats
 from calibrate.consumers.exports import ExportOptions
 from calibrate.consumers.lookup import MODEL_PREFIX_ALIASES, DuckDBTable
+from calibrate.tables import stats
 from calibrate.tables.names import AmbiguousMatch, NotMeasured, normalize_thinking
 from calibrate.tables.query import load_records
 from calibrate.tables.store import Store, connect

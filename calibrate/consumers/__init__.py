@@ -21,11 +21,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibrate.outfiles import write_files
 from calibrate.consumers import inferencex, reference_al, specdec_profile
 from calibrate.consumers.exports import (
     MODES, ExportOptions, NothingToExport, Stamp, blocks, overall, parquet_bytes, render_csv, render_json,
 )
+from calibrate.outfiles import write_files
 from calibrate.tables.records import LENGTH_DIGITS, RATE_DIGITS, AcceptanceRecord, fmt
 
 # SGLANG_SIMULATE_ACC_TOKEN_MODE values (python/sglang/srt/environ.py); the first is the export default.

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
-from calibrate.errors import NothingUsable
 from calibrate.consumers.inferencex import Naming, sampling
 from calibrate.consumers.lookup import EXPORT_SCHEMA
+from calibrate.errors import NothingUsable
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 from calibrate.version import __version__
 

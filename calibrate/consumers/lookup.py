@@ -19,10 +19,10 @@ from typing import Protocol
 
 import duckdb
 
+from calibrate.consumers.inferencex import MODEL_PREFIXES
 from calibrate.replay.counts import check_k
 from calibrate.tables import query
 from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, from_name
-from calibrate.consumers.inferencex import MODEL_PREFIXES
 from calibrate.tables.names import AmbiguousMatch, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.query import CatalogEntry, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
