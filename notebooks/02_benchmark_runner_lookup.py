@@ -63,12 +63,13 @@ except LookupError as exc:
 # ## Each engine's setting
 
 # %%
-from calibrate.consumers import LOOKUP_FORMATS, render_lookup
+from calibrate.consumers import LOOKUP_FORMATS, other_algorithm, render_lookup
 
-# Every consumer with a lookup form that runs this speculator, as `calibrate lookup --format FORM` prints it.
+# Every consumer with a lookup form whose engine runs this speculator as measured, as `calibrate lookup --format
+# FORM` prints it (another engine's is refused unless forced: SGLang's NGRAM is not our n-gram).
 kind = record.speculator.partition(":")[0]
 settings = {form: render_lookup(record, form) for form, c in LOOKUP_FORMATS.items()
-            if c is not None and (c.serves is None or kind in c.serves)}
+            if c is not None and (c.serves is None or kind in c.serves) and other_algorithm(c, record) is None}
 for name, text in settings.items():
     (OUT / name).write_text(text if text.endswith("\n") else text + "\n")
     print(f"--- {OUT / name}\n{text.strip()}")

@@ -224,8 +224,9 @@ def test_model_free_steps_censor_the_last_drafted_step_of_a_cut_response():
 def test_where_each_kind_runs_as_measured_is_one_torch_free_table():
     """Where each kind runs as measured is read by the exports and lookup, and lookup must not import torch, so
     it is one table (calibrate.speculators.runs_on), not the kinds' classes: each kind's runs_on() is its row,
-    every engine a kind launches on is in it (launched there, measured there), and InferenceX's recipes name
-    engines as the kinds do."""
+    every engine a kind launches on is in it (launched there, measured there), and the consumers and
+    InferenceX's recipes name engines as the kinds do."""
+    from calibrate.consumers import CONSUMERS
     from calibrate.consumers.inferencex import ENGINES
     from calibrate.speculators.registry import KINDS
     from calibrate.speculators.runs_on import RUNS_ON
@@ -235,6 +236,7 @@ def test_where_each_kind_runs_as_measured_is_one_torch_free_table():
         assert cls.runs_on() == RUNS_ON[kind], kind
         assert set(cls.engines) <= RUNS_ON[kind], kind
     engines = set().union(*RUNS_ON.values())
+    assert {c.forces for c in CONSUMERS.values() if c.forces is not None} == engines
     assert set(ENGINES) <= engines
     code = ("import sys, calibrate, calibrate.consumers.commands; calibrate.lookup; "
             "print(sorted(m for m in ('torch', 'calibrate.speculators.registry') if m in sys.modules))")

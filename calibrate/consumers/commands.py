@@ -36,9 +36,9 @@ class Mode(str, Enum):
 
 
 _EXPORT_FORCE_OPT = typer.Option(
-    False, "--force", help="Overwrite files that --out would replace (refused otherwise); inferencex: also write a "
-    "curve InferenceX ships under a MODEL_PREFIX of another model, or for an engine that runs the speculator as "
-    "another algorithm (each with a warning).")
+    False, "--force", help="Overwrite files that --out would replace (refused otherwise); also write an engine's "
+    "setting or an inferencex curve for an engine that runs the speculator as another algorithm, and (inferencex) "
+    "a curve InferenceX ships under a MODEL_PREFIX of another model (each with a warning).")
 _CONTEXT_OPT = typer.Option(
     None, "--context", help=f"Only requests whose prompt, before truncation, is in this bucket "
     f"({bucket_labels(CONTEXT)}; 0-4k and 64k+ spell the ends) or the bucket of this length (20k, 20000): the AL "
@@ -123,6 +123,9 @@ def lookup(
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="--from-env: the engine recipe (srtctl / llm-d "
                                           "YAML) whose generation role holds k and the method."),
     context: Optional[str] = _CONTEXT_OPT,
+    force: bool = typer.Option(False, "--force", help="Answer in an engine's form for a speculator that engine runs "
+                               "as another algorithm (SGLang's NGRAM is not our n-gram; refused otherwise), with a "
+                               "warning."),
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
     if draft_len is not None:
@@ -158,7 +161,7 @@ def lookup(
         model, speculator, draft_len, thinking, table=table, dataset=dataset, temperature=temperature,
         extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
     )
-    sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell))
+    sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell, force))
     for note in consumers.lookup_warnings(record, form):
         typer.echo(f"warning: {note}", err=True)
     if record.extrapolated:

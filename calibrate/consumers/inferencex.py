@@ -232,12 +232,11 @@ def other_algorithm(record: AcceptanceRecord, curve: Curve) -> str | None:
     measured is calibrate.speculators.runs_on (the kinds' `runs_on`); SGLang's NGRAM and TensorRT-LLM's NGram,
     for one, are other algorithms than vLLM's prompt lookup, our `ngram`. A row of an engine-only method was
     measured on the engine itself."""
-    kind = record.speculator.partition(":")[0]
-    if runs_as_measured(kind, curve.engine):
+    if runs_as_measured(record.kind, curve.engine):
         return None
     return (f"{curve.file_name} is for a {curve.engine} recipe with {RECIPE_FIELDS[curve.engine][0]} {curve.method}, "
             f"another algorithm than the {record.speculator} measured here (it runs as measured on "
-            f"{measured_on(kind)}): the numbers are ours, not {curve.engine}'s")
+            f"{measured_on(record.kind)}): the numbers are ours, not {curve.engine}'s")
 
 
 def model_mismatch(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str | None:

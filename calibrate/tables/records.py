@@ -119,6 +119,13 @@ class AcceptanceRecord:
         return tuple(getattr(self, f) for f in KEY_FIELDS)
 
     @property
+    def kind(self) -> str | None:
+        """The speculator kind measured (`draft`, `ngram`, ...: calibrate.speculators), the label's part before
+        ':'; None for an engine-only method (`kind = "engine"`), whose label is the engine's method name (SGLang's
+        NGRAM is `ngram`) and whose numbers are that engine's own."""
+        return None if "engine" in self.speculator_kinds else self.speculator.partition(":")[0]
+
+    @property
     def model_free(self) -> bool:
         """A drafter without a model (n-gram, suffix): it proposes only where the context offers a match."""
         return self.speculator.partition(":")[0] in MODEL_FREE_KINDS
