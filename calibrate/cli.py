@@ -59,7 +59,15 @@ def run(
         print_table(db, run_ids=summary.run_ids)
 
 
-from calibrate.tables.commands import register as register_tables  # noqa: E402  (show, export, lookup, report)
+def register_tables(app: typer.Typer) -> None:
+    """Add the commands over the acceptance tables, in this order: show and report read what was measured
+    (calibrate.tables), export and lookup write it for who reads it (calibrate.consumers)."""
+    from calibrate.consumers.commands import export, lookup
+    from calibrate.tables.commands import report, show
+
+    for command in (show, export, lookup, report):
+        app.command()(command)
+
 
 register_tables(app)
 

@@ -30,7 +30,7 @@ OUT.mkdir(parents=True, exist_ok=True)
 # The catalog lists every measured key; a runner usually knows its model and k, here we take them from it.
 
 # %%
-from calibrate.tables.lookup import DuckDBTable
+from calibrate.consumers.lookup import DuckDBTable
 
 catalog = DuckDBTable(DB).catalog()
 for entry in catalog[:12]:
@@ -63,12 +63,13 @@ except LookupError as exc:
 # ## Each engine's setting
 
 # %%
-from calibrate.tables.consumers import LOOKUP_FORMATS, render_lookup
+from calibrate.consumers import LOOKUP_FORMATS, other_algorithm, render_lookup
 
-# Every consumer with a lookup form that runs this speculator, as `calibrate lookup --format FORM` prints it.
+# Every consumer with a lookup form whose engine runs this speculator as measured, as `calibrate lookup --format
+# FORM` prints it (another engine's is refused unless forced: SGLang's NGRAM is not our n-gram).
 kind = record.speculator.partition(":")[0]
 settings = {form: render_lookup(record, form) for form, c in LOOKUP_FORMATS.items()
-            if c is not None and (c.serves is None or kind in c.serves)}
+            if c is not None and (c.serves is None or kind in c.serves) and other_algorithm(c, record) is None}
 for name, text in settings.items():
     (OUT / name).write_text(text if text.endswith("\n") else text + "\n")
     print(f"--- {OUT / name}\n{text.strip()}")
@@ -78,7 +79,8 @@ for name, text in settings.items():
 # `calibrate export --to json` writes a table a benchmark machine can carry without DuckDB.
 
 # %%
-from calibrate.tables import consumers, query
+from calibrate import consumers
+from calibrate.tables import query
 from calibrate.tables.store import connect
 
 con = connect(DB, read_only=True)

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calibrate.tables import consumers, inferencex
-from calibrate.tables.exports import ExportOptions, Stamp
-from calibrate.tables.inferencex import Naming
+from calibrate import consumers
+from calibrate.consumers import inferencex
+from calibrate.consumers.exports import ExportOptions, Stamp
+from calibrate.consumers.inferencex import Naming
 from calibrate.tables.query import load_records
 from calibrate.tables.records import AcceptanceRecord
 from calibrate.tables.store import Store, connect
@@ -209,6 +210,65 @@ def test_inferencex_writes_another_engines_algorithm_only_when_forced(records: l
     assert [p.name for p in tmp_path.iterdir()] == ["qwen2.5c_ngram.yaml"]
     (warning,) = [w for w in consumers.export_warnings(ngram, "inferencex", forced) if "another algorithm" in w]
     assert "the numbers are ours, not sglang's" in warning
+
+
+# An engine's setting forces that engine's own drafter, so it holds only where the engine runs the kind as we measure
+# it (the kinds AS_MEASURED above for InferenceX's engines; llama.cpp: a draft model, `--spec-type draft-simple`).
+SETTING_RUNS = {**AS_MEASURED, "llamacpp": {"draft"}}
+ENGINE_NAMES = {"llamacpp": "llama.cpp"}  # as the kinds name engines (calibrate.speculators.runs_on)
+
+
+@pytest.mark.parametrize("to", sorted(SETTING_RUNS))
+def test_engine_settings_for_another_algorithm_are_refused_unless_forced(to: str, known: list[AcceptanceRecord],
+                                                                         tmp_path: Path) -> None:
+    """`export --to sglang` and `lookup --format sglang-env` wrote SGLang settings for an n-gram row, where SGLang's
+    NGRAM is another algorithm (and `export --to inferencex --engine sglang` refused it): every engine's setting,
+    exported or looked up, is refused for a kind that engine does not run as measured, unless forced, and then
+    carries a warning that the numbers are ours. TileRT runs nothing but MTP: the rest is refused, forced or not."""
+    c = consumers.consumer(to)
+    engine = ENGINE_NAMES.get(to, to)
+    for r in (r for r in known if r.draft_len == 3 and r.thinking == "on"):
+        out = tmp_path / f"{to}-{_kind(r)}.txt"
+        if _kind(r) in SETTING_RUNS[to]:
+            assert consumers.export([r], to, out) == [out]
+            assert consumers.render_lookup(r, c.lookup_format)
+            assert not [w for w in consumers.export_warnings([r], to) if "numbers are ours" in w]
+            assert not [w for w in consumers.lookup_warnings(r, c.lookup_format) if "numbers are ours" in w]
+            continue
+        if to == "tilert":
+            for force in (False, True):
+                with pytest.raises(ValueError, match="tilert runs speculator kinds mtp only"):
+                    consumers.export([r], to, out, force=force)
+            continue
+        refused = (rf"{re.escape(r.speculator)} k=3: {re.escape(engine)} does not run it as measured here \(it runs "
+                   rf"as measured on [a-z., ]+\), so the {to} setting forces our AL on a drafter of "
+                   rf"{re.escape(engine)}'s own: the numbers are ours, not {re.escape(engine)}'s: pass --force")
+        with pytest.raises(ValueError, match=refused):
+            consumers.export([r], to, out)
+        assert not out.exists()
+        with pytest.raises(ValueError, match=refused):
+            consumers.render_lookup(r, c.lookup_format)
+        assert consumers.export([r], to, out, force=True) == [out] and f"k={r.draft_len}" in out.read_text()
+        assert consumers.render_lookup(r, c.lookup_format, force=True)
+        for warnings in (consumers.export_warnings([r], to), consumers.lookup_warnings(r, c.lookup_format)):
+            (warning,) = [w for w in warnings if "numbers are ours" in w]
+            assert warning.endswith(f"the numbers are ours, not {engine}'s")
+
+
+def test_an_engine_only_row_is_the_engines_own_and_never_refused(records: list[AcceptanceRecord]) -> None:
+    """A `kind = "engine"` row is named by the engine's method (SGLang's NGRAM measures as `ngram`) and holds
+    that engine's own counts: no engine setting or curve of it is refused as another algorithm."""
+    (row,) = [r for r in records if r.speculator == "ngram" and r.draft_len == 1]
+    engine_ngram = replace(row, speculator_kinds=("engine",))
+    for to in ("sglang", "trtllm", "atom", "llamacpp"):
+        assert f"k={row.draft_len}" in consumers.export([engine_ngram], to, None)
+        assert not [w for w in consumers.export_warnings([engine_ngram], to) if "numbers are ours" in w]
+    options = ExportOptions(naming=Naming(model_prefix="qwen2.5c", engine="sglang"))
+    assert "qwen2.5-coder-1.5b-instruct:" in consumers.export([engine_ngram], "inferencex", None, stamp=STAMP,
+                                                                options=options)
+    with pytest.raises(ValueError, match="another algorithm than the ngram measured here"):
+        consumers.export([row], "inferencex", None, stamp=STAMP, options=options)
+    assert row.kind == "ngram" and engine_ngram.kind is None
 
 
 # InferenceX's own names (SemiAnalysisAI/InferenceX): the curves golden_al_distribution/ holds at 843c6254f (file
@@ -433,7 +493,8 @@ def sglang_server(env: dict[str, str]) -> tuple[float, int]:
 
 @pytest.mark.parametrize("token_mode", ["real-draft-token", "fixed"])
 def test_sglang_reads_the_env_and_runs_at_k(token_mode: str, records: list[AcceptanceRecord]) -> None:
-    text = consumers.export(records, "sglang", None, options=ExportOptions(token_mode=token_mode))
+    # forced: its n-gram rows run as measured on vLLM only (test_engine_exports_refuse_another_algorithm)
+    text = consumers.export(records, "sglang", None, options=ExportOptions(token_mode=token_mode), force=True)
     for env, r in zip(env_lines(text), records, strict=True):
         assert env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] == token_mode
         assert sglang_server(env) == (r.al, r.draft_len)
@@ -501,9 +562,9 @@ def llamacpp_rates(argv: list[str]) -> tuple[list[float] | float, int]:
 @pytest.mark.parametrize("mode", ["length", "rates"])
 def test_atom_and_llamacpp_read_their_flags_at_k(mode: str, records: list[AcceptanceRecord]) -> None:
     options = ExportOptions(mode=mode)
-    atom = [line for line in consumers.export(records, "atom", None, options=options).splitlines()
-            if line and not line.startswith("#")]
-    llama = [line for line in consumers.export(records, "llamacpp", None, options=options).splitlines()
+    atom = [line for line in consumers.export(records, "atom", None, options=options, force=True).splitlines()
+            if line and not line.startswith("#")]  # forced: ATOM runs neither n-gram nor a draft model of ours
+    llama = [line for line in consumers.export(records, "llamacpp", None, options=options, force=True).splitlines()
              if line and not line.startswith("#")]
     for a, l, r in zip(atom, llama, records, strict=True):
         length, n = atom_length(a.split())
@@ -633,7 +694,7 @@ def test_each_file_names_the_basis_its_consumer_counts(tmp_path: Path) -> None:
     (warning,) = consumers.export_warnings(records, "specdec-profile")
     assert warning == ("ngram k=3: mean_accept_length 2.4000 is over all steps; the InferenceX and engine exports of "
                        "this row carry the AL over drafted steps, 2.91")
-    engine = consumers.export(overall_rows, "sglang", None)
+    engine = consumers.export(overall_rows, "sglang", None, force=True)
     assert engine.startswith("# AL = 1 + accepted drafts / steps that proposed drafts") and "SIMULATE_ACC_LEN=2.91" in engine
     assert json.loads(consumers.export(overall_rows, "vllm", None))[0]["al_over"] == "drafted steps"
 
@@ -703,10 +764,10 @@ def test_the_consumer_registry_is_the_one_list(known: list[AcceptanceRecord]) ->
     import typer
     from typer.testing import CliRunner
 
-    from calibrate.tables.commands import register
+    from calibrate.cli import register_tables
 
     app = typer.Typer()
-    register(app)
+    register_tables(app)
     export_help = " ".join(CliRunner().invoke(app, ["export", "--help"], terminal_width=400).output.split())
     lookup_help = " ".join(CliRunner().invoke(app, ["lookup", "--help"], terminal_width=400).output.split())
     for c in consumers.CONSUMERS.values():
@@ -717,7 +778,7 @@ def test_the_consumer_registry_is_the_one_list(known: list[AcceptanceRecord]) ->
     engines = [c for c in consumers.CONSUMERS.values() if c.render is not None]
     record = next(r for r in known if r.speculator == "mtp" and r.draft_len == 3)
     for c in engines:  # every engine setting carries k in the engine's own option
-        text = consumers.render_lookup(record, c.lookup_format)
+        text = consumers.render_lookup(record, c.lookup_format, force=True)  # llama.cpp runs no MTP of ours
         assert re.search(rf"(num_speculative_tokens\": 3|-steps 3|max_draft_len\": 3|-tokens 3|-n-max 3|-num-mtp 3)",
                          text), (c.name, text)
     with pytest.raises(ValueError, match="unknown export format 'tgi'; formats: inferencex, inferencex-reference, vllm"):
@@ -894,7 +955,7 @@ def test_inferencex_reference_merges_a_list_block_and_refuses_hiding_a_flat_one(
 def test_inferencex_reference_refuses_a_prefix_the_loader_cannot_resolve(prefix: str, known: list[AcceptanceRecord]) -> None:
     """MODEL_PREFIX is read unstripped: an empty or padded name finds no key (an empty --model-prefix falls back
     to the known target in Naming, so it is asked of the key function itself)."""
-    from calibrate.tables import reference_al
+    from calibrate.consumers import reference_al
 
     with pytest.raises(ValueError, match="InferenceX cannot resolve MODEL_PREFIX") as info:
         reference_al.model_key(prefix)

@@ -10,6 +10,9 @@ Names: one per speculator whatever the engine (issue 26, item 2)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -226,14 +229,38 @@ def test_model_free_steps_censor_the_last_drafted_step_of_a_cut_response():
     assert (nothing.steps, nothing.censored_steps) == (2, 0)  # a step accepting none cannot cross the cut
 
 
+def test_where_each_kind_runs_as_measured_is_one_torch_free_table():
+    """Where each kind runs as measured is read by the exports and lookup, and lookup must not import torch, so
+    it is one table (calibrate.speculators.runs_on), not the kinds' classes: each kind's runs_on() is its row,
+    every engine a kind launches on is in it (launched there, measured there), and the consumers and
+    InferenceX's recipes name engines as the kinds do."""
+    from calibrate.consumers import CONSUMERS
+    from calibrate.consumers.inferencex import ENGINES
+    from calibrate.speculators.registry import KINDS
+    from calibrate.speculators.runs_on import RUNS_ON
+
+    assert set(RUNS_ON) == set(KINDS)
+    for kind, cls in KINDS.items():
+        assert cls.runs_on() == RUNS_ON[kind], kind
+        assert set(cls.engines) <= RUNS_ON[kind], kind
+    engines = set().union(*RUNS_ON.values())
+    assert {c.forces for c in CONSUMERS.values() if c.forces is not None} == engines
+    assert set(ENGINES) <= engines
+    code = ("import sys, calibrate, calibrate.consumers.commands; calibrate.lookup; "
+            "print(sorted(m for m in ('torch', 'calibrate.speculators.registry') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[1]).stdout
+    assert out == "[]\n"  # export and lookup read the table without the kinds (and torch)
+
+
 def test_inferencex_recipe_methods_agree_with_the_kinds_engine_spellings():
-    """The exports name curves by what an engine recipe calls a speculator (calibrate.tables.inferencex, kept
+    """The exports name curves by what an engine recipe calls a speculator (calibrate.consumers.inferencex, kept
     torch-free for lookup); the launches use the kinds' own declarations. They must not drift apart. Known,
     intended differences: SGLang recipes spell MTP `NEXTN` (its alias of EAGLE), and a recipe's SGLang
     `NGRAM` or TensorRT-LLM `NGram` is that engine's own algorithm, which our `ngram` kind is not: the kind does
     not run there (`runs_on`), so the export refuses it unless forced."""
+    from calibrate.consumers.inferencex import RECIPE_METHODS
     from calibrate.speculators.registry import KINDS
-    from calibrate.tables.inferencex import RECIPE_METHODS
 
     aliases = {("sglang", "mtp"): "eagle"}
     for engine in ("vllm", "sglang"):

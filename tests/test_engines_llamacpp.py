@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from calibrate.cli import app
 from calibrate.config import load_config
+from calibrate.consumers.lookup import lookup
 from calibrate.engines.llamacpp import default_binary
 from calibrate.engines.server import free_port, launch
 from calibrate.runner import execute
-from calibrate.tables.lookup import lookup
 from tests.configs import write_config
 from tests.conftest import real_model
 

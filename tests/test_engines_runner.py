@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from calibrate.cli import app
 from calibrate.config import load_config
+from calibrate.consumers.lookup import lookup
 from calibrate.engines import EngineError
 from calibrate.runner import execute
-from calibrate.tables.lookup import lookup
 from calibrate.tables.store import Store
 from tests.standin_engines import StandIn, llamacpp_routes
 

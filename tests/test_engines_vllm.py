@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from calibrate.cli import app
 from calibrate.config import PairConfig, load_config
+from calibrate.consumers.lookup import lookup
 from calibrate.dtypes import cpu_native_bf16
 from calibrate.engines import Budget, Served, server_speculator
 from calibrate.engines.process_group import members
@@ -35,7 +36,6 @@ from calibrate.replay.steps import step_accepted
 from calibrate.runner import _prompts, prepare
 from calibrate.speculators.base import leading_matches
 from calibrate.speculators.ngram import NgramSpeculator
-from calibrate.tables.lookup import lookup
 from tests.configs import write_config
 
 # Without vLLM every test here is reported skipped, each with the reason (pytest -ra), not the module as one

@@ -20,7 +20,7 @@ from calibrate.errors import ExitCode
 from calibrate.tables.store import RunSpec, Store, connect
 from tests.configs import QUICKSTART, quickstart_config
 from tests.conftest import real_model, tiny_llama
-from tests.tables_support import damage_a_used_block
+from tests.tables_support import Req, damage_a_used_block, make_spec, write_run
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -292,9 +292,16 @@ def test_exports_refuse_to_overwrite_unless_forced(tmp_path: Path, hand_store: P
     """Item 5: a second export to the same --out is refused (nothing changes) unless --force; each says what
     it wrote."""
     out = tmp_path / ("golden" if fmt == "inferencex" else f"t.{fmt}")
-    args = ("export", "--to", fmt, "--db", str(hand_store), "--out", str(out))
+    store = hand_store
+    if fmt == "atom":  # ATOM runs EAGLE-3 and MTP only: any other row needs --force, which overwrites too
+        store = tmp_path / "mtp.duckdb"
+        with Store(store) as mtp:
+            write_run(mtp, make_spec(speculator="mtp", draft_len=3), [Req("r0", "c0", {"answer": [1, 1, 1, 3]})])
+    args = ("export", "--to", fmt, "--db", str(store), "--out", str(out))
     if fmt == "inferencex":  # one curve per file, named by the runner's MODEL_PREFIX
         args += ("--model", "smollm2-135m-instruct", "--model-prefix", "smollm2")
+    if fmt in ("sglang", "trtllm", "llamacpp"):  # the draft model, which they run as measured (n-gram: vLLM only)
+        args += ("--speculator", "draft")
     first = invoke(*args)
     assert first.exit_code == 0, first.output
     written = [Path(line.removeprefix("wrote ")) for line in first.stderr.splitlines() if line.startswith("wrote ")]
@@ -602,7 +609,7 @@ def test_extrapolation_keeps_the_model_free_basis(tmp_path: Path) -> None:
     value = invoke(*common)
     assert value.exit_code == 0 and float(value.stdout) == r.al
     assert "over drafted steps" in value.stderr  # the model-free warning, as for a measured k
-    env = invoke(*common, "--format", "sglang-env")
+    env = invoke(*common, "--format", "sglang-env", "--force")  # SGLang has no suffix decoding: forced
     assert f"SGLANG_SIMULATE_ACC_LEN={r.value()}" in env.stdout and "over drafted steps" in env.stderr
     rates = json.loads(invoke(*common, "--format", "vllm-config", "--mode", "rates").stdout)
     assert 1 + sum(rates["synthetic_acceptance_rates"]) == pytest.approx(r.al, abs=0.01)

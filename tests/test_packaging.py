@@ -23,10 +23,19 @@ def _declared() -> set[str]:
     return {re.split(r"[<>=!~;\[ ]", s, maxsplit=1)[0].lower().replace("_", "-") for s in specs}
 
 
+# Code that another program's interpreter loads, never calibrate's: the hidden-states connector runs inside the
+# launched vLLM (calibrate/engines/hidden_states.py puts its folder on that server's PYTHONPATH).
+FOREIGN = ROOT / "calibrate" / "engines" / "vllm_side"
+
+
 def _top_levels(package: str) -> set[str]:
-    """The top-level names a package's modules import (absolute imports only)."""
+    """The top-level names a package's modules import (absolute imports only), foreign code aside."""
+    return _imports_of(p for p in (ROOT / package).rglob("*.py") if FOREIGN not in p.parents)
+
+
+def _imports_of(paths) -> set[str]:
     names: set[str] = set()
-    for path in (ROOT / package).rglob("*.py"):
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names.update(alias.name.split(".")[0] for alias in node.names)
@@ -70,3 +79,11 @@ def test_the_dataset_manifest_ships_inside_the_package() -> None:
     assert DEFAULT_MANIFEST.parent == Path(calibrate.data.__file__).parent
     assert "datasets.toml" in PYPROJECT["tool"]["setuptools"]["package-data"]["calibrate.data"]
     assert "swe-gym-openhands" in load_manifest()
+
+
+def test_the_vllm_side_folder_ships_and_shadows_nothing() -> None:
+    """It goes on vLLM's PYTHONPATH, so it holds the connector alone (a module of calibrate's named like one of
+    vLLM's, `vllm.py`, would shadow it there), and, being no package, it ships as package data."""
+    assert sorted(p.name for p in FOREIGN.iterdir() if p.suffix == ".py") == ["calibrate_hidden_states.py"]
+    assert "vllm_side/*.py" in PYPROJECT["tool"]["setuptools"]["package-data"]["calibrate.engines"]
+    assert "vllm" in _imports_of(FOREIGN.glob("*.py"))

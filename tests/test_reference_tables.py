@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calibrate.tables.lookup import lookup
+from calibrate.consumers.lookup import lookup
 
 REFERENCE = Path(__file__).parents[1] / "tables" / "reference"
 TABLE = REFERENCE / "qwen2.5-coder-1.5b_mini-swe-agent.json"

@@ -172,10 +172,10 @@ def test_turn_depth_counts_answers_not_messages() -> None:
 def app():
     import typer
 
-    from calibrate.tables.commands import register
+    from calibrate.cli import register_tables
 
     app = typer.Typer()
-    register(app)
+    register_tables(app)
     return app
 
 
@@ -236,7 +236,7 @@ def test_export_and_lookup_select_a_context_bucket(app, store_path, tmp_path: Pa
     res = _invoke(app, "lookup", "--table", str(out), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
                   "--thinking", "off")
     assert res.exit_code == 1 and "holds context=16k-64k" in res.output
-    res = _invoke(app, "export", "--to", "sglang", "--db", str(path), "--context", ">64k")
+    res = _invoke(app, "export", "--to", "sglang", "--db", str(path), "--context", ">64k", "--force")  # n-gram
     assert res.exit_code == 0 and "| requests context=>64k" in res.stdout
 
 
@@ -246,7 +246,7 @@ def test_every_consumer_exports_a_context_bucket_and_names_it(app, store_path, t
     say which requests it is."""
     import json
 
-    from calibrate.tables.consumers import CONSUMERS
+    from calibrate.consumers import CONSUMERS
 
     path, _ = store_path
     bucket = next(r for r in _bucketed(path, "context") if r.bucket == "context=16k-64k")
@@ -255,7 +255,8 @@ def test_every_consumer_exports_a_context_bucket_and_names_it(app, store_path, t
             continue  # an engine that cannot run n-gram refuses the store's key (tested with the registry)
         out = tmp_path / name / ("t.parquet" if name == "parquet" else "")
         args = ["export", "--to", name, "--db", str(path), "--context", "16k-64k", "--model-prefix", "qwen2.5c"]
-        res = _invoke(app, *args, *(("--out", str(out)) if name in ("parquet", "specdec-profile") else ()))
+        forced = ("--force",) if consumer.forces not in (None, "vllm") else ()  # only vLLM runs our n-gram
+        res = _invoke(app, *args, *(("--out", str(out)) if name in ("parquet", "specdec-profile") else ()), *forced)
         assert res.exit_code == 0, (name, res.output)
         if consumer.engine and name not in ("vllm", "inferencex", "inferencex-reference"):
             assert "| requests context=16k-64k" in res.stdout, name
@@ -272,7 +273,7 @@ def test_every_consumer_exports_a_context_bucket_and_names_it(app, store_path, t
     assert profile["measurement_conditions"]["bucket"] == "context=16k-64k"
     assert profile["mean_accept_length"] == round(bucket.acceptance_length, 6)
     res = _invoke(app, "lookup", "--table", str(path), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
-                  "--thinking", "off", "--context", "20k", "--format", "sglang-env")
+                  "--thinking", "off", "--context", "20k", "--format", "sglang-env", "--force")
     assert res.exit_code == 0, res.output
     assert "| requests context=16k-64k" in res.stdout.splitlines()[0]
     assert f"SGLANG_SIMULATE_ACC_LEN={bucket.value()}" in res.stdout
@@ -324,7 +325,7 @@ def test_the_truncation_warning_counts_a_keys_buckets_together(store_path, dim_n
 def test_an_exported_record_with_a_bucket_that_is_none_of_ours_is_refused(store_path, tmp_path: Path) -> None:
     import json
 
-    from calibrate.tables.lookup import read_exported
+    from calibrate.consumers.lookup import read_exported
 
     path, _ = store_path
     row = _bucketed(path, "context")[0].to_dict()

@@ -11,7 +11,9 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from calibrate.tables.commands import SHOW_KEYS, register
+from calibrate.cli import register_tables
+from calibrate.errors import ExitCode
+from calibrate.tables.commands import SHOW_KEYS
 from calibrate.tables.store import Store
 from tests.tables_support import Req, basic_store, damage_a_used_block, make_spec, write_run
 
@@ -21,7 +23,7 @@ Q = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 @pytest.fixture(scope="module")
 def app() -> typer.Typer:
     app = typer.Typer()
-    register(app)
+    register_tables(app)
     return app
 
 
@@ -122,17 +124,18 @@ def test_lookup_formats(app: typer.Typer, db: Path) -> None:
     assert "warning: ngram k=3: exported AL 2.40 is over drafted steps" in invoke(app, *base).stderr
     assert json.loads(invoke(app, *base, "--format", "json").stdout)["histogram"] == [6, 2, 2, 5]
     assert json.loads(invoke(app, *base, "--format", "vllm-config").stdout)["synthetic_acceptance_length"] == 2.4
-    trt = invoke(app, *base, "--format", "trtllm-env")
+    # TensorRT-LLM, ATOM and llama.cpp run no n-gram of ours: --force (test_lookup_refuses_an_engine_form_...)
+    trt = invoke(app, *base, "--format", "trtllm-env", "--force")
     assert "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.4\n" in trt.stdout and "two-model path" in trt.stderr
-    assert invoke(app, *base, "--format", "atom-args").stdout == (
+    assert invoke(app, *base, "--format", "atom-args", "--force").stdout == (
         "--num-speculative-tokens 3 --spec-decode-acceptance-length 2.40\n")
-    assert invoke(app, *base, "--format", "llamacpp-args", "--mode", "rates").stdout == (
+    assert invoke(app, *base, "--format", "llamacpp-args", "--mode", "rates", "--force").stdout == (
         "--spec-draft-n-max 3 --spec-synth-rates 0.6000,0.4667,0.3333\n")
 
 
 def test_lookup_sglang_env_can_be_evaled_or_used_as_env_file(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     base = ["lookup", "--model", Q, "--speculator", "ngram", "-k", "3", "--thinking", "on", "--table", str(db),
-            "--format", "sglang-env"]
+            "--format", "sglang-env", "--force"]  # SGLang's NGRAM is not our n-gram: forced
     env_file = invoke(app, *base).stdout
     lines = [line for line in env_file.splitlines() if not line.startswith("#")]
     assert lines == ["SGLANG_SIMULATE_ACC_LEN=2.24", "SGLANG_SIMULATE_ACC_METHOD=match-expected",
@@ -149,7 +152,7 @@ def test_lookup_failures_exit_nonzero_with_what_exists(app: typer.Typer, db: Pat
     res = invoke(app, "lookup", "--model", Q, "--speculator", "ngram", "-k", "4", "--thinking", "off", "--table", str(db))
     assert res.exit_code == 1 and "measured k: 1, 3" in res.output
     res = invoke(app, "lookup", "--model", Q, "--speculator", "ngram", "-k", "4", "--thinking", "off", "--table", str(db),
-                 "--extrapolate", "--format", "sglang-env")
+                 "--extrapolate", "--format", "sglang-env", "--force")
     assert res.exit_code == 0 and "EXTRAPOLATED" in res.output and "note: k=4 is extrapolated" in res.output
     res = invoke(app, "lookup", "--model", Q, "-k", "3", "--thinking", "off", "--table", str(tmp_path / "none.duckdb"))
     assert res.exit_code == 2 and "no acceptance database" in res.output
@@ -185,22 +188,65 @@ def test_export_inferencex_prefix_of_another_model(app: typer.Typer, db: Path, t
         assert res.exit_code == 0 and "wrote " in res.stderr, res.output
 
 
+def test_engine_export_and_lookup_refuse_another_algorithm_unless_forced(app: typer.Typer, db: Path,
+                                                                         tmp_path: Path) -> None:
+    """`export --to sglang` and `lookup --format sglang-env` wrote SGLang settings for an n-gram row, though SGLang's
+    NGRAM is another algorithm: refused (exit 2, one `error:` line saying why, nothing written), unless --force,
+    which writes it with a warning; vLLM, which runs our n-gram, is answered as before."""
+    out = tmp_path / "sglang.env"
+    export = ("export", "--to", "sglang", "--db", str(db), "--model", Q, "--speculator", "ngram", "--out", str(out))
+    res = invoke(app, *export)
+    assert res.exit_code == ExitCode.BAD_INPUT and res.stdout == "" and not out.exists()
+    (line,) = res.output.splitlines()
+    assert line.startswith("error: ngram k=1: sglang does not run it as measured here (it runs as measured on vllm)")
+    assert line.endswith("the numbers are ours, not sglang's: pass --force to write it anyway")
+    res = invoke(app, *export, "--force")
+    assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=2.40" in out.read_text(), res.output
+    assert "warning: ngram k=3: sglang does not run it as measured here" in res.stderr
+    lookup = ("lookup", "--model", Q, "--speculator", "ngram", "-k", "3", "--thinking", "off", "--table", str(db))
+    for form, engine in (("sglang-env", "sglang"), ("trtllm-env", "trtllm"), ("atom-args", "atom"),
+                         ("llamacpp-args", "llama.cpp")):
+        res = invoke(app, *lookup, "--format", form)
+        assert res.exit_code == ExitCode.BAD_INPUT and res.stdout == "", (form, res.output)
+        (line,) = res.output.splitlines()
+        assert line.startswith(f"error: ngram k=3: {engine} does not run it as measured here"), line
+        assert "pass --force" in line
+        res = invoke(app, *lookup, "--format", form, "--force")
+        assert res.exit_code == 0 and res.stdout and f"numbers are ours, not {engine}'s" in res.stderr, res.output
+    res = invoke(app, *lookup, "--format", "vllm-config")
+    assert res.exit_code == 0 and "numbers are ours" not in res.output
+    env = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "NUM_SPEC_TOKENS": "3", "THINKING_MODE": "thinking_off",
+           "IS_AGENTIC": "1", "EVAL_ONLY": "false", "SPEC_DECODING": "ngram"}
+    from calibrate.consumers import FRAMEWORKS
+
+    for framework, consumer in FRAMEWORKS.items():  # a runner's question: the same answer for every FRAMEWORK
+        res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "FRAMEWORK": framework})
+        if consumer.forces == "vllm":
+            assert res.exit_code == 0, (framework, res.output)
+        else:
+            assert res.exit_code == ExitCode.BAD_INPUT and res.stdout == "", (framework, res.output)
+            says = "error: tilert runs speculator kinds mtp only" if framework == "tilert" else "error: ngram k=3: "
+            assert res.output.count("\n") == 1 and res.output.startswith(says), res.output
+
+
 def test_lookup_from_runner_environment(app: typer.Typer, db: Path) -> None:
     env = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "NUM_SPEC_TOKENS": "3", "THINKING_MODE": "thinking_off",
            "FRAMEWORK": "dynamo-sglang", "IS_AGENTIC": "1", "EVAL_ONLY": "false", "SPEC_DECODING": "mtp"}
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), env=env)
+    forced = ("--force",)  # SGLang, TensorRT-LLM and ATOM run no n-gram of ours (test_lookup_refuses_...)
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), *forced, env=env)
     assert res.exit_code == 0, res.output
     assert "SGLANG_SIMULATE_ACC_LEN=2.40\n" in res.output
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), env={**env, "FRAMEWORK": "trt"})
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), *forced,
+                 env={**env, "FRAMEWORK": "trt"})
     assert "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.4\n" in res.stdout
     for framework in ("vllm", "llmd-vllm", "vllm-disagg"):
         res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
                      env={**env, "FRAMEWORK": framework})
         assert json.loads(res.stdout)["num_speculative_tokens"] == 3
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), *forced,
                  env={**env, "FRAMEWORK": "sglang-disagg"})
     assert "SGLANG_SIMULATE_ACC_LEN=2.40\n" in res.stdout
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), *forced,
                  env={**env, "FRAMEWORK": "atom-disagg"})
     assert res.stdout.startswith("--num-speculative-tokens 3 --spec-decode-acceptance-length 2.40")
     res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
@@ -248,20 +294,21 @@ def test_lookup_from_the_newest_runner_reads_k_and_method_from_the_recipe(app: t
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     env = {**NEW_ENV, "FRAMEWORK": framework, "SPEC_DECODING": "mtp"}  # the recipe's method wins over the hint
-    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db), env=env)
+    forced = ("--force",) if "ngram" in yaml.safe_dump(recipe).lower() else ()  # n-gram: only vLLM runs ours
+    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db), *forced, env=env)
     assert res.exit_code == 0, res.output
     assert expected in res.stdout
 
 
 def test_lookup_from_env_speaks_every_runner_framework(app: typer.Typer, db: Path) -> None:
-    from calibrate.tables.consumers import FRAMEWORKS
+    from calibrate.consumers import FRAMEWORKS
 
     assert {"mori-sglang", "sglang-disagg", "vllm-disagg", "atom-disagg", "llmd-vllm", "tilert", "dynamo-trt",
             "dynamo-vllm", "dynamo-sglang", "trt"} <= set(FRAMEWORKS)
     for framework, consumer in FRAMEWORKS.items():
         env = {**NEW_ENV, "FRAMEWORK": framework, "NUM_SPEC_TOKENS": "3"}
-        res = invoke(app, "lookup", "--from-env", "--table", str(db), env=env)
-        if consumer.name == "tilert":  # TileRT runs MTP only: an n-gram AL is refused, not written
+        res = invoke(app, "lookup", "--from-env", "--table", str(db), "--force", env=env)
+        if consumer.name == "tilert":  # TileRT runs MTP only: an n-gram AL is refused, not written, forced or not
             assert res.exit_code == 2 and "tilert runs speculator kinds mtp only" in res.output
         else:
             assert res.exit_code == 0, (framework, res.output)
@@ -278,7 +325,7 @@ def test_lookup_from_env_says_why_a_run_forces_nothing(app: typer.Typer, db: Pat
     # THINKING_MODE unset: build_overrides reads environment["THINKING_MODE"] and fails (issue 31, item 14)
     res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**base, "THINKING_MODE": None})
     assert res.exit_code == 2 and "THINKING_MODE unset: InferenceX's build_overrides" in res.output
-    res = invoke(app, "lookup", "--from-env", "--thinking", "on", "--table", str(db),
+    res = invoke(app, "lookup", "--from-env", "--thinking", "on", "--table", str(db), "--force",
                  env={**base, "THINKING_MODE": None})
     assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=2.24\n" in res.stdout  # asked for explicitly
 
@@ -458,8 +505,8 @@ RECIPES_ENV = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "SYNTHETIC_ACCEPTANCE": "tr
     ("dynamo-vllm", ['"num_speculative_tokens": 3'])])
 def test_lookup_from_the_recipes_launcher_environment(app: typer.Typer, db: Path, framework: str,
                                                       expected: list[str]) -> None:
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
-                 env={**RECIPES_ENV, "FRAMEWORK": framework})
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), "--force",
+                 env={**RECIPES_ENV, "FRAMEWORK": framework})  # forced: only vLLM runs our n-gram
     assert res.exit_code == 0, res.output
     assert all(e in res.stdout for e in expected), res.stdout
 
@@ -471,10 +518,10 @@ def test_lookup_from_the_recipes_launcher_reads_k_its_way(app: typer.Typer, db: 
     path.write_text(yaml.safe_dump({"roles": {
         "prefill": {"args": {"speculative-algorithm": "NGRAM", "speculative-num-steps": 3}},
         "decode": {"args": {"speculative-algorithm": "NGRAM", "speculative-num-steps": 1}}}}, sort_keys=False))
-    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db),
-                 env={**env, "NUM_SPEC_TOKENS": "1"})
+    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db), "--force",
+                 env={**env, "NUM_SPEC_TOKENS": "1"})  # forced: SGLang's NGRAM is not our n-gram
     assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=1.45\n" in res.stdout, res.output
-    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db),
+    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db), "--force",
                  env={**env, "NUM_SPEC_TOKENS": None})
     assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=2.40\n" in res.stdout, res.output
     path.write_text(yaml.safe_dump({"roles": {"agg": {"args": {"speculative-algorithm": "STANDALONE"}}}}))
@@ -493,7 +540,7 @@ def test_lookup_from_the_recipes_launcher_gate_and_override(app: typer.Typer, db
     res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
                  env={**env, "FRAMEWORK": "atom"})
     assert res.exit_code == 2 and "no synthetic-acceptance backend" in res.output and "dynamo-trt" in res.output
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), "--force",
                  env={**env, "SYNTHETIC_ACCEPTANCE_LENGTH": "2.5"})
     assert res.exit_code == 0 and "SYNTHETIC_ACCEPTANCE_LENGTH=2.5 is set" in res.stderr and "=1.4\n" in res.stdout
     for bad in ("0.5", "nan", "x"):
@@ -519,7 +566,7 @@ def test_lookup_from_env_refuses_what_inferencex_refuses(app: typer.Typer, db: P
     res = invoke(app, *table, env={**bare, "FRAMEWORK": "llmd-vllm"})  # llm-d: IS_AGENTIC unset is not agentic
     assert res.exit_code == 1 and "llm-d's role renderer forces acceptance only in agentic runs" in res.output
     full = {**bare, "IS_AGENTIC": "1", "EVAL_ONLY": "false", "SPEC_DECODING": "mtp"}
-    assert invoke(app, *table, env=full).exit_code == 0
+    assert invoke(app, *table, "--force", env=full).exit_code == 0  # SGLang runs no n-gram of ours: forced
     for variables in (full, {**RECIPES_ENV, "FRAMEWORK": "dynamo-sglang"}):  # golden curves, reference file
         res = invoke(app, *table, env={**variables, "THINKING_MODE": "off"})
         assert res.exit_code == 2 and "THINKING_MODE='off': InferenceX reads it as the curve's key" in res.output
@@ -552,7 +599,7 @@ def test_lookup_from_env_resolves_dsv4_through_model_keys(app: typer.Typer, tmp_
 
 
 def test_recipes_launcher_model_keys_name_the_model() -> None:
-    from calibrate.tables import runner_env
+    from calibrate.consumers import runner_env
 
     asked = runner_env.question({"MODEL_PREFIX": "dsv4dspark", "SYNTHETIC_ACCEPTANCE": "True", "NUM_SPEC_TOKENS": "2"},
                                 model=None, speculator=None, draft_len=None, thinking=None, recipe=None, dialect_of={})
@@ -635,8 +682,8 @@ def test_draft_len_options_take_the_one_bound_on_k(app: typer.Typer, db: Path, a
 def test_lookup_on_a_damaged_store_names_the_file(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     """Issue 31 item 8: `lookup --table` said "Corrupt database file: ..." naming no file, where show, export
     and run name it."""
+    from calibrate.consumers.lookup import lookup
     from calibrate.errors import StoreError
-    from calibrate.tables.lookup import lookup
 
     copy = tmp_path / "acceptance.duckdb"
     copy.write_bytes(db.read_bytes())

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from calibrate import lookup
-from calibrate.tables import consumers, stats
-from calibrate.tables.exports import ExportOptions
-from calibrate.tables.lookup import AmbiguousMatch, DuckDBTable, NotMeasured, normalize_thinking
+from calibrate import consumers
+from calibrate.consumers.exports import ExportOptions
+from calibrate.consumers.lookup import MODEL_PREFIX_ALIASES, DuckDBTable
+from calibrate.tables import stats
+from calibrate.tables.names import AmbiguousMatch, NotMeasured, normalize_thinking
 from calibrate.tables.query import load_records
 from calibrate.tables.store import Store, connect
 from tests.tables_support import Req, basic_store, make_spec, write_run
@@ -193,12 +195,12 @@ def test_exported_table_is_readable_while_a_run_holds_the_database(tables: dict[
     ("qwen3.5", "Qwen/Qwen3.5-397B-A17B"),
 ])
 def test_inferencex_model_prefixes_resolve(prefix: str, target: str) -> None:
-    from calibrate.tables.lookup import match_target
+    from calibrate.tables.names import match_target
     from calibrate.tables.query import CatalogEntry
 
     names = ["deepseek-ai/DeepSeek-V4-Pro", "zai-org/GLM-5.2-FP8", "moonshotai/Kimi-K3", "MiniMaxAI/MiniMax-M3",
              "Qwen/Qwen3.5-397B-A17B", "Qwen/Qwen2.5-Coder-1.5B-Instruct"]
     entries = [CatalogEntry(n, "mtp", 3, "on", 0.0, None, None, "d", (n,)) for n in names]
-    assert match_target(prefix, entries, prefix=True) == target
+    assert match_target(prefix, entries, prefix=True, aliases=MODEL_PREFIX_ALIASES) == target
     with pytest.raises(NotMeasured):
         match_target(prefix, entries)  # only runner prefixes match this loosely

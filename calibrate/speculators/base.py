@@ -36,6 +36,7 @@ import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from calibrate.models import check_written_path
+from calibrate.speculators.runs_on import RUNS_ON
 
 # run_at(t, k) -> (how many of the drafts proposed for k at response position t match the response from t,
 # how many drafts were proposed). See calibrate.replay.steps.walk_steps.
@@ -196,14 +197,13 @@ class Speculator(ABC):
     # method's settings, raising ValueError with the reason where this config cannot run there). The one
     # place a kind's engine spellings live: the engine backends read them and hold no list of kinds.
     engines: ClassVar[Mapping[str, tuple[str, Settings]]] = {}
-    # Engines this toolkit never launches (TensorRT-LLM "trtllm", ATOM "atom", TileRT "tilert") whose method for
-    # this kind is the same algorithm, so what is measured here holds there too (InferenceX's recipes name them).
-    unlaunched_engines: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def runs_on(cls) -> frozenset[str]:
-        """Every engine that runs this kind as it is measured here: those it launches on, and the others."""
-        return frozenset(cls.engines) | cls.unlaunched_engines
+        """Every engine that runs this kind as it is measured here: those it launches on, and those it never
+        launches whose method for it is the same algorithm (calibrate.speculators.runs_on, the one table of it,
+        which the exports and lookup read without importing the kinds)."""
+        return RUNS_ON.get(cls.kind, frozenset())
 
     @classmethod
     def check(cls, spec: SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:

@@ -50,7 +50,6 @@ class DraftModelSpeculator(Speculator):
         "llama.cpp": ("draft-simple", lambda spec, weights: needs(spec.gguf, "llama.cpp loads a draft from a GGUF "
                       "file: set `gguf`") or {"spec-draft-model": weights(spec.gguf)}),
     }
-    unlaunched_engines = frozenset({"trtllm"})  # TensorRT-LLM's Draft_Target: a draft model's greedy chain
 
     @classmethod
     def check(cls, spec: DraftSpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:

@@ -72,7 +72,6 @@ class Eagle3Speculator(Speculator):
         "vllm": ("eagle3", lambda spec, weights: {"model": weights(spec.model)}),
         "sglang": ("EAGLE3", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
     }
-    unlaunched_engines = frozenset({"trtllm", "atom"})  # TensorRT-LLM's Eagle3, ATOM's eagle3: the same head's chain
 
     @classmethod
     def config_name(cls, spec: Eagle3SpeculatorConfig, target: str) -> str:

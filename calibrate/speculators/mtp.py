@@ -239,7 +239,6 @@ class MtpSpeculator(Speculator):
     # The target's own MTP layers: vLLM `mtp` (any model type it has MTP for); SGLang's EAGLE, which NEXTN
     # aliases and which loads the DeepSeek / GLM family's draft from the target checkpoint by default.
     engines = {"vllm": ("mtp", no_settings), "sglang": ("EAGLE", no_settings)}
-    unlaunched_engines = frozenset({"trtllm", "atom", "tilert"})  # their MTP: the same layers' chain
 
     @classmethod
     def config_name(cls, spec: MtpSpeculatorConfig, target: str) -> str:

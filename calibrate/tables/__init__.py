@@ -1,4 +1,6 @@
-"""DuckDB store of acceptance counts, the statistics computed from them, exports and the lookup API.
+"""What was measured: the DuckDB store of acceptance counts, the statistics and records computed from it,
+request buckets, the MoE verify-cost records, `show` and `report`. Who reads it (exports, lookup) is
+`calibrate.consumers`; nothing here imports it.
 
-See README.md beside this file for the definitions every output uses and how runners call `lookup`.
+See README.md beside this file for the definitions every output uses.
 """

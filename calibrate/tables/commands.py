@@ -1,4 +1,5 @@
-"""CLI commands over the acceptance tables: show, export, lookup, report (`register` adds them to the app).
+"""CLI commands over what was measured: show and report, and what every table command shares (the store and
+filter options, `load_selection`); `calibrate.consumers.commands` adds export and lookup, `calibrate.cli` all four.
 
 Errors are one line on stderr naming what exists, with the exit status of `calibrate.errors` (1 when the
 table has no, or no unique, answer; 2 for bad input: no database, a corrupt one, a bad option; 3 when
@@ -20,15 +21,12 @@ import typer
 
 from calibrate.errors import NothingUsable, cli_errors
 from calibrate.replay.counts import check_k
-from calibrate.tables import consumers, exports, inferencex, query, runner_env, stats
-from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, context_bucket,
-                                     from_name)
-from calibrate.tables.inferencex import Naming
-from calibrate.tables.lookup import DEFAULT_TABLE, NotMeasured, match_speculator, match_target, normalize_thinking
-from calibrate.tables.lookup import lookup as lookup_record
-from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
+from calibrate.tables import query, stats
+from calibrate.tables.buckets import CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, from_name
 from calibrate.tables.experts import ExpertRecord, load_expert_records
-from calibrate.tables.store import connect, reading
+from calibrate.tables.names import NotMeasured, match_speculator, match_target, normalize_thinking
+from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
+from calibrate.tables.store import DEFAULT_TABLE, connect, reading
 
 SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
              "acceptance_length", "ci_low", "ci_high", "ci_note", "macro_acceptance_length")
@@ -39,16 +37,8 @@ class ShowFormat(str, Enum):
     csv = "csv"
 
 
-# Choices the CLI offers come from the consumer registry (consumers.CONSUMERS) and calibrate.tables.buckets.
-TokenMode = Enum("TokenMode", {mode: mode for mode in consumers.SGLANG_TOKEN_MODES}, type=str)
-InferencexEngine = Enum("InferencexEngine", {e: e for e in inferencex.ENGINES}, type=str)
-DraftSampleMethod = Enum("DraftSampleMethod", {m: m for m in inferencex.DRAFT_SAMPLE_METHODS}, type=str)
+# The --by choices come from calibrate.tables.buckets.
 ByDimension = Enum("ByDimension", {name: name for name in DIMENSIONS}, type=str)
-
-
-class Mode(str, Enum):
-    length = "length"
-    rates = "rates"
 
 
 def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_len: list[int] | None,
@@ -82,8 +72,8 @@ def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_le
     )
 
 
-def _load(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int, *, bucket: Bucket | None = None,
-          by: Dimension | None = None) -> list[AcceptanceRecord]:
+def load_selection(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int, *,
+                   bucket: Bucket | None = None, by: Dimension | None = None) -> list[AcceptanceRecord]:
     """The records the filters ask for: of the requests in `bucket` only, or one per bucket of `by`."""
     if by is not None and segments:
         raise ValueError(f"--by {by.name} gives the overall AL per bucket: it does not combine with --segments")
@@ -346,45 +336,34 @@ def _csv_text(rows: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-_DB_OPT = typer.Option(DEFAULT_TABLE, "--db", help="DuckDB store written by `calibrate run`.")
-_MODEL_OPT = typer.Option(None, "--model", help="Target as users write it (HF id or its last part).")
-_SPEC_OPT = typer.Option(None, "--speculator", help="Speculator label (repeatable).")
-_K_OPT = typer.Option(None, "--draft-len", "-k", help="Draft length k (repeatable).")
-_THINKING_OPT = typer.Option(None, "--thinking", help="on / off.")
-_DATASET_OPT = typer.Option(None, "--dataset", help="Dataset name (repeatable).")
-_TEMP_OPT = typer.Option(None, "--temperature", help="Sampling temperature (repeatable).")
-_BOOT_OPT = typer.Option(query.DEFAULT_BOOT, "--bootstrap", help="Bootstrap replicates for the CIs.")
-_SEED_OPT = typer.Option(query.DEFAULT_SEED, "--seed", help="Bootstrap seed (same data, same CI).")
-_WHERE_OPT = typer.Option(None, "--where", help="FIELD=VALUE on a run field (repeatable), e.g. max_new_tokens=256: "
+DB_OPT = typer.Option(DEFAULT_TABLE, "--db", help="DuckDB store written by `calibrate run`.")
+MODEL_OPT = typer.Option(None, "--model", help="Target as users write it (HF id or its last part).")
+SPEC_OPT = typer.Option(None, "--speculator", help="Speculator label (repeatable).")
+K_OPT = typer.Option(None, "--draft-len", "-k", help="Draft length k (repeatable).")
+THINKING_OPT = typer.Option(None, "--thinking", help="on / off.")
+DATASET_OPT = typer.Option(None, "--dataset", help="Dataset name (repeatable).")
+TEMP_OPT = typer.Option(None, "--temperature", help="Sampling temperature (repeatable).")
+BOOT_OPT = typer.Option(query.DEFAULT_BOOT, "--bootstrap", help="Bootstrap replicates for the CIs.")
+SEED_OPT = typer.Option(query.DEFAULT_SEED, "--seed", help="Bootstrap seed (same data, same CI).")
+WHERE_OPT = typer.Option(None, "--where", help="FIELD=VALUE on a run field (repeatable), e.g. max_new_tokens=256: "
                          "picks one of several conditions a key was measured under.")
 
 _FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out would replace (refused otherwise).")
-_EXPORT_FORCE_OPT = typer.Option(
-    False, "--force", help="Overwrite files that --out would replace (refused otherwise); inferencex: also write a "
-    "curve InferenceX ships under a MODEL_PREFIX of another model, or for an engine that runs the speculator as "
-    "another algorithm (each with a warning); any consumer: a row the engine audit marked (its engine's own "
-    "counts contradict its own tokens).")
-_CONTEXT_OPT = typer.Option(
-    None, "--context", help=f"Only requests whose prompt, before truncation, is in this bucket "
-    f"({bucket_labels(CONTEXT)}; 0-4k and 64k+ spell the ends) or the bucket of this length (20k, 20000): the AL "
-    "at a benchmark's length.")
-
-
 @cli_errors
 def show(
-    db: Path = _DB_OPT,
+    db: Path = DB_OPT,
     format: ShowFormat = typer.Option(ShowFormat.table, "--format", help="table (rich), json or csv."),
     segments: bool = typer.Option(False, "--segments",
                                   help="Also one row per segment (thinking/answer/tool_call)."),
-    model: Optional[str] = _MODEL_OPT,
-    speculator: Optional[list[str]] = _SPEC_OPT,
-    draft_len: Optional[list[int]] = _K_OPT,
-    thinking: Optional[str] = _THINKING_OPT,
-    dataset: Optional[list[str]] = _DATASET_OPT,
-    temperature: Optional[list[float]] = _TEMP_OPT,
-    bootstrap: int = _BOOT_OPT,
-    seed: int = _SEED_OPT,
-    where: Optional[list[str]] = _WHERE_OPT,
+    model: Optional[str] = MODEL_OPT,
+    speculator: Optional[list[str]] = SPEC_OPT,
+    draft_len: Optional[list[int]] = K_OPT,
+    thinking: Optional[str] = THINKING_OPT,
+    dataset: Optional[list[str]] = DATASET_OPT,
+    temperature: Optional[list[float]] = TEMP_OPT,
+    bootstrap: int = BOOT_OPT,
+    seed: int = SEED_OPT,
+    where: Optional[list[str]] = WHERE_OPT,
     wide: bool = typer.Option(False, "--wide", help="Table: full speculator labels, however wide."),
     by: Optional[ByDimension] = typer.Option(
         None, "--by", help=f"One row per bucket: context ({CONTEXT.description}: {bucket_labels(CONTEXT)}) or turn "
@@ -401,7 +380,8 @@ def show(
                              f"{'--by' if by is not None else '--segments'}")
         _show_experts(db, filters_args, format, bootstrap, seed, wide)
         return
-    records = _load(db, filters_args, segments, bootstrap, seed, by=DIMENSIONS[by.value] if by is not None else None)
+    records = load_selection(db, filters_args, segments, bootstrap, seed,
+                             by=DIMENSIONS[by.value] if by is not None else None)
     if not records:  # no answer, as export and report say it of an empty store
         raise NothingUsable(f"nothing to show: no measurements in {db}")
     for warning in truncation_warnings(records):
@@ -506,152 +486,18 @@ def _last_part(target: str) -> str:
     return target.rstrip("/").rsplit("/", 1)[-1]
 
 
-_FORMATS_HELP = "; ".join(f"{c.name}: {c.reads}" for c in consumers.CONSUMERS.values())
-_LOOKUP_HELP = ", ".join(consumers.LOOKUP_FORMATS)
-
-
-@cli_errors
-def export(
-    to: str = typer.Option(..., "--to", help=f"Consumer ({_FORMATS_HELP})."),
-    db: Path = _DB_OPT,
-    out: Optional[Path] = typer.Option(None, "--out",
-                                       help="File (inferencex, specdec-profile: file or folder); default stdout."),
-    mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode",
-                              help="length or per-position rates (vllm, llamacpp; atom: rates = rate form)."),
-    token_mode: TokenMode = typer.Option(
-        consumers.SGLANG_TOKEN_MODES[0], "--token-mode",
-        help="sglang: SGLANG_SIMULATE_ACC_TOKEN_MODE (real-draft-token needs --speculative-eagle-topk 1)."),
-    model_prefix: Optional[str] = typer.Option(
-        None, "--model-prefix", help="inferencex: the runner's MODEL_PREFIX (dsv4, qwen3.5, ...; known targets "
-                                     "have one, see calibrate/tables/inferencex.py MODEL_PREFIXES)."),
-    engine: InferencexEngine = typer.Option(
-        InferencexEngine.vllm, "--engine", help="inferencex: the engine whose recipe names the method."),
-    method: Optional[str] = typer.Option(
-        None, "--method", help="inferencex: the recipe's method (default: the engine's for the speculator kind)."),
-    draft_sample_method: Optional[DraftSampleMethod] = typer.Option(
-        None, "--draft-sample-method", help="inferencex DSpark: the recipe's draft_sample_method."),
-    draft_model: Optional[str] = typer.Option(
-        None, "--draft-model", help="inferencex: the recipe's draft model path (default: the measured draft)."),
-    model: Optional[str] = _MODEL_OPT,
-    speculator: Optional[list[str]] = _SPEC_OPT,
-    draft_len: Optional[list[int]] = _K_OPT,
-    thinking: Optional[str] = _THINKING_OPT,
-    dataset: Optional[list[str]] = _DATASET_OPT,
-    temperature: Optional[list[float]] = _TEMP_OPT,
-    bootstrap: int = _BOOT_OPT,
-    seed: int = _SEED_OPT,
-    where: Optional[list[str]] = _WHERE_OPT,
-    force: bool = _EXPORT_FORCE_OPT,
-    context: Optional[str] = _CONTEXT_OPT,
-) -> None:
-    """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
-    target = consumers.consumer(to)
-    records = _load(db, (model, speculator, draft_len, thinking, dataset, temperature, where), target.segments,
-                    bootstrap, seed, bucket=context_bucket(context))
-    naming = Naming(model_prefix=model_prefix, method=method, engine=engine.value,
-                    draft_sample_method=draft_sample_method.value if draft_sample_method else None,
-                    draft_model=draft_model, force=force)
-    options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, naming=naming)
-    written = consumers.export(records, target.name, out, options=options, force=force,
-                               tell=lambda line: typer.echo(f"note: {line}", err=True))
-    for warning in consumers.export_warnings(records, target.name, options):
-        typer.echo(f"warning: {warning}", err=True)
-    for note in consumers.export_notes(records, target.name, options):
-        typer.echo(f"note: {note}", err=True)
-    if isinstance(written, str):
-        sys.stdout.write(written)
-    else:
-        for path in written:
-            typer.echo(f"wrote {path}", err=True)
-
-@cli_errors
-def lookup(
-    model: Optional[str] = typer.Option(None, "--model", help="Target as users write it (HF id or its last part)."),
-    speculator: Optional[str] = typer.Option(None, "--speculator", help="Speculator label; omit if only one."),
-    draft_len: Optional[int] = typer.Option(None, "--draft-len", "-k", help="Draft length k."),
-    thinking: Optional[str] = typer.Option(None, "--thinking", help="on / off."),
-    table: Optional[Path] = typer.Option(None, "--table", help="A .duckdb store or an exported .json/.parquet."),
-    format: Optional[str] = typer.Option(None, "--format", help=f"Output form: {_LOOKUP_HELP} (default value)."),
-    dataset: Optional[str] = typer.Option(None, "--dataset"),
-    temperature: Optional[float] = typer.Option(None, "--temperature"),
-    segment: str = typer.Option("all", "--segment", help="all, thinking, answer or tool_call."),
-    extrapolate: bool = typer.Option(False, "--extrapolate",
-                                     help="Model an unmeasured k from the measured curve (flagged)."),
-    mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode",
-                              help="length or rates: vllm-config / llamacpp-args / atom-args form."),
-    shell: bool = typer.Option(False, "--shell", help="Env formats: prefix lines with `export` for eval."),
-    from_env: bool = typer.Option(False, "--from-env", help="Ask what an InferenceX runner asks: "
-                                  f"{', '.join(runner_env.ENV_VARIABLES)}, k and method from --recipe."),
-    recipe: Optional[Path] = typer.Option(None, "--recipe", help="--from-env: the engine recipe (srtctl / llm-d "
-                                          "YAML) whose generation role holds k and the method."),
-    context: Optional[str] = _CONTEXT_OPT,
-) -> None:
-    """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
-    if draft_len is not None:
-        check_k([draft_len], "--draft-len")
-    match_prefix = False
-    if from_env:
-        asked = runner_env.question(runner_env.environment(), model=model, speculator=speculator,
-                                    draft_len=draft_len, thinking=thinking, recipe=recipe,
-                                    dialect_of={fw: d for c in consumers.CONSUMERS.values()
-                                                for fw, d in c.frameworks.items()})
-        model, speculator, draft_len, thinking, match_prefix = (asked.model, asked.speculator, asked.draft_len,
-                                                                asked.thinking, asked.prefix)
-        if format is None:
-            format = _framework_format(asked.framework)
-        if asked.override is not None:
-            typer.echo(f"warning: SYNTHETIC_ACCEPTANCE_LENGTH={asked.override:g} is set: InferenceX's "
-                       "synthetic_acceptance.py forces that AL and reads no table; the measured value below is not "
-                       "what this run uses", err=True)
-        if asked.default_k:
-            typer.echo(f"note: no role of {recipe} names k: InferenceX's synthetic_acceptance.py runs "
-                       f"k = {runner_env.REFERENCE_DEFAULT_K}", err=True)
-        for note in asked.notes:
-            typer.echo(f"note: {note}", err=True)
-    elif recipe is not None:
-        raise ValueError("--recipe is read with --from-env (it needs the runner's FRAMEWORK)")
-    missing_opts = [name for name, v in (("--model", model), ("--draft-len", draft_len), ("--thinking", thinking))
-                    if v is None]
-    if missing_opts:
-        raise ValueError(f"missing {', '.join(missing_opts)} (or use --from-env)")
-    form = format or "value"
-    consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
-    record = lookup_record(
-        model, speculator, draft_len, thinking, table=table, dataset=dataset, temperature=temperature,
-        extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
-    )
-    sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell))
-    for note in consumers.lookup_warnings(record, form):
-        typer.echo(f"warning: {note}", err=True)
-    if record.extrapolated:
-        typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
-    if record.bucket is not None:
-        typer.echo(f"note: AL of the requests in {record.bucket} only ({record.requests} requests with a verify "
-                   f"step, {record.conversations} conversations)", err=True)
-
-
-def _framework_format(framework: str | None) -> str:
-    """The lookup form a runner's FRAMEWORK reads (registry aliases: dynamo-*, *-disagg, llmd-vllm, ...)."""
-    if framework is None:
-        raise ValueError("--from-env needs FRAMEWORK set (or --format)")
-    found = consumers.FRAMEWORKS.get(framework)
-    if found is None or found.lookup_format is None:
-        raise ValueError(f"FRAMEWORK={framework!r} has no synthetic-acceptance form; "
-                         f"known: {', '.join(consumers.FRAMEWORKS)}")
-    return found.lookup_format
-
 @cli_errors
 def report(
-    db: Path = _DB_OPT,
+    db: Path = DB_OPT,
     out: Path = typer.Option(Path("tables") / "report", "--out", help="Folder for the PNG plots."),
-    model: Optional[str] = _MODEL_OPT,
-    speculator: Optional[list[str]] = _SPEC_OPT,
-    thinking: Optional[str] = _THINKING_OPT,
-    dataset: Optional[list[str]] = _DATASET_OPT,
-    temperature: Optional[list[float]] = _TEMP_OPT,
-    bootstrap: int = _BOOT_OPT,
-    seed: int = _SEED_OPT,
-    where: Optional[list[str]] = _WHERE_OPT,
+    model: Optional[str] = MODEL_OPT,
+    speculator: Optional[list[str]] = SPEC_OPT,
+    thinking: Optional[str] = THINKING_OPT,
+    dataset: Optional[list[str]] = DATASET_OPT,
+    temperature: Optional[list[float]] = TEMP_OPT,
+    bootstrap: int = BOOT_OPT,
+    seed: int = SEED_OPT,
+    where: Optional[list[str]] = WHERE_OPT,
     force: bool = _FORCE_OPT,
     experts: bool = typer.Option(False, "--experts", help="Plot the MoE verify-cost profile instead: distinct "
                                  "experts vs k, one line per batch size (experts_vs_k.png)."),
@@ -664,16 +510,11 @@ def report(
     if experts:
         paths = [plot_experts(_load_experts(db, filters_args, bootstrap, seed), out, force=force)]
     else:
-        records = _load(db, filters_args, False, bootstrap, seed)
-        paths = plot(records, out, force=force, by_context=_load(db, filters_args, False, bootstrap, seed, by=CONTEXT))
+        records = load_selection(db, filters_args, False, bootstrap, seed)
+        by_context = load_selection(db, filters_args, False, bootstrap, seed, by=CONTEXT)
+        paths = plot(records, out, force=force, by_context=by_context)
     for path in paths:  # as export names its files
         typer.echo(f"wrote {path}", err=True)
 
 
-def register(app: typer.Typer) -> None:
-    """Add show, export, lookup and report to the calibrate Typer app."""
-    for command in (show, export, lookup, report):
-        app.command()(command)
-
-
-__all__ = ["register", "print_table", "show_rows"]
+__all__ = ["show", "report", "print_table", "show_rows", "load_selection"]

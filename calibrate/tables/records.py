@@ -4,7 +4,7 @@ An `AcceptanceRecord` is the statistics of one key (target, speculator, k, think
 and one segment, with provenance. Exports and lookups never compute numbers of their own: they render a
 record, so a value exported for SGLang, vLLM, TensorRT-LLM, ATOM, TileRT, llama.cpp and InferenceX is the
 same number. Derived values (AL - 1 for TensorRT-LLM, (AL - 1) / k for ATOM's rate, the per-position rates
-for vLLM) come from `calibrate.tables.stats`; how each consumer spells them is `calibrate.tables.consumers`.
+for vLLM) come from `calibrate.tables.stats`; how each consumer spells them is `calibrate.consumers`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ RATE_DIGITS = 4
 SEGMENT_ALL = "all"
 
 # Model-free drafters (no model: they propose only where the context has a match). Engine exports carry
-# their drafted AL, with the proposal rate beside it (calibrate/tables/README.md says why).
+# their drafted AL, with the proposal rate beside it (calibrate/consumers/README.md says why).
 MODEL_FREE_KINDS = ("ngram", "suffix")
 
 # Fields of the key a record answers for, in display order.
@@ -123,6 +123,13 @@ class AcceptanceRecord:
     @property
     def key(self) -> tuple[Any, ...]:
         return tuple(getattr(self, f) for f in KEY_FIELDS)
+
+    @property
+    def kind(self) -> str | None:
+        """The speculator kind measured (`draft`, `ngram`, ...: calibrate.speculators), the label's part before
+        ':'; None for an engine-only method (`kind = "engine"`), whose label is the engine's method name (SGLang's
+        NGRAM is `ngram`) and whose numbers are that engine's own."""
+        return None if "engine" in self.speculator_kinds else self.speculator.partition(":")[0]
 
     @property
     def model_free(self) -> bool:

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from calibrate.errors import NothingUsable
+from calibrate.outfiles import refuse_overwrite, writing
 from calibrate.tables import stats
 from calibrate.tables.buckets import CONTEXT, from_name
 from calibrate.tables.experts import ExpertRecord
-from calibrate.tables.exports import NothingToExport, refuse_overwrite, writing
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 
 
@@ -38,7 +39,7 @@ def _error_bars(rs: Sequence[AcceptanceRecord]) -> list[list[float]]:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    """Write a figure as PNG (an OS error names the file: calibrate.tables.exports.writing) and free it."""
+    """Write a figure as PNG (an OS error names the file: calibrate.outfiles.writing) and free it."""
     import matplotlib.pyplot as plt
 
     try:
@@ -97,7 +98,7 @@ def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False,
 
     rows = [r for r in records if r.segment == SEGMENT_ALL and not r.extrapolated]
     if not rows:
-        raise NothingToExport("nothing to plot: no measured keys match the filters")
+        raise NothingUsable("nothing to plot: no measured keys match the filters")
     context_rows = [r for r in by_context if r.bucket is not None and from_name(r.bucket).dimension == CONTEXT.name]
     names = ["al_vs_k.png", "rates.png"] + (["drafts.png"] if any(r.drafted_tokens is not None for r in rows) else [])
     names += ["al_vs_context.png"] if context_rows else []
@@ -190,7 +191,7 @@ def plot_experts(records: Sequence[ExpertRecord], out: Path, force: bool = False
     import matplotlib.pyplot as plt
 
     if not records:
-        raise NothingToExport("nothing to plot: no expert profile matches the filters")
+        raise NothingUsable("nothing to plot: no expert profile matches the filters")
     path = out / "experts_vs_k.png"
     refuse_overwrite([path], force)
     panels = sorted({(r.target, r.speculator) for r in records})

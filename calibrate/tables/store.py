@@ -72,6 +72,8 @@ from calibrate.version import __version__
 if TYPE_CHECKING:  # the store is read where torch is not imported (lookup): the expert types are only annotations
     from calibrate.replay.experts import ExpertRow, MoeLayer
 
+# The store `show`, `export`, `report` and `lookup` read unless given another (`calibrate run --db`: the same).
+DEFAULT_TABLE = Path("tables") / "acceptance.duckdb"
 IDENTITY_VERSION = "2"
 KEY, CONDITION, PROVENANCE = "key", "condition", "provenance"
 TABLES = ("runs", "requests", "segment_counts", "accept_counts", "problems")

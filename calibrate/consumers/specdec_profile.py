@@ -29,8 +29,8 @@ import json
 import re
 from collections.abc import Sequence
 
+from calibrate.consumers.inferencex import RECIPE_METHODS, basename, sampling
 from calibrate.hub import looks_like_path
-from calibrate.tables.inferencex import RECIPE_METHODS, basename, sampling
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 
 SCHEMA_VERSION = "1.0"

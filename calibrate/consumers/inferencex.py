@@ -27,6 +27,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from calibrate.speculators.runs_on import measured_on, runs_as_measured
+from calibrate.tables.names import letters
 from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, AcceptanceRecord
 
 CURVE_ALPHABET = re.compile(r"[a-z0-9_.-]+")
@@ -125,11 +127,6 @@ SHIPPED_CURVES: frozenset[str] = frozenset(c for e in MODEL_PREFIXES.values() fo
 
 def basename(target: str) -> str:
     return target.rstrip("/").rsplit("/", 1)[-1].lower()
-
-
-def letters(name: str) -> str:
-    """Lowercased letters and digits only: 'GLM-5.2' and 'glm5.2' are both 'glm52'."""
-    return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
 def names_model(model: str, names: Sequence[str]) -> bool:
@@ -231,19 +228,15 @@ def _recipe_method(record: AcceptanceRecord, engine: str) -> str:
 
 
 def other_algorithm(record: AcceptanceRecord, curve: Curve) -> str | None:
-    """Why the curve's recipe runs another algorithm than the one measured, or None. The kind's own engine
-    mapping says where it runs as measured (calibrate.speculators: `Speculator.runs_on`); SGLang's NGRAM and
-    TensorRT-LLM's NGram, for one, are other algorithms than vLLM's prompt lookup, our `ngram`. A row of an
-    engine-only method was measured on the engine itself."""
-    from calibrate.speculators.registry import KINDS  # imports torch: only an InferenceX export asks
-
-    kind = record.speculator.partition(":")[0]
-    cls = KINDS.get(kind)
-    if cls is None or curve.engine in cls.runs_on():
+    """Why the curve's recipe runs another algorithm than the one measured, or None. Where each kind runs as
+    measured is calibrate.speculators.runs_on (the kinds' `runs_on`); SGLang's NGRAM and TensorRT-LLM's NGram,
+    for one, are other algorithms than vLLM's prompt lookup, our `ngram`. A row of an engine-only method was
+    measured on the engine itself."""
+    if runs_as_measured(record.kind, curve.engine):
         return None
     return (f"{curve.file_name} is for a {curve.engine} recipe with {RECIPE_FIELDS[curve.engine][0]} {curve.method}, "
             f"another algorithm than the {record.speculator} measured here (it runs as measured on "
-            f"{', '.join(sorted(cls.runs_on()))}): the numbers are ours, not {curve.engine}'s")
+            f"{measured_on(record.kind)}): the numbers are ours, not {curve.engine}'s")
 
 
 def model_mismatch(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str | None:

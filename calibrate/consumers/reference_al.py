@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import yaml
 
-from calibrate.tables.inferencex import (KNOWN_TARGETS, MODEL_KEYS, NO_THINKING_ON, _same_model, known_prefix,
+from calibrate.consumers.inferencex import (KNOWN_TARGETS, MODEL_KEYS, NO_THINKING_ON, _same_model, known_prefix,
                                          sampling)
 from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, AcceptanceRecord
 

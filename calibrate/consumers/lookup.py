@@ -12,7 +12,6 @@ import contextlib
 import json
 import math
 import os
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -20,37 +19,17 @@ from typing import Protocol
 
 import duckdb
 
+from calibrate.consumers.inferencex import MODEL_PREFIXES
 from calibrate.replay.counts import check_k
 from calibrate.tables import query
 from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, from_name
-from calibrate.tables.inferencex import MODEL_PREFIXES, letters
+from calibrate.tables.names import AmbiguousMatch, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.query import CatalogEntry, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
-from calibrate.tables.store import connect, reading
+from calibrate.tables.store import DEFAULT_TABLE, connect, reading
 
-DEFAULT_TABLE = Path("tables") / "acceptance.duckdb"
 EXPORT_SCHEMA = "spec-calibrate/acceptance-table"
 
-_THINKING = {
-    "on": "on", "thinking_on": "on", "true": "on", "1": "on", "yes": "on", "enabled": "on",
-    "off": "off", "thinking_off": "off", "false": "off", "0": "off", "no": "off", "disabled": "off",
-}
-
-
-class NotMeasured(LookupError):
-    """The table has no measurement for what was asked; the message names what it has."""
-
-
-class AmbiguousMatch(LookupError):
-    """More than one measured thing fits what was asked; the message lists them."""
-
-
-def normalize_thinking(value: str) -> str:
-    """'on' / 'off' from the spellings runners use (InferenceX's THINKING_MODE is thinking_on / thinking_off)."""
-    try:
-        return _THINKING[str(value).strip().lower()]
-    except KeyError:
-        raise ValueError(f"thinking mode {value!r} is not one of on / off (or thinking_on / thinking_off)") from None
 
 
 class Table(Protocol):
@@ -260,78 +239,10 @@ def open_table(table: str | Path | None = None) -> Table:
     return DuckDBTable(path)
 
 
-def _last_part(name: str) -> str:
-    return name.rstrip("/").rsplit("/", 1)[-1].lower()
-
-
 # InferenceX MODEL_PREFIX codes -> the start of their model's name (inferencex.MODEL_PREFIXES, from InferenceX's
 # MODEL_KEYS and committed curves): `dsv4` is not a prefix of DeepSeek-V4-Pro's letters; codes like qwen3.5,
 # glm5.2, kimik3 or minimaxm3 would match with punctuation ignored anyway.
 MODEL_PREFIX_ALIASES = {prefix: entry.model for prefix, entry in MODEL_PREFIXES.items()}
-
-
-def _describe_targets(entries: Iterable[CatalogEntry]) -> str:
-    names: dict[str, set[str]] = {}
-    for e in entries:
-        names.setdefault(e.target, set()).update(t for t in e.target_ids if t != e.target)
-    return "; ".join(f"{t} ({', '.join(sorted(ids))})" if ids else t for t, ids in sorted(names.items()))
-
-
-def match_target(model: str, entries: Sequence[CatalogEntry], *, prefix: bool = False) -> str:
-    """The stored target a user's model name means.
-
-    Names match as users write them: the configured name or resolved id, whole (case-insensitive), else by
-    last path part ('Qwen/Qwen2.5-Coder-1.5B-Instruct' and 'qwen2.5-coder-1.5b-instruct' are one model).
-    `prefix` (for MODEL_PREFIX-style short names) then also accepts a last path part starting with the name,
-    then one starting with it when punctuation is ignored (after MODEL_PREFIX_ALIASES): `glm5.2` finds
-    `GLM-5.2-FP8`, `dsv4` finds `DeepSeek-V4-Pro`.
-    The first rule that matches anything decides; several targets there is an error listing them.
-    """
-    wanted = model.strip().lower()
-    rules = [
-        lambda name: name.lower() == wanted,
-        lambda name: _last_part(name) == _last_part(wanted),
-    ]
-    if prefix:
-        short = letters(MODEL_PREFIX_ALIASES.get(_last_part(wanted), _last_part(wanted)))
-        rules.append(lambda name: _last_part(name).startswith(_last_part(wanted)))
-        rules.append(lambda name: bool(short) and letters(_last_part(name)).startswith(short))
-    for rule in rules:
-        hits = sorted({e.target for e in entries if any(rule(n) for n in (e.target, *e.target_ids))})
-        if len(hits) == 1:
-            return hits[0]
-        if len(hits) > 1:
-            raise AmbiguousMatch(
-                f"model {model!r} is ambiguous: it matches "
-                + _describe_targets(e for e in entries if e.target in hits)
-                + ". Give the full name."
-            )
-    available = _describe_targets(entries) or "none (the table is empty)"
-    raise NotMeasured(f"no model matching {model!r} in the table; models: {available}")
-
-
-def match_speculator(speculator: str, entries: Sequence[CatalogEntry]) -> str | None:
-    """The stored speculator label a user's label means, or None.
-
-    Whole label, case-insensitive; else same kind and the same last path part of what follows the kind
-    ('draft:Qwen/Qwen2.5-Coder-0.5B-Instruct' is 'draft:/models/qwen2.5-coder-0.5b-instruct'); a bare kind
-    ('draft') is the only label of that kind.
-    """
-    labels = sorted({e.speculator for e in entries})
-    wanted = speculator.strip().lower()
-    exact = [s for s in labels if s.lower() == wanted]
-    if exact:
-        return exact[0]
-    kind, _, name = wanted.partition(":")
-    hits = [
-        s for s in labels
-        if name and s.partition(":")[0].lower() == kind and _last_part(s.partition(":")[2]) == _last_part(name)
-    ]
-    if not name:  # a bare kind (a runner's recipe method: `draft`) means the one label of that kind
-        hits = [s for s in labels if s.partition(":")[0].lower() == kind]
-    if len(hits) > 1:
-        raise AmbiguousMatch(f"speculator {speculator!r} is ambiguous: it matches {', '.join(hits)}")
-    return hits[0] if hits else None
 
 
 def _choices(entries: Iterable[CatalogEntry], attr: str) -> str:
@@ -356,7 +267,7 @@ def resolve(
     """
     check_k([draft_len], "draft length k")
     mode = normalize_thinking(thinking)
-    target = match_target(model, entries, prefix=match_prefix)
+    target = match_target(model, entries, prefix=match_prefix, aliases=MODEL_PREFIX_ALIASES)
     rows = [e for e in entries if e.target == target]
     if speculator is None:
         specs = sorted({e.speculator for e in rows})

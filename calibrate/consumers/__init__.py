@@ -6,6 +6,12 @@ person reading the full table. `export --to`, `lookup --format`, `lookup --from-
 help all come from `CONSUMERS`; adding a consumer is one entry here (its spelling function beside it) and its
 test in `tests/test_engine_consumers.py`. How each engine spells a setting was checked against the engine's
 source (`notes/engine-exports.md` of the workplace, and the oracle tests, name file and commit).
+
+This package is who reads the tables, and this registry its index; beside it a consumer with a format of its
+own has its module (`inferencex`, `reference_al`, `specdec_profile`), `exports` is what every export shares,
+`lookup` answers one question from the store or an exported table, `runner_env` reads what an InferenceX
+runner asks, and `commands` is `calibrate export` / `lookup`. What was measured is `calibrate.tables`, which
+imports nothing from here. See README.md beside this file.
 """
 
 from __future__ import annotations
@@ -15,11 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibrate.tables import inferencex, reference_al, specdec_profile
-from calibrate.tables.exports import (
-    MODES, ExportOptions, NothingToExport, Stamp, blocks, overall, parquet_bytes, render_csv,
-    render_json, write_files,
+from calibrate.consumers import inferencex, reference_al, specdec_profile
+from calibrate.consumers.exports import (
+    MODES, ExportOptions, NothingToExport, Stamp, blocks, overall, parquet_bytes, render_csv, render_json,
 )
+from calibrate.outfiles import write_files
+from calibrate.speculators.runs_on import measured_on, runs_as_measured
 from calibrate.tables.records import LENGTH_DIGITS, RATE_DIGITS, AcceptanceRecord, fmt
 
 # SGLANG_SIMULATE_ACC_TOKEN_MODE values (python/sglang/srt/environ.py); the first is the export default.
@@ -153,7 +160,9 @@ class Consumer:
     `render`: one record as the engine reads it (lookup, and the export's blocks). `env`: render gives KEY=VALUE
     lines (lookup adds a comment line, --shell prefixes `export`). `frameworks`: runner FRAMEWORK values that mean
     this consumer -> the InferenceX recipe dialect `lookup --from-env --recipe` reads. `serves`: speculator kinds
-    the engine runs at all; a setting for another is refused, not written.
+    the engine runs at all; a setting for another is refused, not written. `forces`: the engine the setting
+    forces, as calibrate.speculators.runs_on names it; a setting for a kind that engine does not run as measured
+    (SGLang's NGRAM is not our n-gram) is refused unless forced, and then written with a warning.
     """
 
     name: str
@@ -170,6 +179,7 @@ class Consumer:
     env: bool = False
     frameworks: Mapping[str, str | None] = field(default_factory=dict)
     serves: frozenset[str] | None = None  # the speculator kinds the engine can run (None: any)
+    forces: str | None = None  # the engine whose drafter the setting forces (None: not an engine's setting)
     warnings: Selection | None = None  # what the user must know beyond the basis note
     notes: Selection | None = None  # what the consumer will do with the export
     merge: Merger | None = None  # --out is a file shared with other writers: merge into it, never overwrite it
@@ -291,23 +301,23 @@ CONSUMERS: dict[str, Consumer] = {c.name: c for c in (
              warnings=lambda rs, o: reference_al.warnings(rs, o.naming.model_prefix),
              notes=lambda rs, o: reference_al.notes(rs, o.naming.model_prefix), merge=_merge_reference),
     Consumer("vllm", "vLLM --speculative-config fragments", _write_vllm, modes=MODES, lookup_format="vllm-config",
-             render=lambda r, o: json.dumps(vllm_config(r, o)) + "\n",
+             render=lambda r, o: json.dumps(vllm_config(r, o)) + "\n", forces="vllm",
              frameworks={"vllm": "vllm", "dynamo-vllm": "vllm", "vllm-disagg": "vllm", "llmd-vllm": "llmd"}),
     Consumer("sglang", "SGLang SGLANG_SIMULATE_ACC_* env and speculative flags", _engine_blocks(sglang_lines),
-             lookup_format="sglang-env", render=sglang_lines, env=True,
+             lookup_format="sglang-env", render=sglang_lines, env=True, forces="sglang",
              frameworks={"sglang": "sglang", "dynamo-sglang": "sglang", "sglang-disagg": "sglang",
                          "mori-sglang": "sglang"}),
     Consumer("trtllm", "TensorRT-LLM TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS env", _engine_blocks(trtllm_lines),
-             lookup_format="trtllm-env", render=trtllm_lines, env=True, warnings=_trtllm_warnings,
+             lookup_format="trtllm-env", render=trtllm_lines, env=True, warnings=_trtllm_warnings, forces="trtllm",
              frameworks={"trt": "trtllm", "trtllm": "trtllm", "dynamo-trt": "trtllm"}),
     Consumer("atom", "ATOM server flags", _engine_blocks(atom_args), modes=MODES, lookup_format="atom-args",
-             render=atom_args, frameworks={"atom": "atom", "atom-disagg": "atom"}),
+             render=atom_args, frameworks={"atom": "atom", "atom-disagg": "atom"}, forces="atom"),
     Consumer("tilert", "TileRT TILERT_SIMULATE_ACC_* env (MTP)", _engine_blocks(tilert_lines),
              lookup_format="tilert-env", render=tilert_lines, env=True, frameworks={"tilert": "tilert"},
-             serves=frozenset(inferencex.RECIPE_METHODS["tilert"])),
+             serves=frozenset(inferencex.RECIPE_METHODS["tilert"]), forces="tilert"),
     Consumer("llamacpp", "llama-server flags", _engine_blocks(llamacpp_args), modes=MODES,
              lookup_format="llamacpp-args", render=llamacpp_args,
-             frameworks={"llamacpp": None, "llama.cpp": None}),
+             frameworks={"llamacpp": None, "llama.cpp": None}, forces="llama.cpp"),
     Consumer("specdec-profile", "specdec_bench speculation_profile.json v1.0 (Dynamo mocker, AIC)", _write_profiles,
              basis=ALL_STEPS, why=SPECDEC_WHY, engine=False, segments=True, modes=()),
     Consumer("csv", "the full table as CSV", lambda c, rs, o, st, out: render_csv(rs), basis=None, why=TABLE_WHY,
@@ -370,6 +380,24 @@ def check_audit(records: Sequence[AcceptanceRecord], force: bool) -> None:
             + ": not exported; pass --force to export it anyway")
 
 
+def other_algorithm(c: Consumer, r: AcceptanceRecord) -> str | None:
+    """Why the engine the consumer's setting forces does not run the record's speculator as measured here, or
+    None (calibrate.speculators.runs_on): the setting would force our AL on a drafter of its own."""
+    if c.forces is None or runs_as_measured(r.kind, c.forces):
+        return None
+    return (f"{r.speculator} k={r.draft_len}: {c.forces} does not run it as measured here (it runs as measured on "
+            f"{measured_on(r.kind)}), so the {c.name} setting forces our AL on a drafter of {c.forces}'s own: the "
+            f"numbers are ours, not {c.forces}'s")
+
+
+def check_algorithm(c: Consumer, records: Sequence[AcceptanceRecord], force: bool) -> None:
+    """Refuse, unless forced, a setting for an engine that runs the speculator as another algorithm."""
+    for r in records:
+        other = other_algorithm(c, r)
+        if other is not None and not force:
+            raise ValueError(f"{other}: pass --force to write it anyway")
+
+
 def check_options(c: Consumer, options: ExportOptions) -> None:
     """Refuse an option value the consumer has no use for, rather than ignore it."""
     if c.modes and options.mode not in c.modes:
@@ -384,12 +412,14 @@ def export(records: Sequence[AcceptanceRecord], to: str, out: Path | None, *,
     """Write `records` for consumer `to` to `out` (a file, or a folder for inferencex / specdec-profile), or
     return the text. Parquet, being binary, needs `out`; an existing file is overwritten only with `force`
     (a consumer that merges, inferencex-reference, merges into it instead, replacing a value only with `force`),
-    and nothing is written when one would be refused; `tell` hears what a forced merge replaced."""
+    and nothing is written when one would be refused; `tell` hears what a forced merge replaced. An engine's
+    setting for a speculator that engine runs as another algorithm is written only with `force` too."""
     c = consumer(to)
     check_options(c, options)
     if not records:
         raise NothingToExport("nothing to export: no measured keys match the filters")
     check_served(c, records)
+    check_algorithm(c, records, force)
     check_audit(records, force)
     stamp = stamp or Stamp.now()
     content = c.write(c, records, options, stamp, out)
@@ -413,7 +443,8 @@ def export_warnings(records: Sequence[AcceptanceRecord], to: str,
     """What the user must know before using an export: numbers the engine will not reproduce, values the
     consumer may ignore, curves it will not find."""
     c = consumer(to)
-    return basis_notes(c, records) + (c.warnings(records, options) if c.warnings is not None else [])
+    return (basis_notes(c, records) + [o for r in overall(records) if (o := other_algorithm(c, r)) is not None]
+            + (c.warnings(records, options) if c.warnings is not None else []))
 
 
 def export_notes(records: Sequence[AcceptanceRecord], to: str, options: ExportOptions = ExportOptions()) -> list[str]:
@@ -430,13 +461,15 @@ def lookup_consumer(form: str) -> Consumer | None:
 
 
 def render_lookup(record: AcceptanceRecord, form: str, options: ExportOptions = ExportOptions(),
-                  shell: bool = False) -> str:
-    """A lookup answer as text for stdout; env forms carry a comment line saying what they are."""
+                  shell: bool = False, force: bool = False) -> str:
+    """A lookup answer as text for stdout; env forms carry a comment line saying what they are. An engine's
+    form for a speculator that engine runs as another algorithm is a ValueError unless `force`."""
     c = lookup_consumer(form)
     if c is None:
         return record.value() + "\n" if form == "value" else json.dumps(record.to_dict(), indent=2) + "\n"
     check_options(c, options)
     check_served(c, [record])
+    check_algorithm(c, [record], force)
     assert c.render is not None  # every consumer with a lookup format renders one record
     text = c.render(record, options)
     if not c.env:
@@ -450,7 +483,9 @@ def render_lookup(record: AcceptanceRecord, form: str, options: ExportOptions = 
 
 
 def lookup_warnings(record: AcceptanceRecord, form: str) -> list[str]:
-    """The model-free note (every form: the value is a drafted AL), and the consumer's own warning."""
+    """The model-free note (every form: the value is a drafted AL), another algorithm's engine (a forced
+    answer), and the consumer's own warning."""
     c = lookup_consumer(form)
     own = c.warnings([record], ExportOptions()) if c is not None and c.warnings is not None else []
-    return [n for n in (record.model_free_note(), *own) if n is not None]
+    other = other_algorithm(c, record) if c is not None else None
+    return [n for n in (record.model_free_note(), other, *own) if n is not None]

@@ -4,7 +4,7 @@ Two generations of runner are spoken (SemiAnalysisAI/InferenceX):
 - the older single-node scripts set MODEL_PREFIX, NUM_SPEC_TOKENS, THINKING_MODE and FRAMEWORK
   (runners/inject_synthetic_acceptance.py at 843c6254f; THINKING_MODE defaults to thinking_on there);
 - the newest SRT / llm-d launchers (infx/srt_slurm/synthetic_acceptance.py build_overrides and spec_parameters,
-  newest version in the search index, see calibrate/tables/inferencex.py) take k and the method from the
+  newest version in the search index, see calibrate/consumers/inferencex.py) take k and the method from the
   engine recipe's generation role (decode, else agg), and force acceptance only when IS_AGENTIC is 1 / true,
   SPEC_DECODING is not `none` and EVAL_ONLY is not true;
 - the recipes launcher (infx/recipes/synthetic_acceptance.py at 18385430d628a4e35795a2f6278fc7fc241df79e,
@@ -36,8 +36,8 @@ from typing import Any
 
 import yaml
 
-from calibrate.tables.inferencex import RECIPE_METHODS
-from calibrate.tables.reference_al import MODEL_KEYS
+from calibrate.consumers.inferencex import RECIPE_METHODS
+from calibrate.consumers.reference_al import MODEL_KEYS
 
 ENV_VARIABLES = ("MODEL_PREFIX", "FRAMEWORK", "THINKING_MODE", "NUM_SPEC_TOKENS", "IS_AGENTIC", "SPEC_DECODING",
                  "EVAL_ONLY", "SYNTHETIC_ACCEPTANCE", "SYNTHETIC_ACCEPTANCE_LENGTH")

@@ -1,0 +1,183 @@
+"""CLI commands for who reads the tables: export (every consumer's files) and lookup (one answer, for a runner).
+
+Their options and choices come from the consumer registry (`calibrate.consumers.CONSUMERS`); the store and
+filter options, and the records they select, are the tables' (`calibrate.tables.commands`). Errors are one line
+on stderr with the exit status of `calibrate.errors`, as there.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from calibrate import consumers
+from calibrate.consumers import exports, inferencex, runner_env
+from calibrate.consumers.inferencex import Naming
+from calibrate.consumers.lookup import lookup as lookup_record
+from calibrate.errors import cli_errors
+from calibrate.replay.counts import check_k
+from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
+from calibrate.tables.commands import (BOOT_OPT, DATASET_OPT, DB_OPT, K_OPT, MODEL_OPT, SEED_OPT, SPEC_OPT, TEMP_OPT,
+                                       THINKING_OPT, WHERE_OPT, load_selection)
+
+# Choices the CLI offers come from the consumer registry (calibrate.consumers) and InferenceX's names.
+TokenMode = Enum("TokenMode", {mode: mode for mode in consumers.SGLANG_TOKEN_MODES}, type=str)
+InferencexEngine = Enum("InferencexEngine", {e: e for e in inferencex.ENGINES}, type=str)
+DraftSampleMethod = Enum("DraftSampleMethod", {m: m for m in inferencex.DRAFT_SAMPLE_METHODS}, type=str)
+
+
+class Mode(str, Enum):
+    length = "length"
+    rates = "rates"
+
+
+_EXPORT_FORCE_OPT = typer.Option(
+    False, "--force", help="Overwrite files that --out would replace (refused otherwise); also write an engine's "
+    "setting or an inferencex curve for an engine that runs the speculator as another algorithm, and (inferencex) "
+    "a curve InferenceX ships under a MODEL_PREFIX of another model (each with a warning); and a row the engine "
+    "audit marked (its engine's own counts contradict its own tokens).")
+_CONTEXT_OPT = typer.Option(
+    None, "--context", help=f"Only requests whose prompt, before truncation, is in this bucket "
+    f"({bucket_labels(CONTEXT)}; 0-4k and 64k+ spell the ends) or the bucket of this length (20k, 20000): the AL "
+    "at a benchmark's length.")
+
+_FORMATS_HELP = "; ".join(f"{c.name}: {c.reads}" for c in consumers.CONSUMERS.values())
+_LOOKUP_HELP = ", ".join(consumers.LOOKUP_FORMATS)
+
+
+@cli_errors
+def export(
+    to: str = typer.Option(..., "--to", help=f"Consumer ({_FORMATS_HELP})."),
+    db: Path = DB_OPT,
+    out: Optional[Path] = typer.Option(None, "--out",
+                                       help="File (inferencex, specdec-profile: file or folder); default stdout."),
+    mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode",
+                              help="length or per-position rates (vllm, llamacpp; atom: rates = rate form)."),
+    token_mode: TokenMode = typer.Option(
+        consumers.SGLANG_TOKEN_MODES[0], "--token-mode",
+        help="sglang: SGLANG_SIMULATE_ACC_TOKEN_MODE (real-draft-token needs --speculative-eagle-topk 1)."),
+    model_prefix: Optional[str] = typer.Option(
+        None, "--model-prefix", help="inferencex: the runner's MODEL_PREFIX (dsv4, qwen3.5, ...; known targets "
+                                     "have one, see calibrate/consumers/inferencex.py MODEL_PREFIXES)."),
+    engine: InferencexEngine = typer.Option(
+        InferencexEngine.vllm, "--engine", help="inferencex: the engine whose recipe names the method."),
+    method: Optional[str] = typer.Option(
+        None, "--method", help="inferencex: the recipe's method (default: the engine's for the speculator kind)."),
+    draft_sample_method: Optional[DraftSampleMethod] = typer.Option(
+        None, "--draft-sample-method", help="inferencex DSpark: the recipe's draft_sample_method."),
+    draft_model: Optional[str] = typer.Option(
+        None, "--draft-model", help="inferencex: the recipe's draft model path (default: the measured draft)."),
+    model: Optional[str] = MODEL_OPT,
+    speculator: Optional[list[str]] = SPEC_OPT,
+    draft_len: Optional[list[int]] = K_OPT,
+    thinking: Optional[str] = THINKING_OPT,
+    dataset: Optional[list[str]] = DATASET_OPT,
+    temperature: Optional[list[float]] = TEMP_OPT,
+    bootstrap: int = BOOT_OPT,
+    seed: int = SEED_OPT,
+    where: Optional[list[str]] = WHERE_OPT,
+    force: bool = _EXPORT_FORCE_OPT,
+    context: Optional[str] = _CONTEXT_OPT,
+) -> None:
+    """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
+    target = consumers.consumer(to)
+    records = load_selection(db, (model, speculator, draft_len, thinking, dataset, temperature, where), target.segments,
+                    bootstrap, seed, bucket=context_bucket(context))
+    naming = Naming(model_prefix=model_prefix, method=method, engine=engine.value,
+                    draft_sample_method=draft_sample_method.value if draft_sample_method else None,
+                    draft_model=draft_model, force=force)
+    options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, naming=naming)
+    written = consumers.export(records, target.name, out, options=options, force=force,
+                               tell=lambda line: typer.echo(f"note: {line}", err=True))
+    for warning in consumers.export_warnings(records, target.name, options):
+        typer.echo(f"warning: {warning}", err=True)
+    for note in consumers.export_notes(records, target.name, options):
+        typer.echo(f"note: {note}", err=True)
+    if isinstance(written, str):
+        sys.stdout.write(written)
+    else:
+        for path in written:
+            typer.echo(f"wrote {path}", err=True)
+
+@cli_errors
+def lookup(
+    model: Optional[str] = typer.Option(None, "--model", help="Target as users write it (HF id or its last part)."),
+    speculator: Optional[str] = typer.Option(None, "--speculator", help="Speculator label; omit if only one."),
+    draft_len: Optional[int] = typer.Option(None, "--draft-len", "-k", help="Draft length k."),
+    thinking: Optional[str] = typer.Option(None, "--thinking", help="on / off."),
+    table: Optional[Path] = typer.Option(None, "--table", help="A .duckdb store or an exported .json/.parquet."),
+    format: Optional[str] = typer.Option(None, "--format", help=f"Output form: {_LOOKUP_HELP} (default value)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset"),
+    temperature: Optional[float] = typer.Option(None, "--temperature"),
+    segment: str = typer.Option("all", "--segment", help="all, thinking, answer or tool_call."),
+    extrapolate: bool = typer.Option(False, "--extrapolate",
+                                     help="Model an unmeasured k from the measured curve (flagged)."),
+    mode: Mode = typer.Option(Mode.length, "--vllm-mode", "--mode",
+                              help="length or rates: vllm-config / llamacpp-args / atom-args form."),
+    shell: bool = typer.Option(False, "--shell", help="Env formats: prefix lines with `export` for eval."),
+    from_env: bool = typer.Option(False, "--from-env", help="Ask what an InferenceX runner asks: "
+                                  f"{', '.join(runner_env.ENV_VARIABLES)}, k and method from --recipe."),
+    recipe: Optional[Path] = typer.Option(None, "--recipe", help="--from-env: the engine recipe (srtctl / llm-d "
+                                          "YAML) whose generation role holds k and the method."),
+    context: Optional[str] = _CONTEXT_OPT,
+    force: bool = typer.Option(False, "--force", help="Answer in an engine's form for a speculator that engine runs "
+                               "as another algorithm (SGLang's NGRAM is not our n-gram; refused otherwise), with a "
+                               "warning."),
+) -> None:
+    """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
+    if draft_len is not None:
+        check_k([draft_len], "--draft-len")
+    match_prefix = False
+    if from_env:
+        asked = runner_env.question(runner_env.environment(), model=model, speculator=speculator,
+                                    draft_len=draft_len, thinking=thinking, recipe=recipe,
+                                    dialect_of={fw: d for c in consumers.CONSUMERS.values()
+                                                for fw, d in c.frameworks.items()})
+        model, speculator, draft_len, thinking, match_prefix = (asked.model, asked.speculator, asked.draft_len,
+                                                                asked.thinking, asked.prefix)
+        if format is None:
+            format = _framework_format(asked.framework)
+        if asked.override is not None:
+            typer.echo(f"warning: SYNTHETIC_ACCEPTANCE_LENGTH={asked.override:g} is set: InferenceX's "
+                       "synthetic_acceptance.py forces that AL and reads no table; the measured value below is not "
+                       "what this run uses", err=True)
+        if asked.default_k:
+            typer.echo(f"note: no role of {recipe} names k: InferenceX's synthetic_acceptance.py runs "
+                       f"k = {runner_env.REFERENCE_DEFAULT_K}", err=True)
+        for note in asked.notes:
+            typer.echo(f"note: {note}", err=True)
+    elif recipe is not None:
+        raise ValueError("--recipe is read with --from-env (it needs the runner's FRAMEWORK)")
+    missing_opts = [name for name, v in (("--model", model), ("--draft-len", draft_len), ("--thinking", thinking))
+                    if v is None]
+    if missing_opts:
+        raise ValueError(f"missing {', '.join(missing_opts)} (or use --from-env)")
+    form = format or "value"
+    consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
+    record = lookup_record(
+        model, speculator, draft_len, thinking, table=table, dataset=dataset, temperature=temperature,
+        extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
+    )
+    sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell, force))
+    for note in consumers.lookup_warnings(record, form):
+        typer.echo(f"warning: {note}", err=True)
+    if record.extrapolated:
+        typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
+    if record.bucket is not None:
+        typer.echo(f"note: AL of the requests in {record.bucket} only ({record.requests} requests with a verify "
+                   f"step, {record.conversations} conversations)", err=True)
+
+
+def _framework_format(framework: str | None) -> str:
+    """The lookup form a runner's FRAMEWORK reads (registry aliases: dynamo-*, *-disagg, llmd-vllm, ...)."""
+    if framework is None:
+        raise ValueError("--from-env needs FRAMEWORK set (or --format)")
+    found = consumers.FRAMEWORKS.get(framework)
+    if found is None or found.lookup_format is None:
+        raise ValueError(f"FRAMEWORK={framework!r} has no synthetic-acceptance form; "
+                         f"known: {', '.join(consumers.FRAMEWORKS)}")
+    return found.lookup_format
