@@ -84,10 +84,19 @@ def test_exports_refuse_a_marked_row_unless_forced(marked, tmp_path):
     res = CliRunner().invoke(app, ["export", "--to", "vllm", "--db", str(marked), "--out", str(tmp_path / "v")])
     assert res.exit_code == 1, res.output
     assert ("error: ngram k=3 (vllm): 3 steps of the engine's own counts contradict its own tokens (engine audit "
-            "of 2 responses): not exported; pass --force to export it anyway") in res.output
+            "of 2 responses): refused (an exact sampler has none); pass --force to use it anyway") in res.output
     clean = CliRunner().invoke(app, ["export", "--to", "vllm", "--db", str(marked), "-k", "2",
                                      "--out", str(tmp_path / "c")])
     assert clean.exit_code == 0, clean.output  # audited, nothing contradicted
     forced = CliRunner().invoke(app, ["export", "--to", "vllm", "--db", str(marked), "--out", str(tmp_path / "f"),
                                       "--force"])
     assert forced.exit_code == 0, forced.output
+
+
+def test_lookup_refuses_a_marked_row_unless_forced(marked):
+    args = ["lookup", "--table", str(marked), "--model", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "--speculator", "ngram",
+            "--draft-len", "3", "--thinking", "off", "--temperature", "0.7", "--format", "value"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 1 and "3 steps of the engine's own counts contradict" in res.output, res.output
+    forced = CliRunner().invoke(app, [*args, "--force"])
+    assert forced.exit_code == 0 and forced.output.strip(), forced.output

@@ -370,14 +370,10 @@ def check_audit(records: Sequence[AcceptanceRecord], force: bool) -> None:
     """Refuse, unless forced, a row whose engine's own step counts contradict its own tokens (the engine audit,
     calibrate.engines.audit): an exact sampler has no such step, so the row measures a fault, not the
     speculator, and a benchmark forced to it would be forced to the fault."""
-    marked = [r for r in records if r.segment == "all" and r.disagreeing_steps]
+    marked = [r for r in records if r.segment == "all" and r.contradicted() is not None]
     if marked and not force:
-        r = marked[0]
-        raise NothingToExport(
-            f"{r.speculator} k={r.draft_len} ({', '.join(r.engines)}): {r.disagreeing_steps} steps of the engine's own "
-            f"counts contradict its own tokens (engine audit of {r.audited_requests} responses)"
-            + (f", and {len(marked) - 1} more rows" if len(marked) > 1 else "")
-            + ": not exported; pass --force to export it anyway")
+        raise NothingToExport(marked[0].contradicted() + (f", and {len(marked) - 1} more rows" if len(marked) > 1 else "")
+                              + ": refused (an exact sampler has none); pass --force to use it anyway")
 
 
 def other_algorithm(c: Consumer, r: AcceptanceRecord) -> str | None:

@@ -126,7 +126,7 @@ def lookup(
     context: Optional[str] = _CONTEXT_OPT,
     force: bool = typer.Option(False, "--force", help="Answer in an engine's form for a speculator that engine runs "
                                "as another algorithm (SGLang's NGRAM is not our n-gram; refused otherwise), with a "
-                               "warning."),
+                               "warning; and answer for a row the engine audit marked (refused otherwise)."),
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
     if draft_len is not None:
@@ -160,7 +160,7 @@ def lookup(
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
     record = lookup_record(
         model, speculator, draft_len, thinking, table=table, dataset=dataset, temperature=temperature,
-        extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
+        extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context, force=force,
     )
     sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell, force))
     for note in consumers.lookup_warnings(record, form):

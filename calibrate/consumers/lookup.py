@@ -20,6 +20,7 @@ from typing import Protocol
 import duckdb
 
 from calibrate.consumers.inferencex import MODEL_PREFIXES
+from calibrate.errors import NothingUsable
 from calibrate.replay.counts import check_k
 from calibrate.tables import query
 from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, from_name
@@ -353,6 +354,7 @@ def lookup(
     segment: str = SEGMENT_ALL,
     match_prefix: bool = False,
     context: str | None = None,
+    force: bool = False,
 ) -> AcceptanceRecord:
     """The measured acceptance of (model, speculator, k, thinking), as a frozen record.
 
@@ -360,7 +362,8 @@ def lookup(
     default tables/acceptance.duckdb. `speculator=None` means the model's only speculator. `context` (a
     bucket label such as '16k-64k', or a length such as '20k': calibrate.tables.buckets) answers with the AL
     of the requests whose prompt, before truncation, is in that bucket. Raises NotMeasured / AmbiguousMatch
-    (both LookupError) with what the table does have.
+    (both LookupError) with what the table does have. A row the engine audit marked (its engine's own counts
+    contradict its own tokens) is refused, a NothingUsable (LookupError) naming the count, unless `force`.
     """
     _check_arguments(model, speculator, draft_len, thinking, dataset, temperature, segment, table, context)
     bucket = context_bucket(context)
@@ -374,4 +377,7 @@ def lookup(
         what = f"segment {segment!r}" + (f" in {bucket.name}" if bucket is not None else "")
         raise NotMeasured(f"no counts for {what} of {entry.target} with {entry.speculator}, k={entry.draft_len}, "
                           f"thinking={entry.thinking} in {source.source}: {source.held(entry)}")
+    if record.contradicted() is not None and not force:
+        raise NothingUsable(f"{record.contradicted()}: refused (an exact sampler has none); pass --force to use it "
+                            "anyway")
     return record if target_k is None else extrapolate_record(record, target_k)

@@ -202,6 +202,14 @@ class AcceptanceRecord:
         return fmt(self.al, LENGTH_DIGITS)
 
     # ---- serialisation ------------------------------------------------------------------------------
+    def contradicted(self) -> str | None:
+        """What the engine audit found against this row, or None: its engine's own step counts contradicting its
+        own tokens, which no exact sampler does (exports and lookup refuse such a row unless forced)."""
+        if not self.disagreeing_steps:
+            return None
+        return (f"{self.speculator} k={self.draft_len} ({', '.join(self.engines)}): {self.disagreeing_steps} steps of "
+                f"the engine's own counts contradict its own tokens (engine audit of {self.audited_requests} responses)")
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (tuples become lists); `from_dict` inverts it exactly. `bucket` appears only
         on a bucket's record, so a table of whole keys reads as it always did."""
