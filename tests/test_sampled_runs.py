@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import duckdb
 import pytest
+from typer.testing import CliRunner
 
+from calibrate.cli import app
 from calibrate.config import ConfigError, load_config
 from calibrate.runner import execute, request_key, response_id
 from tests.configs import QUICKSTART, write_config
@@ -57,6 +59,9 @@ def test_samples_are_rows_of_their_own_and_resume_one_by_one(tmp_path, pair):
     # each sample its own random stream: the responses of one request differ
     lengths = rows(db, "SELECT request_id, generated_tokens FROM requests")
     assert len({request_key(r) for r, _ in lengths}) == 9
+    shown = CliRunner().invoke(app, ["show", "--db", str(db)])
+    words = " ".join(shown.output.split())
+    assert shown.exit_code == 0 and "reqs: responses, up to 3 sampled per request" in words, shown.output
 
 
 def test_auto_keeps_the_loop_for_the_probabilistic_rule(tmp_path, pair):

@@ -231,6 +231,9 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
         notes.append(N_TOO_SMALL)
     if any(interrupted(r) for r in records):
         notes.append("* a run was interrupted: the same `calibrate run` resumes it")
+    if any(r.samples > 1 for r in records):
+        notes.append(f"reqs: responses, up to {max(r.samples for r in records)} sampled per request (intervals "
+                     "clustered by conversation)")
     notes += [f"! engine audit: {r.disagreeing_steps} steps of {r.engines[0]}'s own counts contradict its own tokens "
               f"({r.speculator} k={r.draft_len}); exports refuse the row unless forced" for r in records
               if r.disagreeing_steps and r.segment == "all"]

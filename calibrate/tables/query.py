@@ -346,13 +346,15 @@ class RequestFacts:
     truncated: int | None = None
     audited: int = 0
     disagreeing_steps: int = 0
+    samples: int = 1  # the most sampled responses of one request (`[sweep] samples`)
 
 
 def _request_facts(scope: _Scope) -> dict[tuple[int, str], RequestFacts]:
     seg_sets = "(key_ix, segment), (key_ix)" if scope.segments else "(key_ix)"
     rows = scope.run(
         f"""SELECT key_ix, {scope.seg_expr}, count(DISTINCT request_id) FILTER (WHERE truncated_tokens > 0),
-               count(DISTINCT request_id) FILTER (WHERE disagreeing_steps IS NOT NULL)
+               count(DISTINCT request_id) FILTER (WHERE disagreeing_steps IS NOT NULL),
+               max(coalesce(sample, 0)) + 1
         FROM segment_counts JOIN requests USING (run_id, request_id) JOIN chosen USING (run_id, request_id)
              JOIN keyed USING (run_id)
         WHERE steps > 0
@@ -361,7 +363,8 @@ def _request_facts(scope: _Scope) -> dict[tuple[int, str], RequestFacts]:
     disagreeing = dict(scope.run(  # per response, not per segment: summed over the key's responses
         """SELECT key_ix, sum(disagreeing_steps) FROM requests JOIN chosen USING (run_id, request_id)
              JOIN keyed USING (run_id) GROUP BY key_ix""").fetchall())
-    return {(row[0], row[1]): RequestFacts(row[2], int(row[3]), int(disagreeing.get(row[0]) or 0)) for row in rows}
+    return {(row[0], row[1]): RequestFacts(row[2], int(row[3]), int(disagreeing.get(row[0]) or 0), int(row[4]))
+            for row in rows}
 
 
 def _histograms(scope: _Scope, keys: Sequence[Any]) -> Iterator[tuple[int, str, np.ndarray, np.ndarray]]:
@@ -536,6 +539,7 @@ def _record(
         target_hashes=tuple(h for h in target_hashes if h),
         truncated_requests=None if facts.truncated is None else int(facts.truncated),
         audited_requests=facts.audited,
+        samples=facts.samples,
         disagreeing_steps=facts.disagreeing_steps if facts.audited else None,
         verifications=tuple(rules or ()),
         speculator_kinds=tuple(kinds),

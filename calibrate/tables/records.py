@@ -110,6 +110,9 @@ class AcceptanceRecord:
     # exports unless forced: an exact target-only sampler has none.
     audited_requests: int = 0
     disagreeing_steps: int | None = None
+    # Sampled rows: the most responses sampled of one request (`[sweep] samples`); `requests` then counts
+    # responses, each sample one, and intervals are clustered by conversation all the same.
+    samples: int = 1
     # Verification rules of the runs at temperature > 0 ("probabilistic", "target-only"); () at temperature 0.
     verifications: tuple[str, ...] = ()
     # Why the record carries no confidence interval although it is measured (stats.ci_withheld: too few
@@ -236,7 +239,8 @@ class AcceptanceRecord:
         for name in ("draft_len", "requests", "conversations", "steps", "censored_steps", "tokens",
                      "bootstrap_replicates", "bootstrap_seed"):
             out[name] = int(out[name])
-        for name in ("drafted_tokens", "empty_steps", "truncated_requests", "audited_requests", "disagreeing_steps"):
+        for name in ("drafted_tokens", "empty_steps", "truncated_requests", "audited_requests", "disagreeing_steps",
+                     "samples"):
             if out.get(name) is not None:
                 out[name] = int(out[name])
         if out.get("top_k") is not None:
