@@ -53,15 +53,16 @@ NGRAM = {"kind": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 1}
 
 
 def vllm_config(tmp_path: Path, source: Path, target: Path, speculators: list[dict], backend: str = "vllm",
-                server: dict | None = None, requests: int = 8, name: str = "c.toml") -> Path:
+                server: dict | None = None, requests: int = 8, name: str = "c.toml", ks: list[int] = (K,),
+                engine: str = "loop") -> Path:
     return write_config(
         tmp_path / name,
         dataset={"source": source, "format": "mini-swe-agent", "max_requests": requests, "turns_per_conversation": 1,
                  "seed": 1, "context_tokens": 512, "max_new_tokens": TOKENS},
-        run={"batch_size": 4, "dtype": "float32"},
+        run={"batch_size": 4, "dtype": "float32", "engine": engine},
         pairs=[{"target": target, "backend": backend, "speculators": speculators,
                 **({"server": server} if server else {})}],
-        sweep={"k": [K]},
+        sweep={"k": list(ks)},
     )
 
 
@@ -143,7 +144,7 @@ def test_connect_ngram_counts_are_vllms_steps_and_our_ngram_exactly(tmp_path, sm
 
 def test_connect_with_another_k_is_refused_in_one_line(tmp_path, smollm, mini_swe_dir, ngram_server):
     config = vllm_config(tmp_path, mini_swe_dir / "original", smollm, [NGRAM], server=connect(ngram_server.url, 2),
-                          requests=2)
+                          requests=2, ks=[2])
     res = run(config, tmp_path / "k.duckdb")
     assert res.exit_code == 4, res.output
     assert f"vllm at {ngram_server.url}: the server drafts num_spec_tokens=3, not the configured k=2" in res.output
@@ -211,7 +212,7 @@ def test_launched_model_drafter_close_to_in_process_replay(tmp_path, mini_swe_di
     res = run(vllm_config(tmp_path, mini_swe_dir / "original", model, [spec], server=server, name="v.toml"),
               served_db)
     assert res.exit_code == 0, res.output
-    res = run(vllm_config(tmp_path, mini_swe_dir / "original", model, [spec], backend="transformers",
+    res = run(vllm_config(tmp_path, mini_swe_dir / "original", model, [spec], backend="transformers", engine="auto",
                            name="t.toml"), local_db)
     assert res.exit_code == 0, res.output
     (served,), (local,) = shown(served_db), shown(local_db)
