@@ -38,7 +38,7 @@ SCRIPT = textwrap.dedent("""
     combine = {"p_ptr": "*fp32", "q_ptr": "*fp32", "sample_ptr": "*i64", "draft_tokens_ptr": "*i64",
                "num_draft_ptr": "*i64", "request_ids_ptr": "*i64", "positions_ptr": "*i64", "seed_hash": "i64",
                "tokens_ptr": "*i64", "tokens_stride": "i64", "accepted_ptr": "*i64", "expected_ptr": "*fp32",
-               "GREEDY": "constexpr", "MAX_K": "constexpr", "BLOCK_B": "constexpr"}
+               "HAS_Q": "constexpr", "MAX_K": "constexpr", "BLOCK_B": "constexpr"}
     n = 0
     for arch in (80, 90):
         target = GPUTarget("cuda", arch, 32)
@@ -47,8 +47,8 @@ SCRIPT = textwrap.dedent("""
             consts = {"HAS_Q": has_q, "HAS_FLOOR": has_floor, "GREEDY": greedy, "BLOCK_B": 64, "BLOCK_V": 4096}
             assert "cubin" in triton.compile(ASTSource(T._rows_kernel, sig, consts), target=target).asm
             n += 1
-        for greedy in (False, True):
-            consts = {"GREEDY": greedy, "MAX_K": 8, "BLOCK_B": 256}
+        for has_q in (False, True):  # without q (and at T = 0) the coupled rule, with q the u <= p / q test
+            consts = {"HAS_Q": has_q, "MAX_K": 8, "BLOCK_B": 256}
             assert "cubin" in triton.compile(ASTSource(T._combine_kernel, combine, consts), target=target).asm
             n += 1
     print("compiled", n)
