@@ -4,7 +4,7 @@ One plain SmolLM2 server (fp32, so vLLM's and this process's numerics part only 
 responses of 8 real turns, greedy; n-gram, SmolLM2 drafting for itself and the distilled EAGLE-3 head are
 scored here at k = 1 and 3, the head from vLLM's own hidden states (`hidden_states = "engine"`: a second
 server with the extract_hidden_states method and calibrate's CPU connector). Oracles:
-- vLLM's own speculation on the same turns (a launch per (speculator, k)): wherever the two servers' tokens
+- vLLM's own speculation on the same turns (a launch per speculator, at k = 3): wherever the two servers' tokens
   are the same, the rows are the same, request for request (n-gram's unlisted empty steps placed by its
   in-process twin); where they differ, the test says how many and compares the pooled AL within the
   interval;
@@ -42,7 +42,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration,
               pytest.mark.skipif(not (vllm_env() / ".complete").exists(),
                                  reason=f"vLLM is not installed at {vllm_env()} (run `make vllm`; CI does)")]
 
-KS = [1, 3]
+KS = [1, 3]  # replay scores every k from one launch; vLLM's own speculation launches per k: at 3 only
 TOKENS = 32
 SERVER = {"concurrency": 4, "args": ["--enforce-eager", "--dtype", "float32", "--max-num-batched-tokens", "8192"],
           "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
@@ -84,7 +84,7 @@ def speculated(tmp_path_factory, mini_swe_dir) -> Path:
     """vLLM's own speculation on the same turns: a launch per (speculator, k)."""
     folder = tmp_path_factory.mktemp("loop")
     db = folder / "s.duckdb"
-    run(config(folder / "s.toml", mini_swe_dir / "original", "loop", SPECULATORS), db)
+    run(config(folder / "s.toml", mini_swe_dir / "original", "loop", SPECULATORS, ks=[3]), db)
     return db
 
 
@@ -124,10 +124,10 @@ def test_runs_name_what_generated_and_what_scored(replayed):
 
 def test_replay_rows_equal_vllms_own_rows_where_the_tokens_are_the_same(replayed, speculated):
     ours, theirs = rows(replayed), rows(speculated)
-    assert ours.keys() == theirs.keys()
+    assert {key for key in ours if key[1] == 3} == theirs.keys()
     same = differ = 0
-    for key, mine in ours.items():
-        other = theirs[key]
+    for key, other in theirs.items():
+        mine = ours[key]
         tokens = other["raw"]["token_ids"]
         if mine["raw"]["token_ids"] != tokens:
             differ += 1
@@ -139,7 +139,7 @@ def test_replay_rows_equal_vllms_own_rows_where_the_tokens_are_the_same(replayed
     print(f"{same} (speculator, k, request) rows with the same tokens in both servers, {differ} with other tokens")
     assert same >= differ and same > 0
     # where tokens differ, the pooled AL of each (speculator, k) agrees within its interval
-    for spec, k in {(s, k) for s, k, _ in ours}:
+    for spec, k in {(s, k) for s, k, _ in theirs}:
         a, b = ([v["hist"] for (s, kk, _), v in d.items() if (s, kk) == (spec, k)] for d in (ours, theirs))
         sa, sb = (stats.summarize(np.array(h), np.arange(len(h)), seed=0) for h in (a, b))
         assert sb.ci_low <= sa.acceptance_length <= sb.ci_high, (spec, k, sa.acceptance_length, sb)

@@ -33,7 +33,7 @@ from calibrate.tables import stats  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 KS = [1, 2]
-REQUESTS, SAMPLES, TOKENS = 10, 20, 12
+REQUESTS, SAMPLES, TOKENS = 10, 20, 8
 
 
 @pytest.fixture(scope="module")
