@@ -2,7 +2,10 @@
 
 No public checkpoint with MTP layers is small enough for the test machines, and random MTP layers accept
 nothing, so tests and the `mtp` kind's integration test need one made here:
-1. a 2-layer MoE DeepSeek-V3 (SmolLM2's tokenizer and chat template, tied embeddings, a few M parameters)
+1. a 2-layer MoE DeepSeek-V3 (SmolLM2's tokenizer and chat template, tied embeddings, a few M parameters;
+   the head is written out as `lm_head.weight` all the same: vLLM's DeepseekV2ForCausalLM never ties, it
+   builds its own ParallelLMHead and reads it from the checkpoint, so without one it serves an
+   uninitialised head, greedy token 0 every time, while transformers reads the same files correctly)
    trained as a language model on rendered agentic conversations (the last turn of each, skipping the first
    `skip` conversations so that measurements on those stay held out);
 2. its MTP layer(s) trained with the main model frozen, teacher-forced (`mtp.teacher_forced`), against the
@@ -92,6 +95,7 @@ def save_with_mtp(main: Any, mtp: Any, path: Path) -> None:
     full.load_state_dict(state, strict=False)  # a tied head has no weight of its own
     full.save_pretrained(path)  # transformers writes the blocks' tensors in the checkpoint spelling
     weights = load_file(str(path / "model.safetensors"))
+    weights["lm_head.weight"] = main.get_output_embeddings().weight.detach().clone().contiguous().cpu()
     for i, layer in enumerate(mtp.layers):
         prefix = f"model.layers.{layers + i}."
         for name in ("enorm", "hnorm", "eh_proj"):
@@ -183,7 +187,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     recipe = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
-    recipe.update(mla=VLLM_CPU_MLA, routing=VLLM_ROUTING)
+    recipe.update(mla=VLLM_CPU_MLA, routing=VLLM_ROUTING, head="written")
     made = out / "recipe.json"
     if (out / ".complete").exists() and made.exists() and json.loads(made.read_text()) == recipe:
         print(f"{out} exists")

@@ -231,6 +231,21 @@ def test_qwen35_style_mtp_is_refused_by_name():
         mtp_layer_count(config, "q")
 
 
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_the_checkpoint_carries_the_head_that_vllm_reads(tmp_path, tied):
+    """vLLM's DeepseekV2ForCausalLM does not tie its head to the embeddings (vllm 0.32
+    `model_executor/models/deepseek_v2.py` builds a ParallelLMHead and loads `lm_head.weight`): the head
+    must be in the file, the one transformers reads (tied to the embeddings, as `make models` builds it,
+    or not), or vLLM serves a random one."""
+    from safetensors.torch import load_file
+
+    main, mtp = new_model(tiny_config(vocab_size=EOS + 1, tie_word_embeddings=tied), seed=1)
+    save_with_mtp(main, mtp, tmp_path)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    assert torch.equal(_load(tmp_path).get_output_embeddings().weight, weights["lm_head.weight"])
+    assert torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"]) == tied
+
+
 def test_config_name_and_provenance(tmp_path):
     from calibrate.config import ConfigError, load_config
     from calibrate.speculators.registry import KINDS
