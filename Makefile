@@ -95,9 +95,10 @@ quickstart: quickstart-models
 	time $(VENV)/bin/calibrate run examples/quickstart.toml --db tables/quickstart.duckdb
 
 # The whole suite, as CI runs it: first everything its tests need (each cached once built), so nothing skips
-# for want of a fixture; a test that still cannot run is counted and named in pytest's summary (-ra).
+# for want of a fixture; a test that still cannot run is counted and named in pytest's summary (-ra). The
+# slowest tests are listed after it, so CI's log says where its time goes.
 test: llamacpp vllm models oracle-env
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"

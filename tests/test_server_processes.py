@@ -102,7 +102,8 @@ LAUNCHER = textwrap.dedent("""
     from test_server_processes import server_command
     port = free_port("127.0.0.1")
     with terminate_as_exit():
-        server = launch("stand-in", server_command(port), f"http://127.0.0.1:{{port}}", "/", timeout=60)
+        server = launch("stand-in", server_command(port), f"http://127.0.0.1:{{port}}", "/", timeout=60,
+                        log_dir=sys.argv[2])
         try:
             print(server.process.pid, flush=True)
             if sys.argv[1] == "error":
@@ -120,7 +121,8 @@ LAUNCHER = textwrap.dedent("""
 def test_no_process_of_the_group_outlives_its_launcher(tmp_path, how, status):
     """Killing the launching process (politely, with Ctrl-C's signal, or with SIGKILL, which runs no code
     of ours: the watchdog then stops the group) or an error in it ends every process of the server."""
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER.format(tests=str(ROOT / "tests")), how],
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER.format(tests=str(ROOT / "tests")), how,
+                                 str(tmp_path)],
                                 stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     pgid = int(launcher.stdout.readline())
     assert wait_for(lambda: len(members(pgid)) == 3, 20)
