@@ -7,7 +7,8 @@ server with the extract_hidden_states method and calibrate's CPU connector). Ora
 - vLLM's own speculation on the same turns (a launch per speculator, at k = 3): wherever the two servers' tokens
   are the same, the rows are the same, request for request (n-gram's unlisted empty steps placed by its
   in-process twin); where they differ, the test says how many and compares the pooled AL within the
-  interval;
+  interval; SmolLM2 drafting for itself accepts nearly every draft, its rows segmented and its budget-cut
+  step censored;
 - vLLM's hidden states against a teacher-forced pass here: within a stated tolerance, and the EAGLE-3
   rows scored from either identical;
 - the audit at T = 0.7: vLLM's n-gram counts against its own tokens (the CPU build's sampler accepts fewer
@@ -143,6 +144,32 @@ def test_replay_rows_equal_vllms_own_rows_where_the_tokens_are_the_same(replayed
         a, b = ([v["hist"] for (s, kk, _), v in d.items() if (s, kk) == (spec, k)] for d in (ours, theirs))
         sa, sb = (stats.summarize(np.array(h), np.arange(len(h)), seed=0) for h in (a, b))
         assert sb.ci_low <= sa.acceptance_length <= sb.ci_high, (spec, k, sa.acceptance_length, sb)
+
+
+def test_vllms_own_draft_model_rows_are_segmented_and_censor_the_budget_cut(speculated):
+    """SmolLM2 drafting for itself through vLLM's `draft_model`: every step is listed, so its rows are
+    segmented like in-process rows; vLLM counts the step max_tokens cuts in full (1 + its steps' tokens >
+    the response), where the rows keep what the step rule knows (a cut step censored, or kept as k accepted
+    where all k drafts were checked: its bonus token is the one past the budget). Greedy self-drafts are the
+    target's own tokens, so only a 1-token draft pass against a k+1 verify pass can reject one."""
+    con = duckdb.connect(str(speculated), read_only=True)
+    where = "WHERE speculator LIKE 'draft:%'"
+    segments = {s for (s,) in con.execute(f"SELECT DISTINCT segment FROM segment_counts JOIN runs USING (run_id) "
+                                          f"{where}").fetchall()}
+    kept = con.execute(f"SELECT request_id, sum(steps) + sum(accepted_drafts) + 1, any_value(generated_tokens) "
+                       f"FROM segment_counts JOIN requests USING (run_id, request_id) JOIN runs USING (run_id) "
+                       f"{where} GROUP BY 1").fetchall()
+    (command,) = con.execute(f"SELECT server FROM runs {where}").fetchone()
+    con.close()
+    assert segments and "unsegmented" not in segments
+    draft = [v["raw"] for (s, _, _), v in rows(speculated).items() if s.startswith("draft:")]
+    overshot = [r for r in draft if 1 + sum(a + 1 for a in r["speculative_decoding"]["per_step_accepted"])
+                > len(r["token_ids"])]
+    assert overshot and all(emitted <= tokens + 1 for _, emitted, tokens in kept), kept
+    assert str(real_model("smollm2-135m-instruct")) in json.loads(command)["command"]  # the draft's name resolved
+    hists = [v["hist"] for (s, _, _), v in rows(speculated).items() if s.startswith("draft:")]
+    al = stats.summarize(np.array(hists), np.arange(len(hists)), seed=0).acceptance_length
+    assert al > 3 + 1 - 0.35, al
 
 
 def test_vllms_hidden_states_match_a_teacher_forced_pass_and_score_the_same(replayed, tmp_path, mini_swe_dir):
