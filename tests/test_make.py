@@ -28,13 +28,13 @@ def test_make_test_builds_every_fixture_its_tests_need() -> None:
 
 def test_a_missing_engine_skips_each_test_in_the_summary(tmp_path: Path) -> None:
     """Without vLLM, each of its tests is a skip with its reason in the summary (it was one module skip
-    hiding seven tests)."""
+    hiding seven tests): collected one by one, and skipped one by one."""
     assert "-ra" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
     env = {**os.environ, "CALIBRATE_VLLM_ENV": str(tmp_path / "no-vllm")}
     pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/test_engines_vllm.py"]
     listed = subprocess.run([*pytest, "--collect-only", "-q"], cwd=ROOT, env=env, capture_output=True, text=True)
     tests = [line for line in listed.stdout.splitlines() if "::" in line]
-    assert len(tests) >= 7, listed.stdout + listed.stderr
+    assert len(tests) > 1, listed.stdout + listed.stderr  # a module-level skip collects none
     ran = subprocess.run([*pytest, "-q"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert ran.stdout.splitlines()[-1].startswith(f"{len(tests)} skipped"), ran.stdout
     assert f"vLLM is not installed at {tmp_path / 'no-vllm'}" in ran.stdout
