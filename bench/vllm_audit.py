@@ -4,7 +4,7 @@ and temperature.
     python bench/vllm_audit.py [--speculators ngram eagle3 mtp] [--temperatures 0 0.7] [--k 3]
                                [--requests 8] [--max-new-tokens 32] [--concurrency 4] [--fix-expand]
 
-Each (speculator, temperature) is one `calibrate run` of vLLM's own speculation (engine "loop", fp32, a
+Each (speculator, temperature) is one `calibrate run` of vLLM's own speculation (engine "loop", fp32 (MTP bf16), a
 launch per speculator) on real mini-swe-agent turns. Every stored response is then audited with the
 speculator's in-process twin exactly as `calibrate run` audits it at T > 0 (calibrate.engines.audit): at
 T = 0 too, where greedy decoding is exact by construction, so T = 0 gives the baseline of the drafter's own
