@@ -5,9 +5,9 @@ and temperature.
                                [--requests 8] [--max-new-tokens 32] [--concurrency 4] [--fix-expand]
 
 Each (speculator, temperature) is one `calibrate run` of vLLM's own speculation (engine "loop", fp32, MTP
-bf16 where native; a launch per speculator) on real mini-swe-agent turns. Every stored response is then audited with the
-speculator's in-process twin exactly as `calibrate run` audits it at T > 0 (calibrate.engines.audit): at
-T = 0 too, where greedy decoding is exact by construction, so T = 0 gives the baseline of the drafter's own
+bf16 where native; a launch per speculator) on real mini-swe-agent turns. Every stored response is then
+audited with the speculator's in-process twin exactly as `calibrate run` audits it at T > 0
+(calibrate.engines.audit): at T = 0 too, where greedy decoding is exact by construction, so T = 0 gives the baseline of the drafter's own
 numerics (n-gram: none; a model drafter: the rounding of two implementations), against which T > 0 is read.
 It prints, per row: steps listed, drafts accepted, and steps whose accepted count contradicts the tokens.
 
