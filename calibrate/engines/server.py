@@ -193,22 +193,17 @@ class Server:
 
     def __enter__(self) -> Server:
         cfg = self.cfg
-        if self._command is not None:
-            port = cfg.port or free_port(cfg.host)
-            check_port_free(self.engine, cfg.host, port)
-            self.url = f"http://{cfg.host}:{port}"
-            self._signals.enter_context(terminate_as_exit())
-            try:
+        with contextlib.ExitStack() as failed:
+            failed.callback(self.close)  # whatever fails below stops what was started; kept once all is up
+            if self._command is not None:
+                port = cfg.port or free_port(cfg.host)
+                check_port_free(self.engine, cfg.host, port)
+                self.url = f"http://{cfg.host}:{port}"
+                self._signals.enter_context(terminate_as_exit())
                 self.launched = launch(self.engine, self._command(cfg.host, port), self.url, self.health,
                                        cfg.startup_timeout, log_dir=cfg.log_dir, env=self.env)
-            except BaseException:
-                self._signals.close()
-                raise
-        try:
             self.info = self._describe(self.url, cfg.request_timeout)
-        except BaseException:
-            self.close()
-            raise
+            failed.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:

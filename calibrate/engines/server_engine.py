@@ -11,6 +11,7 @@ the two a connected server does is learnt from its first reply, sent alone.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -124,12 +125,10 @@ class ServerEngine:
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def __enter__(self) -> ServerEngine:
-        self.server.__enter__()
-        try:
+        with contextlib.ExitStack() as failed:
+            failed.enter_context(self.server)  # stopped if naming the target fails; kept once it is named
             self.target = self.target_of(self.served.pair, self.server.url, self.server.info)
-        except BaseException:
-            self.server.close()
-            raise
+            failed.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:

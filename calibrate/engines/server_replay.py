@@ -75,9 +75,10 @@ class ServerReplayEngine:
         self.server = Server(backend.name, cfg, backend.health, backend.describe, command=command, url=cfg.url)
 
     def __enter__(self) -> ServerReplayEngine:
-        self._open.enter_context(self.server)
-        try:
-            cfg = self.pair.server
+        cfg = self.pair.server
+        with contextlib.ExitStack() as failed:
+            failed.callback(self.close)  # whatever fails below stops the servers started; kept once all is up
+            self._open.enter_context(self.server)
             if cfg.mode == "connect" and self.backend.speculates(self.server.url, self.server.info,
                                                                 cfg.request_timeout):
                 raise EngineError(f"{self.backend.name} at {self.server.url}: the server runs speculative decoding; "
@@ -86,9 +87,7 @@ class ServerReplayEngine:
             if isinstance(self.features, contextlib.AbstractContextManager):  # the engine's hidden-state server
                 self._open.enter_context(self.features)
             self.target = self.target_of(self.pair, self.server.url, self.server.info)
-        except BaseException:
-            self.close()
-            raise
+            failed.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
