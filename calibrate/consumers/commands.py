@@ -17,7 +17,7 @@ import typer
 from calibrate import consumers
 from calibrate.consumers import exports, inferencex, runner_env
 from calibrate.consumers.inferencex import Naming
-from calibrate.consumers.lookup import lookup as lookup_record
+from calibrate.consumers.lookup import lookup as lookup_record, open_table
 from calibrate.errors import cli_errors
 from calibrate.replay.counts import check_k
 from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
@@ -129,6 +129,8 @@ def lookup(
                                "warning; and answer for a row the engine audit marked (refused otherwise)."),
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
+    # The table is read (an export strictly) before anything else: a malformed one is named, whatever else is wrong.
+    source = open_table(table) if table is not None else None
     if draft_len is not None:
         check_k([draft_len], "--draft-len")
     match_prefix = False
@@ -159,7 +161,7 @@ def lookup(
     form = format or "value"
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
     record = lookup_record(
-        model, speculator, draft_len, thinking, table=table, dataset=dataset, temperature=temperature,
+        model, speculator, draft_len, thinking, table=source, dataset=dataset, temperature=temperature,
         extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context, force=force,
     )
     sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell, force))

@@ -21,7 +21,7 @@ import duckdb
 
 from calibrate.consumers.inferencex import MODEL_PREFIXES
 from calibrate.errors import NothingUsable
-from calibrate.replay.counts import check_k
+from calibrate.replay.counts import MAX_K, check_k
 from calibrate.tables import query
 from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, from_name
 from calibrate.tables.names import AmbiguousMatch, NotMeasured, match_speculator, match_target, normalize_thinking
@@ -193,8 +193,8 @@ def record_problem(r: AcceptanceRecord) -> str | None:
         return f"field bucket {r.bucket!r} is no request bucket (context=<label> or turn=<label>)"
     if r.segment not in query.SEGMENT_ORDER:
         return f"field segment {r.segment!r} is none of {', '.join(query.SEGMENT_ORDER)}"
-    if r.draft_len < 1:
-        return f"field draft_len {r.draft_len} is not a positive draft length"
+    if not 1 <= r.draft_len <= MAX_K:
+        return f"field draft_len {r.draft_len} is not a draft length calibrate measures (1..{MAX_K})"
     if not _real(r.temperature) or r.temperature < 0:
         return f"field temperature {r.temperature!r} is not a temperature >= 0"
     if r.top_p is not None and not (_real(r.top_p) and 0 < r.top_p <= 1):
