@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -156,6 +157,50 @@ def test_corrupt_exported_tables(tmp_path: Path, exported: dict, fuzz_seed: int 
         if result.exit_code == 0:
             assert 1 <= float(result.stdout) <= k + 1
         assert digest(table) == before
+
+    seeded(corrupt, fuzz_seed)()
+
+
+# Recipes a runner hands `lookup --from-env --recipe`: any YAML shape, also inside the keys the launchers read.
+recipe_values = st.recursive(
+    json_values | st.sampled_from(["decode", "agg", "prefill", '{"method": "ngram"}', "--speculative-config {"]),
+    lambda inner: st.dictionaries(st.sampled_from(["roles", "decode", "agg", "prefill", "args", "extra-args",
+                                                   "speculative-config", "speculative_config", "method",
+                                                   "speculative-algorithm", "speculative-num-steps", "max_draft_len",
+                                                   "num-speculative-tokens", "base"]) | st.text(max_size=4),
+                                  inner, max_size=4) | st.lists(inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@pytest.mark.parametrize("fuzz_seed", FUZZ_SEEDS)
+def test_corrupt_recipes(tmp_path: Path, fuzz_seed: int | None) -> None:
+    """Issue 37: a recipe value of the wrong shape was an AttributeError traceback; whatever the recipe holds,
+    lookup --from-env answers, says nothing is forced (LookupError, exit 1) or refuses it (ValueError, exit 2)."""
+    from calibrate.consumers import CONSUMERS, runner_env
+
+    dialect_of = {fw: d for c in CONSUMERS.values() for fw, d in c.frameworks.items()}
+    env = {"THINKING_MODE": "thinking_on", "IS_AGENTIC": "1", "EVAL_ONLY": "false", "SPEC_DECODING": "mtp"}
+
+    runners = [(fw, False) for fw, d in sorted(dialect_of.items()) if d] + [
+        (fw, True) for fw in runner_env.REFERENCE_ENGINES]  # the newest launchers' and the recipes launcher's
+
+    @settings(FUZZ, max_examples=60)
+    @given(recipe=recipe_values, runner=st.sampled_from(runners))
+    def corrupt(recipe, runner: tuple[str, bool]) -> None:
+        framework, reference = runner
+        path = tmp_path / "recipe.yaml"
+        path.write_text(yaml.safe_dump(recipe))
+        variables = {**env, "FRAMEWORK": framework,
+                     **({"SYNTHETIC_ACCEPTANCE": "true", "MODEL_PREFIX": "dsv4"} if reference else
+                        {"MODEL_PREFIX": "kimik3"})}
+        try:
+            runner_env.question(variables, model=None, speculator=None, draft_len=None, thinking=None, recipe=path,
+                                dialect_of=dialect_of)
+        except ValueError as exc:  # bad input: the recipe is named (the runner's variables are all fine)
+            assert str(path) in str(exc), exc
+        except LookupError:  # the recipe forces nothing
+            pass
 
     seeded(corrupt, fuzz_seed)()
 

@@ -93,20 +93,24 @@ RECIPE_SAMPLERS: dict[str, str | None] = {"vllm": RECIPE_OWN, "atom": "probabili
                                           "trtllm": None, "tilert": None}
 
 
-def loader_sampler(engine: str, method: str, chosen: str | None) -> str | None:
-    """The draft_sample_method InferenceX's loader sees for a `method` recipe of `engine` whose own is `chosen`
-    (None: the recipe names none); a ValueError where `chosen` cannot reach the loader. Only DSpark recipes carry
-    one (spec_parameters), so for any other method `chosen` passes through unread."""
+def sampler_seen(engine: str, method: str, own: str | None) -> str | None:
+    """The draft_sample_method InferenceX's loader sees for a `method` recipe of `engine` that names `own` (None:
+    none). Only DSpark recipes hand one over (spec_parameters); for any other method `own` passes through unread."""
     passed = RECIPE_SAMPLERS[engine]
-    if method != "dspark" or passed == RECIPE_OWN:
-        return chosen
-    if chosen is not None and chosen != passed:
-        says = (f"sets draft_sample_method {passed} whatever the recipe says" if passed else
+    return own if method != "dspark" or passed == RECIPE_OWN else passed
+
+
+def loader_sampler(engine: str, method: str, chosen: str | None) -> str | None:
+    """sampler_seen for the user's choice (--draft-sample-method); a ValueError where that choice cannot reach
+    the loader, because the engine's recipe hands it another or none."""
+    seen = sampler_seen(engine, method, chosen)
+    if chosen is not None and chosen != seen:
+        says = (f"sets draft_sample_method {seen} whatever the recipe says" if seen else
                 "passes no draft_sample_method")
         raise ValueError(f"a DSpark recipe of {engine} {says} to InferenceX's loader (infx/srt_slurm/"
                          f"synthetic_acceptance.py spec_parameters), so no {engine} run reads a {chosen} curve: drop "
-                         f"--draft-sample-method{f' or give {passed}' if passed else ''}")
-    return passed
+                         f"--draft-sample-method{f' or give {seen}' if seen else ''}")
+    return seen
 
 
 @dataclass(frozen=True)
@@ -207,8 +211,7 @@ def curve_name(prefix: str, method: str, draft_model: str = "", draft_sample_met
             raise SamplerRequired("InferenceX has no Kimi-K3 DSpark curve without the recipe's draft_sample_method "
                                   "(greedy or probabilistic)")
     if not CURVE_ALPHABET.fullmatch(name):
-        raise ValueError(f"InferenceX refuses curve name {name!r}: it must match [a-z0-9_.-]+ "
-                         "(fix --model-prefix / --method)")
+        raise ValueError(f"InferenceX refuses curve name {name!r}: it must match [a-z0-9_.-]+")
     return name
 
 
@@ -273,6 +276,8 @@ def _engine_curve_name(prefix: str, method: str, draft: str, naming: Naming) -> 
             raise ValueError(f"{exc}, and a DSpark recipe of {naming.engine} passes none (spec_parameters): no "
                              f"{naming.engine} run of InferenceX loads a Kimi-K3 DSpark curve") from None
         raise ValueError(f"{exc}: give --draft-sample-method greedy or probabilistic") from None
+    except ValueError as exc:
+        raise ValueError(f"{exc} (fix --model-prefix / --method)") from None
 
 
 def _recipe_method(record: AcceptanceRecord, engine: str) -> str:
