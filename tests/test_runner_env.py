@@ -25,12 +25,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from calibrate.consumers import runner_env
+from calibrate.consumers import CONSUMERS, runner_env
 from calibrate.consumers.runner_env import NoSyntheticAcceptance
 
 UNSET = None  # a variable left out of the environment
-DIALECTS = {"vllm": "vllm", "vllm-disagg": "vllm", "sglang": "sglang", "dynamo-trt": "trtllm", "atom": "atom",
-            "llmd-vllm": "llmd"}
+# FRAMEWORK -> recipe dialect, from the consumer registry: one FRAMEWORK per dialect and a disaggregated one.
+FRAMEWORK_DIALECTS = {fw: d for c in CONSUMERS.values() for fw, d in c.frameworks.items()}
+DIALECTS = {fw: FRAMEWORK_DIALECTS[fw] for fw in ("vllm", "vllm-disagg", "sglang", "dynamo-trt", "atom", "llmd-vllm")}
 
 
 def srt_launcher(env: dict[str, str], speculates: bool) -> str:

@@ -357,3 +357,10 @@ def test_a_record_of_an_engine_that_reports_totals_only_is_answered(tables: dict
     for name in ("t.json", "t.parquet"):
         consumers.export([totals], name.split(".")[1], tmp_path / name)
         assert lookup(Q, "ngram", 3, "off", table=tmp_path / name) == totals
+
+
+def test_a_json_nested_too_deep_is_named_not_a_traceback(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ValueError, match=rf"^{deep}: not a JSON acceptance table \(nested deeper"):
+        lookup(Q, "ngram", 3, "off", table=deep)

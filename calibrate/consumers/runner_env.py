@@ -62,10 +62,6 @@ THINKING_KEYS = ("thinking_on", "thinking_off")
 # reads nothing unless the decode role's extra-args carry --speculative-config, and then env.get(...) throughout
 # (`_llmd_gate`). The workflow templates set all five (benchmark-tmpl.yml at 00983c3e22a0).
 LAUNCHER_READS = ("EVAL_ONLY", "IS_AGENTIC", "SPEC_DECODING", "MODEL_PREFIX", "THINKING_MODE")
-# The engine whose recipe a dialect is: its draft_sample_method reaches the loader as that engine's does
-# (inferencex.RECIPE_SAMPLERS); llm-d's --speculative-config is vLLM's, whole.
-DIALECT_ENGINES = {"vllm": "vllm", "llmd": "vllm", "sglang": "sglang", "trtllm": "trtllm", "atom": "atom",
-                   "tilert": "tilert"}
 
 # A recipe method -> our speculator kind (the inverse of RECIPE_METHODS over every engine).
 KIND_OF_METHOD = {method: kind for methods in RECIPE_METHODS.values() for kind, method in methods.items()}
@@ -291,7 +287,7 @@ def _curve_check(prefix: str | None, spec: RecipeSpec, dialect: str, source: str
     DSpark curve without the draft_sample_method the engine's recipe hands it (inferencex.sampler_seen)."""
     if prefix is None:
         return
-    engine = DIALECT_ENGINES[dialect]
+    engine = "vllm" if dialect == "llmd" else dialect  # llm-d's --speculative-config is vLLM's, whole
     try:
         inferencex.curve_name(prefix, spec.method, spec.draft_model,
                               inferencex.sampler_seen(engine, spec.method, spec.draft_sample_method))
