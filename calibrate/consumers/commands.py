@@ -68,7 +68,8 @@ def export(
     method: Optional[str] = typer.Option(
         None, "--method", help="inferencex: the recipe's method (default: the engine's for the speculator kind)."),
     draft_sample_method: Optional[DraftSampleMethod] = typer.Option(
-        None, "--draft-sample-method", help="inferencex DSpark: the recipe's draft_sample_method."),
+        None, "--draft-sample-method", help="inferencex DSpark: the recipe's draft_sample_method (a vllm recipe "
+        "hands it to InferenceX's loader; atom's is always probabilistic, sglang's and trtllm's none)."),
     draft_model: Optional[str] = typer.Option(
         None, "--draft-model", help="inferencex: the recipe's draft model path (default: the measured draft)."),
     model: Optional[str] = MODEL_OPT,
