@@ -281,16 +281,51 @@ INFX_CURVES_843C = {"dsv4_mtp": "deepseek-v4-pro", "dsv4-pro-0813-dspark": "deep
                     "kimik3_dspark_probabilistic_sample_method_block_rejection_sample_method": "kimi-k3",
                     "minimaxm3_eagle3": "minimax-m3", "minimaxm3_eagle3_gqa": "minimax-m3"}
 INFX_CURVES_NEWEST = {"dsv41flash_dspark", "qwen3.8next_mtp", "glm5.3_mtp"}
+# Curves shipped beside the loader's names (issue 37, group 8 f): qwen3.827b_fp8_mtp.yaml, which a single-node vLLM
+# script hands infx/bench_serving/qwen_mtp.py (d57bc63b96384b76a323c49cc6c8127194665700; it reads the key below),
+# one of a qwen3.827b_<precision>_mtp family; and qwen3.8_mtp, which issue 37's run of the newest InferenceX found.
+INFX_CURVES_BY_PATH = {"qwen3.827b_fp8_mtp": "qwen3.8-27b-fp8", "qwen3.8_mtp": "qwen3.8"}
 
 
 def test_inferencex_prefix_table_holds_inferencex_own_names() -> None:
     """One table (inferencex.MODEL_PREFIXES) holds every curve name InferenceX ships, and its MODEL_KEYS; a
-    shipped curve's prefix names the model its top-level key is."""
-    assert inferencex.SHIPPED_CURVES == set(INFX_CURVES_843C) | INFX_CURVES_NEWEST
+    shipped curve's entry names the model its top-level key is."""
+    for curve in (*INFX_CURVES_843C, *INFX_CURVES_NEWEST, *INFX_CURVES_BY_PATH):
+        assert inferencex.shipped_for(curve) is not None, curve
+    assert inferencex.shipped_for("qwen2.5c_mtp") is None and inferencex.shipped_for("dsv4_ngram") is None
     assert inferencex.MODEL_KEYS == INFX_MODEL_KEYS
-    for curve, key in INFX_CURVES_843C.items():
+    for curve, key in {**INFX_CURVES_843C, **INFX_CURVES_BY_PATH}.items():
         prefixes = [p for p, e in inferencex.MODEL_PREFIXES.items() if curve in e.curves]
-        assert prefixes and all(inferencex.names_model(inferencex.MODEL_PREFIXES[p].model, [key]) for p in prefixes)
+        assert all(inferencex.names_model(inferencex.MODEL_PREFIXES[p].model, [key]) for p in prefixes)
+        assert inferencex.names_model(inferencex.shipped_for(curve).model, [key])
+
+
+@pytest.mark.parametrize(("prefix", "shipped"), [("qwen3.8", "qwen3.8_mtp.yaml"),
+                                                 ("qwen3.827b_fp8", "qwen3.827b_fp8_mtp.yaml"),
+                                                 ("qwen3.827b_nvfp4", "qwen3.827b_nvfp4_mtp.yaml")])
+def test_inferencex_refuses_to_replace_a_curve_shipped_under_a_new_name(records: list[AcceptanceRecord],
+                                                                       tmp_path: Path, prefix: str,
+                                                                       shipped: str) -> None:
+    """Issue 37, group 8 (f): Qwen2.5-Coder rows written as qwen3.8_mtp.yaml or qwen3.827b_*_mtp.yaml (names
+    InferenceX ships for Qwen3.8 models) are refused unless --force, as dsv4_mtp.yaml is, and forced they say
+    what they replace; the shipped model's own rows are written with a note that they replace it."""
+    ngram = [r for r in records if r.speculator == "ngram" and r.target.startswith("Qwen")]
+    options = ExportOptions(naming=Naming(model_prefix=prefix, method="mtp"))
+    with pytest.raises(ValueError, match=rf"InferenceX's for qwen3.8.*but {shipped} holds "
+                                         rf"Qwen/Qwen2.5-Coder-1.5B-Instruct.*InferenceX ships {shipped} for it: "
+                                         "pass --force to replace it"):
+        consumers.export(ngram, "inferencex", tmp_path / "refused", stamp=STAMP, options=options)
+    assert not (tmp_path / "refused").exists()
+    forced = ExportOptions(naming=Naming(model_prefix=prefix, method="mtp", force=True))
+    consumers.export(ngram, "inferencex", tmp_path / "forced", stamp=STAMP, options=forced)
+    assert [p.name for p in (tmp_path / "forced").iterdir()] == [shipped]
+    assert any(w.endswith(f"{shipped} replaces the curve InferenceX ships under that name for every run that loads "
+                          "it") for w in consumers.export_warnings(ngram, "inferencex", forced))
+    own = _one_curve(tmp_path, "Qwen/Qwen3.8-27B-FP8", "mtp")
+    consumers.export(own, "inferencex", tmp_path / "own", stamp=STAMP, options=options)
+    assert consumers.export_notes(own, "inferencex", options)[-1] == (
+        f"{shipped} replaces the curve InferenceX ships under that name for every run that loads it")
+    assert not [w for w in consumers.export_warnings(own, "inferencex", options) if "InferenceX's for" in w]
 
 
 def test_inferencex_warns_when_the_prefix_names_another_model(records: list[AcceptanceRecord],
@@ -359,6 +394,8 @@ def _one_curve(tmp_path: Path, target: str, speculator: str, draft_id: str | Non
      "kimik3", "kimik3_dspark_probabilistic_sample_method_block_rejection_sample_method.yaml"),
     ("moonshotai/Kimi-K3", "dspark", None, Naming(method="dspark", draft_sample_method="greedy"), "dspark", "kimik3",
      "kimik3_dspark.yaml"),
+    ("moonshotai/Kimi-K3", "dspark", None, Naming(engine="atom", method="dspark"), "dspark", "kimik3",
+     "kimik3_dspark_probabilistic_sample_method_block_rejection_sample_method.yaml"),  # ATOM's DSpark: always
     ("MiniMaxAI/MiniMax-M3", "eagle3", "org/MiniMax-M3-EAGLE3-GQA", Naming(), "eagle3", "minimaxm3",
      "minimaxm3_eagle3_gqa.yaml"),
     ("MiniMaxAI/MiniMax-M3", "mtp", None, Naming(engine="sglang"), "nextn", "minimaxm3", "minimaxm3_eagle3.yaml"),
@@ -391,22 +428,51 @@ def test_inferencex_refuses_names_it_cannot_resolve(records: list[AcceptanceReco
     assert not list(tmp_path.iterdir())
 
 
-# InferenceX's newest workflow templates (.github/workflows/benchmark-tmpl.yml at
+@pytest.mark.parametrize(("engine", "sampler", "reason"), [
+    ("atom", "greedy", "a DSpark recipe of atom sets draft_sample_method probabilistic whatever the recipe says"),
+    ("sglang", "greedy", "a DSpark recipe of sglang passes no draft_sample_method"),
+    ("sglang", "probabilistic", "a DSpark recipe of sglang passes no draft_sample_method"),
+    ("sglang", None, "without the recipe's draft_sample_method .*, and a DSpark recipe of sglang passes none .*: no "
+                     "sglang run of InferenceX loads a Kimi-K3 DSpark curve"),
+])
+def test_inferencex_kimi_dspark_curves_only_where_the_recipe_passes_a_sampler(tmp_path: Path, engine: str,
+                                                                             sampler: str | None, reason: str) -> None:
+    """Issue 37, group 8 (a, b): ATOM's recipe always hands the loader the probabilistic sampler, so a greedy
+    Kimi-K3 DSpark curve for ATOM is refused (never written saying ATOM loads it); SGLang's hands none, so the
+    loader raises for Kimi-K3 DSpark and no curve is written for SGLang at all. The restated loader agrees."""
+    records = _one_curve(tmp_path, "moonshotai/Kimi-K3", "dspark")
+    options = ExportOptions(naming=Naming(engine=engine, method="dspark", draft_sample_method=sampler))
+    with pytest.raises(ValueError, match=reason):
+        consumers.export(records, "inferencex", tmp_path / "out", stamp=STAMP, options=options)
+    assert not (tmp_path / "out").exists()
+    spec = infx_spec_parameters(infx_recipe(engine, "dspark", 3, draft_sample_method=sampler), engine)
+    if engine == "sglang":
+        with pytest.raises(ValueError, match="no Kimi DSpark curve"):
+            infx_curve_name("kimik3", spec)
+    else:
+        assert infx_curve_name("kimik3", spec).endswith("_probabilistic_sample_method_block_rejection_sample_method")
+
+
+# What THINKING_MODE an InferenceX run reads: on main at 843c6254f the templates set none and the launchers take an
+# unset one as thinking_on (runners/inject_synthetic_acceptance.py: os.environ.get("THINKING_MODE", "thinking_on"));
+# the newest template copies in the search index (.github/workflows/benchmark-tmpl.yml at
 # 00983c3e22a0489aa5f3219f4b8765f2258099fe, benchmark-multinode-tmpl.yml at 00609a176b4e1243ec16aafa12b903c8fd022506)
-# set `THINKING_MODE: thinking_on` in the job's env, a fixed value, not an input: every run they start reads
-# thinking_on, and the golden loader reads modes[THINKING_MODE] as written.
-def test_inferencex_warns_that_the_templates_read_thinking_on_only(records: list[AcceptanceRecord]) -> None:
-    """Issue 31, item 13: the warning says the templates fix thinking_on (not a default a run could change) and
-    that a target without a thinking mode has no curve those runners can load; the reference file says the same."""
+# set `THINKING_MODE: thinking_on` in the job's env, and neither commit can be placed on main (issue 37). The golden
+# loader reads modes[THINKING_MODE] as written.
+def test_inferencex_warns_that_runs_read_thinking_on(records: list[AcceptanceRecord]) -> None:
+    """Issue 31, item 13 and issue 37: the warning says runs read thinking_on, names the commits whose templates fix
+    it without claiming they are on main, and says a target without a thinking mode has no curve those runs load;
+    the reference file says the same."""
     draft = [r for r in records if r.speculator.startswith("draft")]  # Qwen2.5-Coder: thinking off only
     options = ExportOptions(naming=Naming(model_prefix="qwen2.5c"))
     for to, subject in (("inferencex", "qwen2.5c_draft_model.yaml has no thinking_on curve"),
                         ("inferencex-reference", "qwen2.5c has no thinking_on values")):
         (warning,) = [w for w in consumers.export_warnings(draft, to, options) if "thinking_on" in w]
-        assert warning.startswith(subject) and "default" not in warning
-        assert ("workflow templates (benchmark-tmpl.yml, benchmark-multinode-tmpl.yml) fix THINKING_MODE: "
-                "thinking_on") in warning
-        assert warning.endswith("A target without a thinking mode has only thinking_off values: those runners cannot "
+        assert warning.startswith(subject)
+        assert "InferenceX runs read THINKING_MODE thinking_on: its launchers on main (843c6254f)" in warning
+        assert ("(benchmark-tmpl.yml at 00983c3e22a0, benchmark-multinode-tmpl.yml at 00609a176b4e; not shown to be "
+                "on main) fix THINKING_MODE: thinking_on") in warning
+        assert warning.endswith("A target without a thinking mode has only thinking_off values: those runs cannot "
                                 "load its curve")
 
 

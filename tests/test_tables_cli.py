@@ -491,8 +491,9 @@ def test_the_truncation_warning_counts_the_requests_the_table_counts(app: typer.
 # is true and EVAL_ONLY is not (IS_AGENTIC / SPEC_DECODING play no part); FRAMEWORK must be vllm, dynamo-vllm,
 # dynamo-sglang, trt or dynamo-trt; SYNTHETIC_ACCEPTANCE_LENGTH, when set, is the AL (finite, >= 1) and no table is
 # read; else k = NUM_SPEC_TOKENS, else the first agg / prefill / decode role naming it, else 2; THINKING_MODE
-# stripped, default thinking_on. SGLang gets SGLANG_SIMULATE_ACC_LEN=AL, match-expected, real-draft-token; TRT
-# AL - 1; vLLM rejection_sample_method synthetic with synthetic_acceptance_length.
+# stripped, default thinking_on; the key is MODEL_KEYS.get(MODEL_PREFIX, MODEL_PREFIX), which InferenceX's file holds
+# only for MODEL_KEYS' codes (so the Qwen table is asked with --model). SGLang gets SGLANG_SIMULATE_ACC_LEN=AL,
+# match-expected, real-draft-token; TRT AL - 1; vLLM rejection_sample_method synthetic with synthetic_acceptance_length.
 RECIPES_ENV = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "SYNTHETIC_ACCEPTANCE": "true", "THINKING_MODE": "thinking_off",
                "NUM_SPEC_TOKENS": "3", "IS_AGENTIC": "0"}
 
@@ -505,28 +506,31 @@ RECIPES_ENV = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "SYNTHETIC_ACCEPTANCE": "tr
     ("dynamo-vllm", ['"num_speculative_tokens": 3'])])
 def test_lookup_from_the_recipes_launcher_environment(app: typer.Typer, db: Path, framework: str,
                                                       expected: list[str]) -> None:
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), "--force",
+    res = invoke(app, "lookup", "--from-env", "--model", Q, "--speculator", "ngram", "--table", str(db), "--force",
                  env={**RECIPES_ENV, "FRAMEWORK": framework})  # forced: only vLLM runs our n-gram
     assert res.exit_code == 0, res.output
     assert all(e in res.stdout for e in expected), res.stdout
 
 
 def test_lookup_from_the_recipes_launcher_reads_k_its_way(app: typer.Typer, db: Path, tmp_path: Path) -> None:
+    """NUM_SPEC_TOKENS wins over the recipe; without it k is the generation role's (decode's), as the newest launcher
+    forces the AL (issue 37, group 8 c), with a note when a prefill of another depth is listed first (the recipes
+    launcher would read that one); no role naming k is k = 2, said."""
     env = {**RECIPES_ENV, "FRAMEWORK": "dynamo-sglang"}
     path = tmp_path / "recipe.yaml"
-    # NUM_SPEC_TOKENS wins over the recipe; without it the first role naming k (prefill here) gives it.
     path.write_text(yaml.safe_dump({"roles": {
         "prefill": {"args": {"speculative-algorithm": "NGRAM", "speculative-num-steps": 3}},
         "decode": {"args": {"speculative-algorithm": "NGRAM", "speculative-num-steps": 1}}}}, sort_keys=False))
-    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db), "--force",
-                 env={**env, "NUM_SPEC_TOKENS": "1"})  # forced: SGLang's NGRAM is not our n-gram
+    lookup = ("lookup", "--from-env", "--model", Q, "--recipe", str(path), "--table", str(db), "--force")
+    res = invoke(app, *lookup, env={**env, "NUM_SPEC_TOKENS": "1"})  # forced: SGLang's NGRAM is not our n-gram
     assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=1.45\n" in res.stdout, res.output
-    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db), "--force",
-                 env={**env, "NUM_SPEC_TOKENS": None})
-    assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=2.40\n" in res.stdout, res.output
+    res = invoke(app, *lookup, env={**env, "NUM_SPEC_TOKENS": None})
+    assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=1.45\n" in res.stdout, res.output
+    assert (f"note: {path} lists its prefill role (k=3) first: InferenceX's recipes launcher "
+            "(infx/recipes/synthetic_acceptance.py at 18385430d628, _spec_tokens)") in res.stderr
+    assert "this answers for k=1, as the newest launcher" in res.stderr
     path.write_text(yaml.safe_dump({"roles": {"agg": {"args": {"speculative-algorithm": "STANDALONE"}}}}))
-    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db),
-                 env={**env, "NUM_SPEC_TOKENS": None})
+    res = invoke(app, *lookup[:-1], env={**env, "NUM_SPEC_TOKENS": None})
     assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=2.12\n" in res.stdout and "runs k = 2" in res.output
 
 
@@ -562,18 +566,19 @@ def test_lookup_from_env_refuses_what_inferencex_refuses(app: typer.Typer, db: P
             "FRAMEWORK": "sglang"}
     res = invoke(app, *table, env=bare)
     assert res.exit_code == 2 and res.stdout == "" and res.output.count("\n") == 1, res.output
-    assert "IS_AGENTIC, EVAL_ONLY, SPEC_DECODING unset: InferenceX's build_overrides" in res.output
+    assert ("EVAL_ONLY unset: InferenceX's build_overrides (infx/srt_slurm/synthetic_acceptance.py) reads "
+            "environment['EVAL_ONLY'] here without a default and fails (unset too: IS_AGENTIC, SPEC_DECODING)") in res.output
     res = invoke(app, *table, env={**bare, "FRAMEWORK": "llmd-vllm"})  # llm-d: IS_AGENTIC unset is not agentic
     assert res.exit_code == 1 and "llm-d's role renderer forces acceptance only in agentic runs" in res.output
     full = {**bare, "IS_AGENTIC": "1", "EVAL_ONLY": "false", "SPEC_DECODING": "mtp"}
     assert invoke(app, *table, "--force", env=full).exit_code == 0  # SGLang runs no n-gram of ours: forced
     for variables in (full, {**RECIPES_ENV, "FRAMEWORK": "dynamo-sglang"}):  # golden curves, reference file
-        res = invoke(app, *table, env={**variables, "THINKING_MODE": "off"})
+        res = invoke(app, *table, "--model", Q, env={**variables, "THINKING_MODE": "off"})
         assert res.exit_code == 2 and "THINKING_MODE='off': InferenceX reads it as the curve's key" in res.output
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({"roles": {"agg": {"args": {"speculative-config": json.dumps(
         {"method": "ngram", "num_speculative_tokens": 3})}}}}))
-    res = invoke(app, "lookup", "--from-env", "--recipe", str(recipe), "--table", str(db),
+    res = invoke(app, "lookup", "--from-env", "--model", Q, "--recipe", str(recipe), "--table", str(db),
                  env={**RECIPES_ENV, "FRAMEWORK": "vllm", "NUM_SPEC_TOKENS": "4"})
     assert res.exit_code == 2 and "NUM_SPEC_TOKENS=4 but the generation role of" in res.output and res.stdout == ""
     res = invoke(app, "lookup", "--from-env", "--recipe", str(recipe), "--table", str(db),

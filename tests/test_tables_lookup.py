@@ -204,3 +204,163 @@ def test_inferencex_model_prefixes_resolve(prefix: str, target: str) -> None:
     assert match_target(prefix, entries, prefix=True, aliases=MODEL_PREFIX_ALIASES) == target
     with pytest.raises(NotMeasured):
         match_target(prefix, entries)  # only runner prefixes match this loosely
+
+
+# ---- issue 37, group 6: an exported table is read strictly -------------------------------------------------
+
+def _ngram_row(doc: dict, k: int = 3, thinking: str = "off") -> dict:
+    return next(r for r in doc["records"] if r["speculator"] == "ngram" and r["draft_len"] == k
+                and r["thinking"] == thinking and r["segment"] == "all" and r["target"] == Q)
+
+
+def _lookup_cli(table: Path, k: int = 3):
+    from typer.testing import CliRunner
+
+    from calibrate.cli import app
+
+    return CliRunner().invoke(app, ["lookup", "--table", str(table), "--model", Q, "--speculator", "ngram",
+                                    "-k", str(k), "--thinking", "off"])
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("draft_len", "3", 'field draft_len is "3" (str), not an integer'),
+    ("draft_len", 3.0, "field draft_len is 3.0 (float), not an integer"),
+    ("draft_len", 1.7, "field draft_len is 1.7 (float), not an integer"),
+    ("draft_len", True, "field draft_len is true (bool), not an integer"),
+    ("steps", "15", 'field steps is "15" (str), not an integer'),
+    ("histogram", [6, 2, 2.0, 5], "field histogram holds 2.0 (float), not only integers"),
+    ("histogram", [6.5, 2, 2, 4.5], "field histogram holds 6.5 (float), not only integers"),
+    ("acceptance_length", "2.4", 'field acceptance_length is "2.4" (str), not a number'),
+    ("ci_low", False, "field ci_low is false (bool), not a number or null"),
+    ("top_k", 1.5, "field top_k is 1.5 (float), not an integer or null"),
+    ("unconditional_rates", [0.6, "0.46", 0.33], 'field unconditional_rates holds "0.46" (str), not only numbers'),
+    ("run_ids", ["r", 7], "field run_ids holds 7 (int), not only texts"),
+])
+def test_an_exported_value_of_the_wrong_kind_is_refused_never_coerced(tables: dict[str, Path], tmp_path: Path,
+                                                                     field: str, value: object, says: str) -> None:
+    """draft_len "1" or 1.7 was read as k = 1, a float histogram count was truncated (issue 37, group 6): every
+    field is of the kind AcceptanceRecord declares, as written, or the table is bad input (exit 2) naming the
+    file, the record and the field."""
+    import json
+
+    doc = json.loads(tables["json"].read_text())
+    row = _ngram_row(doc)
+    index = doc["records"].index(row)
+    row[field] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as info:
+        lookup(Q, "ngram", 3, "off", table=bad)
+    assert str(info.value) == f"{bad} record {index} ({Q} | ngram): {says}"
+    res = _lookup_cli(bad)
+    assert res.exit_code == 2 and res.stdout == "" and res.stderr == f"error: {info.value}\n", res.output
+
+
+def _set(row: dict, **values: object) -> None:
+    row.update(values)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (lambda r: _set(r, draft_len=65), "field draft_len 65 is not a draft length calibrate measures (1..64)"),
+    (lambda r: _set(r, draft_len=0), "field draft_len 0 is not a draft length calibrate measures (1..64)"),
+    (lambda r: _set(r, acceptance_length=4.5), "field acceptance_length 4.5 is not a number in [1, k+1 = 4]"),
+    (lambda r: _set(r, acceptance_length=0.9), "field acceptance_length 0.9 is not a number in [1, k+1 = 4]"),
+    (lambda r: _set(r, drafted_acceptance_length=0.5), "field drafted_acceptance_length 0.5 is not a number in [1"),
+    (lambda r: _set(r, macro_acceptance_length=5.0), "field macro_acceptance_length 5.0 is not a number in [1"),
+    (lambda r: _set(r, draft_acceptance_rate=1.5), "field draft_acceptance_rate 1.5 is not a share in [0, 1]"),
+    (lambda r: _set(r, unconditional_rates=[0.6, 1.2, 0.3]), "field unconditional_rates must be 3 numbers in [0, 1]"),
+    (lambda r: _set(r, unconditional_rates=[0.3, 0.4667, 0.6]), "grows with the position"),
+    (lambda r: _set(r, unconditional_rates=[0.6, 0.4]), "field unconditional_rates must be 3 numbers in [0, 1]"),
+    (lambda r: _set(r, unconditional_rates=[0.6, 0.5, 0.3]), "field unconditional_rates [0.6, 0.5, 0.3] disagrees "
+                                                             "with its histogram"),
+    (lambda r: _set(r, conditional_rates=[0.6, 1.5, None]), "field conditional_rates must be 3 numbers in [0, 1]"),
+    (lambda r: _set(r, ci_low=2.1, ci_high=2.3), "fields ci_low / ci_high (2.1, 2.3) do not hold their point 2.4"),
+    (lambda r: _set(r, ci_low=0.5, ci_high=2.5), "fields ci_low / ci_high (0.5, 2.5) are not in [1, k+1 = 4]"),
+    (lambda r: _set(r, ci_low=2.0, ci_high=4.2), "fields ci_low / ci_high (2.0, 4.2) are not in [1, k+1 = 4]"),
+    (lambda r: _set(r, ci_low=2.0, ci_high=None), "fields ci_low / ci_high: one is missing"),
+    (lambda r: _set(r, macro_ci_low=1.1, macro_ci_high=1.2), "fields macro_ci_low / macro_ci_high (1.1, 1.2) do not "
+                                                             "hold their point"),
+    (lambda r: _set(r, histogram=[6, 2, 2, -5, 10]), "field histogram must be 4 counts summing to steps"),
+    (lambda r: _set(r, histogram=[7, 2, 2, 4]), "disagrees with its histogram (AL 2.200000)"),
+    (lambda r: _set(r, top_k=0), "field top_k 0 is not a top-k >= 1"),
+])
+def test_an_exported_record_out_of_range_is_refused(tables: dict[str, Path], tmp_path: Path, change, says: str) -> None:
+    """A k past calibrate's largest, an AL outside [1, k + 1], rates outside [0, 1] or growing with the position
+    (vLLM and llama.cpp refuse such rates), a CI outside [1, k + 1] or not holding its point: exit 2, naming the
+    file, the record and the field; nothing printed on stdout."""
+    import json
+
+    doc = json.loads(tables["json"].read_text())
+    row = _ngram_row(doc)
+    index = doc["records"].index(row)
+    change(row)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as info:
+        lookup(Q, "ngram", 3, "off", table=bad)
+    assert str(info.value).startswith(f"{bad} record {index} ({Q} | ngram | k=") and says in str(info.value), info.value
+    res = _lookup_cli(bad)
+    assert res.exit_code == 2 and res.stdout == "" and str(bad) in res.stderr and res.stderr.count("\n") == 1
+
+
+def test_two_records_of_one_key_that_disagree_are_ambiguous(tables: dict[str, Path], tmp_path: Path) -> None:
+    """Two records of one key with different AL were answered with the first (issue 37, group 6): the table is
+    refused, naming both records (exit 2); identical copies of a record agree and are read as one."""
+    import json
+
+    other = tmp_path / "other.duckdb"
+    with Store(other) as store:  # the same key as the basic store's Qwen n-gram k=3 thinking off, other counts
+        write_run(store, make_spec(draft_len=3, thinking="off"), [Req("r0", "c0", {"answer": [1, 1, 1, 3]})])
+    con = connect(other, read_only=True)
+    (theirs,) = [r for r in load_records(con) if r.segment == "all"]
+    con.close()
+    doc = json.loads(tables["json"].read_text())
+    ours = doc["records"].index(_ngram_row(doc))
+    doc["records"].append(theirs.to_dict())
+    bad = tmp_path / "two.json"
+    bad.write_text(json.dumps(doc))
+    last = len(doc["records"]) - 1
+    with pytest.raises(ValueError, match=rf"^{bad}: records {ours} and {last} are both {Q} \| ngram \| k=3 \| "
+                                         r"thinking=off \| dataset=mini-swe-agent \| temperature=0 \| segment all, "
+                                         r"with AL 2.4 and 3: which one answers is ambiguous; keep one$"):
+        lookup(Q, "ngram", 3, "off", table=bad)
+    res = _lookup_cli(bad)
+    assert res.exit_code == 2 and res.stdout == "" and f"records {ours} and {last}" in res.stderr
+    doc["records"][-1] = doc["records"][ours]  # an identical copy
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(doc))
+    assert lookup(Q, "ngram", 3, "off", table=same) == lookup(Q, "ngram", 3, "off", table=tables["json"])
+
+
+def test_a_parquet_table_is_read_as_strictly(tables: dict[str, Path], tmp_path: Path) -> None:
+    """Parquet columns keep their types: a draft_len column of doubles is refused, not read as ints."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = pq.read_table(tables["parquet"])
+    column = data.schema.get_field_index("draft_len")
+    doubles = data.set_column(column, "draft_len", pa.array([float(k) for k in data["draft_len"].to_pylist()]))
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(doubles, bad)
+    with pytest.raises(ValueError, match=rf"^{bad} record 0 \(.*\): field draft_len is \d.0 \(float\), not an integer"):
+        lookup(Q, "ngram", 3, "off", table=bad)
+
+
+def test_a_record_of_an_engine_that_reports_totals_only_is_answered(tables: dict[str, Path], tmp_path: Path) -> None:
+    """An engine that gives totals only (no histogram, maybe no positions: query._totals_records) exports a record
+    without bins; it is read and answered, its rates (if any) checked like any other."""
+    from dataclasses import replace
+
+    full = lookup(Q, "ngram", 3, "off", table=tables["json"])
+    totals = replace(full, histogram=(), unconditional_rates=(), rates_ci_low=(), rates_ci_high=(),
+                     conditional_rates=(), engines=("llama.cpp",))
+    for name in ("t.json", "t.parquet"):
+        consumers.export([totals], name.split(".")[1], tmp_path / name)
+        assert lookup(Q, "ngram", 3, "off", table=tmp_path / name) == totals
+
+
+def test_a_json_nested_too_deep_is_named_not_a_traceback(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ValueError, match=rf"^{deep}: not a JSON acceptance table \(nested deeper"):
+        lookup(Q, "ngram", 3, "off", table=deep)

@@ -9,8 +9,8 @@ source (`notes/engine-exports.md` of the workplace, and the oracle tests, name f
 
 This package is who reads the tables, and this registry its index; beside it a consumer with a format of its
 own has its module (`inferencex`, `reference_al`, `specdec_profile`), `exports` is what every export shares,
-`lookup` answers one question from the store or an exported table, `runner_env` reads what an InferenceX
-runner asks, and `commands` is `calibrate export` / `lookup`. What was measured is `calibrate.tables`, which
+`lookup` answers one question from the store or an exported table (`exported_table` reads one, strictly),
+`runner_env` reads what an InferenceX runner asks, and `commands` is `calibrate export` / `lookup`. What was measured is `calibrate.tables`, which
 imports nothing from here. See README.md beside this file.
 """
 

@@ -17,7 +17,7 @@ import typer
 from calibrate import consumers
 from calibrate.consumers import exports, inferencex, runner_env
 from calibrate.consumers.inferencex import Naming
-from calibrate.consumers.lookup import lookup as lookup_record
+from calibrate.consumers.lookup import lookup as lookup_record, open_table
 from calibrate.errors import cli_errors
 from calibrate.replay.counts import check_k
 from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
@@ -68,7 +68,8 @@ def export(
     method: Optional[str] = typer.Option(
         None, "--method", help="inferencex: the recipe's method (default: the engine's for the speculator kind)."),
     draft_sample_method: Optional[DraftSampleMethod] = typer.Option(
-        None, "--draft-sample-method", help="inferencex DSpark: the recipe's draft_sample_method."),
+        None, "--draft-sample-method", help="inferencex DSpark: the recipe's draft_sample_method (a vllm recipe "
+        "hands it to InferenceX's loader; atom's is always probabilistic, sglang's and trtllm's none)."),
     draft_model: Optional[str] = typer.Option(
         None, "--draft-model", help="inferencex: the recipe's draft model path (default: the measured draft)."),
     model: Optional[str] = MODEL_OPT,
@@ -129,6 +130,8 @@ def lookup(
                                "warning; and answer for a row the engine audit marked (refused otherwise)."),
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
+    # The table is read (an export strictly) before anything else: a malformed one is named, whatever else is wrong.
+    source = open_table(table) if table is not None else None
     if draft_len is not None:
         check_k([draft_len], "--draft-len")
     match_prefix = False
@@ -159,7 +162,7 @@ def lookup(
     form = format or "value"
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
     record = lookup_record(
-        model, speculator, draft_len, thinking, table=table, dataset=dataset, temperature=temperature,
+        model, speculator, draft_len, thinking, table=source, dataset=dataset, temperature=temperature,
         extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context, force=force,
     )
     sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell, force))

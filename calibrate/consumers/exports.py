@@ -19,7 +19,7 @@ from datetime import date
 from typing import Any
 
 from calibrate.consumers.inferencex import Naming, sampling
-from calibrate.consumers.lookup import EXPORT_SCHEMA
+from calibrate.consumers.exported_table import EXPORT_SCHEMA
 from calibrate.errors import NothingUsable
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 from calibrate.version import __version__

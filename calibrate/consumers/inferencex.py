@@ -22,6 +22,7 @@ then a finite AL in [1, k + 1].
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from collections.abc import Sequence
@@ -80,6 +81,36 @@ ENGINE_METHODS: dict[str, frozenset[str]] = {
     "tilert": frozenset(RECIPE_METHODS["tilert"].values()),
 }
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+# The draft_sample_method a DSpark recipe of each engine hands InferenceX's loader (infx/srt_slurm/
+# synthetic_acceptance.py spec_parameters, the newest version in the search index, which imports
+# infx.golden_al_distribution): vLLM's speculative-config reaches the loader whole, so the recipe's own
+# (RECIPE_OWN); ATOM's DSpark "verifies with probabilistic block rejection sampling", so spec_parameters sets
+# probabilistic whatever the recipe says; SGLang's (--speculative-algorithm, its k and draft model) and
+# TensorRT-LLM's (decoding_type, max_draft_len, speculative_model) carry none; TileRT serves MTP only. The
+# loader raises for Kimi-K3 DSpark without one, so no SGLang run of InferenceX loads a Kimi-K3 DSpark curve.
+RECIPE_OWN = "the recipe's own"
+RECIPE_SAMPLERS: dict[str, str | None] = {"vllm": RECIPE_OWN, "atom": "probabilistic", "sglang": None,
+                                          "trtllm": None, "tilert": None}
+
+
+def sampler_seen(engine: str, method: str, own: str | None) -> str | None:
+    """The draft_sample_method InferenceX's loader sees for a `method` recipe of `engine` that names `own` (None:
+    none). Only DSpark recipes hand one over (spec_parameters); for any other method `own` passes through unread."""
+    passed = RECIPE_SAMPLERS[engine]
+    return own if method != "dspark" or passed == RECIPE_OWN else passed
+
+
+def loader_sampler(engine: str, method: str, chosen: str | None) -> str | None:
+    """sampler_seen for the user's choice (--draft-sample-method); a ValueError where that choice cannot reach
+    the loader, because the engine's recipe hands it another or none."""
+    seen = sampler_seen(engine, method, chosen)
+    if chosen is not None and chosen != seen:
+        says = (f"sets draft_sample_method {seen} whatever the recipe says" if seen else
+                "passes no draft_sample_method")
+        raise ValueError(f"a DSpark recipe of {engine} {says} to InferenceX's loader (infx/srt_slurm/"
+                         f"synthetic_acceptance.py spec_parameters), so no {engine} run reads a {chosen} curve: drop "
+                         f"--draft-sample-method{f' or give {seen}' if seen else ''}")
+    return seen
 
 
 @dataclass(frozen=True)
@@ -87,7 +118,8 @@ class Prefix:
     """One MODEL_PREFIX of InferenceX's runners: the model it stands for and what InferenceX keeps under it."""
 
     model: str  # the start of the model's lowercased last path part (the committed curves' top-level keys)
-    curves: tuple[str, ...] = ()  # golden curves InferenceX ships that a runner with this prefix loads
+    # golden curves InferenceX ships for this model (fnmatch patterns where a family of names is shipped)
+    curves: tuple[str, ...] = ()
     keyed: bool = False  # in MODEL_KEYS (recipes launcher: MODEL_PREFIX -> the reference file's key, = model)
 
 
@@ -99,6 +131,11 @@ class Prefix:
 # - the curves infx/golden_al_distribution/README.md lists at 2e7b70492d76f26ff7e916a1a586c005684285b3
 #   (dsv41flash_dspark "DeepSeek V4.1 Flash", qwen3.8next_mtp "Qwen3.8-Flash-Next") and glm5.3_mtp (`glm-5.3-fp8`,
 #   the package's own test of its committed curves);
+# - curves shipped beside the loader's names and read by path: qwen3.827b_fp8_mtp (a single-node vLLM script
+#   passes golden_al_distribution/qwen3.827b_fp8_mtp.yaml to infx/bench_serving/qwen_mtp.py, which reads key
+#   `qwen3.8-27b-fp8`, at d57bc63b96384b76a323c49cc6c8127194665700), a family qwen3.827b_<precision>_mtp; and
+#   qwen3.8_mtp, which issue 37's run of the newest InferenceX found (not in the search index; InferenceX's own
+#   local sweep docs run Qwen3.8-27B as MODEL_PREFIX=qwen3.8), taken for any Qwen3.8 model;
 # - MODEL_KEYS of infx/recipes/synthetic_acceptance.py at 18385430d628a4e35795a2f6278fc7fc241df79e (the same map
 #   as runners/inject_synthetic_acceptance.py MODEL_PREFIX_TO_YAML_KEY at 843c6254f): dsv4, dsr1, dsv4dspark,
 #   dsv4dsparkprob.
@@ -112,6 +149,8 @@ MODEL_PREFIXES: dict[str, Prefix] = {
     "dsr1": Prefix("deepseek-r1", keyed=True),
     "qwen3.5": Prefix("qwen3.5-397b-a17b", ("qwen3.5_mtp",)),
     "qwen3.8next": Prefix("qwen3.8-flash-next", ("qwen3.8next_mtp",)),
+    "qwen3.827b": Prefix("qwen3.8-27b", ("qwen3.827b_*_mtp",)),
+    "qwen3.8": Prefix("qwen3.8", ("qwen3.8_mtp",)),  # after the Qwen3.8 models it would otherwise take
     "glm5.2": Prefix("glm-5.2", ("glm5.2_mtp",)),
     "glm5.3": Prefix("glm-5.3", ("glm5.3_mtp",)),
     "kimik2.5": Prefix("kimi-k2.5", ("kimik2.5_eagle3",)),
@@ -121,8 +160,14 @@ MODEL_PREFIXES: dict[str, Prefix] = {
 }
 # MODEL_PREFIX -> the reference file's top-level key (the recipes launcher's MODEL_KEYS; any other prefix is its own).
 MODEL_KEYS: dict[str, str] = {p: e.model for p, e in MODEL_PREFIXES.items() if e.keyed}
-# Every curve name InferenceX ships (a file of that name replaces InferenceX's own for every run that loads it).
+# Every curve name (or family of names) InferenceX ships: a file of that name replaces InferenceX's own for every
+# run that loads it.
 SHIPPED_CURVES: frozenset[str] = frozenset(c for e in MODEL_PREFIXES.values() for c in e.curves)
+
+
+def shipped_for(name: str) -> Prefix | None:
+    """The entry whose model InferenceX ships curve `name` for (the first that names it), or None."""
+    return next((e for e in MODEL_PREFIXES.values() if any(fnmatch.fnmatchcase(name, c) for c in e.curves)), None)
 
 
 def basename(target: str) -> str:
@@ -144,6 +189,10 @@ KNOWN_TARGETS: tuple[tuple[str, str], ...] = tuple((e.model, p) for p, e in MODE
                                                    if known_prefix(e.model) == p)
 
 
+class SamplerRequired(ValueError):
+    """InferenceX's loader resolves this curve only with the recipe's draft_sample_method, and it has none."""
+
+
 def curve_name(prefix: str, method: str, draft_model: str = "", draft_sample_method: str | None = None) -> str:
     """The curve InferenceX's loader opens for MODEL_PREFIX `prefix` and a recipe's method (our restatement
     of curve_name: see the module docstring). A recipe it cannot resolve is a ValueError saying why."""
@@ -159,11 +208,10 @@ def curve_name(prefix: str, method: str, draft_model: str = "", draft_sample_met
         if draft_sample_method == "probabilistic":
             name += "_probabilistic_sample_method_block_rejection_sample_method"
         elif draft_sample_method != "greedy":
-            raise ValueError("InferenceX has no Kimi-K3 DSpark curve without the recipe's draft_sample_method: "
-                             "give --draft-sample-method greedy or probabilistic")
+            raise SamplerRequired("InferenceX has no Kimi-K3 DSpark curve without the recipe's draft_sample_method "
+                                  "(greedy or probabilistic)")
     if not CURVE_ALPHABET.fullmatch(name):
-        raise ValueError(f"InferenceX refuses curve name {name!r}: it must match [a-z0-9_.-]+ "
-                         "(fix --model-prefix / --method)")
+        raise ValueError(f"InferenceX refuses curve name {name!r}: it must match [a-z0-9_.-]+")
     return name
 
 
@@ -210,11 +258,26 @@ def resolve(record: AcceptanceRecord, naming: Naming) -> Curve:
                          f"so InferenceX would never open {prefix}_{method}.yaml; "
                          f"{naming.engine} methods: {', '.join(sorted(ENGINE_METHODS[naming.engine]))}")
     draft = naming.draft_model if naming.draft_model is not None else " ".join(record.draft_ids)
-    curve = Curve(curve_name(prefix, method, draft, naming.draft_sample_method), prefix, naming.engine, method)
+    curve = Curve(_engine_curve_name(prefix, method, draft, naming), prefix, naming.engine, method)
     other = other_algorithm(record, curve)
     if other is not None and not naming.force:
         raise ValueError(f"{other}: pass --force to write it anyway")
     return curve
+
+
+def _engine_curve_name(prefix: str, method: str, draft: str, naming: Naming) -> str:
+    """curve_name as InferenceX resolves it for a recipe of naming.engine: with the draft_sample_method that
+    engine's recipe passes (loader_sampler), and the remedy for a curve no such recipe can load."""
+    sampler = loader_sampler(naming.engine, method, naming.draft_sample_method)
+    try:
+        return curve_name(prefix, method, draft, sampler)
+    except SamplerRequired as exc:
+        if RECIPE_SAMPLERS[naming.engine] is None:
+            raise ValueError(f"{exc}, and a DSpark recipe of {naming.engine} passes none (spec_parameters): no "
+                             f"{naming.engine} run of InferenceX loads a Kimi-K3 DSpark curve") from None
+        raise ValueError(f"{exc}: give --draft-sample-method greedy or probabilistic") from None
+    except ValueError as exc:
+        raise ValueError(f"{exc} (fix --model-prefix / --method)") from None
 
 
 def _recipe_method(record: AcceptanceRecord, engine: str) -> str:
@@ -241,19 +304,24 @@ def other_algorithm(record: AcceptanceRecord, curve: Curve) -> str | None:
 
 def model_mismatch(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str | None:
     """A line naming both when the curve's MODEL_PREFIX is InferenceX's for another model than the rows
-    measured (MODEL_PREFIXES), else None."""
+    measured, or (a prefix of no InferenceX model) InferenceX ships the curve's name for another model
+    (MODEL_PREFIXES), else None."""
     entry = MODEL_PREFIXES.get(curve.prefix)
-    if entry is None or any(names_model(entry.model, (r.target, *r.target_ids)) for r in rows):
+    shipped = shipped_for(curve.name)
+    model = (entry or shipped).model if entry or shipped else None
+    if model is None or any(names_model(model, (r.target, *r.target_ids)) for r in rows):
         return None
     targets = ", ".join(sorted({r.target for r in rows}))
-    return (f"MODEL_PREFIX {curve.prefix} is InferenceX's for {entry.model}, but {curve.file_name} holds {targets}: "
-            f"a {curve.prefix} run would force this AL on {entry.model}")
+    whose, run = ((f"MODEL_PREFIX {curve.prefix} is", f"a {curve.prefix} run") if entry else
+                  (f"{curve.file_name} is the name of", "a run that loads it"))
+    return (f"{whose} InferenceX's for {model}, but {curve.file_name} holds {targets}: {run} would force this AL "
+            f"on {model}")
 
 
 def check_prefix(curve: Curve, rows: Sequence[AcceptanceRecord], naming: Naming) -> None:
     """Refuse, unless forced, a curve InferenceX ships under a prefix that names another model."""
     mismatch = model_mismatch(curve, rows)
-    if mismatch is not None and curve.name in SHIPPED_CURVES and not naming.force:
+    if mismatch is not None and shipped_for(curve.name) is not None and not naming.force:
         raise ValueError(f"{mismatch}, and InferenceX ships {curve.file_name} for it: pass --force to replace it")
 
 
@@ -261,7 +329,7 @@ def prefix_lines(curve: Curve, rows: Sequence[AcceptanceRecord]) -> tuple[list[s
     """(warnings, notes) about the curve's MODEL_PREFIX: another model's prefix (warned); a curve InferenceX
     ships (the file replaces it: a warning for another model's, else a note)."""
     mismatch = model_mismatch(curve, rows)
-    shipped = curve.name in SHIPPED_CURVES
+    shipped = shipped_for(curve.name) is not None
     replaces = f"{curve.file_name} replaces the curve InferenceX ships under that name for every run that loads it"
     warnings = [mismatch + (f"; {replaces}" if shipped else "")] if mismatch is not None else []
     notes = [replaces] if shipped and mismatch is None else []
@@ -361,19 +429,26 @@ def load_line(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str:
             f"{k_field} in {{{ks}}}, THINKING_MODE {modes}")
 
 
-# InferenceX's newest workflow templates set THINKING_MODE as a fixed job value, not an input a run could change
-# (.github/workflows/benchmark-tmpl.yml at 00983c3e22a0489aa5f3219f4b8765f2258099fe and benchmark-multinode-tmpl.yml
-# at 00609a176b4e1243ec16aafa12b903c8fd022506, env: `THINKING_MODE: thinking_on`), so every run they start reads
-# thinking_on; a curve without it fails there. A target without a thinking mode is measured with thinking off
-# only (the run refuses `on` for a template that has no switch), and nothing here relabels it.
-NO_THINKING_ON = ("InferenceX's workflow templates (benchmark-tmpl.yml, benchmark-multinode-tmpl.yml) fix "
-                  "THINKING_MODE: thinking_on for every run they start, so none of those runs finds a value; only a "
-                  "launcher run outside them with THINKING_MODE=thinking_off does. A target without a thinking mode "
-                  "has only thinking_off values: those runners cannot load its curve")
+# What THINKING_MODE an InferenceX run reads (SemiAnalysisAI/InferenceX). On main at mirror HEAD 843c6254f the
+# workflow templates set none, and the launchers there take an unset one as thinking_on
+# (runners/inject_synthetic_acceptance.py; infx/recipes/synthetic_acceptance.py at 18385430d628 likewise). The
+# newest template copies in the search index set it as a fixed job value, not an input a run could change
+# (.github/workflows/benchmark-tmpl.yml at 00983c3e22a0489aa5f3219f4b8765f2258099fe and
+# benchmark-multinode-tmpl.yml at 00609a176b4e1243ec16aafa12b903c8fd022506, env `THINKING_MODE: thinking_on`);
+# neither commit is in the mirror, so neither can be placed on main, and the first copy calls its own branch "an
+# experimental source-build probe". Either way a run reads thinking_on unless a person sets thinking_off by hand,
+# and a curve without it fails there. A target without a thinking mode is measured with thinking off only (the
+# run refuses `on` for a template that has no switch), and nothing here relabels it.
+NO_THINKING_ON = ("InferenceX runs read THINKING_MODE thinking_on: its launchers on main (843c6254f) take an unset "
+                  "THINKING_MODE as thinking_on, and the newest workflow templates in the search index "
+                  "(benchmark-tmpl.yml at 00983c3e22a0, benchmark-multinode-tmpl.yml at 00609a176b4e; not shown to be "
+                  "on main) fix THINKING_MODE: thinking_on for every run they start; only a launcher run by hand with "
+                  "THINKING_MODE=thinking_off reads thinking_off. A target without a thinking mode has only "
+                  "thinking_off values: those runs cannot load its curve")
 
 
 def thinking_warning(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str | None:
-    """A curve without thinking_on fails every run of InferenceX's workflow templates (NO_THINKING_ON)."""
+    """A curve without thinking_on fails every InferenceX run that does not set thinking_off (NO_THINKING_ON)."""
     if any(r.thinking == "on" for r in rows):
         return None
     return f"{curve.file_name} has no thinking_on curve: {NO_THINKING_ON}"

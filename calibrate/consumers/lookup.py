@@ -9,28 +9,23 @@ measured per-position curve only when the caller asks for it (`extrapolate=True`
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import fields
 from pathlib import Path
 from typing import Protocol
 
 import duckdb
 
+from calibrate.consumers.exported_table import read_exported
 from calibrate.consumers.inferencex import MODEL_PREFIXES
 from calibrate.errors import NothingUsable
 from calibrate.replay.counts import check_k
 from calibrate.tables import query
-from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, from_name
+from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket
 from calibrate.tables.names import AmbiguousMatch, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.query import CatalogEntry, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
 from calibrate.tables.store import DEFAULT_TABLE, connect, reading
-
-EXPORT_SCHEMA = "spec-calibrate/acceptance-table"
-
 
 
 class Table(Protocol):
@@ -116,118 +111,6 @@ class ExportedTable:
     def held(self, entry: CatalogEntry) -> str:
         names = sorted({r.bucket or "all requests" for r in self.records if r.key == entry.key})
         return f"this export holds {', '.join(names)} (`calibrate export --context` writes one bucket)"
-
-
-def read_exported(path: str | Path) -> list[AcceptanceRecord]:
-    """Records of an exported JSON (the export's envelope, or a bare list) or Parquet table, validated:
-    anything that is not such a table, or a record whose numbers cannot be (AL outside [1, k+1], a histogram
-    that is not k+1 counts summing to the steps, ...), is a ValueError naming the file, record and field."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no acceptance table at {path}")
-    if path.is_dir():
-        raise ValueError(f"{path} is a directory, not an acceptance table")
-    rows = _exported_rows(path)
-    records = []
-    for i, row in enumerate(rows):
-        where = f"{path} record {i}"
-        if not isinstance(row, dict):
-            raise ValueError(f"{where}: a {type(row).__name__}, not an object")
-        try:
-            record = AcceptanceRecord.from_dict(row)
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise ValueError(f"{where}: {exc}") from None
-        problem = record_problem(record)
-        if problem:
-            raise ValueError(f"{where} ({record.target} | {record.speculator} | k={record.draft_len}): {problem}")
-        records.append(record)
-    return records
-
-
-def _exported_rows(path: Path) -> list:
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            return pq.read_table(path).to_pylist()
-        except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... for a file that is no Parquet
-            raise ValueError(f"{path}: not a readable Parquet table ({type(exc).__name__}: {exc})") from None
-    if path.suffix != ".json":
-        raise ValueError(f"cannot read {path}: a table is a .duckdb store or an exported .json / .parquet")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not a JSON acceptance table ({exc})") from None
-    if isinstance(data, dict):
-        if data.get("schema") != EXPORT_SCHEMA:
-            raise ValueError(f"{path} is not a calibrate acceptance table (schema {data.get('schema')!r}, "
-                             f"expected {EXPORT_SCHEMA!r})")
-        data = data.get("records")
-    if not isinstance(data, list):
-        raise ValueError(f"{path}: field 'records' is a {type(data).__name__}, not a list of records")
-    return data
-
-
-def _real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _known_bucket(name: object) -> bool:
-    """Whether `name` is `dimension=label` of a bucket calibrate.tables.buckets defines."""
-    try:
-        return isinstance(name, str) and from_name(name) is not None
-    except ValueError:
-        return False
-
-
-def record_problem(r: AcceptanceRecord) -> str | None:
-    """What makes a record's numbers impossible, or None. The checks follow DESIGN's words: AL is tokens per
-    step, so 1 <= AL <= k + 1; a histogram has k + 1 bins summing to the steps; rates lie in [0, 1]."""
-    for f in fields(AcceptanceRecord):
-        if str(f.type).startswith("tuple") and not isinstance(getattr(r, f.name), tuple):
-            return f"field {f.name} is a {type(getattr(r, f.name)).__name__}, not a list"
-    for name in ("target", "speculator", "thinking", "dataset", "segment"):
-        if not isinstance(getattr(r, name), str):
-            return f"field {name} is a {type(getattr(r, name)).__name__}, not text"
-    if r.bucket is not None and not _known_bucket(r.bucket):
-        return f"field bucket {r.bucket!r} is no request bucket (context=<label> or turn=<label>)"
-    if r.segment not in query.SEGMENT_ORDER:
-        return f"field segment {r.segment!r} is none of {', '.join(query.SEGMENT_ORDER)}"
-    if r.draft_len < 1:
-        return f"field draft_len {r.draft_len} is not a positive draft length"
-    if not _real(r.temperature) or r.temperature < 0:
-        return f"field temperature {r.temperature!r} is not a temperature >= 0"
-    if r.top_p is not None and not (_real(r.top_p) and 0 < r.top_p <= 1):
-        return f"field top_p {r.top_p!r} is not a number in (0, 1]"
-    for name in ("macro_acceptance_length", "expected_acceptance_length", "drafted_acceptance_length",
-                 "draft_acceptance_rate"):
-        value = getattr(r, name)
-        if value is not None and not (_real(value) and 0 <= value <= r.draft_len + 1 + 1e-9):
-            return f"field {name} {value!r} is not a number in [0, k+1 = {r.draft_len + 1}]"
-    for name in ("target_ids", "speculator_kinds", "draft_ids", "run_ids", "engines", "dataset_fingerprints",
-                 "statuses", "git_commits", "versions", "target_hashes", "verifications"):
-        if not all(isinstance(v, str) for v in getattr(r, name, ())):
-            return f"field {name} must be a list of text"
-    k = r.draft_len
-    if not _real(r.acceptance_length) or not 1 - 1e-9 <= r.acceptance_length <= k + 1 + 1e-9:
-        return f"field acceptance_length {r.acceptance_length!r} is not a number in [1, k+1 = {k + 1}]"
-    rates = r.unconditional_rates
-    if len(rates) != k or not all(_real(x) and -1e-9 <= x <= 1 + 1e-9 for x in rates):
-        return f"field unconditional_rates must be {k} numbers in [0, 1], got {list(rates)!r}"
-    if r.extrapolated:
-        return None
-    hist = r.histogram
-    if len(hist) != k + 1 or any(n < 0 for n in hist) or sum(hist) != r.steps or r.steps < 1:
-        return f"field histogram must be {k + 1} counts summing to steps ({r.steps}), got {list(hist)!r}"
-    al = 1 + sum(a * n for a, n in enumerate(hist)) / r.steps
-    if abs(al - r.acceptance_length) > 1e-6:
-        return f"field acceptance_length {r.acceptance_length} disagrees with its histogram (AL {al:.6f})"
-    for low, high in ((r.ci_low, r.ci_high), (r.macro_ci_low, r.macro_ci_high)):
-        if low is not None and high is not None and not (_real(low) and _real(high) and low <= high):
-            return f"a confidence interval is not an ordered pair of numbers ({low!r}, {high!r})"
-    if r.requests < 1 or r.conversations < 1 or r.conversations > r.requests:
-        return f"fields requests ({r.requests}) / conversations ({r.conversations}) are not a sample"
-    return None
 
 
 def open_table(table: str | Path | None = None) -> Table:

@@ -238,7 +238,7 @@ def notes(records: Sequence[AcceptanceRecord], prefix: str | None) -> list[str]:
 
 
 def warnings(records: Sequence[AcceptanceRecord], prefix: str | None) -> list[str]:
-    """A block without thinking_on fails every run of InferenceX's workflow templates."""
+    """A block without thinking_on fails every InferenceX run that does not set thinking_off (NO_THINKING_ON)."""
     _, key, block = cells(records, prefix)
     if "thinking_on" in block:
         return []

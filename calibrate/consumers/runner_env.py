@@ -5,8 +5,8 @@ Two generations of runner are spoken (SemiAnalysisAI/InferenceX):
   (runners/inject_synthetic_acceptance.py at 843c6254f; THINKING_MODE defaults to thinking_on there);
 - the newest SRT / llm-d launchers (infx/srt_slurm/synthetic_acceptance.py build_overrides and spec_parameters,
   newest version in the search index, see calibrate/consumers/inferencex.py) take k and the method from the
-  engine recipe's generation role (decode, else agg), and force acceptance only when IS_AGENTIC is 1 / true,
-  SPEC_DECODING is not `none` and EVAL_ONLY is not true;
+  engine recipe's generation role (decode, else agg), and force acceptance only when EVAL_ONLY is not true,
+  IS_AGENTIC is 1 / true and SPEC_DECODING is not `none`;
 - the recipes launcher (infx/recipes/synthetic_acceptance.py at 18385430d628a4e35795a2f6278fc7fc241df79e,
   `resolve_acceptance_length`, `_spec_tokens`, `ENGINES`), recognised by SYNTHETIC_ACCEPTANCE being set: it
   forces acceptance only when that is true and EVAL_ONLY is not, takes SYNTHETIC_ACCEPTANCE_LENGTH as the AL when
@@ -14,13 +14,18 @@ Two generations of runner are spoken (SemiAnalysisAI/InferenceX):
   k = NUM_SPEC_TOKENS, else the recipe's (first of its agg / prefill / decode roles that names one), else 2.
 Where each engine's recipe keeps method and k is restated in `spec_of` and `reference_draft_len`, our way.
 
-Where InferenceX refuses, so does lookup (issue 31, item 14): for a FRAMEWORK the newest launchers serve,
-IS_AGENTIC, EVAL_ONLY, SPEC_DECODING, MODEL_PREFIX and THINKING_MODE unset are an error, as build_overrides
-reads them without a default (llm-d's renderer takes IS_AGENTIC unset as not agentic: nothing forced); a
-THINKING_MODE other than thinking_on / thinking_off finds no curve in any loader, so it is an error too; the
-recipes launcher would force the NUM_SPEC_TOKENS AL on the recipe's k, so the two disagreeing is an error; the
-newest launchers do not read NUM_SPEC_TOKENS at all when a recipe gives k (a note says so). An option given on
-the command line (--model, --thinking, --draft-len) stands in for its variable.
+Where InferenceX refuses, so does lookup (issues 31 and 37): the newest launchers' reads are followed in their
+order (`_launcher_gate`, `_llmd_gate`), so a variable they read without a default is an error (exit 2) exactly
+where they would read it unset, and where they force nothing (an eval, not agentic, no speculation) lookup says
+so (exit 1); a THINKING_MODE other than thinking_on / thinking_off finds no curve in any loader; a Kimi-K3 DSpark
+recipe whose engine passes the loader no draft_sample_method has no curve (inferencex.loader_sampler); a recipe
+value of the wrong shape is one line naming the file and key. The reference-file launchers read the key
+MODEL_KEYS.get(MODEL_PREFIX, MODEL_PREFIX) as written, so a MODEL_PREFIX outside MODEL_KEYS, which InferenceX's
+file holds no key for, is refused; NUM_SPEC_TOKENS disagreeing with the recipe's generation role is an error;
+without it, k is the generation role's (decode's in a disaggregated recipe, as the newest launcher reads it),
+with a note where the recipes launcher would read another role's. The newest launchers do not read
+NUM_SPEC_TOKENS at all when a recipe gives k (a note says so). An option given on the command line (--model,
+--thinking, --draft-len) stands in for its variable.
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ from typing import Any
 
 import yaml
 
+from calibrate.consumers import inferencex
 from calibrate.consumers.inferencex import RECIPE_METHODS
-from calibrate.consumers.reference_al import MODEL_KEYS
+from calibrate.consumers.reference_al import MODEL_KEYS, REFERENCE_FILE
 
 ENV_VARIABLES = ("MODEL_PREFIX", "FRAMEWORK", "THINKING_MODE", "NUM_SPEC_TOKENS", "IS_AGENTIC", "SPEC_DECODING",
-                 "EVAL_ONLY", "SYNTHETIC_ACCEPTANCE", "SYNTHETIC_ACCEPTANCE_LENGTH")
+                 "EVAL_ONLY", "RUN_EVAL", "SYNTHETIC_ACCEPTANCE", "SYNTHETIC_ACCEPTANCE_LENGTH")
 # The recipes launcher's FRAMEWORK -> engine (synthetic_acceptance.py ENGINES); any other FRAMEWORK it refuses.
 REFERENCE_ENGINES = {"vllm": "vllm", "dynamo-vllm": "vllm", "dynamo-sglang": "sglang", "trt": "trtllm",
                      "dynamo-trt": "trtllm"}
@@ -48,13 +54,14 @@ REFERENCE_DEFAULT_K = 2  # _spec_tokens when no role names k
 DEFAULT_THINKING = "thinking_on"  # the recipes launcher's default when THINKING_MODE is unset
 # THINKING_MODE as every InferenceX loader reads it: the curve's key itself (modes[THINKING_MODE]), no other spelling.
 THINKING_KEYS = ("thinking_on", "thinking_off")
-# What the newest launchers read without a default: infx/srt_slurm/synthetic_acceptance.py build_overrides reads
-# environment[...] of each for a FRAMEWORK it serves (unset: KeyError, the launch fails with "ERROR: golden
-# acceptance"). llm-d's role renderer (benchmarks/multi_node/llm-d/recipe.py role_assignments, newest in the index,
-# after 3ba226bfc674) reads IS_AGENTIC and EVAL_ONLY with a default (IS_AGENTIC unset: not agentic, nothing
-# forced) and then needs the other three. The workflow templates set all five (benchmark-tmpl.yml at 00983c3e22a0).
-GOLDEN_REQUIRED = ("IS_AGENTIC", "EVAL_ONLY", "SPEC_DECODING", "MODEL_PREFIX", "THINKING_MODE")
-LLMD_DEFAULTED = ("IS_AGENTIC", "EVAL_ONLY")
+# What the newest SRT launcher reads, in its order: infx/srt_slurm/synthetic_acceptance.py build_overrides (newest in
+# the search index) reads environment[...] (unset: KeyError, the launch fails with "ERROR: golden acceptance") of
+# EVAL_ONLY, then IS_AGENTIC, then SPEC_DECODING, each only while the run may still force acceptance (Python's
+# `and`), then the generation role's speculation, then MODEL_PREFIX and THINKING_MODE for golden_length. llm-d's
+# role renderer (benchmarks/multi_node/llm-d/recipe.py role_assignments, newest in the index, after 3ba226bfc674)
+# reads nothing unless the decode role's extra-args carry --speculative-config, and then env.get(...) throughout
+# (`_llmd_gate`). The workflow templates set all five (benchmark-tmpl.yml at 00983c3e22a0).
+LAUNCHER_READS = ("EVAL_ONLY", "IS_AGENTIC", "SPEC_DECODING", "MODEL_PREFIX", "THINKING_MODE")
 
 # A recipe method -> our speculator kind (the inverse of RECIPE_METHODS over every engine).
 KIND_OF_METHOD = {method: kind for methods in RECIPE_METHODS.values() for kind, method in methods.items()}
@@ -71,6 +78,7 @@ class RecipeSpec:
     method: str
     draft_len: object  # as written; checked by `draft_len`
     draft_model: str = ""
+    draft_sample_method: str | None = None  # vLLM's (and llm-d's) speculative-config carries the recipe's own
 
     def checked_draft_len(self, where: str) -> int:
         k = self.draft_len
@@ -94,40 +102,62 @@ class Question:
     notes: tuple[str, ...] = ()  # what InferenceX does differently from what the environment suggests
 
 
-def _roles_args(recipe: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The args of the generation role: decode, else agg (prefill may run another depth)."""
+def _mapping(value: object, where: str, source: str) -> Mapping[str, Any]:
+    """The mapping a recipe holds at `where` (None: an empty one, as InferenceX's `or {}` reads it); anything else
+    is a ValueError naming the file and key, where InferenceX's launcher fails calling .get() on it."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise ValueError(f"{source}: {where} is {shown} ({type(value).__name__}), not a mapping")
+    return value
+
+
+def _generation_role(recipe: Mapping[str, Any], source: str) -> tuple[str, Mapping[str, Any]]:
+    """The generation role's name and args: decode, else agg (prefill may run another depth)."""
     if "base" in recipe:
-        raise ValueError("an override-format recipe (base / override_*) is expanded by srtctl: pass one expanded "
-                         "variant, or --draft-len and --speculator")
-    roles = recipe.get("roles") or {}
-    role = roles.get("decode", roles.get("agg")) or {}
-    return role.get("args") or {}
+        raise ValueError(f"{source}: an override-format recipe (base / override_*) is expanded by srtctl: pass one "
+                         "expanded variant, or --draft-len and --speculator")
+    roles = _mapping(recipe.get("roles"), "roles", source)
+    name = "decode" if "decode" in roles else "agg"
+    role = _mapping(roles.get(name), f"roles.{name}", source)
+    return name, _mapping(role.get("args"), f"roles.{name}.args", source)
 
 
-def spec_of(recipe: Mapping[str, Any], dialect: str) -> RecipeSpec | None:
-    """The recipe's speculative method and k for an engine dialect, or None when it does not speculate."""
+def spec_of(recipe: Mapping[str, Any], dialect: str, source: str = "the recipe") -> RecipeSpec | None:
+    """The recipe's speculative method and k for an engine dialect, or None when it does not speculate. A value
+    of the wrong shape (a string where a mapping belongs, JSON that does not parse) is a ValueError naming
+    `source` (the recipe's file) and the key."""
     if dialect == "llmd":
-        extra = str((recipe.get("decode") or {}).get("extra-args") or "")
+        extra = _mapping(recipe.get("decode"), "decode", source).get("extra-args") or ""
+        if not isinstance(extra, str):
+            raise ValueError(f"{source}: decode.extra-args is {extra!r:.40} ({type(extra).__name__}), not the server's "
+                             "arguments")
         found = re.search(r"--speculative-config\s+", extra)
         if not found:
             return None
-        config, _ = json.JSONDecoder().raw_decode(extra[found.end():])
-        return _vllm_spec(config)
-    args = _roles_args(recipe)
+        try:
+            config, _ = json.JSONDecoder().raw_decode(extra[found.end():])
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{source}: decode.extra-args --speculative-config is no JSON ({exc})") from None
+        return _vllm_spec(config, f"{source}: decode.extra-args --speculative-config")
+    role, args = _generation_role(recipe, source)
+    where = f"{source}: roles.{role}.args"
     if dialect == "vllm":
         raw = args.get("speculative-config")
-        return None if raw is None else _vllm_spec(json.loads(raw) if isinstance(raw, str) else raw)
+        return None if raw is None else _vllm_spec(_json(raw, f"{where}.speculative-config"),
+                                                   f"{where}.speculative-config")
     if dialect == "sglang":
         algorithms = {str(args[key]).lower() for key in ("speculative-algorithm", "speculative-algo") if key in args}
         if len(algorithms) > 1:
-            raise ValueError(f"recipe sets two speculative algorithms: {', '.join(sorted(algorithms))}")
+            raise ValueError(f"{where} sets two speculative algorithms: {', '.join(sorted(algorithms))}")
         if not algorithms:
             return None
         (algorithm,) = algorithms
         k_key = "speculative-dspark-block-size" if algorithm == "dspark" else "speculative-num-steps"
         return RecipeSpec(algorithm, args.get(k_key), str(args.get("speculative-draft-model-path", "")))
     if dialect == "trtllm":
-        config = args.get("speculative_config") or {}
+        config = _mapping(args.get("speculative_config"), f"roles.{role}.args.speculative_config", source)
         return RecipeSpec(str(config.get("decoding_type", "")).lower(), config.get("max_draft_len"),
                           str(config.get("speculative_model", ""))) if config else None
     if dialect == "atom":
@@ -139,11 +169,22 @@ def spec_of(recipe: Mapping[str, Any], dialect: str) -> RecipeSpec | None:
     raise ValueError(f"no recipe dialect {dialect!r}")
 
 
-def _vllm_spec(config: object) -> RecipeSpec:
+def _json(raw: object, where: str) -> object:
+    """A speculative-config as written: a JSON string parsed, a YAML mapping as is."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where} is no JSON ({exc})") from None
+
+
+def _vllm_spec(config: object, where: str) -> RecipeSpec:
     if not isinstance(config, dict):
-        raise ValueError("speculative-config must be a JSON object")
+        raise ValueError(f"{where} is {config!r:.40} ({type(config).__name__}), not a JSON object")
+    sampler = config.get("draft_sample_method")
     return RecipeSpec(str(config.get("method", "")).lower(), config.get("num_speculative_tokens"),
-                      str(config.get("model", "")))
+                      str(config.get("model", "")), sampler if isinstance(sampler, str) else None)
 
 
 def read_recipe(path: Path) -> Mapping[str, Any]:
@@ -175,23 +216,64 @@ def _thinking(env: Mapping[str, str], default: str | None) -> str:
     return value
 
 
-def _golden_required(env: Mapping[str, str], dialect: str, asked: Mapping[str, object]) -> None:
-    """Refuse what InferenceX's newest launchers refuse: a variable they read without a default, unset (or empty).
+def _launcher_gate(env: Mapping[str, str], speculates: bool | None, asked: Mapping[str, object], source: str) -> None:
+    """build_overrides' reads in its own order (LAUNCHER_READS): a variable it reads unset is an error (it fails
+    there), a value that turns forcing off is NoSyntheticAcceptance, and nothing it never reads is asked for.
+    `speculates`: whether the recipe's generation role speculates (None: no recipe given, taken as yes).
     `asked`: the variables a command-line option stands in for (--model for MODEL_PREFIX, --thinking)."""
-    if dialect == "llmd" and env.get("IS_AGENTIC", "").strip().lower() not in ("1", "true"):
+    def read(name: str) -> str:
+        if name not in env:
+            also = [v for v in LAUNCHER_READS if v != name and v not in env and asked.get(v) is None]
+            raise ValueError(f"{name} unset: InferenceX's build_overrides (infx/srt_slurm/synthetic_acceptance.py) "
+                             f"reads environment[{name!r}] here without a default and fails"
+                             + (f" (unset too: {', '.join(also)})" if also else "")
+                             + "; InferenceX's workflow templates set all five")
+        return env[name]
+
+    if read("EVAL_ONLY").lower() == "true":
+        raise NoSyntheticAcceptance("EVAL_ONLY=true: accuracy runs verify drafts for real, with no forced acceptance")
+    agentic = read("IS_AGENTIC")
+    if agentic.lower() not in ("1", "true"):
+        raise NoSyntheticAcceptance(f"IS_AGENTIC={agentic}: InferenceX forces acceptance only in agentic runs")
+    if read("SPEC_DECODING") == "none":
+        raise NoSyntheticAcceptance("SPEC_DECODING=none: this run decodes without speculation")
+    if speculates is False:
+        raise NoSyntheticAcceptance(f"{source}: the generation role runs no speculative decoding")
+    for name in ("MODEL_PREFIX", "THINKING_MODE"):
+        if asked.get(name) is None and not read(name).strip():
+            raise ValueError(f"{name} is empty: InferenceX's golden loader finds no curve for it and the launch fails")
+
+
+def _llmd_gate(env: Mapping[str, str], speculates: bool | None, asked: Mapping[str, object], source: str) -> None:
+    """llm-d's role renderer's reads in its order (role_assignments): nothing unless the decode role speculates,
+    then env.get(...) throughout (unset reads as empty): an agentic run without SPEC_DECODING, a synthetic run
+    with RUN_EVAL=true or without MODEL_PREFIX / THINKING_MODE fail; anything else not synthetic forces nothing."""
+    if speculates is False:
+        raise NoSyntheticAcceptance(f"{source}: the decode role runs no speculative decoding")
+    agentic = env.get("IS_AGENTIC", "").lower() in ("1", "true")
+    if agentic and not env.get("SPEC_DECODING"):
+        raise ValueError("SPEC_DECODING unset in an agentic run: llm-d's role renderer refuses it (\"Missing "
+                         "SPEC_DECODING for golden AL selection\")")
+    if not agentic:
         raise NoSyntheticAcceptance(f"IS_AGENTIC={env.get('IS_AGENTIC', '')!r}: llm-d's role renderer forces "
                                     "acceptance only in agentic runs")
-    missing = [v for v in GOLDEN_REQUIRED if not env.get(v) and asked.get(v) is None
-               and not (dialect == "llmd" and v in LLMD_DEFAULTED)]
+    if env.get("EVAL_ONLY", "").lower() == "true":
+        raise NoSyntheticAcceptance("EVAL_ONLY=true: accuracy runs verify drafts for real, with no forced acceptance")
+    if env.get("SPEC_DECODING") == "none":
+        raise NoSyntheticAcceptance("SPEC_DECODING=none: this run decodes without speculation")
+    if env.get("RUN_EVAL", "").lower() == "true":
+        raise ValueError("RUN_EVAL=true in a synthetic-acceptance run: llm-d's role renderer refuses it (accuracy "
+                         "evals run separately, with EVAL_ONLY=true)")
+    missing = [v for v in ("MODEL_PREFIX", "THINKING_MODE") if not env.get(v) and asked.get(v) is None]
     if missing:
-        who = "llm-d's role renderer" if dialect == "llmd" else "InferenceX's build_overrides (synthetic_acceptance.py)"
-        raise ValueError(f"{', '.join(missing)} unset: {who} reads {'it' if len(missing) == 1 else 'them'} without a "
-                         "default and fails; InferenceX's workflow templates set each")
+        raise ValueError(f"{', '.join(missing)} unset: llm-d's role renderer refuses a golden AL lookup without "
+                         f"{'it' if len(missing) == 1 else 'them'}")
 
 
 def _synthetic_gate(env: Mapping[str, str]) -> None:
-    """The newest runners force acceptance only for agentic, speculative, non-eval runs; say which failed."""
-    agentic = env.get("IS_AGENTIC")
+    """Older runners, and a FRAMEWORK no InferenceX launcher serves: a variable that is set and turns forcing off
+    says why nothing is forced (unset or empty ones are not read)."""
+    agentic = env.get("IS_AGENTIC") or None
     if agentic is not None and agentic.strip().lower() not in ("1", "true"):
         raise NoSyntheticAcceptance(f"IS_AGENTIC={agentic}: InferenceX forces acceptance only in agentic runs")
     if env.get("SPEC_DECODING", "").strip().lower() == "none":
@@ -200,37 +282,62 @@ def _synthetic_gate(env: Mapping[str, str]) -> None:
         raise NoSyntheticAcceptance("EVAL_ONLY=true: accuracy runs verify drafts for real, with no forced acceptance")
 
 
-def reference_draft_len(recipe: Mapping[str, Any], engine: str) -> int | None:
-    """k as the recipes launcher reads it: the first agg / prefill / decode role (recipe order) whose vLLM
+def _curve_check(prefix: str | None, spec: RecipeSpec, dialect: str, source: str) -> None:
+    """Refuse what InferenceX's golden loader refuses for this recipe: a curve name it cannot form, or a Kimi-K3
+    DSpark curve without the draft_sample_method the engine's recipe hands it (inferencex.sampler_seen)."""
+    if prefix is None:
+        return
+    engine = "vllm" if dialect == "llmd" else dialect  # llm-d's --speculative-config is vLLM's, whole
+    try:
+        inferencex.curve_name(prefix, spec.method, spec.draft_model,
+                              inferencex.sampler_seen(engine, spec.method, spec.draft_sample_method))
+    except inferencex.SamplerRequired as exc:
+        passes = "passes none" if inferencex.RECIPE_SAMPLERS[engine] is None else "names none"
+        raise ValueError(f"{source}: {exc}, and this {dialect} recipe {passes}: InferenceX's launcher fails for "
+                         "it") from None
+    except ValueError as exc:
+        raise ValueError(f"{source} with MODEL_PREFIX={prefix}: {exc}, so InferenceX's launcher fails for it") from None
+
+
+def reference_draft_len(recipe: Mapping[str, Any], engine: str, source: str = "the recipe") -> tuple[str, int] | None:
+    """(role, k) as the recipes launcher reads k: the first agg / prefill / decode role (recipe order) whose vLLM
     speculative-config num_speculative_tokens, SGLang speculative-num-steps or TensorRT-LLM speculative_config
     max_draft_len (else num_nextn_predict_layers) is set and not 0; None when none is (it then runs k = 2)."""
     if "base" in recipe:
-        raise ValueError("an override-format recipe (base / override_*) is expanded by srtctl: pass one expanded "
-                         "variant, or --draft-len")
-    roles = recipe.get("roles") or {}
+        raise ValueError(f"{source}: an override-format recipe (base / override_*) is expanded by srtctl: pass one "
+                         "expanded variant, or --draft-len")
+    roles = _mapping(recipe.get("roles"), "roles", source)
     for name, role in roles.items():
-        if name not in ("agg", "prefill", "decode") or not isinstance(role, dict):
+        if name not in ("agg", "prefill", "decode"):
             continue
-        args = role.get("args") or {}
+        args = _mapping(_mapping(role, f"roles.{name}", source).get("args"), f"roles.{name}.args", source)
+        where = f"{source}: roles.{name}.args"
         if engine == "vllm":
             raw = args.get("speculative-config")
-            found = None if raw is None else _vllm_spec(json.loads(raw) if isinstance(raw, str) else raw).draft_len
+            found = None if raw is None else _vllm_spec(_json(raw, f"{where}.speculative-config"),
+                                                        f"{where}.speculative-config").draft_len
         elif engine == "sglang":
             found = args.get("speculative-num-steps")
         else:
-            config = args.get("speculative_config") or {}
+            config = _mapping(args.get("speculative_config"), f"roles.{name}.args.speculative_config", source)
             found = config["max_draft_len"] if "max_draft_len" in config else config.get("num_nextn_predict_layers")
         if found:
-            try:
-                return int(found)  # type: ignore[call-overload]
-            except (TypeError, ValueError):
-                raise ValueError(f"the recipe's {name} role gives k {found!r}, not an integer") from None
+            return name, _integer_k(found, f"{source}: the {name} role")
     return None
+
+
+def _integer_k(found: object, where: str) -> int:
+    """k as the recipes launcher reads it, int(found); a value int() refuses is a ValueError naming `where`."""
+    try:
+        return int(found)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise ValueError(f"{where} gives k {found!r}, not an integer") from None
 
 
 def _reference_question(env: Mapping[str, str], *, model: str | None, speculator: str | None, draft_len: int | None,
                         thinking: str | None, recipe: Path | None, dialect_of: Mapping[str, str | None]) -> Question:
-    """The recipes launcher's question (SYNTHETIC_ACCEPTANCE is set): its gate, override, FRAMEWORK and k order."""
+    """The recipes launcher's question (SYNTHETIC_ACCEPTANCE is set): its gate, override, FRAMEWORK and key; k as
+    the newest launcher reads it (`_reference_k`)."""
     if env["SYNTHETIC_ACCEPTANCE"].strip().lower() != "true":
         raise NoSyntheticAcceptance(f"SYNTHETIC_ACCEPTANCE={env['SYNTHETIC_ACCEPTANCE']}: InferenceX forces "
                                     "acceptance only when it is true")
@@ -240,32 +347,24 @@ def _reference_question(env: Mapping[str, str], *, model: str | None, speculator
     if framework is not None and framework not in REFERENCE_ENGINES:
         raise ValueError(f"FRAMEWORK={framework!r}: InferenceX's synthetic_acceptance.py has no synthetic-acceptance "
                          f"backend for it (it has {', '.join(REFERENCE_ENGINES)})")
-    override = None
-    explicit = env.get("SYNTHETIC_ACCEPTANCE_LENGTH", "").strip()
-    if explicit:
-        try:
-            override = float(explicit)
-        except ValueError:
-            override = math.nan
-        if not math.isfinite(override) or override < 1:
-            raise ValueError(f"SYNTHETIC_ACCEPTANCE_LENGTH={explicit!r}: InferenceX refuses it (the synthetic "
-                             "acceptance length must be finite and at least 1)")
+    override = _override(env)
     prefix = (env.get("MODEL_PREFIX") or "").strip() or None
-    k, default_k = draft_len, False
+    if model is None and prefix is not None and override is None and prefix not in MODEL_KEYS:
+        raise ValueError(f"MODEL_PREFIX={prefix} is not in InferenceX's MODEL_KEYS ({', '.join(MODEL_KEYS)}): its "
+                         "reference-file launchers (infx/recipes/synthetic_acceptance.py at 18385430d628, "
+                         "runners/inject_synthetic_acceptance.py at 843c6254f) then read the key "
+                         f"{prefix!r} of {REFERENCE_FILE} as written, which InferenceX's file does not hold, and fail; "
+                         "give --model to ask the table for a model")
+    k, default_k, notes = draft_len, False, []
     if k is None and env.get("NUM_SPEC_TOKENS", "").strip():
-        try:
-            k = int(env["NUM_SPEC_TOKENS"])
-        except ValueError:
-            raise ValueError(f"NUM_SPEC_TOKENS={env['NUM_SPEC_TOKENS']!r} is not an integer") from None
+        k = _integer_k(env["NUM_SPEC_TOKENS"].strip(), "NUM_SPEC_TOKENS")
     if recipe is not None:
         if framework is None:
             raise ValueError(f"--recipe needs FRAMEWORK set (one of {', '.join(REFERENCE_ENGINES)})")
         data = read_recipe(recipe)
-        spec = spec_of(data, dialect_of.get(framework) or REFERENCE_ENGINES[framework])
+        spec = spec_of(data, dialect_of.get(framework) or REFERENCE_ENGINES[framework], str(recipe))
         if k is None:
-            k = reference_draft_len(data, REFERENCE_ENGINES[framework])
-            default_k = k is None
-            k = REFERENCE_DEFAULT_K if k is None else k
+            k, default_k, notes = _reference_k(data, spec, REFERENCE_ENGINES[framework], str(recipe))
         elif draft_len is None and spec is not None and spec.draft_len and str(spec.draft_len) != str(k):
             raise ValueError(f"NUM_SPEC_TOKENS={k} but the generation role of {recipe} runs k={spec.draft_len}: "
                              f"InferenceX's synthetic_acceptance.py would force the k={k} AL on it (it keeps the "
@@ -286,43 +385,83 @@ def _reference_question(env: Mapping[str, str], *, model: str | None, speculator
     asked = model or MODEL_KEYS.get(prefix, prefix)  # type: ignore[arg-type]
     return Question(model=asked, speculator=speculator, draft_len=k,
                     thinking=thinking or _thinking(env, DEFAULT_THINKING), framework=framework, prefix=model is None,
-                    override=override, default_k=default_k)
+                    override=override, default_k=default_k, notes=tuple(notes))
+
+
+def _override(env: Mapping[str, str]) -> float | None:
+    """SYNTHETIC_ACCEPTANCE_LENGTH as the recipes launcher takes it (forced, no table read), or None when unset."""
+    explicit = env.get("SYNTHETIC_ACCEPTANCE_LENGTH", "").strip()
+    if not explicit:
+        return None
+    try:
+        value = float(explicit)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 1:
+        raise ValueError(f"SYNTHETIC_ACCEPTANCE_LENGTH={explicit!r}: InferenceX refuses it (the synthetic "
+                         "acceptance length must be finite and at least 1)")
+    return value
+
+
+def _reference_k(data: Mapping[str, Any], spec: RecipeSpec | None, engine: str,
+                 source: str) -> tuple[int, bool, list[str]]:
+    """k when NUM_SPEC_TOKENS is unset: the generation role's (decode, else agg), as the newest launcher forces
+    the AL at it; else the first role naming one, else 2 (REFERENCE_DEFAULT_K, flagged). The recipes launcher
+    (`_spec_tokens`) and runners/inject_synthetic_acceptance.py read the first role naming k, so a recipe listing
+    a prefill of another depth first gets a note: they would force that role's AL on the generation role."""
+    first = reference_draft_len(data, engine, source)
+    generation = _integer_k(spec.draft_len, f"{source}: the generation role") if spec and spec.draft_len else None
+    k = generation or (first[1] if first else None)
+    notes = []
+    if first is not None and generation is not None and first[1] != generation:
+        notes.append(f"{source} lists its {first[0]} role (k={first[1]}) first: InferenceX's recipes launcher "
+                     "(infx/recipes/synthetic_acceptance.py at 18385430d628, _spec_tokens) and "
+                     f"runners/inject_synthetic_acceptance.py read that k and would force the k={first[1]} AL on the "
+                     f"generation role's k={generation}; this answers for k={generation}, as the newest launcher "
+                     f"(infx/srt_slurm/synthetic_acceptance.py) forces it; NUM_SPEC_TOKENS={generation} makes them "
+                     "all read it")
+    return (REFERENCE_DEFAULT_K if k is None else k), k is None, notes
 
 
 def question(env: Mapping[str, str], *, model: str | None, speculator: str | None, draft_len: int | None,
              thinking: str | None, recipe: Path | None, dialect_of: Mapping[str, str | None]) -> Question:
     """Fill what the command line left out from the runner's environment and recipe (explicit options win).
 
-    `dialect_of`: FRAMEWORK -> the recipe dialect its engine reads (from the consumer registry)."""
-    if "SYNTHETIC_ACCEPTANCE" in env:
+    `dialect_of`: FRAMEWORK -> the recipe dialect its engine reads (from the consumer registry). An empty
+    SYNTHETIC_ACCEPTANCE is no reference-launcher run (the newest launchers do not read it)."""
+    if env.get("SYNTHETIC_ACCEPTANCE", "").strip():
         return _reference_question(env, model=model, speculator=speculator, draft_len=draft_len, thinking=thinking,
                                    recipe=recipe, dialect_of=dialect_of)
-    _synthetic_gate(env)
     framework = (env.get("FRAMEWORK") or "").strip().lower() or None
     prefix = (env.get("MODEL_PREFIX") or "").strip() or None
     dialect = dialect_of.get(framework) if framework else None
-    if dialect is not None:  # a FRAMEWORK InferenceX's launchers serve: their rules
-        _golden_required(env, dialect, {"MODEL_PREFIX": model, "THINKING_MODE": thinking})
-    k, notes = draft_len, []
+    spec = None
     if recipe is not None:
-        if framework is None or framework not in dialect_of or dialect_of[framework] is None:
+        if dialect is None:
             raise ValueError(f"--recipe needs FRAMEWORK set to an engine whose recipe InferenceX reads; "
                              f"FRAMEWORK={framework!r} (known: {', '.join(f for f, d in dialect_of.items() if d)})")
-        spec = spec_of(read_recipe(recipe), dialect_of[framework])  # type: ignore[arg-type]
-        if spec is None:
-            raise NoSyntheticAcceptance(f"{recipe}: the generation role runs no speculative decoding")
+        spec = spec_of(read_recipe(recipe), dialect, str(recipe))
+    speculates = None if recipe is None else spec is not None
+    asked = {"MODEL_PREFIX": model, "THINKING_MODE": thinking}
+    if dialect is None:
+        _synthetic_gate(env)
+    elif dialect == "llmd":
+        _llmd_gate(env, speculates, asked, str(recipe))
+    else:
+        _launcher_gate(env, speculates, asked, str(recipe))
+    k, notes = draft_len, []
+    if spec is not None:
         k = k if k is not None else spec.checked_draft_len(str(recipe))
+        if model is None:
+            _curve_check(prefix, spec, dialect, str(recipe))  # type: ignore[arg-type]
         if env.get("NUM_SPEC_TOKENS") and draft_len is None:
             notes.append(f"NUM_SPEC_TOKENS={env['NUM_SPEC_TOKENS']} is not read by InferenceX's newest launchers: k "
                          f"is the recipe's, {k}")
         if speculator is None:
             kind = speculator_of(spec.method, prefix)
             speculator = f"{kind}:{spec.draft_model}" if kind == "draft" and spec.draft_model else kind
-    if k is None and env.get("NUM_SPEC_TOKENS"):
-        try:
-            k = int(env["NUM_SPEC_TOKENS"])
-        except ValueError:
-            raise ValueError(f"NUM_SPEC_TOKENS={env['NUM_SPEC_TOKENS']!r} is not an integer") from None
+    if k is None and env.get("NUM_SPEC_TOKENS", "").strip():
+        k = _integer_k(env["NUM_SPEC_TOKENS"].strip(), "NUM_SPEC_TOKENS")
     if k is None:
         raise ValueError("--from-env needs k: --draft-len, --recipe (the engine recipe holds it), or NUM_SPEC_TOKENS")
     spec_decoding = (env.get("SPEC_DECODING") or "").strip()
@@ -336,5 +475,6 @@ def question(env: Mapping[str, str], *, model: str | None, speculator: str | Non
 
 
 def environment() -> dict[str, str]:
-    """The runner variables this module reads, as set (empty ones left out)."""
-    return {v: os.environ[v] for v in ENV_VARIABLES if os.environ.get(v)}
+    """The runner variables this module reads, as set: an empty one is kept, as InferenceX's launchers tell it
+    from an unset one (environment["EVAL_ONLY"] of "" is no KeyError there)."""
+    return {v: os.environ[v] for v in ENV_VARIABLES if v in os.environ}
