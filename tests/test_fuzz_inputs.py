@@ -88,7 +88,8 @@ def test_corrupt_configs(tmp_path: Path, good_store: Path, line: int, value, mod
     before = digest(good_store)
     result = runner.invoke(app, ["run", str(config), "--db", str(good_store), "--no-show"])
     assert result.exit_code != 0
-    assert_clean_failure(result, (str(config), "/nonexistent/model", str(QUICKSTART), "device"))
+    # a source that resolves beside the config (".", "") is named as the folder it resolved to
+    assert_clean_failure(result, (str(config), str(tmp_path), "/nonexistent/model", str(QUICKSTART), "device"))
     assert digest(good_store) == before
 
 
