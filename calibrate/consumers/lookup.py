@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -23,7 +24,7 @@ from calibrate.consumers.inferencex import MODEL_PREFIXES
 from calibrate.errors import NothingUsable
 from calibrate.replay.counts import check_k
 from calibrate.tables import query
-from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, from_name
+from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, from_name, parse_edges
 from calibrate.tables.names import AmbiguousMatch, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.query import CatalogEntry, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
@@ -214,6 +215,8 @@ def record_problem(r: AcceptanceRecord) -> str | None:
     rates = r.unconditional_rates
     if len(rates) != k or not all(_real(x) and -1e-9 <= x <= 1 + 1e-9 for x in rates):
         return f"field unconditional_rates must be {k} numbers in [0, 1], got {list(rates)!r}"
+    if r.workload is not None:
+        return weighted_problem(r)
     if r.extrapolated:
         return None
     hist = r.histogram
@@ -223,6 +226,36 @@ def record_problem(r: AcceptanceRecord) -> str | None:
     if abs(al - r.acceptance_length) > 1e-6:
         return f"field acceptance_length {r.acceptance_length} disagrees with its histogram (AL {al:.6f})"
     for low, high in ((r.ci_low, r.ci_high), (r.macro_ci_low, r.macro_ci_high)):
+        if low is not None and high is not None and not (_real(low) and _real(high) and low <= high):
+            return f"a confidence interval is not an ordered pair of numbers ({low!r}, {high!r})"
+    if r.requests < 1 or r.conversations < 1 or r.conversations > r.requests:
+        return f"fields requests ({r.requests}) / conversations ({r.conversations}) are not a sample"
+    return None
+
+
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def weighted_problem(r: AcceptanceRecord) -> str | None:
+    """What makes a record weighted to a workload impossible, or None: its weighting's fields (a digest, shares
+    in [0, 1] that add up to at most 1), no histogram (the weighted AL is no count), AL = 1 + sum of its rates,
+    and its drafted AL = 1 + (AL - 1) / the share of steps that draft (stats.weighted_summary)."""
+    if not isinstance(r.workload, str) or not isinstance(r.workload_digest, str) or not DIGEST.fullmatch(r.workload_digest):
+        return f"field workload_digest {r.workload_digest!r} is not sha256:<64 hex digits> of a workload file"
+    shares = {"coverage": r.coverage, "filled": r.filled or 0.0, "weighted_proposal_rate": r.weighted_proposal_rate}
+    for name, value in shares.items():
+        if value is not None and not (_real(value) and -1e-9 <= value <= 1 + 1e-9):
+            return f"field {name} {value!r} is not a share in [0, 1]"
+    if r.coverage is None or r.coverage + (r.filled or 0.0) > 1 + 1e-9:
+        return f"fields coverage {r.coverage!r} and filled {r.filled!r} are not shares of one workload"
+    if r.histogram:
+        return "field histogram must be empty on a weighted record (its AL is no count)"
+    if abs(1 + sum(r.unconditional_rates) - r.acceptance_length) > 1e-6:
+        return f"field acceptance_length {r.acceptance_length} is not 1 + the sum of its rates"
+    drafted, share = r.drafted_acceptance_length, r.weighted_proposal_rate
+    if drafted is not None and share and abs(1 + (r.acceptance_length - 1) / share - drafted) > 1e-6:
+        return f"field drafted_acceptance_length {drafted} disagrees with its AL and proposal rate"
+    for low, high in ((r.ci_low, r.ci_high), (r.drafted_ci_low, r.drafted_ci_high)):
         if low is not None and high is not None and not (_real(low) and _real(high) and low <= high):
             return f"a confidence interval is not an ordered pair of numbers ({low!r}, {high!r})"
     if r.requests < 1 or r.conversations < 1 or r.conversations > r.requests:
@@ -355,29 +388,92 @@ def lookup(
     match_prefix: bool = False,
     context: str | None = None,
     force: bool = False,
+    workload: str | os.PathLike | None = None,
+    buckets: str | Sequence[int] | None = None,
+    strata: str = "context",
+    uncovered: str = "refuse",
 ) -> AcceptanceRecord:
     """The measured acceptance of (model, speculator, k, thinking), as a frozen record.
 
     `table`: a DuckDB store (opened read-only), an exported .json / .parquet table, or an opened Table;
     default tables/acceptance.duckdb. `speculator=None` means the model's only speculator. `context` (a
-    bucket label such as '16k-64k', or a length such as '20k': calibrate.tables.buckets) answers with the AL
-    of the requests whose prompt, before truncation, is in that bucket. Raises NotMeasured / AmbiguousMatch
-    (both LookupError) with what the table does have. A row the engine audit marked (its engine's own counts
+    bucket label such as '16k-32k', or a length such as '20k': calibrate.tables.buckets) answers with the AL
+    of the requests whose prompt, after truncation (what the target saw), is in that bucket. Raises NotMeasured /
+    AmbiguousMatch (both LookupError) with what the table does have. A row the engine audit marked (its engine's own counts
     contradict its own tokens) is refused, a NothingUsable (LookupError) naming the count, unless `force`.
+
+    `buckets` sets the context edges ("1k,2k,4k" or ints; default doubling 1k..1M) for `context` and `workload`.
+    `workload` (a CC-trace JSONL or a CSV / JSONL of requests: calibrate.workload) answers with the AL weighted
+    to it, over those buckets and `strata` ("context"
+    or "context,turn"); a stratum measured with too few conversations raises (a LookupError naming it and its
+    share of the workload's output tokens) unless `uncovered="nearest"`. The answer's `workload`,
+    `workload_digest`, `coverage`, `filled`, `ci_low` / `ci_high` say what it is.
     """
     _check_arguments(model, speculator, draft_len, thinking, dataset, temperature, segment, table, context)
-    bucket = context_bucket(context)
+    edges = parse_edges(buckets) if isinstance(buckets, str) else buckets
+    bucket = context_bucket(context, edges)
     source = table if hasattr(table, "catalog") else open_table(table)  # type: ignore[arg-type]
     entry, target_k = resolve(
         source.catalog(), model, speculator, draft_len, thinking, dataset=dataset, temperature=temperature,
         extrapolate=extrapolate, match_prefix=match_prefix,
     )
+    if workload is not None:
+        record = weighted_answer(source, entry, workload, edges, strata, uncovered,
+                                 refused=_unweightable(segment, bucket, target_k))
+        return _unless_contradicted(record, force)
     record = source.record(entry, segment, bucket)
     if record is None:
         what = f"segment {segment!r}" + (f" in {bucket.name}" if bucket is not None else "")
         raise NotMeasured(f"no counts for {what} of {entry.target} with {entry.speculator}, k={entry.draft_len}, "
                           f"thinking={entry.thinking} in {source.source}: {source.held(entry)}")
+    record = _unless_contradicted(record, force)
+    return record if target_k is None else extrapolate_record(record, target_k)
+
+
+def _unless_contradicted(record: AcceptanceRecord, force: bool) -> AcceptanceRecord:
     if record.contradicted() is not None and not force:
         raise NothingUsable(f"{record.contradicted()}: refused (an exact sampler has none); pass --force to use it "
                             "anyway")
-    return record if target_k is None else extrapolate_record(record, target_k)
+    return record
+
+
+def _unweightable(segment: str, bucket: Bucket | None, target_k: int | None) -> str | None:
+    """Why a workload answer cannot be given with these other arguments, or None."""
+    if segment != SEGMENT_ALL:
+        return f"segment {segment!r}: a workload weights whole answers (segment 'all')"
+    if bucket is not None:
+        return "context picks one bucket; a workload weights over all of them: give one of the two"
+    if target_k is not None:
+        return "extrapolate models an unmeasured k; a workload weights a measured one: give one of the two"
+    return None
+
+
+def weighted_answer(source: Table, entry: CatalogEntry, workload: str | os.PathLike, edges: Sequence[int] | None,
+                    strata: str, uncovered: str, refused: str | None = None) -> AcceptanceRecord:
+    """The entry's AL weighted to the workload: computed from a store, or read from an export weighted to the
+    same file (same digest and strata); a plain export holds no per-request counts to weight."""
+    from calibrate.workload.commands import nearest_asked
+    from calibrate.workload.profile import read_profile
+    from calibrate.workload.weighting import Weighting, parse_strata, weighted_records
+
+    if refused is not None:
+        raise ValueError(f"lookup with a workload: {refused}")
+    if not isinstance(workload, (str, os.PathLike)):
+        raise TypeError(f"lookup: workload must be a path, got {type(workload).__name__} {workload!r}")
+    weighting = Weighting(read_profile(workload, edges), turn=parse_strata(strata), nearest=nearest_asked(uncovered))
+    if isinstance(source, DuckDBTable):
+        with source._reading() as con:
+            records = weighted_records(con, _entry_filters(entry, None), weighting, n_boot=source.n_boot,
+                                       seed=source.seed)
+        return next(r for r in records if r.key == entry.key)
+    mine = [r for r in getattr(source, "records", ()) if r.key == entry.key and r.segment == SEGMENT_ALL]
+    found = next((r for r in mine if r.workload_digest == weighting.profile.digest
+                  and r.strata == weighting.describe()), None)
+    if found is None:
+        held = sorted({f"{r.workload} ({r.workload_digest}, strata {r.strata})" for r in mine if r.workload})
+        raise NotMeasured(f"{source.source} holds no answer weighted to {weighting.profile.name} "
+                          f"({weighting.profile.digest}, strata {weighting.describe()}): "
+                          + (f"it is weighted to {'; '.join(held)}" if held else
+                             "an exported table holds no per-request counts to weight; weight from the .duckdb "
+                             "store, or export with --workload"))
+    return found
