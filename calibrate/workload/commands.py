@@ -117,19 +117,31 @@ def render_weighted(records: list[AcceptanceRecord], fmt: str, console: Console 
     from rich import box
     from rich.table import Table
 
-    first = records[0]
-    table = Table(title=f"AL weighted to {first.workload}", box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption=f"{first.workload_digest}\nstrata: {first.strata}\nCI: 95%, conversations resampled within "
-                  "strata; coverage: share of the workload's output tokens in strata measured with >= 10 "
-                  "conversations; filled: from the nearest measured stratum (--uncovered nearest)")
-    for col in ("target", "speculator", "k", "think", "AL", "95% CI", "drafted", "coverage", "filled"):
-        table.add_column(col, justify="left" if col in ("target", "speculator") else "right",
-                         overflow="fold" if col in ("target", "speculator") else "ellipsis")
+    from calibrate.tables.commands import short_labels
+
+    first, short = records[0], short_labels([r.speculator for r in records])
+    targets = sorted({r.target.rstrip("/").rsplit("/", 1)[-1] for r in records})
+    one_target = len(targets) == 1
+    legend = [f"{brief} = {label}" for label, brief in short.items() if brief != label]
+    caption = [*([f"target {targets[0]}"] if one_target else []), *legend, first.workload_digest,
+               f"strata: {first.strata}", "AL over all verify steps; drafted: over the steps that proposed (model-free "
+               "drafters' engine exports); 95% CI, conversations resampled within strata; cover: share of the "
+               "workload's output tokens in strata measured with >= 10 conversations; filled: from the nearest "
+               "measured stratum (--uncovered nearest)"]
+    table = Table(title=f"AL weighted to {first.workload}", caption="\n".join(caption), caption_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0))
+    columns = ([] if one_target else ["target"]) + ["speculator", "k", "think", "AL", "95% CI", "drafted", "cover",
+                                                    "filled"]
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("target", "speculator") else "right", no_wrap=col != "target",
+                         overflow="fold")
     for r in records:
-        drafted = f"{r.drafted_acceptance_length:.3f}" if r.uses_drafted else "-"
-        table.add_row(r.target.rstrip("/").rsplit("/", 1)[-1], r.speculator, str(r.draft_len), r.thinking,
-                      f"{r.acceptance_length:.3f}", f"{r.ci_low:.3f}-{r.ci_high:.3f}", drafted,
-                      f"{r.coverage:.1%}", f"{r.filled:.1%}")
+        cells = {"target": r.target.rstrip("/").rsplit("/", 1)[-1], "speculator": short[r.speculator],
+                 "k": str(r.draft_len), "think": r.thinking, "AL": f"{r.acceptance_length:.3f}",
+                 "95% CI": f"{r.ci_low:.3f}-{r.ci_high:.3f}",
+                 "drafted": f"{r.drafted_acceptance_length:.3f}" if r.uses_drafted else "-",
+                 "cover": f"{r.coverage:.1%}", "filled": f"{r.filled:.1%}"}
+        table.add_row(*(cells[c] for c in columns))
     (console or Console()).print(table)
 
 

@@ -160,7 +160,7 @@ def _plan(record: AcceptanceRecord, measured: dict[str, _Measured], weighting: W
     refusing what cannot be covered (module notes)."""
     profile, tokens = weighting.profile, {}
     covered = filled = 0
-    gaps: list[tuple[int, str, str]] = []
+    gaps: dict[str, list] = {}  # stratum -> [the workload's output tokens in it, what was measured there]
     for (c, u, t), cell in sorted(profile.cells.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))):
         if not cell.output_tokens:
             continue
@@ -175,8 +175,9 @@ def _plan(record: AcceptanceRecord, measured: dict[str, _Measured], weighting: W
             covered += cell.output_tokens
         else:
             n = source.conversations(where)
-            gaps.append((cell.output_tokens, _stratum_name(weighting, mode, where),
-                         f"{n} conversation{'s' if n != 1 else ''}" if n else "nothing"))
+            gap = gaps.setdefault(_stratum_name(weighting, mode, where),
+                                  [0, f"{n} conversation{'s' if n != 1 else ''}" if n else "nothing"])
+            gap[0] += cell.output_tokens
             donor = _nearest(source, where) if weighting.nearest else None
             if donor is None:
                 continue
@@ -189,10 +190,10 @@ def _plan(record: AcceptanceRecord, measured: dict[str, _Measured], weighting: W
         raise Uncovered(f"{_named(record.key)}: {profile.name} falls entirely outside what was measured: coverage "
                         f"0.0% of its output tokens (its strata: {_held(profile, weighting)}; measured with >= "
                         f"{stats.MIN_CI_CONVERSATIONS} conversations: {_measured_strata(measured, weighting)})")
-    if gaps and (not weighting.nearest or filled < sum(g[0] for g in gaps)):
-        tokens_missing, name, what = max(gaps)
-        more = (f"; and {len(gaps) - 1} more strata, {profile.share(sum(g[0] for g in gaps)):.1%} in all"
-                if len(gaps) > 1 else "")
+    missing = sum(tokens for tokens, _ in gaps.values())
+    if gaps and (not weighting.nearest or filled < missing):
+        name, (tokens_missing, what) = max(gaps.items(), key=lambda kv: kv[1][0])
+        more = f"; and {len(gaps) - 1} more strata, {profile.share(missing):.1%} in all" if len(gaps) > 1 else ""
         raise Uncovered(f"{_named(record.key)}: {name} holds {profile.share(tokens_missing):.1%} of "
                         f"{profile.name}'s output tokens but was measured on {what} (a stratum needs >= "
                         f"{stats.MIN_CI_CONVERSATIONS}){more}: measure there, or pass --uncovered nearest to fill it "
