@@ -235,7 +235,7 @@ def test_lookup_cli_spellings(short_store: Path) -> None:
     assert res.exit_code == 0, res.output
     filled = lookup(MODEL, None, K, "off", table=short_store, workload=FIXTURE, uncovered="nearest", buckets="1k,2k,4k,8k")
     assert res.stdout.strip() == filled.value() and "filled from the nearest measured stratum" in res.stderr
-    assert filled.strata == "context at 1k,2k,4k,8k"
+    assert filled.strata == "context at 1k,2k,4k,8k + thinking"
     res = _invoke("lookup", "--table", short_store, "--model", MODEL, "-k", K, "--thinking", "off", "--uncovered",
                   "nearest")
     assert res.exit_code == 2 and "give --workload FILE" in res.output
