@@ -14,7 +14,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from calibrate.outfiles import refuse_overwrite, writing
+from calibrate.outfiles import refuse_overwrite
+from calibrate.tables.report import _save as save_png  # how every plot of ours is written (errors name the file)
 from calibrate.tables.buckets import TURN, tokens_text
 from calibrate.workload.profile import Tally, WorkloadProfile
 
@@ -115,10 +116,4 @@ def plot_profile(profile: WorkloadProfile, out: Path, force: bool = False) -> Pa
     fig.suptitle(f"{profile.name}: {profile.total.requests:,} requests, {profile.total.output_tokens:,} output tokens",
                  fontsize="medium")
     fig.tight_layout()
-    try:
-        with writing(out):
-            out.parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(out, dpi=110)
-    finally:
-        plt.close(fig)
-    return out
+    return save_png(fig, out)

@@ -10,7 +10,6 @@ so a 2 GB corpus is profiled in the memory of its largest trace.
 from __future__ import annotations
 
 import bisect
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,8 +78,9 @@ class WorkloadProfile:
         """The sum over cells matching the given context bucket / turn bucket / thinking value."""
         out = Tally()
         for (c, u, t), cell in self.cells.items():
-            if (context is None or c == context) and (turn is None or u == turn) and (thinking == "any" or t == thinking):
-                out.merge(cell)
+            if context not in (None, c) or turn not in (None, u) or thinking not in ("any", t):
+                continue
+            out.merge(cell)
         return out
 
     @property
@@ -128,10 +128,12 @@ def _count(path: Path, edges: tuple[int, ...], size: int, progress: RunProgress 
     profile = WorkloadProfile(path=path, digest="", size_bytes=size, edges=edges)
     for request in source:
         cell = (bisect.bisect_right(edges, request.context_tokens), TURN.index(request.turn), request.thinking)
-        for tally in (profile.cells.setdefault(cell, Tally()), profile.by_agent.setdefault(request.agent_depth, Tally()),
-                      profile.by_kind.setdefault(request.kind, Tally()), profile.total,
-                      *(profile.by_output_type.setdefault(t, Tally()) for t in dict.fromkeys(request.output_types)),
-                      *([profile.by_stop.setdefault(request.stop, Tally())] if request.stop is not None else [])):
+        tallies = [profile.cells.setdefault(cell, Tally()), profile.by_agent.setdefault(request.agent_depth, Tally()),
+                   profile.by_kind.setdefault(request.kind, Tally()), profile.total,
+                   *(profile.by_output_type.setdefault(t, Tally()) for t in dict.fromkeys(request.output_types))]
+        if request.stop is not None:
+            tallies.append(profile.by_stop.setdefault(request.stop, Tally()))
+        for tally in tallies:
             tally.add(request)
         profile.max_context = max(profile.max_context, request.context_tokens)
         if progress is not None:
@@ -140,7 +142,3 @@ def _count(path: Path, edges: tuple[int, ...], size: int, progress: RunProgress 
     profile.traces = source.traces
     return profile
 
-
-def counter_of(tallies: dict[object, Tally]) -> Counter:
-    """Output tokens per key, for sorting the largest first."""
-    return Counter({key: tally.output_tokens for key, tally in tallies.items()})

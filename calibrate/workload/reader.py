@@ -131,8 +131,9 @@ class WorkloadFile:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             raise WorkloadError(f"{self.path}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
-        for i, item in enumerate(value if isinstance(value, list) else [value]):
-            yield from self._record(item, f"{self.path} (document{'' if not isinstance(value, list) else f' item {i}'})")
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            yield from self._record(item, f"{self.path} (document{f' item {i}' if isinstance(value, list) else ''})")
 
     def _record(self, value: Any, where: str) -> Iterator[WorkloadRequest]:
         if not isinstance(value, dict):
