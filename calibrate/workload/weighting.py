@@ -230,7 +230,8 @@ def weigh(record: AcceptanceRecord, twins: dict[str, tuple[AcceptanceRecord, que
                                                       dtype=object), tokens=float(tokens)))
         used.append(mode)
     summary = stats.weighted_summary(strata, n_boot=n_boot, seed=seed, level=record.ci_level)
-    return _weighted_record(record, [twins[m][0] for m in dict.fromkeys(used)], strata, summary, plan, weighting)
+    weighted = _weighted_record(record, [twins[m][0] for m in dict.fromkeys(used)], strata, summary, plan, weighting)
+    return replace(weighted, bootstrap_replicates=n_boot, bootstrap_seed=seed)
 
 
 def _weighted_record(record: AcceptanceRecord, sources: list[AcceptanceRecord], strata: list[stats.Stratum],
@@ -274,7 +275,8 @@ def weighted_records(con: duckdb.DuckDBPyConnection, filters: query.Filters, wei
     """Every key the filters select (segment all), weighted to the workload; nothing is returned unless every
     key weights (one uncovered stratum refuses the lot: nothing is exported half-weighted)."""
     both = replace(filters, thinking=None)  # a thinking=on row reads its thinking=off twin too
-    everything = {r.key: r for r in query.load_records(con, both, n_boot=n_boot, seed=seed)}
+    # the keys and their provenance (their own intervals are replaced by the weighted ones: one replicate will do)
+    everything = {r.key: r for r in query.load_records(con, both, n_boot=1, seed=seed)}
     selected = [r for r in everything.values() if filters.thinking is None or r.thinking in filters.thinking]
     if not selected:
         return []
