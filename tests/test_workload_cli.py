@@ -280,3 +280,19 @@ def test_the_weighted_value_is_the_by_hand_harmonic_mean(store: Path, tmp_path: 
     res = _invoke("lookup", "--table", store, "--model", MODEL, "-k", K, "--thinking", "off", "--workload", one,
                   "--format", "json")
     assert json.loads(res.stdout)["acceptance_length"] == pytest.approx(bucket_al(reqs, 1)[0], rel=1e-14)
+
+
+def test_context_buckets_of_other_edges_export_and_read_back(store: Path, tmp_path: Path) -> None:
+    res = _invoke("export", "--to", "vllm", "--db", store, "--context", "2k-8k", "--buckets", "2k,8k", *BOOT)
+    assert res.exit_code == 0, res.output
+    assert {row["bucket"] for row in json.loads(res.stdout)} == {"context=2k-8k"}
+    out = tmp_path / "b.json"
+    assert _invoke("export", "--to", "json", "--db", store, "--context", "3000", "--buckets", "2k,8k", "--out", out,
+                   *BOOT).exit_code == 0
+    res = _invoke("lookup", "--table", out, "--model", MODEL, "-k", K, "--thinking", "off", "--context", "2k-8k",
+                  "--buckets", "2k,8k", "--format", "json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["bucket"] == "context=2k-8k"
+    for command in (("export", "--to", "vllm", "--db", store), ("lookup", "--table", store, "--model", MODEL, "-k", K,
+                                                                "--thinking", "off")):
+        res = _invoke(*command, "--buckets", "2k,8k")
+        assert res.exit_code == 2 and "give --context or --workload with it" in res.output

@@ -92,7 +92,7 @@ def export(
     """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
     target = consumers.consumer(to)
     filters_args = (model, speculator, draft_len, thinking, dataset, temperature, where)
-    check_workload_options(workload, strata, uncovered)
+    check_workload_options(workload, strata, uncovered, buckets, context)
     if workload is not None:
         if context is not None:
             raise ValueError("--context picks one bucket; --workload weights over all of them: give one of the two")
@@ -180,7 +180,7 @@ def lookup(
         raise ValueError(f"missing {', '.join(missing_opts)} (or use --from-env)")
     form = format or "value"
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
-    check_workload_options(workload, strata, uncovered)
+    check_workload_options(workload, strata, uncovered, buckets, context)
     record = lookup_record(
         model, speculator, draft_len, thinking, table=table, dataset=dataset, temperature=temperature,
         extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context, force=force,

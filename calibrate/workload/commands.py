@@ -70,10 +70,14 @@ def load_weighting(workload: Path, buckets: str | None, strata: str, uncovered: 
     return Weighting(profile, turn=turn, nearest=nearest)
 
 
-def check_workload_options(workload: Path | None, strata: str, uncovered: str) -> None:
-    """--strata / --uncovered mean something only with --workload: refused without it, not ignored."""
+def check_workload_options(workload: Path | None, strata: str, uncovered: str, buckets: str | None = None,
+                           context: str | None = None) -> None:
+    """--strata / --uncovered mean something only with --workload, --buckets only with it or --context: refused
+    without them, not ignored."""
     if workload is None and (strata != "context" or nearest_asked(uncovered)):
         raise ValueError("--strata and --uncovered weight to a workload: give --workload FILE")
+    if workload is None and context is None and buckets is not None:
+        raise ValueError("--buckets sets context edges: give --context or --workload with it")
 
 
 def weighted_selection(db: Path, filters_args: tuple, weighting: Weighting, n_boot: int, seed: int

@@ -194,10 +194,11 @@ def _plan(record: AcceptanceRecord, measured: dict[str, _Measured], weighting: W
     if gaps and (not weighting.nearest or filled < missing):
         name, (tokens_missing, what) = max(gaps.items(), key=lambda kv: kv[1][0])
         more = f"; and {len(gaps) - 1} more strata, {profile.share(missing):.1%} in all" if len(gaps) > 1 else ""
+        remedy = ("and no stratum of this thinking mode was, to fill it from" if weighting.nearest else
+                   "measure there, or pass --uncovered nearest to fill it from the nearest measured stratum (flagged)")
         raise Uncovered(f"{_named(record.key)}: {name} holds {profile.share(tokens_missing):.1%} of "
                         f"{profile.name}'s output tokens but was measured on {what} (a stratum needs >= "
-                        f"{stats.MIN_CI_CONVERSATIONS}){more}: measure there, or pass --uncovered nearest to fill it "
-                        "from the nearest measured stratum (flagged)")
+                        f"{stats.MIN_CI_CONVERSATIONS}){more}: {remedy}")
     if not tokens:
         raise NothingUsable(f"{profile.name} has no decode tokens (every request answers in one token at most): "
                             "no step to weight")
@@ -219,7 +220,9 @@ def weigh(record: AcceptanceRecord, twins: dict[str, tuple[AcceptanceRecord, que
           weighting: Weighting, *, n_boot: int, seed: int) -> AcceptanceRecord:
     """The record of one key (segment all) weighted to the workload. `twins`: thinking mode -> the key in that
     mode (this key among them) and its requests' totals."""
-    measured = {mode: _split(totals, weighting.profile.edges, weighting.turn) for mode, (_, totals) in twins.items()}
+    modes = {"on", "off"} if weighting.by_thinking and record.thinking == "on" else {record.thinking}
+    measured = {mode: _split(totals, weighting.profile.edges, weighting.turn) for mode, (_, totals) in twins.items()
+                if mode in modes}
     plan = _plan(record, measured, weighting)
     strata, used = [], []
     for (mode, c, u), tokens in sorted(plan.tokens.items(), key=str):
