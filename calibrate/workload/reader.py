@@ -23,9 +23,16 @@ included. What each field means here, and how the format's readers treat it:
   `flatten_requests` does (AIPerf's schema admits one level only). A missing `type` is a request, as in
   kv-cache-tester (`req.get('type', ...)`); any other value is an error.
 - `output_types`: the kinds the response held (`thinking`, `text`, `tool_use`); `thinking` in it marks a
-  request that thinks. `input_types`, `stop`, `t`, `api_time`, `think_time`, `ttft`, `model`, `hash_ids` are
-  read as the others do (all three keep `stop` and the types verbatim); we keep `stop` and the output types
-  for `inspect` and ignore the timing, models and hashes, which do not move AL.
+  request that thinks. AIPerf and kv-cache-tester keep it verbatim (default empty), SGLang's replay drops it.
+- `input_types`: what the prompt's new part is (`text`, `tool_result`); kv-cache-tester shapes the synthetic
+  message by it (`'tool_result' in input_types`), AIPerf keeps it. No stratum reads it: ignored.
+- `stop`: the stop reason (`tool_use`, `end_turn`, or ""); AIPerf and kv-cache-tester keep it (AIPerf's
+  default ""). Kept for `inspect`.
+- `t` (seconds from the trace's start; a subagent's requests from the subagent's start, as kv-cache-tester's
+  `flatten_requests` adds them), `api_time`, `think_time`, `ttft`: AIPerf turns them into delays (in ms),
+  kv-cache-tester into its timing strategies, SGLang's closed-loop replay drops them. `model`, `hash_ids`,
+  `block_size`, `hash_id_scope`, `tool_tokens`, `system_tokens`: cache and model structure. None moves the AL of
+  a request of given context and output: ignored.
 - Turn depth: a request's position among its own agent's requests (1 = first); a subagent counts its own.
 - Unknown fields are ignored, as kv-cache-tester (`dict.get`) and SGLang's replay do; AIPerf's pydantic
   models forbid extras (`extra="forbid"`), which would refuse a newer drop's added field.
