@@ -1,6 +1,6 @@
 """Reading a CC-trace corpus the size of AgentX's (2 GB) in bounded memory: ours against loading it whole.
 
-    python bench/workload_stream.py [--gigabytes 2.0] [--whole-megabytes 200] [--keep FILE]
+    python bench/workload_stream.py [--gigabytes 2.0] [--whole-megabytes 200] [--keep FILE] [--reuse]
 
 Writes a synthetic CC-trace JSONL shaped like `semianalysisai/cc-traces-weka-062126` (traces of growing prompts
 whose `hash_ids` list every 64-token block, subagents nested, `output_types` and `stop` on every request), then,
@@ -12,7 +12,9 @@ each in a fresh process so peak memory is its own:
      list-of-traces loader would) on the first --whole-megabytes of it, and its peak RSS per MB of file,
      extrapolated to the whole file.
 
-It prints both and the ratio of peak memory. The file is removed unless --keep names where to keep it.
+It prints both and the ratio of peak memory. The file is removed unless --keep names where to keep it;
+--reuse reads a --keep file written before instead of writing it again (write it outside the heavy lock, then
+time the reading under it).
 """
 
 from __future__ import annotations
@@ -94,13 +96,15 @@ def main() -> None:
     parser.add_argument("--gigabytes", type=float, default=2.0)
     parser.add_argument("--whole-megabytes", type=float, default=200.0)
     parser.add_argument("--keep", type=Path, default=None)
+    parser.add_argument("--reuse", action="store_true")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="workload-stream-"))
     path = args.keep or folder / "traces.jsonl"
-    t = time.perf_counter()
-    traces = write_corpus(path, int(args.gigabytes * 1e9))
+    if not (args.reuse and path.exists()):
+        t = time.perf_counter()
+        traces = write_corpus(path, int(args.gigabytes * 1e9))
+        print(f"wrote {path.stat().st_size / 1e9:.2f} GB, {traces} traces, in {time.perf_counter() - t:.0f} s")
     size = path.stat().st_size
-    print(f"wrote {size / 1e9:.2f} GB, {traces} traces, in {time.perf_counter() - t:.0f} s")
     try:
         secs, requests, tokens, digest, rss = _child(OURS, str(path))
         print(f"ours (streaming):  {float(secs):.1f} s, {size / 1e6 / float(secs):.0f} MB/s, {int(requests):,} "
@@ -121,7 +125,7 @@ def main() -> None:
     finally:
         if args.keep is None:
             path.unlink()
-            folder.rmdir()
+        folder.rmdir()
 
 
 if __name__ == "__main__":
