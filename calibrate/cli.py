@@ -75,6 +75,10 @@ from calibrate.data.commands import datasets_app  # noqa: E402  (datasets inspec
 
 app.add_typer(datasets_app, name="datasets")
 
+from calibrate.workload.commands import workload_app  # noqa: E402  (workload inspect)
+
+app.add_typer(workload_app, name="workload")
+
 
 def main() -> None:
     app()

@@ -10,7 +10,8 @@ import pytest
 from calibrate.data.conversation import Conversation, Message
 from calibrate.data.turns import conversation_requests
 from calibrate.tables import stats
-from calibrate.tables.buckets import CONTEXT, TURN, UNRECORDED, context_bucket, dimension
+from calibrate.tables.buckets import (CONTEXT, TURN, UNRECORDED, context_bucket, context_dimension, dimension,
+                                     from_name, parse_edges)
 from calibrate.tables.query import Filters, load_bucketed, load_records
 from calibrate.tables.records import AcceptanceRecord
 from calibrate.tables.store import Store, connect
@@ -21,8 +22,8 @@ N_BOOT = 300
 
 
 def _requests(seed: int = 7) -> list[Req]:
-    """40 requests of 14 conversations: prompt lengths across every context bucket (some truncated to a 16k
-    budget, so before-truncation lengths differ from what the engine saw), depths 1..40."""
+    """40 requests of 14 conversations: prompt lengths across many context buckets (some truncated to a 16k
+    budget, so what the engine saw differs from the length before truncation), depths 1..40."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(40):
@@ -53,7 +54,7 @@ def _bucketed(path: Path, dim_name: str) -> list[AcceptanceRecord]:
 
 
 def _value(req: Req, dim_name: str) -> int | None:
-    return req.prompt_tokens + req.truncated_tokens if dim_name == "context" else req.depth
+    return req.prompt_tokens if dim_name == "context" else req.depth
 
 
 @pytest.mark.parametrize("dim_name", ["context", "turn"])
@@ -89,13 +90,16 @@ def test_each_bucket_is_the_brute_force_statistics_of_its_requests(store_path, d
                                                  key=[f"{dim_name}={b.label}" for b in dim.buckets].index)
 
 
-def test_context_buckets_use_the_length_before_truncation(store_path) -> None:
+def test_context_buckets_use_the_prompt_the_target_saw(store_path) -> None:
+    """A 70k-token prompt cut to a 16k budget is a 16k-32k measurement (issue 38), not a >64k one: the drafter and
+    the target saw 16,384 tokens of context."""
     path, reqs = store_path
     by_bucket = {r.bucket: r for r in _bucketed(path, "context")}
-    # every prompt was truncated to at most 16k: by the kept length nothing would sit above 16k
-    assert {"context=16k-64k", "context=>64k"} <= set(by_bucket)
-    assert by_bucket["context=>64k"].requests == sum(r.prompt_tokens + r.truncated_tokens >= 65536 for r in reqs)
-    assert by_bucket["context=>64k"].truncated_requests == by_bucket["context=>64k"].requests
+    assert max(r.prompt_tokens + r.truncated_tokens for r in reqs) > 65536  # sent longer than any stratum here
+    assert not any(b.startswith(("context=32k", "context=64k")) for b in by_bucket)
+    cut = by_bucket["context=16k-32k"]
+    assert cut.requests == sum(r.prompt_tokens == 16384 for r in reqs)
+    assert cut.truncated_requests == sum(r.truncated_tokens > 0 for r in reqs) == cut.requests
 
 
 def test_a_small_bucket_withholds_its_interval(tmp_path: Path) -> None:
@@ -105,7 +109,7 @@ def test_a_small_bucket_withholds_its_interval(tmp_path: Path) -> None:
     with Store(path) as store:
         write_run(store, make_spec(draft_len=K), reqs)
     small, big = (next(r for r in _bucketed(path, "context") if r.bucket == name)
-                  for name in ("context=4k-16k", "context=<4k"))
+                  for name in ("context=8k-16k", "context=<1k"))
     assert small.conversations == 2 and small.ci_low is None and small.ci_note.startswith("n too small")
     assert big.conversations == 12 and big.ci_low is not None and big.ci_note is None
 
@@ -118,7 +122,7 @@ def test_a_store_written_before_turn_depth_still_reads(tmp_path: Path) -> None:
         store.con.execute("ALTER TABLE requests DROP COLUMN turn_depth")
     old = _bucketed(path, "turn")  # read-only, as `show --by turn` opens it: not migrated
     assert [r.bucket for r in old] == [f"turn={UNRECORDED}"] and old[0].requests == 2
-    assert [r.bucket for r in _bucketed(path, "context")] == ["context=<4k", "context=4k-16k"]
+    assert [r.bucket for r in _bucketed(path, "context")] == ["context=<1k", "context=4k-8k"]
     with Store(path) as store:  # opened for writing: the column comes back, empty for the old requests
         assert store.con.execute("SELECT turn_depth FROM requests").fetchall() == [(None,), (None,)]
     assert [r.bucket for r in _bucketed(path, "turn")] == [f"turn={UNRECORDED}"]
@@ -132,10 +136,28 @@ def test_a_store_written_before_turn_depth_still_reads(tmp_path: Path) -> None:
 
 def test_bucket_names_labels_aliases_and_lengths() -> None:
     assert context_bucket(None) is None
-    assert context_bucket("16k-64k").label == "16k-64k" and context_bucket("16K-64K").label == "16k-64k"
-    assert context_bucket("0-4k").label == "<4k" and context_bucket("64k+").label == ">64k"
-    assert context_bucket("4095").label == "<4k" and context_bucket("4096").label == "4k-16k"
-    assert context_bucket("20k").label == "16k-64k" and context_bucket("64k").label == ">64k"
+    assert [b.label for b in CONTEXT.buckets] == ["<1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k-32k", "32k-64k",
+                                                  "64k-128k", "128k-256k", "256k-512k", "512k-1M", ">1M"]
+    assert context_bucket("16k-32k").label == "16k-32k" and context_bucket("16K-32K").label == "16k-32k"
+    assert context_bucket("0-1k").label == "<1k" and context_bucket("1M+").label == ">1M"
+    assert context_bucket("1023").label == "<1k" and context_bucket("1024").label == "1k-2k"
+    assert context_bucket("20k").label == "16k-32k" and context_bucket("1m").label == ">1M"
+    assert context_bucket("990000").label == "512k-1M"
+    # settable edges: the old four buckets, and edges that are no whole k
+    old = context_dimension(parse_edges("4k,16k,64k"))
+    assert [b.label for b in old.buckets] == ["<4k", "4k-16k", "16k-64k", ">64k"]
+    assert context_bucket("64k+", parse_edges("4k,16k,64k")).label == ">64k"
+    assert [b.label for b in context_dimension((1500, 3000)).buckets] == ["<1500", "1500-3000", ">3000"]
+    for text, why in (("1k,1k", "must increase"), ("2k,1k", "must increase"), ("0,1k", "not a positive"),
+                      ("1k,big", "not a positive"), ("", "not a positive")):
+        with pytest.raises(ValueError, match=rf"--buckets .*{why}"):
+            parse_edges(text)
+    # a record's bucket name reads back whatever edges cut it, in one spelling per range
+    for name in ("context=<1500", "context=1500-3000", "context=>3000", "context=16k-64k", "turn=2-3"):
+        assert from_name(name).name == name
+    for bad in ("context=4096-8k", "context=8k-4k", "context=0-1k", "turn=2-5", "segment=all"):
+        with pytest.raises(ValueError, match="is no request bucket"):
+            from_name(bad)
     assert TURN.parse("5").label == "4-7" and TURN.parse("1").label == "1" and TURN.parse("32+").label == "32+"
     for bad, dim in (("huge", CONTEXT), ("0", TURN), ("2-5", TURN)):
         with pytest.raises(ValueError, match=rf"--{dim.name} .*not a {dim.name} bucket \("):
@@ -218,26 +240,26 @@ def test_export_and_lookup_select_a_context_bucket(app, store_path, tmp_path: Pa
     import json
 
     path, _ = store_path
-    bucket = next(r for r in _bucketed(path, "context") if r.bucket == "context=16k-64k")
+    bucket = next(r for r in _bucketed(path, "context") if r.bucket == "context=16k-32k")
     res = _invoke(app, "lookup", "--table", str(path), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
                   "--thinking", "off", "--context", "20k")
     assert res.exit_code == 0, res.output
-    assert res.stdout.strip() == bucket.value() and "context=16k-64k only" in res.stderr
+    assert res.stdout.strip() == bucket.value() and "context=16k-32k only" in res.stderr
     out = tmp_path / "t.json"
-    res = _invoke(app, "export", "--to", "json", "--db", str(path), "--context", "16k-64k", "--out", str(out))
+    res = _invoke(app, "export", "--to", "json", "--db", str(path), "--context", "16k-32k", "--out", str(out))
     assert res.exit_code == 0, res.output
     rows = json.loads(out.read_text())["records"]
-    assert {row["bucket"] for row in rows} == {"context=16k-64k"}
+    assert {row["bucket"] for row in rows} == {"context=16k-32k"}
     # the export answers for its bucket, and only for it
     res = _invoke(app, "lookup", "--table", str(out), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
-                  "--thinking", "off", "--context", "16k-64k", "--format", "json")
+                  "--thinking", "off", "--context", "16k-32k", "--format", "json")
     assert res.exit_code == 0 and json.loads(res.stdout)["acceptance_length"] == pytest.approx(
         bucket.acceptance_length)
     res = _invoke(app, "lookup", "--table", str(out), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
                   "--thinking", "off")
-    assert res.exit_code == 1 and "holds context=16k-64k" in res.output
-    res = _invoke(app, "export", "--to", "sglang", "--db", str(path), "--context", ">64k", "--force")  # n-gram
-    assert res.exit_code == 0 and "| requests context=>64k" in res.stdout
+    assert res.exit_code == 1 and "holds context=16k-32k" in res.output
+    res = _invoke(app, "export", "--to", "sglang", "--db", str(path), "--context", "8k-16k", "--force")  # n-gram
+    assert res.exit_code == 0 and "| requests context=8k-16k" in res.stdout
 
 
 def test_every_consumer_exports_a_context_bucket_and_names_it(app, store_path, tmp_path: Path) -> None:
@@ -249,33 +271,33 @@ def test_every_consumer_exports_a_context_bucket_and_names_it(app, store_path, t
     from calibrate.consumers import CONSUMERS
 
     path, _ = store_path
-    bucket = next(r for r in _bucketed(path, "context") if r.bucket == "context=16k-64k")
+    bucket = next(r for r in _bucketed(path, "context") if r.bucket == "context=16k-32k")
     for name, consumer in CONSUMERS.items():
         if consumer.serves is not None and "ngram" not in consumer.serves:
             continue  # an engine that cannot run n-gram refuses the store's key (tested with the registry)
         out = tmp_path / name / ("t.parquet" if name == "parquet" else "")
-        args = ["export", "--to", name, "--db", str(path), "--context", "16k-64k", "--model-prefix", "qwen2.5c"]
+        args = ["export", "--to", name, "--db", str(path), "--context", "16k-32k", "--model-prefix", "qwen2.5c"]
         forced = ("--force",) if consumer.forces not in (None, "vllm") else ()  # only vLLM runs our n-gram
         res = _invoke(app, *args, *(("--out", str(out)) if name in ("parquet", "specdec-profile") else ()), *forced)
         assert res.exit_code == 0, (name, res.output)
         if consumer.engine and name not in ("vllm", "inferencex", "inferencex-reference"):
-            assert "| requests context=16k-64k" in res.stdout, name
+            assert "| requests context=16k-32k" in res.stdout, name
         if name == "inferencex-reference":
-            assert "  # requests: context=16k-64k only" in res.stdout and f"3: {bucket.value()}" in res.stdout
-    res = _invoke(app, "export", "--to", "inferencex", "--db", str(path), "--context", "16k-64k", "--model-prefix",
+            assert "  # requests: context=16k-32k only" in res.stdout and f"3: {bucket.value()}" in res.stdout
+    res = _invoke(app, "export", "--to", "inferencex", "--db", str(path), "--context", "16k-32k", "--model-prefix",
                   "qwen2.5c")
-    assert "# requests: context=16k-64k only" in res.stdout and f"3: {bucket.value()}" in res.stdout
-    res = _invoke(app, "export", "--to", "vllm", "--db", str(path), "--context", "16k-64k")
+    assert "# requests: context=16k-32k only" in res.stdout and f"3: {bucket.value()}" in res.stdout
+    res = _invoke(app, "export", "--to", "vllm", "--db", str(path), "--context", "16k-32k")
     row = json.loads(res.stdout)[0]
-    assert row["bucket"] == "context=16k-64k"
+    assert row["bucket"] == "context=16k-32k"
     assert row["speculative_config"]["synthetic_acceptance_length"] == float(bucket.value())
     profile = json.loads(next((tmp_path / "specdec-profile").glob("*/speculation_profile.json")).read_text())
-    assert profile["measurement_conditions"]["bucket"] == "context=16k-64k"
+    assert profile["measurement_conditions"]["bucket"] == "context=16k-32k"
     assert profile["mean_accept_length"] == round(bucket.acceptance_length, 6)
     res = _invoke(app, "lookup", "--table", str(path), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
                   "--thinking", "off", "--context", "20k", "--format", "sglang-env", "--force")
     assert res.exit_code == 0, res.output
-    assert "| requests context=16k-64k" in res.stdout.splitlines()[0]
+    assert "| requests context=16k-32k" in res.stdout.splitlines()[0]
     assert f"SGLANG_SIMULATE_ACC_LEN={bucket.value()}" in res.stdout
     # a whole-key export names no bucket
     res = _invoke(app, "export", "--to", "vllm", "--db", str(path))
@@ -286,15 +308,15 @@ def test_an_empty_or_unknown_bucket_is_one_line_naming_what_exists(app, tmp_path
     path = tmp_path / "short.duckdb"
     with Store(path) as store:
         write_run(store, make_spec(draft_len=K), [Req("r0", "c0", {"answer": [1, 1, 1, 1]}, prompt_tokens=300)])
-    res = _invoke(app, "export", "--to", "vllm", "--db", str(path), "--context", ">64k")
+    res = _invoke(app, "export", "--to", "vllm", "--db", str(path), "--context", ">1M")
     assert res.exit_code == 1 and res.output.count("\n") == 1
-    assert "no measured request" in res.output and "context=>64k" in res.output and "<4k (1)" in res.output
+    assert "no measured request" in res.output and "context=>1M" in res.output and "<1k (1)" in res.output
     res = _invoke(app, "lookup", "--table", str(path), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
-                  "--thinking", "off", "--context", "16k-64k")
-    assert res.exit_code == 1 and "no counts for segment 'all' in context=16k-64k" in res.output
-    assert "<4k (1)" in res.output
+                  "--thinking", "off", "--context", "16k-32k")
+    assert res.exit_code == 1 and "no counts for segment 'all' in context=16k-32k" in res.output
+    assert "<1k (1)" in res.output
     res = _invoke(app, "export", "--to", "vllm", "--db", str(path), "--context", "long")
-    assert res.exit_code == 2 and res.output.count("\n") == 1 and "<4k, 4k-16k, 16k-64k, >64k" in res.output
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "<1k, 1k-2k, 2k-4k, 4k-8k" in res.output
 
 
 def test_report_plots_al_vs_context(app, store_path, tmp_path: Path) -> None:
@@ -332,7 +354,7 @@ def test_an_exported_record_with_a_bucket_that_is_none_of_ours_is_refused(store_
     good = tmp_path / "good.json"
     good.write_text(json.dumps([row]))
     assert read_exported(good)[0].bucket == row["bucket"]
-    for bad in ("context=8k-9k", "segment=all", 7):
+    for bad in ("context=9k-8k", "context=4096-8k", "segment=all", 7):  # any edges, one spelling each
         target = tmp_path / "bad.json"
         target.write_text(json.dumps([{**row, "bucket": bad}]))
         with pytest.raises(ValueError, match=r"record 0 .*field bucket .* is no request bucket"):

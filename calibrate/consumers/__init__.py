@@ -203,7 +203,8 @@ def _write_vllm(c: Consumer, records: Sequence[AcceptanceRecord], options: Expor
     assert c.basis is not None
     rows = [{"model": r.target, "speculator": r.speculator, "draft_len": r.draft_len, "thinking": r.thinking,
              "dataset": r.dataset, "temperature": r.temperature, **({"bucket": r.bucket} if r.bucket else {}),
-             "al_over": c.basis.name, "speculative_config": vllm_config(r, options)}
+             "al_over": c.basis.name, **({"workload": r.workload_fields()} if r.workload else {}),
+             "speculative_config": vllm_config(r, options)}
             for r in overall(records)]
     return json.dumps(rows, indent=2) + "\n"
 
@@ -473,7 +474,8 @@ def render_lookup(record: AcceptanceRecord, form: str, options: ExportOptions = 
     comment = (f"# {record.target} | {record.speculator} | k={record.draft_len} | thinking={record.thinking}"
                + (f" | drafted AL, proposal rate {record.proposal_rate:.2f}" if record.uses_drafted else "")
                + (f" | EXTRAPOLATED: {record.extrapolation_method}" if record.extrapolated else "")
-               + (f" | requests {record.bucket}" if record.bucket else "") + "\n")
+               + (f" | requests {record.bucket}" if record.bucket else "")
+               + (f" | {record.workload_note()}" if record.workload else "") + "\n")
     prefix = "export " if shell else ""
     return comment + "".join(prefix + line + "\n" for line in text.splitlines())
 

@@ -23,6 +23,8 @@ from calibrate.replay.counts import check_k
 from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
 from calibrate.tables.commands import (BOOT_OPT, DATASET_OPT, DB_OPT, K_OPT, MODEL_OPT, SEED_OPT, SPEC_OPT, TEMP_OPT,
                                        THINKING_OPT, WHERE_OPT, load_selection)
+from calibrate.workload.commands import (BUCKETS_OPT, STRATA_OPT, UNCOVERED_OPT, WORKLOAD_OPT, check_workload_options,
+                                         edges_of, load_weighting, weighted_selection)
 
 # Choices the CLI offers come from the consumer registry (calibrate.consumers) and InferenceX's names.
 TokenMode = Enum("TokenMode", {mode: mode for mode in consumers.SGLANG_TOKEN_MODES}, type=str)
@@ -41,9 +43,9 @@ _EXPORT_FORCE_OPT = typer.Option(
     "a curve InferenceX ships under a MODEL_PREFIX of another model (each with a warning); and a row the engine "
     "audit marked (its engine's own counts contradict its own tokens).")
 _CONTEXT_OPT = typer.Option(
-    None, "--context", help=f"Only requests whose prompt, before truncation, is in this bucket "
-    f"({bucket_labels(CONTEXT)}; 0-4k and 64k+ spell the ends) or the bucket of this length (20k, 20000): the AL "
-    "at a benchmark's length.")
+    None, "--context", help=f"Only requests whose prompt, after truncation (what the target saw), is in this bucket "
+    f"({bucket_labels(CONTEXT)}; 0-1k and 1M+ spell the ends; other edges with --buckets) or the bucket of this "
+    "length (20k, 20000): the AL at a benchmark's length.")
 
 _FORMATS_HELP = "; ".join(f"{c.name}: {c.reads}" for c in consumers.CONSUMERS.values())
 _LOOKUP_HELP = ", ".join(consumers.LOOKUP_FORMATS)
@@ -83,11 +85,23 @@ def export(
     where: Optional[list[str]] = WHERE_OPT,
     force: bool = _EXPORT_FORCE_OPT,
     context: Optional[str] = _CONTEXT_OPT,
+    workload: Optional[Path] = WORKLOAD_OPT,
+    buckets: Optional[str] = BUCKETS_OPT,
+    strata: str = STRATA_OPT,
+    uncovered: str = UNCOVERED_OPT,
 ) -> None:
     """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
     target = consumers.consumer(to)
-    records = load_selection(db, (model, speculator, draft_len, thinking, dataset, temperature, where), target.segments,
-                    bootstrap, seed, bucket=context_bucket(context))
+    filters_args = (model, speculator, draft_len, thinking, dataset, temperature, where)
+    check_workload_options(workload, strata, uncovered, buckets, context)
+    if workload is not None:
+        if context is not None:
+            raise ValueError("--context picks one bucket; --workload weights over all of them: give one of the two")
+        records = weighted_selection(db, filters_args, load_weighting(workload, buckets, strata, uncovered),
+                                     bootstrap, seed)
+    else:
+        records = load_selection(db, filters_args, target.segments, bootstrap, seed,
+                                 bucket=context_bucket(context, edges_of(buckets)))
     naming = Naming(model_prefix=model_prefix, method=method, engine=engine.value,
                     draft_sample_method=draft_sample_method.value if draft_sample_method else None,
                     draft_model=draft_model, force=force)
@@ -96,6 +110,10 @@ def export(
                                tell=lambda line: typer.echo(f"note: {line}", err=True))
     for warning in consumers.export_warnings(records, target.name, options):
         typer.echo(f"warning: {warning}", err=True)
+    for r in records:  # what every file says in its own comment or field, where a person reads it too
+        if r.filled:
+            typer.echo(f"warning: {r.target} | {r.speculator} | k={r.draft_len} | thinking={r.thinking}: "
+                       f"{r.workload_note()}", err=True)
     for note in consumers.export_notes(records, target.name, options):
         typer.echo(f"note: {note}", err=True)
     if isinstance(written, str):
@@ -128,6 +146,10 @@ def lookup(
     force: bool = typer.Option(False, "--force", help="Answer in an engine's form for a speculator that engine runs "
                                "as another algorithm (SGLang's NGRAM is not our n-gram; refused otherwise), with a "
                                "warning; and answer for a row the engine audit marked (refused otherwise)."),
+    workload: Optional[Path] = WORKLOAD_OPT,
+    buckets: Optional[str] = BUCKETS_OPT,
+    strata: str = STRATA_OPT,
+    uncovered: str = UNCOVERED_OPT,
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
     # The table is read (an export strictly) before anything else: a malformed one is named, whatever else is wrong.
@@ -161,15 +183,19 @@ def lookup(
         raise ValueError(f"missing {', '.join(missing_opts)} (or use --from-env)")
     form = format or "value"
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
+    check_workload_options(workload, strata, uncovered, buckets, context)
     record = lookup_record(
         model, speculator, draft_len, thinking, table=source, dataset=dataset, temperature=temperature,
         extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context, force=force,
+        workload=workload, buckets=buckets, strata=strata, uncovered=uncovered,
     )
     sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell, force))
     for note in consumers.lookup_warnings(record, form):
         typer.echo(f"warning: {note}", err=True)
     if record.extrapolated:
         typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
+    if record.workload is not None:
+        typer.echo(f"note: {record.workload_note()}", err=True)
     if record.bucket is not None:
         typer.echo(f"note: AL of the requests in {record.bucket} only ({record.requests} requests with a verify "
                    f"step, {record.conversations} conversations)", err=True)

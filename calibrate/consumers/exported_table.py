@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -113,7 +114,39 @@ def record_problem(r: AcceptanceRecord) -> str | None:
         return f"field top_p {r.top_p!r} is not a number in (0, 1]"
     if r.top_k is not None and r.top_k < 1:
         return f"field top_k {r.top_k} is not a top-k >= 1"
+    if r.workload is not None:
+        return _lengths_problem(r) or _rates_problem(r) or weighted_problem(r)
     return _lengths_problem(r) or _rates_problem(r) or (None if r.extrapolated else _sample_problem(r))
+
+
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def weighted_problem(r: AcceptanceRecord) -> str | None:
+    """What makes a record weighted to a workload impossible, or None: its weighting's fields (a digest, shares
+    in [0, 1] that add up to at most 1), no histogram (the weighted AL is no count), AL = 1 + sum of its rates,
+    and its drafted AL = 1 + (AL - 1) / the share of steps that draft (stats.weighted_summary)."""
+    if not isinstance(r.workload, str) or not isinstance(r.workload_digest, str) or not DIGEST.fullmatch(r.workload_digest):
+        return f"field workload_digest {r.workload_digest!r} is not sha256:<64 hex digits> of a workload file"
+    shares = {"coverage": r.coverage, "filled": r.filled or 0.0, "weighted_proposal_rate": r.weighted_proposal_rate}
+    for name, value in shares.items():
+        if value is not None and not (_real(value) and -1e-9 <= value <= 1 + 1e-9):
+            return f"field {name} {value!r} is not a share in [0, 1]"
+    if r.coverage is None or r.coverage + (r.filled or 0.0) > 1 + 1e-9:
+        return f"fields coverage {r.coverage!r} and filled {r.filled!r} are not shares of one workload"
+    if r.histogram:
+        return "field histogram must be empty on a weighted record (its AL is no count)"
+    if abs(1 + sum(r.unconditional_rates) - r.acceptance_length) > 1e-6:
+        return f"field acceptance_length {r.acceptance_length} is not 1 + the sum of its rates"
+    drafted, share = r.drafted_acceptance_length, r.weighted_proposal_rate
+    if drafted is not None and share and abs(1 + (r.acceptance_length - 1) / share - drafted) > 1e-6:
+        return f"field drafted_acceptance_length {drafted} disagrees with its AL and proposal rate"
+    for low, high in ((r.ci_low, r.ci_high), (r.drafted_ci_low, r.drafted_ci_high)):
+        if low is not None and high is not None and not (_real(low) and _real(high) and low <= high):
+            return f"a confidence interval is not an ordered pair of numbers ({low!r}, {high!r})"
+    if r.requests < 1 or r.conversations < 1 or r.conversations > r.requests:
+        return f"fields requests ({r.requests}) / conversations ({r.conversations}) are not a sample"
+    return None
 
 
 def _within(value: object, low: float, high: float) -> bool:

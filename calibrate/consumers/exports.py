@@ -63,8 +63,10 @@ def overall(records: Sequence[AcceptanceRecord]) -> list[AcceptanceRecord]:
 
 
 def blocks(records: Sequence[AcceptanceRecord], body: Callable[[AcceptanceRecord], str]) -> str:
-    """Per record: a comment naming its key, then the engine lines (an env file / args catalogue)."""
-    return "\n".join(f"# {label(r)}\n{body(r)}" for r in overall(records))
+    """Per record: a comment naming its key (and a second its workload weighting), then the engine lines (an env
+    file / args catalogue)."""
+    return "\n".join(f"# {label(r)}\n" + (f"# {r.workload_note()}\n" if r.workload else "") + body(r)
+                     for r in overall(records))
 
 
 def table_rows(records: Sequence[AcceptanceRecord]) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from calibrate.speculators.runs_on import measured_on, runs_as_measured
 from calibrate.tables.names import letters
-from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, AcceptanceRecord
+from calibrate.tables.records import LENGTH_DIGITS, SEGMENT_ALL, AcceptanceRecord, workload_lines
 
 CURVE_ALPHABET = re.compile(r"[a-z0-9_.-]+")
 
@@ -406,6 +406,7 @@ def document(curve: Curve, rows: Sequence[AcceptanceRecord], tool: str, basis: s
         f"# golden acceptance-length distribution: {', '.join(targets)} with speculator {rows[0].speculator}",
         f"# dataset: {dataset} (fingerprint {', '.join(fingerprints) or 'unknown'}); sampling: {how}",
         *(f"# requests: {name} only (calibrate.tables.buckets)" for name in sorted({r.bucket for r in rows if r.bucket})),
+        *(f"# {line}" for line in workload_lines(sorted(rows, key=lambda r: (r.thinking, r.draft_len)))),
         f"# {basis}; {LENGTH_DIGITS} decimals",
         f"# loaded by InferenceX for {load_line(curve, rows)}",
         *(f"# {line}" for line in notes),

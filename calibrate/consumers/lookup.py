@@ -21,7 +21,7 @@ from calibrate.consumers.inferencex import MODEL_PREFIXES
 from calibrate.errors import NothingUsable
 from calibrate.replay.counts import check_k
 from calibrate.tables import query
-from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket
+from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, parse_edges
 from calibrate.tables.names import AmbiguousMatch, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.query import CatalogEntry, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
@@ -238,29 +238,92 @@ def lookup(
     match_prefix: bool = False,
     context: str | None = None,
     force: bool = False,
+    workload: str | os.PathLike | None = None,
+    buckets: str | Sequence[int] | None = None,
+    strata: str = "context",
+    uncovered: str = "refuse",
 ) -> AcceptanceRecord:
     """The measured acceptance of (model, speculator, k, thinking), as a frozen record.
 
     `table`: a DuckDB store (opened read-only), an exported .json / .parquet table, or an opened Table;
     default tables/acceptance.duckdb. `speculator=None` means the model's only speculator. `context` (a
-    bucket label such as '16k-64k', or a length such as '20k': calibrate.tables.buckets) answers with the AL
-    of the requests whose prompt, before truncation, is in that bucket. Raises NotMeasured / AmbiguousMatch
-    (both LookupError) with what the table does have. A row the engine audit marked (its engine's own counts
+    bucket label such as '16k-32k', or a length such as '20k': calibrate.tables.buckets) answers with the AL
+    of the requests whose prompt, after truncation (what the target saw), is in that bucket. Raises NotMeasured /
+    AmbiguousMatch (both LookupError) with what the table does have. A row the engine audit marked (its engine's own counts
     contradict its own tokens) is refused, a NothingUsable (LookupError) naming the count, unless `force`.
+
+    `buckets` sets the context edges ("1k,2k,4k" or ints; default doubling 1k..1M) for `context` and `workload`.
+    `workload` (a CC-trace JSONL or a CSV / JSONL of requests: calibrate.workload) answers with the AL weighted
+    to it, over those buckets and `strata` ("context"
+    or "context,turn"); a stratum measured with too few conversations raises (a LookupError naming it and its
+    share of the workload's output tokens) unless `uncovered="nearest"`. The answer's `workload`,
+    `workload_digest`, `coverage`, `filled`, `ci_low` / `ci_high` say what it is.
     """
     _check_arguments(model, speculator, draft_len, thinking, dataset, temperature, segment, table, context)
-    bucket = context_bucket(context)
+    edges = parse_edges(buckets) if isinstance(buckets, str) else buckets
+    bucket = context_bucket(context, edges)
     source = table if hasattr(table, "catalog") else open_table(table)  # type: ignore[arg-type]
     entry, target_k = resolve(
         source.catalog(), model, speculator, draft_len, thinking, dataset=dataset, temperature=temperature,
         extrapolate=extrapolate, match_prefix=match_prefix,
     )
+    if workload is not None:
+        record = weighted_answer(source, entry, workload, edges, strata, uncovered,
+                                 refused=_unweightable(segment, bucket, target_k))
+        return _unless_contradicted(record, force)
     record = source.record(entry, segment, bucket)
     if record is None:
         what = f"segment {segment!r}" + (f" in {bucket.name}" if bucket is not None else "")
         raise NotMeasured(f"no counts for {what} of {entry.target} with {entry.speculator}, k={entry.draft_len}, "
                           f"thinking={entry.thinking} in {source.source}: {source.held(entry)}")
+    record = _unless_contradicted(record, force)
+    return record if target_k is None else extrapolate_record(record, target_k)
+
+
+def _unless_contradicted(record: AcceptanceRecord, force: bool) -> AcceptanceRecord:
     if record.contradicted() is not None and not force:
         raise NothingUsable(f"{record.contradicted()}: refused (an exact sampler has none); pass --force to use it "
                             "anyway")
-    return record if target_k is None else extrapolate_record(record, target_k)
+    return record
+
+
+def _unweightable(segment: str, bucket: Bucket | None, target_k: int | None) -> str | None:
+    """Why a workload answer cannot be given with these other arguments, or None."""
+    if segment != SEGMENT_ALL:
+        return f"segment {segment!r}: a workload weights whole answers (segment 'all')"
+    if bucket is not None:
+        return "context picks one bucket; a workload weights over all of them: give one of the two"
+    if target_k is not None:
+        return "extrapolate models an unmeasured k; a workload weights a measured one: give one of the two"
+    return None
+
+
+def weighted_answer(source: Table, entry: CatalogEntry, workload: str | os.PathLike, edges: Sequence[int] | None,
+                    strata: str, uncovered: str, refused: str | None = None) -> AcceptanceRecord:
+    """The entry's AL weighted to the workload: computed from a store, or read from an export weighted to the
+    same file (same digest and strata); a plain export holds no per-request counts to weight."""
+    from calibrate.workload.commands import nearest_asked
+    from calibrate.workload.profile import read_profile
+    from calibrate.workload.weighting import Weighting, parse_strata, weighted_records
+
+    if refused is not None:
+        raise ValueError(f"lookup with a workload: {refused}")
+    if not isinstance(workload, (str, os.PathLike)):
+        raise TypeError(f"lookup: workload must be a path, got {type(workload).__name__} {workload!r}")
+    weighting = Weighting(read_profile(workload, edges), turn=parse_strata(strata), nearest=nearest_asked(uncovered))
+    if isinstance(source, DuckDBTable):
+        with source._reading() as con:
+            records = weighted_records(con, _entry_filters(entry, None), weighting, n_boot=source.n_boot,
+                                       seed=source.seed)
+        return next(r for r in records if r.key == entry.key)
+    mine = [r for r in getattr(source, "records", ()) if r.key == entry.key and r.segment == SEGMENT_ALL]
+    found = next((r for r in mine if r.workload_digest == weighting.profile.digest
+                  and r.strata == weighting.describe()), None)
+    if found is None:
+        held = sorted({f"{r.workload} ({r.workload_digest}, strata {r.strata})" for r in mine if r.workload})
+        raise NotMeasured(f"{source.source} holds no answer weighted to {weighting.profile.name} "
+                          f"({weighting.profile.digest}, strata {weighting.describe()}): "
+                          + (f"it is weighted to {'; '.join(held)}" if held else
+                             "an exported table holds no per-request counts to weight; weight from the .duckdb "
+                             "store, or export with --workload"))
+    return found

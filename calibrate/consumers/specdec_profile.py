@@ -101,6 +101,7 @@ def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
         "censored_steps": record.censored_steps, "empty_steps": record.empty_steps,
         "ci95_mean_accept_length": None if record.ci_low is None else [record.ci_low, record.ci_high],
         **({"bucket": record.bucket} if record.bucket else {}),  # only the requests of one bucket (export --context)
+        **({"workload": record.workload_fields()} if record.workload else {}),  # weighted to a workload
         "acceptance_basis": basis,
         **({"drafted_mean_accept_length": round(record.exported_length, DIGITS)} if record.uses_drafted else {}),
         "producer": tool,

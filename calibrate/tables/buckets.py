@@ -6,24 +6,30 @@ falling with context length (vLLM issues 47602, 54691). A bucket selects request
 `requests` table; everything else (the pooled and macro AL, the clustered bootstrap, the
 MIN_CI_CONVERSATIONS rule) is `calibrate.tables.query` and `stats` unchanged, over those requests only.
 
-Dimensions and their edges (half-open [low, high); 1k = 1,024 tokens):
+Dimensions and their edges (half-open [low, high); 1k = 1,024 tokens, 1M = 1,024k):
 
-    context   the prompt's length BEFORE truncation to `dataset.context_tokens` (prompt_tokens +
-              truncated_tokens: the length the agent really sent), rendered with the target's template:
-              <4k (< 4,096 tokens), 4k-16k (4,096-16,383), 16k-64k (16,384-65,535), >64k (65,536 and more)
+    context   the prompt the target actually saw: its length AFTER left-truncation to
+              `dataset.context_tokens` (`prompt_tokens`), rendered with the target's template. A 70k-token
+              prompt cut to 2,048 tokens is a 2k-4k measurement: the drafter and the target saw 2,048 tokens
+              of context, whatever the agent sent (that length stays recorded: prompt_tokens +
+              truncated_tokens). Edges are settable (`--buckets 1k,2k,4k`, `context_dimension`); the default
+              doubles from 1k to 1M: <1k, 1k-2k, 2k-4k, ..., 512k-1M, >1M
     turn      the answer's depth in its conversation: 1 for the first assistant message, 2 for the next ...:
               1, 2-3, 4-7, 8-15, 16-31, 32+; requests stored before depth was recorded are `unrecorded`
 
-A bucket is named by its label ("16k-64k"), or by a length inside it ("20k", "20000" for context; "5" for
-turn), so a runner can pass the length it replays.
+A bucket is named by its label ("16k-32k"), or by a length inside it ("20k", "20000" for context; "5" for
+turn), so a runner can pass the length it replays. The open ends are also spelled without shell
+metacharacters: `0-1k` for `<1k`, `1M+` for `>1M`.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 KILO = 1024  # "4k" tokens = 4,096: context windows are counted in powers of two
+MEGA = KILO * KILO
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,7 @@ class Bucket:
 
     @property
     def name(self) -> str:
-        """How a record says which requests it summarises: `context=16k-64k`."""
+        """How a record says which requests it summarises: `context=16k-32k`."""
         return f"{self.dimension}={self.label}"
 
     def contains(self, value: int | None) -> bool:
@@ -58,7 +64,7 @@ class Dimension:
 
     def condition(self, bucket: Bucket, present: set[str]) -> str:
         """SQL selecting the bucket's requests. A store read before the columns existed holds no value: every
-        request is unrecorded there. Edges are this module's integers, never user text."""
+        request is unrecorded there. Edges are integers (this module's or parsed ones), never user text."""
         if bucket.dimension != self.name:
             raise ValueError(f"bucket {bucket.name} is not a {self.name} bucket")
         value = self.value_sql if set(self.columns) <= present else "NULL"
@@ -71,38 +77,98 @@ class Dimension:
         """The bucket named by a label, an alias, or a value inside it; ValueError listing the labels."""
         wanted = text.strip().lower()
         for bucket in self.buckets:
-            if wanted in (bucket.label.lower(), *_ALIASES.get(bucket.name, ())):
+            if wanted in (bucket.label.lower(), *(a.lower() for a in _aliases(bucket, self.buckets))):
                 return bucket
-        value = _amount(wanted)
+        value = amount(wanted)
         holding = [b for b in self.buckets if value is not None and b.contains(value)]
         if holding:
             return holding[0]
         raise ValueError(f"--{self.name} {text!r}: not a {self.name} bucket ({bucket_labels(self)}) nor a "
                          f"{'length in tokens (20k, 20000)' if self.name == 'context' else 'turn number'}")
 
+    def index(self, value: int | None) -> int:
+        """The position of the bucket holding `value` in `buckets` (every value is in exactly one)."""
+        return next(i for i, b in enumerate(self.buckets) if b.contains(value))
 
-def _amount(text: str) -> int | None:
-    """`20000` or `20k` (x 1,024) as an integer; None when the text is neither."""
-    match = re.fullmatch(r"(\d+)(k?)", text)
+
+def amount(text: str) -> int | None:
+    """`20000`, `20k` (x 1,024) or `1M` (x 1,048,576) as an integer; None when the text is none of them."""
+    match = re.fullmatch(r"(\d+)([km]?)", text.strip().lower())
     if not match:
         return None
-    return int(match.group(1)) * (KILO if match.group(2) else 1)
+    return int(match.group(1)) * {"": 1, "k": KILO, "m": MEGA}[match.group(2)]
 
 
-def _ranges(dimension: str, edges: tuple[int, ...], labels: tuple[str, ...]) -> tuple[Bucket, ...]:
+def tokens_text(n: int) -> str:
+    """A token count as labels write it: 1M, 64k, or the plain number where it is no whole k."""
+    if n and n % MEGA == 0:
+        return f"{n // MEGA}M"
+    if n and n % KILO == 0:
+        return f"{n // KILO}k"
+    return str(n)
+
+
+def _aliases(bucket: Bucket, buckets: Sequence[Bucket]) -> tuple[str, ...]:
+    """Spellings without shell metacharacters for the open-ended context buckets (`0-4k`, `64k+`)."""
+    if bucket.dimension != "context":
+        return ()
+    if bucket is buckets[0] and bucket.high is not None:
+        return (f"0-{tokens_text(bucket.high)}",)
+    if bucket.high is None and bucket.low is not None:
+        return (f"{tokens_text(bucket.low)}+",)
+    return ()
+
+
+def _range_label(low: int, high: int | None) -> str:
+    if low == 0 and high is not None:
+        return f"<{tokens_text(high)}"
+    if high is None:
+        return f">{tokens_text(low)}"
+    return f"{tokens_text(low)}-{tokens_text(high)}"
+
+
+def _ranges(dimension: str, edges: tuple[int, ...], labels: tuple[str, ...] | None = None) -> tuple[Bucket, ...]:
     """Buckets [edges[i], edges[i + 1]) with the last one open above."""
     highs = (*edges[1:], None)
+    labels = labels or tuple(_range_label(low, high) for low, high in zip(edges, highs))
     return tuple(Bucket(dimension, label, low, high) for label, low, high in zip(labels, edges, highs))
 
 
+# The default context edges: doubling from 1k to 1M (the AgentX corpus reaches about 990k tokens).
+DEFAULT_CONTEXT_EDGES: tuple[int, ...] = tuple(KILO << i for i in range(11))
+
+
+def parse_edges(text: str) -> tuple[int, ...]:
+    """`--buckets 1k,2k,4k` -> (1024, 2048, 4096): positive, strictly increasing token counts; a ValueError
+    naming the bad item otherwise."""
+    items = [item.strip() for item in text.split(",")]
+    edges = []
+    for item in items:
+        value = amount(item)
+        if value is None or value <= 0:
+            raise ValueError(f"--buckets {text!r}: {item!r} is not a positive token count (1024, 1k, 1M)")
+        if edges and value <= edges[-1]:
+            raise ValueError(f"--buckets {text!r}: edges must increase ({item} after {tokens_text(edges[-1])})")
+        edges.append(value)
+    return tuple(edges)
+
+
+def context_dimension(edges: Sequence[int] | None = None) -> Dimension:
+    """The context dimension with these cut points (default DEFAULT_CONTEXT_EDGES): <e1, e1-e2, ..., >en."""
+    cuts = tuple(edges) if edges is not None else DEFAULT_CONTEXT_EDGES
+    if not cuts or cuts[0] <= 0 or any(b <= a for a, b in zip(cuts, cuts[1:])):
+        raise ValueError(f"context edges must be positive and increasing, got {list(cuts)}")
+    return Dimension(
+        name="context",
+        value_sql="prompt_tokens",
+        columns=("prompt_tokens",),
+        buckets=_ranges("context", (0, *cuts)),
+        description="prompt tokens the target saw, after truncation to the context budget (1k = 1,024)",
+    )
+
+
 UNRECORDED = "unrecorded"
-CONTEXT = Dimension(
-    name="context",
-    value_sql="prompt_tokens + truncated_tokens",
-    columns=("prompt_tokens", "truncated_tokens"),
-    buckets=_ranges("context", (0, 4 * KILO, 16 * KILO, 64 * KILO), ("<4k", "4k-16k", "16k-64k", ">64k")),
-    description="prompt tokens before truncation to the context budget (1k = 1,024)",
-)
+CONTEXT = context_dimension()
 TURN = Dimension(
     name="turn",
     value_sql="turn_depth",
@@ -112,22 +178,39 @@ TURN = Dimension(
     description="the answer's turn in its conversation (1 = the first assistant message)",
 )
 DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (CONTEXT, TURN)}
-# Spellings without shell metacharacters for the open-ended buckets (`--context 0-4k`, `--context 64k+`).
-_ALIASES = {"context=<4k": ("0-4k",), "context=>64k": ("64k+",)}
 
 
-def dimension(name: str) -> Dimension:
-    """The dimension called `name`; ValueError naming the known ones."""
-    try:
-        return DIMENSIONS[name]
-    except KeyError:
-        raise ValueError(f"--by {name!r}: known: {', '.join(DIMENSIONS)}") from None
+def dimension(name: str, edges: Sequence[int] | None = None) -> Dimension:
+    """The dimension called `name` (context with `edges` when given); ValueError naming the known ones."""
+    if name not in DIMENSIONS:
+        raise ValueError(f"--by {name!r}: known: {', '.join(DIMENSIONS)}")
+    if edges is not None and name != CONTEXT.name:
+        raise ValueError(f"--buckets sets context edges: it does not apply to --by {name}")
+    return context_dimension(edges) if name == CONTEXT.name else DIMENSIONS[name]
+
+
+def _context_label(label: str) -> Bucket | None:
+    """A context bucket from its label (`<1k`, `4k-8k`, `>1M`, any edges), or None when it is not one."""
+    match = re.fullmatch(r"<(\w+)|>(\w+)|(\w+)-(\w+)", label)
+    if not match:
+        return None
+    below, above, low, high = match.groups()
+    bounds = (0, amount(below)) if below else (amount(above), None) if above else (amount(low), amount(high))
+    if bounds[0] is None or (bounds[1] is None and not above) or (bounds[1] is not None and bounds[1] <= bounds[0]):
+        return None
+    if (below and not bounds[1]) or (low is not None and bounds[0] == 0):
+        return None
+    bucket = Bucket("context", label, bounds[0], bounds[1])
+    return bucket if _range_label(bucket.low, bucket.high) == label else None  # one spelling per range
 
 
 def from_name(name: str) -> Bucket:
-    """The bucket a record names (`Bucket.name`, `context=16k-64k`); ValueError for a name that is none."""
+    """The bucket a record names (`Bucket.name`: `context=16k-32k`, any context edges; `turn=2-3`); a
+    ValueError for a name that is none."""
     dim, _, label = name.partition("=")
-    for bucket in DIMENSIONS[dim].buckets if dim in DIMENSIONS else ():
+    if dim == CONTEXT.name and (bucket := _context_label(label)) is not None:
+        return bucket
+    for bucket in TURN.buckets if dim == TURN.name else ():
         if bucket.label == label:
             return bucket
     raise ValueError(f"{name!r} is no request bucket (context=<label> or turn=<label>)")
@@ -138,6 +221,6 @@ def bucket_labels(dim: Dimension) -> str:
     return ", ".join(b.label for b in dim.buckets)
 
 
-def context_bucket(text: str | None) -> Bucket | None:
-    """`--context TEXT` as a bucket (None when not given)."""
-    return None if text is None else CONTEXT.parse(text)
+def context_bucket(text: str | None, edges: Sequence[int] | None = None) -> Bucket | None:
+    """`--context TEXT` as a bucket of the context edges (default or `edges`; None when not given)."""
+    return None if text is None else context_dimension(edges).parse(text)

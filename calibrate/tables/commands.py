@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
@@ -22,7 +22,8 @@ import typer
 from calibrate.errors import NothingUsable, cli_errors
 from calibrate.replay.counts import check_k
 from calibrate.tables import query, stats
-from calibrate.tables.buckets import CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, from_name
+from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, dimension,
+                                     from_name, parse_edges)
 from calibrate.tables.experts import ExpertRecord, load_expert_records
 from calibrate.tables.names import NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
@@ -72,16 +73,24 @@ def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_le
     )
 
 
+# Another reading of the filtered store (calibrate.workload: the keys weighted to a workload).
+Load = Callable[[Any, query.Filters], list[AcceptanceRecord]]
+
+
 def load_selection(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int, *,
-                   bucket: Bucket | None = None, by: Dimension | None = None) -> list[AcceptanceRecord]:
-    """The records the filters ask for: of the requests in `bucket` only, or one per bucket of `by`."""
+                   bucket: Bucket | None = None, by: Dimension | None = None,
+                   load: Load | None = None) -> list[AcceptanceRecord]:
+    """The records the filters ask for: of the requests in `bucket` only, or one per bucket of `by`, or what
+    `load` reads from the store under the filters."""
     if by is not None and segments:
         raise ValueError(f"--by {by.name} gives the overall AL per bucket: it does not combine with --segments")
     con = connect(db, read_only=True)
     try:
         with reading(db):
             filters = replace(_filters(con, *filters_args), bucket=bucket)
-            if by is not None:
+            if load is not None:
+                records = load(con, filters)
+            elif by is not None:
                 records = query.load_bucketed(con, by, filters, n_boot=n_boot, seed=seed)
             else:
                 records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
@@ -374,17 +383,34 @@ def show(
     experts: bool = typer.Option(False, "--experts", help="The MoE verify-cost profile instead (runs with "
                                  "`[run] experts = true`): touch multiplier, CI, expert bytes per step and token; "
                                  "json / csv export it."),
+    buckets: Optional[str] = typer.Option(
+        None, "--buckets", help="Context bucket edges for --by context and --workload, in tokens, increasing "
+        "(1k = 1,024, 1M = 1,024k; default 1k,2k,4k,...,512k,1M)."),
+    workload: Optional[Path] = typer.Option(
+        None, "--workload", help="One row per key weighted to this workload (CC-trace JSONL or a CSV / JSONL of "
+        "requests): AL over its decode tokens, 95% CI, coverage, the file's digest (calibrate workload inspect)."),
+    strata: str = typer.Option("context", "--strata", help="With --workload: context or context,turn."),
+    uncovered: str = typer.Option("refuse", "--uncovered", help="With --workload: refuse a stratum measured with < "
+                                  "10 conversations, or fill it from the nearest measured one (nearest)."),
 ) -> None:
     """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
     filters_args = (model, speculator, draft_len, thinking, dataset, temperature, where)
     if experts:
-        if by is not None or segments:
+        if by is not None or segments or workload is not None:
             raise ValueError(f"--experts is the verify-cost profile per key: it does not combine with "
-                             f"{'--by' if by is not None else '--segments'}")
+                             f"{'--by' if by is not None else '--segments' if segments else '--workload'}")
         _show_experts(db, filters_args, format, bootstrap, seed, wide)
         return
+    if workload is not None or strata != "context" or uncovered != "refuse":
+        if by is not None or segments:
+            raise ValueError(f"--workload gives one weighted row per key: it does not combine with "
+                             f"{'--by' if by is not None else '--segments'}")
+        _show_weighted(db, filters_args, workload, buckets, strata, uncovered, format.value, bootstrap, seed)
+        return
+    if buckets is not None and (by is None or by.value != CONTEXT.name):
+        raise ValueError("--buckets sets context edges: give --by context or --workload with it")
     records = load_selection(db, filters_args, segments, bootstrap, seed,
-                             by=DIMENSIONS[by.value] if by is not None else None)
+                             by=dimension(by.value, parse_edges(buckets) if buckets else None) if by else None)
     if not records:  # no answer, as export and report say it of an empty store
         raise NothingUsable(f"nothing to show: no measurements in {db}")
     for warning in truncation_warnings(records):
@@ -395,6 +421,19 @@ def show(
         typer.echo(json.dumps(show_rows(records, segments), indent=2))
     else:
         sys.stdout.write(_csv_text(show_rows(records, segments)))
+
+def _show_weighted(db: Path, filters_args: tuple, workload: Path | None, buckets: str | None, strata: str,
+                   uncovered: str, fmt: str, n_boot: int, seed: int) -> None:
+    """`show --workload`: the weighting lives in calibrate.workload, which reads this package (imported here,
+    when asked for, so the tables never depend on it)."""
+    from calibrate.workload.commands import check_workload_options, load_weighting, render_weighted, weighted_selection
+
+    check_workload_options(workload, strata, uncovered)
+    records = weighted_selection(db, filters_args, load_weighting(workload, buckets, strata, uncovered), n_boot, seed)
+    if not records:
+        raise NothingUsable(f"nothing to show: no measurements in {db}")
+    render_weighted(records, fmt)
+
 
 def _load_experts(db: Path, filters_args: tuple, n_boot: int, seed: int) -> list[ExpertRecord]:
     con = connect(db, read_only=True)
@@ -506,7 +545,7 @@ def report(
                                  "experts vs k, one line per batch size (experts_vs_k.png)."),
 ) -> None:
     """Plot AL vs k per speculator and thinking mode, the unconditional rate per position, and AL vs context
-    length (prompt tokens before truncation) per speculator (PNG); or, with --experts, the MoE verify cost."""
+    length (prompt tokens the target saw, after truncation) per speculator (PNG); or, with --experts, the MoE verify cost."""
     from calibrate.tables.report import plot, plot_experts
 
     filters_args = (model, speculator, None, thinking, dataset, temperature, where)

@@ -229,16 +229,7 @@ def load_records(
 ) -> list[AcceptanceRecord]:
     """One record per key (segment 'all'), and per key and segment when `segments`; sorted by key."""
     check_conditions(con, filters)
-    where, params = filters.where()
-    # `chosen`: one (run, request) per key and request id, so a request never counts twice in a pool; a
-    # bucket keeps only its requests there, so every count below is the bucket's.
-    keyed = (
-        f"WITH keyed AS (SELECT run_id, dense_rank() OVER (ORDER BY {_KEY_COLS}) - 1 AS key_ix "
-        f"FROM runs WHERE {where}), "
-        "chosen AS (SELECT run_id, request_id FROM requests JOIN keyed USING (run_id) "
-        f"WHERE {_in_bucket(con, filters)} "
-        "QUALIFY row_number() OVER (PARTITION BY key_ix, request_id ORDER BY run_id) = 1)"
-    )
+    keyed, params = _keyed(con, filters)
     scope = _Scope(con, keyed, params, segments)
     keys = _key_rows(scope)
     if not keys:
@@ -258,6 +249,21 @@ def load_records(
     if filters.bucket is not None:
         records = [replace(r, bucket=filters.bucket.name) for r in records]
     return records
+
+
+def _keyed(con: duckdb.DuckDBPyConnection, filters: Filters) -> tuple[str, list[Any]]:
+    """The CTEs every count is read through, and their parameters: `keyed` (run -> key index, keys in sort
+    order) and `chosen`, one (run, request) per key and request id, so a request never counts twice in a pool;
+    a bucket keeps only its requests there, so every count read through it is the bucket's."""
+    where, params = filters.where()
+    keyed = (
+        f"WITH keyed AS (SELECT run_id, dense_rank() OVER (ORDER BY {_KEY_COLS}) - 1 AS key_ix "
+        f"FROM runs WHERE {where}), "
+        "chosen AS (SELECT run_id, request_id FROM requests JOIN keyed USING (run_id) "
+        f"WHERE {_in_bucket(con, filters)} "
+        "QUALIFY row_number() OVER (PARTITION BY key_ix, request_id ORDER BY run_id) = 1)"
+    )
+    return keyed, params
 
 
 def _in_bucket(con: duckdb.DuckDBPyConnection, filters: Filters) -> str:
@@ -295,6 +301,93 @@ def load_bucketed(
                for record in load_records(con, replace(filters, bucket=bucket), n_boot=n_boot, seed=seed,
                                           level=level)]
     return sorted(records, key=lambda r: (_sort_key(r.key), order[r.bucket]))
+
+
+@dataclass(frozen=True)
+class RequestTotals:
+    """Per request of one key with at least one step (all segments summed), what weighting it to a workload
+    needs: the columns of `stats.Stratum.totals` (steps, accepted drafts, empty steps, per-position counts),
+    its conversation, and its strata values: the prompt tokens the target saw and its turn depth (-1 where
+    unrecorded)."""
+
+    totals: np.ndarray  # (R, 3 + k); empty steps NaN where not counted, positions NaN where not given
+    conversations: np.ndarray  # (R,) conversation ids
+    prompt_tokens: np.ndarray  # (R,)
+    turn_depth: np.ndarray  # (R,), -1 where unrecorded
+
+
+def request_totals(con: duckdb.DuckDBPyConnection, filters: Filters = Filters()) -> dict[tuple[Any, ...], RequestTotals]:
+    """Key -> its requests' totals (RequestTotals), each request once per key as `load_records` counts it; SQL
+    sums, numpy scatters. Per-position counts come from a request's histogram, or from an engine's positions
+    where it gave no histogram; a request with neither leaves its key's positions NaN."""
+    check_conditions(con, filters)
+    keyed, params = _keyed(con, filters)
+    present = _columns(con, "requests")
+    depth = "coalesce(turn_depth, -1)" if "turn_depth" in present else "-1"
+    seg_cols = _columns(con, "segment_counts")
+    empty = ("CASE WHEN bool_and(s.empty_steps IS NOT NULL) THEN sum(s.empty_steps) END"
+             if "empty_steps" in seg_cols else "NULL")
+    accepted = "s.accepted_drafts" if "accepted_drafts" in seg_cols else "NULL"
+    rows = con.execute(
+        f"""{keyed}, acc AS (SELECT run_id, request_id, segment, sum(accepted * steps) AS n
+                            FROM accept_counts GROUP BY ALL)
+        SELECT key_ix, run_id, request_id, any_value(r.conversation_id), any_value(r.prompt_tokens),
+               any_value({depth}), sum(s.steps), sum(coalesce({accepted}, acc.n, 0)), {empty}
+        FROM segment_counts s JOIN requests r USING (run_id, request_id) JOIN chosen USING (run_id, request_id)
+             JOIN keyed USING (run_id) LEFT JOIN acc USING (run_id, request_id, segment)
+        GROUP BY key_ix, run_id, request_id HAVING sum(s.steps) > 0 ORDER BY key_ix, run_id, request_id""",
+        params).fetchall()
+    keys = {int(row[0]): tuple(row[1:]) for row in scope_keys(con, keyed, params)}
+    positions = _request_positions(con, keyed, params, keys)
+    grouped: dict[int, list[Any]] = {}
+    for row in rows:
+        grouped.setdefault(int(row[0]), []).append(row)
+    out = {}
+    for key_ix, group in grouped.items():
+        k = int(dict(zip(KEY_FIELDS, keys[key_ix]))["draft_len"])
+        totals = np.full((len(group), stats.FIRST_POSITION + k), np.nan)
+        for i, (_, run_id, request_id, _, _, _, n, acc, emp) in enumerate(group):
+            totals[i, :3] = (n, acc, np.nan if emp is None else emp)
+            totals[i, stats.FIRST_POSITION:] = positions.get((key_ix, run_id, request_id), np.nan)
+        out[keys[key_ix]] = RequestTotals(
+            totals=totals, conversations=np.array([g[3] for g in group], dtype=object),
+            prompt_tokens=np.array([g[4] for g in group], dtype=np.int64),
+            turn_depth=np.array([g[5] for g in group], dtype=np.int64))
+    return out
+
+
+def scope_keys(con: duckdb.DuckDBPyConnection, keyed: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """(key index, key fields...) of the keys the CTEs select."""
+    return con.execute(f"{keyed} SELECT DISTINCT key_ix, {_KEY_COLS} FROM runs JOIN keyed USING (run_id) "
+                       "ORDER BY key_ix", params).fetchall()
+
+
+def _request_positions(con: duckdb.DuckDBPyConnection, keyed: str, params: list[Any],
+                       keys: dict[int, tuple[Any, ...]]) -> dict[tuple[int, str, str], np.ndarray]:
+    """(key, run, request) -> steps accepting more than i drafts, i = 0..k-1: from the histogram (all its
+    segments) where the request has one, else from the engine's per-position counts."""
+    out: dict[tuple[int, str, str], np.ndarray] = {}
+    hist = con.execute(
+        f"""{keyed} SELECT key_ix, run_id, request_id, accepted, sum(a.steps) FROM accept_counts a
+        JOIN chosen USING (run_id, request_id) JOIN keyed USING (run_id) GROUP BY ALL""", params).fetchall()
+    with_hist = set()
+    for key_ix, run_id, request_id, accepted, n in hist:
+        k = int(dict(zip(KEY_FIELDS, keys[int(key_ix)]))["draft_len"])
+        tails = out.setdefault((int(key_ix), run_id, request_id), np.zeros(k))
+        tails[:int(accepted)] += n  # a step accepting a drafts counts at positions 0..a-1
+        with_hist.add((int(key_ix), run_id, request_id))
+    if "position_counts" not in {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables")
+                                 .fetchall()}:
+        return out  # a store written before engines reported positions, opened read-only
+    for key_ix, run_id, request_id, position, n in con.execute(
+        f"""{keyed} SELECT key_ix, run_id, request_id, position, steps FROM position_counts
+        JOIN chosen USING (run_id, request_id) JOIN keyed USING (run_id)""", params).fetchall():
+        ident = (int(key_ix), run_id, request_id)
+        if ident in with_hist:
+            continue
+        k = int(dict(zip(KEY_FIELDS, keys[int(key_ix)]))["draft_len"])
+        out.setdefault(ident, np.zeros(k))[int(position)] = n
+    return out
 
 
 def _key_rows(scope: _Scope) -> list[tuple[Any, ...]]:

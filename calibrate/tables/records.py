@@ -10,6 +10,7 @@ for vLLM) come from `calibrate.tables.stats`; how each consumer spells them is `
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any
 
@@ -119,8 +120,21 @@ class AcceptanceRecord:
     # conversations for a clustered bootstrap); None when it carries one, or is an extrapolation.
     ci_note: str | None = None
     # The requests summarised, when only some of the key's were (calibrate.tables.buckets): `context=16k-64k`
-    # (prompt length before truncation) or `turn=2-3`; None for all of them.
+    # (the prompt the target saw, after truncation) or `turn=2-3`; None for all of them.
     bucket: str | None = None
+    # Weighted to a workload (calibrate.workload): AL, rates, drafted AL and their intervals are pooled over the
+    # workload's strata, each measured stratum weighted by the workload's decode tokens in it
+    # (stats.weighted_summary). `histogram` is then (): the weighted AL is no count. The sample fields (requests,
+    # conversations, steps, tokens, ...) stay the measurement's, over the strata used; macro and expected AL are
+    # None. All None on a plain record.
+    workload: str | None = None  # the workload file's name
+    workload_digest: str | None = None  # `sha256:<hex>` of its bytes
+    coverage: float | None = None  # share of its output tokens in strata measured with >= 10 conversations
+    filled: float | None = None  # share of its output tokens filled from the nearest measured stratum
+    strata: str | None = None  # how it was split: the context edges, `turn`, `thinking`
+    weighted_proposal_rate: float | None = None  # share of its verify steps that propose a draft
+    drafted_ci_low: float | None = None  # the drafted AL's interval (weighted records)
+    drafted_ci_high: float | None = None
 
     # ---- values -------------------------------------------------------------------------------------
     @property
@@ -141,7 +155,10 @@ class AcceptanceRecord:
 
     @property
     def proposal_rate(self) -> float | None:
-        """Share of steps that proposed at least one draft (None where empty steps were not counted)."""
+        """Share of steps that proposed at least one draft (None where empty steps were not counted); over the
+        workload's steps for a weighted record."""
+        if self.workload is not None:
+            return self.weighted_proposal_rate
         if self.empty_steps is None or not self.steps:
             return None
         return 1.0 - self.empty_steps / self.steps
@@ -204,6 +221,38 @@ class AcceptanceRecord:
         """The exported AL as every consumer writes it: fixed 2 decimals."""
         return fmt(self.al, LENGTH_DIGITS)
 
+    def exported_interval(self) -> tuple[float | None, float | None]:
+        """The 95% CI of the exported AL: the drafted AL's where that is what is exported, else the AL's."""
+        if self.uses_drafted:
+            return self.drafted_ci_low, self.drafted_ci_high
+        return self.ci_low, self.ci_high
+
+    def workload_fields(self) -> dict[str, Any] | None:
+        """What a weighted record says about its weighting, as a consumer's structured field; None when plain."""
+        if self.workload is None:
+            return None
+        fields = {"file": self.workload, "digest": self.workload_digest,
+                  "acceptance_length": round(self.acceptance_length, 4), "ci95": _pair(self.ci_low, self.ci_high)}
+        if self.uses_drafted:
+            fields.update(drafted_acceptance_length=round(self.exported_length, 4),
+                          drafted_ci95=_pair(self.drafted_ci_low, self.drafted_ci_high))
+        return {**fields, "coverage": round(self.coverage, 4), "filled_from_nearest": round(self.filled or 0.0, 4),
+                "strata": self.strata}
+
+    def workload_note(self) -> str | None:
+        """The weighting in one line, for a consumer's comment: the value, its CI, the coverage and the file's
+        digest (and the share filled from the nearest measured stratum); None for a plain record."""
+        if self.workload is None:
+            return None
+        low, high = self.exported_interval()
+        interval = "no CI" if low is None else f"95% CI {low:.2f}-{high:.2f}"
+        filled = (f", {self.filled:.1%} filled from the nearest measured stratum (--uncovered nearest)"
+                  if self.filled else "")
+        return (f"weighted to workload {self.workload} ({self.workload_digest}): "
+                f"AL {self.value()}{' over drafted steps' if self.uses_drafted else ''}, {interval} (conversations "
+                f"resampled within strata), coverage {self.coverage:.1%} of its output tokens{filled}; "
+                f"strata {self.strata}")
+
     # ---- serialisation ------------------------------------------------------------------------------
     def contradicted(self) -> str | None:
         """What the engine audit found against this row, or None: its engine's own step counts contradicting its
@@ -215,10 +264,12 @@ class AcceptanceRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (tuples become lists); `from_dict` inverts it exactly. `bucket` appears only
-        on a bucket's record, so a table of whole keys reads as it always did."""
+        on a bucket's record and the workload columns only on a weighted one, so a table of whole keys reads as
+        it always did."""
         row = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-        if row["bucket"] is None:
-            del row["bucket"]
+        for name in OPTIONAL_COLUMNS:
+            if row[name] is None:
+                del row[name]
         return row
 
     @classmethod
@@ -249,6 +300,22 @@ class AcceptanceRecord:
         return cls(**out)
 
 
+def _pair(low: float | None, high: float | None) -> list[float] | None:
+    return None if low is None or high is None else [round(low, 4), round(high, 4)]
+
+
+def workload_lines(records: Sequence[AcceptanceRecord]) -> list[str]:
+    """For a file's comment header: per weighted record (segment all), its thinking mode, k and weighting (value,
+    CI, coverage, the workload's digest, the share filled)."""
+    return [f"thinking_{r.thinking} k={r.draft_len}: {r.workload_note()}" for r in records
+            if r.workload is not None and r.segment == SEGMENT_ALL]
+
+
+# Columns a plain table leaves out (a record of a bucket, or weighted to a workload, has them).
+OPTIONAL_COLUMNS = ("bucket", "workload", "workload_digest", "coverage", "filled", "strata", "weighted_proposal_rate",
+                    "drafted_ci_low", "drafted_ci_high")
+
+
 def _plain(value: Any) -> Any:
     """numpy / pyarrow scalars and arrays -> Python; NaN -> None (a missing value, not a number)."""
     if isinstance(value, np.ndarray):
@@ -276,6 +343,9 @@ def extrapolate(base: AcceptanceRecord, draft_len: int) -> AcceptanceRecord:
     """
     if base.extrapolated:
         raise ValueError("can only extrapolate from a measured record")
+    if base.workload is not None:
+        raise ValueError(f"a record weighted to a workload ({base.workload}) is no measured curve to extrapolate: "
+                         "weight a measured k instead")
     if not base.histogram:
         raise ValueError(f"extrapolation needs the histogram of accepted drafts, which is not available from "
                          f"this engine ({', '.join(base.engines)} reports totals only)")

@@ -4,8 +4,8 @@ vs context length.
 The first shows where a longer draft stops paying; the second shows the per-position curve an
 extrapolation would continue; the third what each proposed draft is worth (model-free drafters propose
 fewer than k, or nothing, and waste verification differently); the fourth how AL moves with the prompt's
-length (before truncation), one panel per k, so a benchmark replaying long contexts sees what its length
-gets. All read records only, so they plot exactly what exports say.
+length (after truncation: what the target saw), one panel per k, so a benchmark replaying long contexts sees
+what its length gets. All read records only, so they plot exactly what exports say.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def _plot_context(rows: Sequence[AcceptanceRecord], path: Path, with_target: boo
     """AL per context bucket (x: the buckets in order), a line per speculator and thinking mode, a panel per k."""
     import matplotlib.pyplot as plt
 
-    order = {b.label: i for i, b in enumerate(CONTEXT.buckets)}
+    present = sorted({from_name(r.bucket) for r in rows}, key=lambda b: b.low)  # whatever edges they were cut at
+    order = {b.label: i for i, b in enumerate(present)}
     ks = sorted({r.draft_len for r in rows})
     cols = min(len(ks), 4)
     n_rows = -(-len(ks) // cols)
@@ -72,7 +73,7 @@ def _plot_context(rows: Sequence[AcceptanceRecord], path: Path, with_target: boo
                         label=_series_label(rs[0], with_target))
         ax.set_xticks(range(len(order)), list(order))
         ax.set_title(f"k = {k}")
-        ax.set_xlabel("prompt tokens before truncation")
+        ax.set_xlabel("prompt tokens the target saw (after truncation)")
     for ax in axes.flat[len(ks):]:
         ax.set_visible(False)
     axes[0][0].set_ylabel("acceptance length (tokens / step)")

@@ -214,6 +214,13 @@ class Summary:
     conditional_rates: tuple[float | None, ...]
 
 
+def _resample(rng: np.random.Generator, n_clusters: int, size: int) -> np.ndarray:
+    """`size` bootstrap replicates of `n_clusters` conversations drawn with replacement, as multinomial counts
+    (size, n_clusters): the one resampling every interval here uses (a replicate's totals are w @ per-cluster
+    totals)."""
+    return rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=size).astype(np.float64)
+
+
 def _percentiles(samples: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
     tail = (1.0 - level) / 2.0
     low, high = np.nanquantile(samples, [tail, 1.0 - tail], axis=0)
@@ -256,9 +263,8 @@ def summarize(
 
     rng = np.random.default_rng(seed)
     boot_al, boot_macro, boot_rates = [], [], []
-    uniform = np.full(n_clusters, 1.0 / n_clusters)
     for start in range(0, n_boot, chunk):
-        w = rng.multinomial(n_clusters, uniform, size=min(chunk, n_boot - start)).astype(np.float64)
+        w = _resample(rng, n_clusters, min(chunk, n_boot - start))
         bh = w @ cluster_hist
         boot_al.append(acceptance_length(bh))
         boot_rates.append(unconditional_rates(bh))
@@ -305,8 +311,8 @@ def clustered_interval(
     _, cid = np.unique(np.asarray(clusters), return_inverse=True)
     n_clusters = int(cid.max()) + 1
     per_cluster = cluster_sums(values, cid, n_clusters)
-    w = np.random.default_rng(seed).multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=n_boot)
-    low, high = _percentiles(statistic(w.astype(np.float64) @ per_cluster), level)
+    w = _resample(np.random.default_rng(seed), n_clusters, n_boot)
+    low, high = _percentiles(statistic(w @ per_cluster), level)
     return float(low), float(high)
 
 
@@ -356,10 +362,9 @@ def summarize_totals(
     c_al, c_n = cluster_sums(req_al, cid, n_clusters), cluster_sums(np.ones_like(req_al), cid, n_clusters)
     c_pos = None if pos is None else cluster_sums(pos, cid, n_clusters)
     rng = np.random.default_rng(seed)
-    uniform = np.full(n_clusters, 1.0 / n_clusters)
     boot_al, boot_macro, boot_rates = [], [], []
     for start in range(0, n_boot, chunk):
-        w = rng.multinomial(n_clusters, uniform, size=min(chunk, n_boot - start)).astype(np.float64)
+        w = _resample(rng, n_clusters, min(chunk, n_boot - start))
         boot_al.append(acceptance_length_from_totals(w @ c_steps, w @ c_acc))
         boot_macro.append((w @ c_al) / (w @ c_n))
         if c_pos is not None:
@@ -384,4 +389,112 @@ def summarize_totals(
         ci_low=float(al_low), ci_high=float(al_high),
         macro_acceptance_length=float(req_al.mean()), macro_ci_low=float(mac_low), macro_ci_high=float(mac_high),
         unconditional_rates=rates, rates_ci_low=low, rates_ci_high=high, conditional_rates=cond,
+    )
+
+
+# ---- pooling over a workload's strata -------------------------------------------------------------------
+# A benchmark's workload W puts T_b decode tokens in stratum b (a context bucket, maybe by turn and thinking
+# mode). Decoding them at the stratum's measured AL_b takes T_b / AL_b verify steps, so the AL over W is
+# sum_b T_b / sum_b (T_b / AL_b): the token-weighted harmonic mean of the strata's ALs. Every other statistic
+# is a mean over W's steps: the unconditional rates weighted by each stratum's share of W's steps (so
+# AL = 1 + sum of the weighted rates, as for one stratum), and the share of steps that propose a draft the same
+# way (so the AL over W's drafted steps is 1 + (AL - 1) / that share: each stratum's drafted AL weighted by its
+# drafted steps). The interval resamples each stratum's conversations within it, strata independently.
+
+# Columns of `Stratum.totals`: a request's steps, accepted drafts and steps that proposed no draft, then per
+# position i = 0..k-1 the steps accepting more than i drafts (the unconditional rates' numerators).
+STEPS, ACCEPTED, EMPTY, FIRST_POSITION = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Stratum:
+    """One measured stratum and the workload's decode tokens weighted onto it.
+
+    `totals` (R, 3 + k): per request with at least one step, the additive totals above (empty steps NaN where
+    they were not counted, positions NaN where the engine gave none); `clusters` (R,) their conversations;
+    `tokens` the workload's decode tokens this stratum's AL stands for."""
+
+    totals: np.ndarray
+    clusters: np.ndarray
+    tokens: float
+
+
+@dataclass(frozen=True)
+class WeightedSummary:
+    """Statistics over a workload's strata (see above), with intervals from the stratified bootstrap."""
+
+    acceptance_length: float
+    ci_low: float
+    ci_high: float
+    unconditional_rates: tuple[float, ...]  # () where a stratum's engine gave no per-position counts
+    rates_ci_low: tuple[float, ...]
+    rates_ci_high: tuple[float, ...]
+    proposal_rate: float | None  # the share of W's steps that propose a draft; None where not counted
+    drafted_acceptance_length: float | None  # AL over W's steps that propose; None as above or when none do
+    drafted_ci_low: float | None
+    drafted_ci_high: float | None
+    step_shares: tuple[float, ...]  # each stratum's share of W's verify steps
+
+
+def _pooled_over_strata(totals: np.ndarray, tokens: np.ndarray) -> dict[str, np.ndarray]:
+    """AL, rates, proposal share and drafted AL over the strata, for `totals` (S, n, 3 + k): S strata's pooled
+    totals in n replicates (one for the point estimate), `tokens` (S,) their decode tokens."""
+    steps = totals[..., STEPS]
+    al = (steps + totals[..., ACCEPTED]) / steps  # emitted / steps, as acceptance_length_from_totals
+    w_steps = tokens[:, None] / al  # W's verify steps in each stratum
+    shares = w_steps / w_steps.sum(axis=0)
+    pooled_al = tokens.sum() / w_steps.sum(axis=0)
+    rates = (shares[..., None] * totals[..., FIRST_POSITION:] / steps[..., None]).sum(axis=0)
+    proposal = (shares * (1.0 - totals[..., EMPTY] / steps)).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        drafted = np.where(proposal > 0, 1.0 + (pooled_al - 1.0) / proposal, np.nan)
+    return {"al": pooled_al, "rates": rates, "proposal": proposal, "drafted": drafted, "shares": shares}
+
+
+def weighted_summary(strata: list[Stratum], *, n_boot: int = 2000, seed: int = 0, level: float = 0.95,
+                     chunk: int = 256) -> WeightedSummary:
+    """The statistics of a workload over measured strata (module notes above), with percentile intervals of a
+    bootstrap that resamples each stratum's conversations within it (`_resample`, as every interval here).
+    Every stratum has tokens and steps. Seeded: same data, same interval."""
+    if n_boot < 1 or not 0.0 < level < 1.0:
+        raise ValueError(f"need n_boot >= 1 and 0 < level < 1 (got n_boot={n_boot}, level={level})")
+    if not strata or any(not s.tokens > 0 for s in strata):
+        raise ValueError("every weighted stratum needs workload tokens (> 0), and there must be one")
+    width = {s.totals.shape[1] for s in strata}
+    if len(width) != 1:
+        raise ValueError(f"strata of one key must share k: totals widths {sorted(width)}")
+    tokens = np.array([s.tokens for s in strata], dtype=np.float64)
+    per_cluster = []
+    for s in strata:
+        keep = s.totals[:, STEPS] > 0
+        if not keep.any():
+            raise ValueError("a stratum without steps cannot be weighted")
+        _, cid = np.unique(np.asarray(s.clusters)[keep], return_inverse=True)
+        per_cluster.append(cluster_sums(s.totals[keep], cid))
+    point = _pooled_over_strata(np.stack([c.sum(axis=0) for c in per_cluster])[:, None, :], tokens)
+    rng = np.random.default_rng(seed)
+    boot: dict[str, list[np.ndarray]] = {"al": [], "rates": [], "drafted": []}
+    for start in range(0, n_boot, chunk):
+        size = min(chunk, n_boot - start)
+        replicate = np.stack([_resample(rng, c.shape[0], size) @ c for c in per_cluster])
+        pooled = _pooled_over_strata(replicate, tokens)
+        for name in boot:
+            boot[name].append(pooled[name])
+    al_low, al_high = _percentiles(np.concatenate(boot["al"]), level)
+    rates = point["rates"][0]
+    has_rates = rates.size > 0 and not np.isnan(rates).any()
+    r_low, r_high = _percentiles(np.concatenate(boot["rates"]), level) if has_rates else ((), ())
+    proposal, drafted = float(point["proposal"][0]), float(point["drafted"][0])
+    has_drafted = not np.isnan(drafted)
+    d_low, d_high = _percentiles(np.concatenate(boot["drafted"]), level) if has_drafted else (None, None)
+    return WeightedSummary(
+        acceptance_length=float(point["al"][0]), ci_low=float(al_low), ci_high=float(al_high),
+        unconditional_rates=tuple(float(x) for x in rates) if has_rates else (),
+        rates_ci_low=tuple(float(x) for x in np.atleast_1d(r_low)) if has_rates else (),
+        rates_ci_high=tuple(float(x) for x in np.atleast_1d(r_high)) if has_rates else (),
+        proposal_rate=None if np.isnan(proposal) else proposal,
+        drafted_acceptance_length=drafted if has_drafted else None,
+        drafted_ci_low=None if d_low is None else float(d_low),
+        drafted_ci_high=None if d_high is None else float(d_high),
+        step_shares=tuple(float(x) for x in point["shares"][:, 0]),
     )

@@ -1,0 +1,144 @@
+"""A workload counted into strata: requests, output tokens and decode tokens per context bucket, turn depth
+and thinking mode, plus what `inspect` shows beside them (agents, output types, stop reasons).
+
+Decode tokens are what speculation acts on: a request's output tokens after its first, which the prefill
+emits (`out - 1`, none for an empty answer). They weight the AL (`calibrate.workload.weighting`); coverage is
+a share of output tokens, as the issue that defined it says. Counts are kept per stratum, never per request,
+so a 2 GB corpus is profiled in the memory of its largest trace.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from calibrate.progress import RunProgress
+from calibrate.tables.buckets import DEFAULT_CONTEXT_EDGES, TURN, context_dimension
+from calibrate.workload.reader import WorkloadFile, WorkloadRequest
+
+PROGRESS_BYTES = 64 * 2**20  # files at least this large report progress on stderr as they are read
+MIB = 2**20
+
+
+@dataclass
+class Tally:
+    """Requests and their tokens (output, and decode: output after the first)."""
+
+    requests: int = 0
+    output_tokens: int = 0
+    decode_tokens: int = 0
+
+    def add(self, request: WorkloadRequest) -> None:
+        self.requests += 1
+        self.output_tokens += request.output_tokens
+        self.decode_tokens += max(request.output_tokens - 1, 0)
+
+    def merge(self, other: Tally) -> None:
+        self.requests += other.requests
+        self.output_tokens += other.output_tokens
+        self.decode_tokens += other.decode_tokens
+
+
+# A stratum of the workload: (context bucket index, turn bucket index (TURN's; its last is unrecorded),
+# thinking: True / False / None where the file does not say).
+Cell = tuple[int, int, "bool | None"]
+
+
+@dataclass
+class WorkloadProfile:
+    """Counts of one workload file under one set of context edges."""
+
+    path: Path
+    digest: str
+    size_bytes: int
+    edges: tuple[int, ...]
+    traces: int = 0  # trace records (0 for a plain table)
+    cells: dict[Cell, Tally] = field(default_factory=dict)
+    by_agent: dict[int, Tally] = field(default_factory=dict)  # agent depth: 0 main, 1 subagent, ...
+    by_output_type: dict[str, Tally] = field(default_factory=dict)  # a request counts under each of its types
+    by_stop: dict[str, Tally] = field(default_factory=dict)
+    by_kind: dict[str, Tally] = field(default_factory=dict)  # n / s / row
+    total: Tally = field(default_factory=Tally)
+    max_context: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def context(self):  # noqa: ANN201 - a Dimension
+        return context_dimension(self.edges)
+
+    def tally(self, *, context: int | None = None, turn: int | None = None,
+              thinking: bool | None | str = "any") -> Tally:
+        """The sum over cells matching the given context bucket / turn bucket / thinking value."""
+        out = Tally()
+        for (c, u, t), cell in self.cells.items():
+            if context not in (None, c) or turn not in (None, u) or thinking not in ("any", t):
+                continue
+            out.merge(cell)
+        return out
+
+    @property
+    def thinking_known(self) -> int:
+        """Requests whose thinking the file states."""
+        return sum(cell.requests for (_, _, t), cell in self.cells.items() if t is not None)
+
+    @property
+    def turns_known(self) -> int:
+        """Requests whose turn depth the file states."""
+        return sum(cell.requests for (_, u, _), cell in self.cells.items() if u != UNRECORDED_TURN)
+
+    def share(self, tokens: int) -> float:
+        """A number of output tokens as a share of the workload's."""
+        return tokens / self.total.output_tokens if self.total.output_tokens else 0.0
+
+
+UNRECORDED_TURN = len(TURN.buckets) - 1  # TURN's last bucket holds the requests without a depth
+
+
+def read_profile(path: str | Path, edges: Sequence[int] | None = None, console: Console | None = None
+                 ) -> WorkloadProfile:
+    """Read a workload file once and count it into strata (context `edges`, default doubling 1k..1M); a file of
+    PROGRESS_BYTES or more reports its progress on `console` (stderr) as it is read."""
+    path = Path(path)
+    cuts = tuple(edges) if edges is not None else DEFAULT_CONTEXT_EDGES
+    context_dimension(cuts)  # validates the edges
+    size = path.stat().st_size if path.is_file() else 0
+    if console is not None and size >= PROGRESS_BYTES:
+        with RunProgress(console, f"reading {path.name}", total=-(-size // MIB), what="MiB") as progress:
+            return _count(path, cuts, size, progress)
+    return _count(path, cuts, size, None)
+
+
+def _count(path: Path, edges: tuple[int, ...], size: int, progress: RunProgress | None) -> WorkloadProfile:
+    read = [0, 0]  # bytes read, MiB reported
+
+    def on_bytes(n: int) -> None:
+        read[0] += n
+        if progress is not None and read[0] // MIB > read[1]:
+            progress.advance(read[0] // MIB - read[1])
+            read[1] = read[0] // MIB
+
+    source = WorkloadFile(path, on_bytes)
+    profile = WorkloadProfile(path=path, digest="", size_bytes=size, edges=edges)
+    for request in source:
+        cell = (bisect.bisect_right(edges, request.context_tokens), TURN.index(request.turn), request.thinking)
+        tallies = [profile.cells.setdefault(cell, Tally()), profile.by_agent.setdefault(request.agent_depth, Tally()),
+                   profile.by_kind.setdefault(request.kind, Tally()), profile.total,
+                   *(profile.by_output_type.setdefault(t, Tally()) for t in dict.fromkeys(request.output_types))]
+        if request.stop is not None:
+            tallies.append(profile.by_stop.setdefault(request.stop, Tally()))
+        for tally in tallies:
+            tally.add(request)
+        profile.max_context = max(profile.max_context, request.context_tokens)
+        if progress is not None:
+            progress.generated(request.output_tokens)
+    profile.digest = source.digest or ""
+    profile.traces = source.traces
+    return profile
+
