@@ -133,6 +133,34 @@ def check_fit(cfg: HeadConfig, target_config: Any, head_name: str, target_name: 
     return aux
 
 
+def load_pickled_weights(file: Path, owner: str) -> dict[str, torch.Tensor]:
+    """A torch-pickled state dict, read with weights_only (a pickle that would build anything but tensors and
+    plain containers is refused, and none of its code runs); random bytes, a truncated file or such a pickle is
+    one ValueError naming the file, not torch's UnpicklingError."""
+    import pickle
+    import zipfile
+
+    try:
+        raw = torch.load(file, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, ValueError, OSError) as exc:
+        raise ValueError(f"{owner}: {file} is not a PyTorch state dict that loads without running code "
+                         f"({_unpickling_reason(exc)}); nothing in it ran (weights_only)") from None
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in raw.items()):
+        raise ValueError(f"{owner}: {file} holds a {type(raw).__name__}, not a state dict of named tensors")
+    return raw
+
+
+def _unpickling_reason(exc: Exception) -> str:
+    """torch's reason in a few words: its weights-only refusal opens with advice to load with weights_only=False
+    (which would run the file's code), never to be repeated; the refused operand or global follows it."""
+    text = str(exc)
+    if "WeightsUnpickler error:" in text:
+        detail = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines()
+        return f"the weights-only unpickler refused it: {detail[0] if detail else 'unsupported content'}"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def read_head_weights(path: Path, name: str, cfg: HeadConfig) -> dict[str, torch.Tensor]:
     """The head's weights in the speculators spelling (`midlayer.` -> `layers.0.`), checked for completeness."""
     if (path / "model.safetensors").exists():
@@ -143,7 +171,7 @@ def read_head_weights(path: Path, name: str, cfg: HeadConfig) -> dict[str, torch
         check_safetensors(path / "model.safetensors", f"eagle3 head {name!r}")
         raw = load_file(str(path / "model.safetensors"))
     elif (path / "pytorch_model.bin").exists():
-        raw = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        raw = load_pickled_weights(path / "pytorch_model.bin", f"eagle3 head {name!r}")
     else:
         raise ValueError(f"eagle3 head {name!r}: no model.safetensors or pytorch_model.bin in {str(path)!r}")
     weights = {}
