@@ -251,7 +251,7 @@ def remote_code_refusal(name: str, found: list[str]) -> ValueError:
                       "architecture transformers ships")
 
 
-def from_pretrained(loader: Any, name: str, model_id: str, what: str, **kwargs: Any) -> Any:
+def load_pretrained(loader: Any, name: str, model_id: str, what: str, **kwargs: Any) -> Any:
     """`loader.from_pretrained` (AutoTokenizer, AutoConfig, AutoModelForCausalLM) of a resolved name, never
     running a model's own code nor asking on stdin whether to (trust_remote_code=False; transformers' default
     asks, and a `y` piped in ran it); a model that needs such code, and a failure on a local folder or file,
@@ -277,7 +277,7 @@ def load_tokenizer(name: str) -> Any:
 
     model_id = resolve(name)
     refuse_plain_file(name, model_id)
-    return from_pretrained(AutoTokenizer, name, model_id, "its tokenizer")
+    return load_pretrained(AutoTokenizer, name, model_id, "its tokenizer")
 
 
 def model_config(name: str) -> Any:
@@ -286,7 +286,7 @@ def model_config(name: str) -> Any:
 
     model_id = resolve(name)
     refuse_plain_file(name, model_id)
-    return from_pretrained(AutoConfig, name, model_id, "its config")
+    return load_pretrained(AutoConfig, name, model_id, "its config")
 
 
 def skeleton(name: str) -> torch.nn.Module:
@@ -310,7 +310,7 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto", tokenizer: 
     dtype = choose_dtype(dtype, device).dtype
     torch_dtype = resolve_dtype(dtype)
     check_weight_files(model_id, f"model {name!r}")
-    model = from_pretrained(AutoModelForCausalLM, name, model_id,
+    model = load_pretrained(AutoModelForCausalLM, name, model_id,
                             "its weights (not a folder, a .gguf file, or a hub id)", dtype=torch_dtype)
     model = model.to(device).eval()
     fp = fingerprint(model_id)

@@ -19,6 +19,7 @@ speculators' TTT).
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,7 +138,6 @@ def load_pickled_weights(file: Path, owner: str) -> dict[str, torch.Tensor]:
     """A torch-pickled state dict, read with weights_only (a pickle that would build anything but tensors and
     plain containers is refused, and none of its code runs); random bytes, a truncated file or such a pickle is
     one ValueError naming the file, not torch's UnpicklingError."""
-    import pickle
     import zipfile
 
     try:
@@ -151,14 +151,13 @@ def load_pickled_weights(file: Path, owner: str) -> dict[str, torch.Tensor]:
 
 
 def _unpickling_reason(exc: Exception) -> str:
-    """torch's reason in a few words: its weights-only refusal opens with advice to load with weights_only=False
-    (which would run the file's code), never to be repeated; the refused operand or global follows it."""
-    text = str(exc)
-    if "WeightsUnpickler error:" in text:
-        detail = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines()
-        return f"the weights-only unpickler refused it: {detail[0] if detail else 'unsupported content'}"
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    """torch's reason in a few words. Its weights-only refusal opens with advice to load with weights_only=False
+    (which would run the file's code), never to be repeated; what it refused (an operand, a global) follows."""
+    lines = [line.split("WeightsUnpickler error:")[-1].strip() for line in str(exc).splitlines()]
+    said = [line for line in lines if line and "weights_only" not in line and not line.startswith("Check the docum")]
+    if isinstance(exc, pickle.UnpicklingError):
+        return "the weights-only unpickler refused it" + (f": {said[0]}" if said else "")
+    return f"{type(exc).__name__}: {said[0]}" if said else type(exc).__name__
 
 
 def read_head_weights(path: Path, name: str, cfg: HeadConfig) -> dict[str, torch.Tensor]:

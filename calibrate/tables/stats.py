@@ -195,7 +195,8 @@ def ci_withheld(conversations: int) -> str | None:
 def _check_bootstrap(n_boot: int, level: float) -> None:
     """Replicates within 1..MAX_BOOTSTRAP (their statistics are held in memory) and a level inside (0, 1)."""
     if not 1 <= n_boot <= MAX_BOOTSTRAP or not 0.0 < level < 1.0:
-        raise ValueError(f"need 1 <= n_boot <= {MAX_BOOTSTRAP} and 0 < level < 1 (got n_boot={n_boot}, level={level})")
+        raise ValueError(f"need n_boot >= 1 (at most {MAX_BOOTSTRAP}) and 0 < level < 1 (got n_boot={n_boot}, "
+                         f"level={level})")
 
 
 @dataclass(frozen=True)
