@@ -10,6 +10,7 @@ import ast
 import json
 import os
 import pickle
+import random
 import shutil
 import subprocess
 import sys
@@ -352,7 +353,7 @@ def test_an_eagle3_head_bin_that_is_not_weights_is_one_line_naming_it(tmp_path: 
     (folder / "model.safetensors").unlink()
     weights, marker = folder / "pytorch_model.bin", tmp_path / "PICKLE-RAN"
     if content == "random":
-        weights.write_bytes(os.urandom(4096))
+        weights.write_bytes(random.Random(0).randbytes(4096))
     elif content == "malicious pickle":
         weights.write_bytes(pickle.dumps({"fc.weight": _Marker(marker)}))
     else:
@@ -365,6 +366,18 @@ def test_an_eagle3_head_bin_that_is_not_weights_is_one_line_naming_it(tmp_path: 
     assert len(errors) == 1 and str(weights) in errors[0] and "loads without running code" in errors[0], result.output
     assert "weights_only` set to `False`" not in result.output
     assert not marker.exists()
+
+
+def test_no_bytes_make_the_head_loader_raise_anything_but_its_one_line(tmp_path: Path) -> None:
+    """torch.load of random bytes raises UnpicklingError mostly, and IndexError, KeyError, UnicodeDecodeError ...
+    now and then: each is the same one line naming the file."""
+    from calibrate.speculators.eagle3_head import load_pickled_weights
+
+    weights, rng = tmp_path / "pytorch_model.bin", random.Random(1)
+    for size in [0, 1, 2, 7, *(rng.randrange(8, 4096) for _ in range(300))]:
+        weights.write_bytes(rng.randbytes(size))
+        with pytest.raises(ValueError, match=f"head 'h': {weights} is not a PyTorch state dict"):
+            load_pickled_weights(weights, "eagle3 head 'h'")
 
 
 PASSWORD = "s3cr3t-Pa55"

@@ -172,8 +172,9 @@ def test_the_real_trajectories_tail_equals_the_whole_tokenization(mini_swe_dir: 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"])
 def test_real_tokenizers_cut_adversarial_text_exactly(model: str, small_chunks) -> None:
-    """Qwen2.5 (a regex pre-tokenizer, byte-level), SmolLM2 (GPT-2's byte-level) and Gemma 3 (pieces split at
-    spaces, SentencePiece's "▁"), each cut into 2,048-character chunks of the adversarial text."""
+    """Qwen2.5 (a regex pre-tokenizer, byte-level), SmolLM2 (GPT-2's byte-level) and Gemma 3 (SentencePiece's
+    "▁" for spaces, so no pre-tokenizer pieces: BPE over the whole text), each cut into 2,048-character chunks
+    of the adversarial text."""
     from transformers import AutoTokenizer
 
     from tests.conftest import real_model

@@ -10,7 +10,9 @@ Chunks must add up to the whole text's tokenization exactly. A tokenizer's pre-t
 splits words, numbers and whitespace), its added tokens (`<|im_start|>`) and its merges all look at
 neighbouring characters, so a chunk may not be cut just anywhere: a split point is a token boundary p where
 cutting changes nothing, checked by tokenizing a window of SPLIT_REACH characters on each side of p whole
-and as its two halves, which must give the same tokens. Effects of a cut reach a pre-token or so (a few
+and as its two halves, which must give the same tokens; where the tokenizer's pre-tokenizer cuts the text
+into pieces (words, numbers, runs of punctuation), p must also fall between two pieces, which merges never
+cross. Effects of a cut reach a pre-token or so (a few
 characters); a text with no such point for many characters (one enormous word) falls back to a longer
 chunk. tests/test_prompt_tokens.py checks the chunked tail and count against the whole tokenization of the
 real trajectories' prompts, with chunks small enough to cut every prompt hundreds of times.
@@ -108,8 +110,19 @@ def split_point(tokenizer: Any, text: str, wanted: int, widen: int = 3) -> int |
 
 
 def piece_edges(tokenizer: Any, window: str, default: set[int]) -> set[int]:
-    """The boundaries of the pre-tokenizer's pieces of `window` (`default` where it has no pre-tokenizer)."""
-    pre = getattr(getattr(tokenizer, "backend_tokenizer", None), "pre_tokenizer", None)
-    if pre is None:
+    """The boundaries of the pre-tokenizer's pieces of `window`, or `default` where there are no pieces to
+    speak of: no pre-tokenizer, or one that does not cut even plain lines of code (Gemma's splits at spaces,
+    but its normalizer has turned them into "▁" before). Pieces are of the normalized text, as the tokenizer
+    cuts them, unless the normalizer changes the text's length (the boundaries would shift): then of the text
+    as given, and the check of each cut decides alone."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    pre = getattr(backend, "pre_tokenizer", None)
+    if pre is None or len(pre.pre_tokenize_str(_normalized(backend, PROBE))) <= 1:
         return default
-    return {edge for _, (start, end) in pre.pre_tokenize_str(window) for edge in (start, end)}
+    return {edge for _, (start, end) in pre.pre_tokenize_str(_normalized(backend, window)) for edge in (start, end)}
+
+
+def _normalized(backend: Any, text: str) -> str:
+    normalizer = getattr(backend, "normalizer", None)
+    normalized = normalizer.normalize_str(text) if normalizer is not None else text
+    return normalized if len(normalized) == len(text) else text
