@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,7 +140,9 @@ def load_pickled_weights(file: Path, owner: str) -> dict[str, torch.Tensor]:
     plain containers is refused, and none of its code runs); random bytes, a truncated file or such a pickle is
     one ValueError naming the file, not torch's UnpicklingError."""
     try:
-        raw = torch.load(file, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # "Detected pickle protocol 236": noise beside the one line below
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # on bytes it cannot read torch raises many types: IndexError, KeyError, UnicodeError...
         raise ValueError(f"{owner}: {file} is not a PyTorch state dict that loads without running code "
                          f"({_unpickling_reason(exc)}); nothing in it ran (weights_only)") from None
