@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from calibrate.kernels import triton_unavailable
+from calibrate.limits import INT32_MAX, MAX_BATCH, MAX_SAMPLES, MAX_SEED, MAX_TIMEOUT_SECONDS, MAX_TOKENS
 from calibrate.replay.counts import check_k
 from calibrate.speculators.base import CONFIG_TABLE, ModelName
 from calibrate.speculators.registry import KINDS, SpeculatorConfigUnion
@@ -42,13 +45,14 @@ class DatasetConfig(_Strict):
     revision: str | None = None
     subset: str | None = None
     max_requests: int | None = Field(default=None, gt=0)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)  # 0..2^32 - 1: what every engine's seed takes (calibrate.limits)
     selection: Literal["stratified", "uniform", "first", "all"] = "stratified"
     turns_per_conversation: int | None = Field(default=None, gt=0)
     # only rows whose `category` field is this (SPEED-Bench, Spec-Bench: "coding", "math", ...)
     category: str | None = None
-    context_tokens: int = Field(default=8192, gt=0)
-    max_new_tokens: int = Field(default=256, gt=0)
+    # each 1..2^24 (calibrate.limits.MAX_TOKENS): past every model's context, inside the store's INTEGER columns
+    context_tokens: int = Field(default=8192, gt=0, le=MAX_TOKENS)
+    max_new_tokens: int = Field(default=256, gt=0, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _all_means_all(self) -> DatasetConfig:
@@ -64,7 +68,7 @@ DEVICE_PATTERN = r"^(auto|cpu|mps|cuda(:[0-9]+)?)$"
 class RunConfig(_Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 where native, else fp32
     device: str = Field(default="auto", pattern=DEVICE_PATTERN)  # availability is checked before models load
-    batch_size: int = Field(default=4, gt=0)
+    batch_size: int = Field(default=4, gt=0, le=MAX_BATCH)  # 1..4096 (calibrate.limits.MAX_BATCH)
     # How the counts are made. "replay" scores every speculator and k from one response per request (greedy,
     # or at T > 0 sampled, under the target-only rule), generated in this process or, on a server pair, by
     # a plain engine; "loop" decodes each (speculator, k) step by step: in this process, or on a server pair
@@ -73,6 +77,8 @@ class RunConfig(_Strict):
     # kinds and a connected server that speculates (calibrate.engines.factory.in_process_engine,
     # server_split below).
     engine: Literal["auto", "replay", "loop"] = "auto"
+    # "triton" is refused when read where it cannot run (no CUDA device, triton not importable): "auto" picks it
+    # wherever it runs (calibrate.kernels.resolve_kernel)
     verify_kernel: Literal["auto", "triton", "reference"] = "auto"
     # Verification rule at temperature > 0 (calibrate.replay.loop.VERIFICATION_RULES): "target-only" drafts
     # greedily and accepts with p_target(draft) (vLLM v1's model runner, SGLang's EAGLE, llama.cpp: the
@@ -97,6 +103,14 @@ class RunConfig(_Strict):
                              "requests is formed within one engine batch")
         return self
 
+    @model_validator(mode="after")
+    def _triton_runs_here(self) -> RunConfig:
+        reason = triton_unavailable(self.device) if self.verify_kernel == "triton" else None
+        if reason:
+            raise ValueError(f"verify_kernel = \"triton\" cannot run here: {reason}; use \"auto\" (Triton where it "
+                             "runs, the torch reference elsewhere) or \"reference\"")
+        return self
+
 
 class ServerConfig(_Strict):
     """How a server backend is reached: `launch` starts the engine (plain, for replay; or speculating, one
@@ -114,9 +128,10 @@ class ServerConfig(_Strict):
     args: list[str] = Field(default_factory=list)  # launch: extra engine arguments, passed as written
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, gt=0, lt=65536)  # launch: None picks a free port
-    concurrency: int = Field(default=1, gt=0)  # requests in flight where the engine counts per request
-    startup_timeout: float = Field(default=600.0, gt=0)
-    request_timeout: float = Field(default=600.0, gt=0)
+    # requests in flight where the engine counts per request: 1..4096 (calibrate.limits.MAX_BATCH)
+    concurrency: int = Field(default=1, gt=0, le=MAX_BATCH)
+    startup_timeout: float = Field(default=600.0, gt=0, le=MAX_TIMEOUT_SECONDS)  # seconds, at most a week
+    request_timeout: float = Field(default=600.0, gt=0, le=MAX_TIMEOUT_SECONDS)
     log_dir: str | None = None  # launch: where the engine's log goes (default: the temp folder)
     env: dict[str, str] = Field(default_factory=dict)  # launch: environment variables for the engine, e.g.
     # VLLM_CPU_KVCACHE_SPACE (GiB of KV cache for vLLM on CPU) or an SGLANG_* switch
@@ -170,6 +185,20 @@ CONNECT_KEYS = ("url", "k", "hidden_states_url")
 
 
 
+def has_credentials(url: str) -> bool:
+    """Whether a URL carries user info (user:password@host): never accepted, so never printed or stored."""
+    return "@" in urlsplit(url).netloc
+
+
+_USER_INFO = re.compile(r"(?<=://)[^/?#@\s'\"]*@")
+
+
+def redact_credentials(text: str) -> str:
+    """`text` with the user info of every URL in it replaced by `***@` (an error message shows the values it
+    refused, and a password must not reach a terminal or a log)."""
+    return _USER_INFO.sub("***@", text)
+
+
 def is_server_url(url: str) -> bool:
     """http:// or https:// with a host (and a port that is a number, if any): what the server backends reach."""
     parts = urlsplit(url)
@@ -220,6 +249,9 @@ class PairConfig(_Strict):
     def _url(cls, server: ServerConfig | None, info: ValidationInfo) -> ServerConfig | None:
         for key in ("url", "hidden_states_url"):
             url = getattr(server, key, None)
+            if url is not None and has_credentials(url):
+                raise ValueError(f"{key} holds credentials (user:password@): calibrate sends none, and a URL is "
+                                 "printed in messages and stored with each run; give the URL without them")
             if url is not None and not is_server_url(url):
                 raise ValueError(f"{key} {url!r} is not a URL of a {info.data.get('backend', 'server')} server: "
                                  "give http:// or https:// and a host (http://head-node:8000)")
@@ -242,11 +274,11 @@ class SweepConfig(_Strict):
     thinking: list[Literal["on", "off"]] = Field(default_factory=lambda: ["off"], min_length=1)
     temperature: list[float] = Field(default_factory=lambda: [0.0], min_length=1)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, gt=0)
+    top_k: int | None = Field(default=None, gt=0, le=INT32_MAX)  # the store's INTEGER column
     # Responses sampled per request at each T > 0 (each its own keyed random stream; stored as rows of
     # their own, clustered with their conversation). Not part of a run's identity: more samples later
-    # measure only the new ones.
-    samples: int = Field(default=1, gt=0, strict=True)
+    # measure only the new ones. 1..1000 (calibrate.limits.MAX_SAMPLES).
+    samples: int = Field(default=1, gt=0, le=MAX_SAMPLES, strict=True)
 
     @field_validator("temperature", mode="before")
     @classmethod
@@ -417,7 +449,7 @@ def format_errors(path: str, exc: ValidationError) -> str:
         hidden = err["type"] in ("missing", "union_tag_invalid") or not err["loc"]  # top level: the whole file
         shown = "" if hidden else f" (got {err.get('input')!r})"
         lines.append(f"  {_where(err['loc'])}: {msg}{shown}")
-    return "\n".join(lines)
+    return redact_credentials("\n".join(lines))
 
 
 def _exists(path: Path) -> bool:

@@ -192,39 +192,111 @@ def _split_gguf(model_id: str) -> tuple[str, dict[str, str]]:
     return model_id, {}
 
 
+def _model_json(model_id: str, file: str, access: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """(where, contents) of a small JSON file of a model folder or hub repo; None where there is none to read
+    (a .gguf file, a missing or unreadable file: the loader itself says what is wrong with those)."""
+    path = Path(model_id)
+    if path.suffix == ".gguf":
+        return None
+    try:
+        if path.is_dir():
+            found = path / file if (path / file).is_file() else None
+        else:
+            from transformers.utils import cached_file
+
+            found = cached_file(model_id, file, _raise_exceptions_for_missing_entries=False, **access)
+        value = json.loads(Path(found).read_bytes()) if found else None
+    except Exception:  # a hub that does not answer, a file that is not JSON: left to the loader's own message
+        return None
+    return (str(found), value) if isinstance(value, dict) else None
+
+
+def _auto_map(value: dict[str, Any]) -> dict[str, Any]:
+    auto_map = value.get("auto_map")
+    return auto_map if isinstance(auto_map, dict) else {}
+
+
+def _code_names(entry: Any) -> str:
+    """The classes an auto_map entry names (a "module.Class", or a [slow, fast] pair with nulls)."""
+    return ", ".join(str(e) for e in (entry if isinstance(entry, list) else [entry]) if e)
+
+
+def remote_code(model_id: str, access: dict[str, Any]) -> list[str]:
+    """What of a model would only load by running its own Python: its config.json's `auto_map` where
+    transformers ships no class for its `model_type`, and an `auto_map` AutoTokenizer entry (tokenizer_config.json
+    or config.json) where its `tokenizer_class` is not one transformers ships (transformers would load another
+    tokenizer in its place, which may not tokenize as the model's own does). Empty: nothing."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    config = _model_json(model_id, "config.json", access)
+    tok_config = _model_json(model_id, "tokenizer_config.json", access)
+    found = []
+    if config is not None and _auto_map(config[1]) and config[1].get("model_type") not in CONFIG_MAPPING:
+        found.append(f"{config[0]} (auto_map {', '.join(_code_names(e) for e in _auto_map(config[1]).values())})")
+    tokenizer_class = tok_config[1].get("tokenizer_class") if tok_config is not None else None
+    shipped = isinstance(tokenizer_class, str) and tokenizer_class_from_name(tokenizer_class) is not None
+    for where, value in (j for j in (tok_config, config) if j is not None):
+        entry = _auto_map(value).get("AutoTokenizer")
+        if entry and not shipped:
+            found.append(f"{where} (auto_map AutoTokenizer {_code_names(entry)})")
+            break
+    return found
+
+
+def remote_code_refusal(name: str, found: list[str]) -> ValueError:
+    """The one line for a model or tokenizer that needs remote code (`found`: what names it)."""
+    return ValueError(f"model {name!r} needs remote code: {'; '.join(found)} names Python code of its own, and "
+                      "calibrate never runs a model's code (trust_remote_code=False); use a checkpoint of an "
+                      "architecture transformers ships")
+
+
+def load_pretrained(loader: Any, name: str, model_id: str, what: str, **kwargs: Any) -> Any:
+    """`loader.from_pretrained` (AutoTokenizer, AutoConfig, AutoModelForCausalLM) of a resolved name, never
+    running a model's own code nor asking on stdin whether to (trust_remote_code=False; transformers' default
+    asks, and a `y` piped in ran it); a model that needs such code, and a failure on a local folder or file,
+    are one ValueError naming it."""
+    access = hub_access(name, model_id)
+    found = remote_code(model_id, access)
+    if found:
+        raise remote_code_refusal(name, found)
+    where, extra = _split_gguf(model_id)
+    try:
+        return loader.from_pretrained(where, **extra, **access, **kwargs, trust_remote_code=False)
+    except Exception as exc:
+        if not _local_load_failure(exc, model_id):
+            raise
+        if "trust_remote_code" in str(exc):  # transformers' own refusal, for what `remote_code` did not see
+            raise remote_code_refusal(name, [f"{model_id} (its auto_map)"]) from None
+        raise _not_found(name, model_id, access, what, exc) from None
+
+
 def load_tokenizer(name: str) -> Any:
     """The tokenizer (and chat template) alone: cheap, so configs can be checked before weights load."""
     from transformers import AutoTokenizer
 
     model_id = resolve(name)
     refuse_plain_file(name, model_id)
-    access = hub_access(name, model_id)
-    where, extra = _split_gguf(model_id)
-    try:
-        return AutoTokenizer.from_pretrained(where, **extra, **access)
-    except Exception as exc:
-        if not _local_load_failure(exc, model_id):
-            raise
-        raise _not_found(name, model_id, access, "its tokenizer", exc) from None
+    return load_pretrained(AutoTokenizer, name, model_id, "its tokenizer")
+
+
+def model_config(name: str) -> Any:
+    """The model's transformers config alone (no weights, no code of its own run)."""
+    from transformers import AutoConfig
+
+    model_id = resolve(name)
+    refuse_plain_file(name, model_id)
+    return load_pretrained(AutoConfig, name, model_id, "its config")
 
 
 def skeleton(name: str) -> torch.nn.Module:
     """The model's modules built from its config on the meta device, without weights: what checks of its
     structure (is it an MoE, where are its routers) read before hours of weights load."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model_id = resolve(name)
-    refuse_plain_file(name, model_id)
-    access = hub_access(name, model_id)
-    where, extra = _split_gguf(model_id)
-    try:
-        config = AutoConfig.from_pretrained(where, **extra, **access)
-    except Exception as exc:
-        if not _local_load_failure(exc, model_id):
-            raise
-        raise _not_found(name, model_id, access, "its config", exc) from None
+    config = model_config(name)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=False)
 
 
 def load_model(name: str, dtype: str = "auto", device: str = "auto", tokenizer: Any = None) -> LoadedModel:
@@ -235,17 +307,11 @@ def load_model(name: str, dtype: str = "auto", device: str = "auto", tokenizer: 
     model_id = resolve(name)
     refuse_plain_file(name, model_id)
     device = resolve_device(device)
-    access = hub_access(name, model_id)
     dtype = choose_dtype(dtype, device).dtype
     torch_dtype = resolve_dtype(dtype)
-    where, extra = _split_gguf(model_id)
     check_weight_files(model_id, f"model {name!r}")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra, **access)
-    except Exception as exc:
-        if not _local_load_failure(exc, model_id):
-            raise
-        raise _not_found(name, model_id, access, "its weights (not a folder, a .gguf file, or a hub id)", exc) from None
+    model = load_pretrained(AutoModelForCausalLM, name, model_id,
+                            "its weights (not a folder, a .gguf file, or a hub id)", dtype=torch_dtype)
     model = model.to(device).eval()
     fp = fingerprint(model_id)
     revision = getattr(model.config, "_commit_hash", None)

@@ -275,8 +275,10 @@ class _Recorder:
         self.summary.run_ids.extend(run_ids.values())
         store.write_expert_layers(list(run_ids.values()), engine.expert_layers)
         store.write_problems(list(run_ids.values()), self.prepared.problems)
-        done = {run_id: store.done_requests(run_id) for run_id in run_ids.values()}
+        digests = {run_id: store.prompt_digests(run_id) for run_id in run_ids.values()}
+        done = {run_id: set(stored) for run_id, stored in digests.items()}
         units = plan_units(self.prepared.requests, samples)
+        check_resumed(store.path, digests, units, prompts)
         pending = [u for u in units if not all(u.id in done[run_id] for run_id in run_ids.values())]
         self.summary.resumed += len(units) - len(pending)
         what = "responses" if samples > 1 else "requests"
@@ -312,7 +314,7 @@ class _Recorder:
                 request_id=unit.id, conversation_id=request.conversation_id, turn=request.turn,
                 turn_depth=request.depth, prompt_tokens=prompt.prompt_tokens, truncated_tokens=prompt.truncated_tokens,
                 generated_tokens=m.generated_tokens, finish_reason=m.finish_reason, sample=unit.sample,
-                disagreeing_steps=m.disagreeing_steps,
+                disagreeing_steps=m.disagreeing_steps, prompt_sha256=prompt.digest,
             ), {run_id: m.counts}) for run_id, m in per_run.items())
         raw = {(run_id, unit.id): m.raw for unit, _, per_run in rows
                for run_id, m in per_run.items() if m.raw is not None}
@@ -342,6 +344,22 @@ def response_id(request_id: str, sample: int) -> str:
     """The stored id of a request's sample: the request id itself for the first (so a run of one sample is
     stored as before), `<request id>~<sample>` after it."""
     return request_id if sample == 0 else f"{request_id}~{sample}"
+
+
+def check_resumed(db: Path, digests: dict[str, dict[str, str | None]], units: Sequence[Unit],
+                  prompts: Sequence[RenderedPrompt]) -> None:
+    """A response the store holds is skipped only if it was measured from the prompt tokens its request renders
+    to now: one measured from others (an id that named another conversation, a template that renders
+    otherwise) is refused, never silently kept in place of the measurement asked for. Rows stored before the
+    digest was recorded (NULL) are taken as they are."""
+    for run_id, stored in digests.items():
+        for unit in units:
+            digest = stored.get(unit.id)
+            if digest is not None and digest != prompts[unit.index].digest:
+                raise ValueError(f"{db}: request {unit.id} of run {run_id} was measured from other prompt tokens than "
+                                 "it renders to now (its id named other content, or the chat template renders it "
+                                 "otherwise); resuming would keep that measurement in place of this one: measure "
+                                 "into a new --db")
 
 
 def request_key(response: str) -> int:

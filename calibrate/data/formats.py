@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from calibrate.data.bounds import TOO_DEEP
 from calibrate.data.conversation import Conversation, Message, ToolCall, parse_arguments
 
 
@@ -71,6 +72,8 @@ def _maybe_json(value: Any, field: str) -> Any:
                 return json.loads(stripped)
             except json.JSONDecodeError as exc:
                 raise RowError(f"invalid JSON: {exc.msg}", field) from exc
+            except RecursionError:
+                raise RowError(f"JSON {TOO_DEEP}", field) from None
     return value
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from calibrate.data.conversation import Conversation, Problem, ReplayRequest
 from calibrate.data.loader import open_conversations
+from calibrate.data.prompt_tokens import count_tokens
 from calibrate.data.render import (
     chat_template_source,
     detect_thinking_switch,
@@ -120,7 +121,7 @@ def prompt_lengths(chosen: list[ReplayRequest], tokenizer: Any = None,
                              "message text (no --tokenizer given)"), notes
     if not chat_template_source(tokenizer):
         texts = ["\n".join(m.content for m in r.messages) for r in chosen]
-        lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        lengths = [count_tokens(tokenizer, t) for t in texts]
         notes.append(f"{tokenizer_name} has no chat template: lengths are of the message text alone")
         return PromptLengths("tokens", len(chosen), _summary(lengths), f"{tokenizer_name}, plain text"), notes
     switch = detect_thinking_switch(tokenizer, model_name=tokenizer_name)
@@ -132,8 +133,8 @@ def prompt_lengths(chosen: list[ReplayRequest], tokenizer: Any = None,
     lengths = []
     for r in chosen:
         try:
-            lengths.append(render_prompt(r, tokenizer, thinking=thinking, context_tokens=1 << 40,
-                                         model_name=tokenizer_name).prompt_tokens)
+            rendered = render_prompt(r, tokenizer, thinking=thinking, context_tokens=1, model_name=tokenizer_name)
+            lengths.append(rendered.prompt_tokens + rendered.truncated_tokens)  # counted, never held whole
         except ValueError as exc:
             notes.append(str(exc))
             break

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from calibrate.data.bounds import TOO_DEEP, message_problem
 from calibrate.data.conversation import Conversation, LoadResult, Problem
 from calibrate.data.formats import ADAPTERS, RowError, canonical_format, detect_format, dropped_fields, row_id
 from calibrate.data.manifests import DatasetEntry, find_manifest_entry
@@ -182,27 +183,44 @@ def unicode_problem(conv: Conversation) -> tuple[str, str] | None:
     return None
 
 
+def unique_id(raw: RawRow, seen_ids: set[str]) -> str:
+    """The row's own id, or `<file stem>:<row>` when it has none; one already taken gets `@<file stem>:<row>`
+    after it, and should that be taken too (a row may carry such an id itself), `.2`, `.3`, ... after that.
+    Ids that never collided stay as they always were, so their stored requests are found again."""
+    where = f"{Path(raw.source).stem}:{raw.row}"
+    conv_id = row_id(raw.data) or where
+    if conv_id not in seen_ids:
+        return conv_id
+    base = candidate = f"{conv_id}@{where}"
+    n = 1
+    while candidate in seen_ids:
+        n += 1
+        candidate = f"{base}.{n}"
+    return candidate
+
+
 def convert_row(raw: RawRow, fmt: str, problems: list[Problem], seen_ids: set[str]) -> Conversation | None:
-    """Adapt one raw row; on failure append its `Problem` and return None. Ids are made unique."""
+    """Adapt one raw row; on failure append its `Problem` and return None. Ids are made unique (`unique_id`)."""
     if raw.problem is not None or raw.data is None:
         problems.append(raw.problem or Problem(raw.source, "unreadable row", row=raw.row))
         return None
-    conv_id = row_id(raw.data) or f"{Path(raw.source).stem}:{raw.row}"
-    if conv_id in seen_ids:
-        conv_id = f"{conv_id}@{Path(raw.source).stem}:{raw.row}"
+    conv_id = unique_id(raw, seen_ids)
     try:
         conv = ADAPTERS[fmt](raw.data, conv_id, f"{raw.source}#{raw.row}")
     except RowError as exc:
         problems.append(Problem(raw.source, exc.reason, row=raw.row, field=exc.field))
+        return None
+    except RecursionError:  # JSON text inside the row (tool-call arguments) nested past the interpreter's stack
+        problems.append(Problem(raw.source, f"JSON {TOO_DEEP}", row=raw.row))
         return None
     except (TypeError, ValueError, AttributeError, KeyError) as exc:
         # Safety net so one odd row cannot stop a run; adapters are meant to raise RowError only (a
         # property test checks that on random JSON), so this names the exception to make a bug visible.
         problems.append(Problem(raw.source, f"adapter error {type(exc).__name__}: {exc}", row=raw.row))
         return None
-    bad_text = unicode_problem(conv)
-    if bad_text is not None:
-        problems.append(Problem(raw.source, bad_text[1], row=raw.row, field=bad_text[0]))
+    bad = message_problem(conv) or unicode_problem(conv)
+    if bad is not None:
+        problems.append(Problem(raw.source, bad[1], row=raw.row, field=bad[0]))
         return None
     seen_ids.add(conv_id)
     return conv

@@ -21,11 +21,14 @@ only way to run a mode the detected switch cannot express).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from calibrate.data.conversation import ReplayRequest
+from calibrate.data.prompt_tokens import tail_tokens
 
 THINKING_MODES: tuple[str, ...] = ("on", "off")
 
@@ -54,6 +57,12 @@ class RenderedPrompt:
     truncated_tokens: int
     text: str
     opens_thinking: bool = False  # the generation prompt left a think block open: the response starts thinking
+
+    @cached_property
+    def digest(self) -> str:
+        """sha256 of the token ids (decimal, comma-separated): stored with each measured request, so a resumed
+        run can tell that what it skips is what it would measure."""
+        return hashlib.sha256(",".join(map(str, self.ids)).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -215,7 +224,8 @@ def render_prompt(
     chat_template_kwargs: Mapping[str, Any] | None = None,
     strict_tools: bool = False,
 ) -> RenderedPrompt:
-    """Render `request` with the target's template, tokenize, and keep the last `context_tokens` tokens.
+    """Render `request` with the target's template, tokenize, and keep the last `context_tokens` tokens
+    (calibrate.data.prompt_tokens: only as much of the text is held tokenized as the budget needs).
 
     Left truncation keeps the turn being answered and drops the oldest context (usually the system
     prompt first); how many tokens went is recorded. The template is followed even where it drops
@@ -237,10 +247,9 @@ def render_prompt(
     messages = [m.to_template() for m in request.messages]
     text = apply_template(tokenizer, messages, model_name=model_name, what=f"request {request.request_id}",
                           tools=tools, **kwargs)
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    truncated = max(0, len(ids) - context_tokens)
+    ids, total = tail_tokens(tokenizer, text, context_tokens)  # memory of the budget, not of the text
+    truncated = total - len(ids)
     if truncated:
-        ids = ids[truncated:]
         text = tokenizer.decode(ids, skip_special_tokens=False)
     return RenderedPrompt(ids=ids, prompt_tokens=len(ids), truncated_tokens=truncated, text=text,
                           opens_thinking=opens_thinking(text, think_markers(tokenizer)))

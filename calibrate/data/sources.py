@@ -3,7 +3,9 @@
 Every source is turned into the same stream of `RawRow`s (the row as a dict plus where it came from), so
 format adapters never care whether a row was a line of a JSONL, an element of a JSON list, a whole
 `*.traj.json`, a Parquet record or a streamed hub row. Rows that cannot even be read (bad JSON, a
-non-object) become `Problem`s here, with file and row, and the stream goes on.
+non-object, a row over the size or nesting caps of calibrate.limits) become `Problem`s here, with file and
+row, and the stream goes on. A JSONL line is read at most MAX_ROW_BYTES at a time, so an oversized one is
+skipped without ever being held whole.
 
 Row numbers are 0-based everywhere (row i of a JSONL is line i + 1).
 """
@@ -12,11 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import BinaryIO
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from calibrate.data.bounds import TOO_DEEP, row_problem, too_long
 from calibrate.data.conversation import Problem
+from calibrate.limits import MAX_ROW_BYTES
 
 FILE_SUFFIXES: tuple[str, ...] = (".json", ".jsonl", ".parquet")
 HUB_PREFIX = "hf:"
@@ -55,7 +60,11 @@ def iter_file_rows(path: Path) -> Iterator[RawRow]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         with path.open("rb") as fh:
-            for i, raw_line in enumerate(fh):
+            for i, (raw_line, size) in enumerate(_bounded_lines(fh)):
+                if raw_line is None:
+                    reason = too_long(f"line {i + 1} is", size, "bytes", MAX_ROW_BYTES, "MAX_ROW_BYTES")
+                    yield RawRow(src, i, None, Problem(src, reason, row=i))
+                    continue
                 try:
                     line = raw_line.decode("utf-8")
                 except UnicodeDecodeError as exc:  # reported, never replaced: U+FFFD would change the text
@@ -68,6 +77,9 @@ def iter_file_rows(path: Path) -> Iterator[RawRow]:
                 except json.JSONDecodeError as exc:
                     yield RawRow(src, i, None, Problem(src, f"invalid JSON: {exc.msg} at column {exc.colno}", row=i))
                     continue
+                except RecursionError:
+                    yield RawRow(src, i, None, Problem(src, f"JSON {TOO_DEEP}", row=i))
+                    continue
                 yield _as_row(src, i, value)
     elif suffix == ".json":
         try:
@@ -77,6 +89,9 @@ def iter_file_rows(path: Path) -> Iterator[RawRow]:
             return
         except json.JSONDecodeError as exc:
             yield RawRow(src, 0, None, Problem(src, f"invalid JSON: {exc.msg} at line {exc.lineno}"))
+            return
+        except RecursionError:
+            yield RawRow(src, 0, None, Problem(src, f"JSON {TOO_DEEP}"))
             return
         if isinstance(value, list):
             for i, item in enumerate(value):
@@ -103,14 +118,34 @@ def iter_file_rows(path: Path) -> Iterator[RawRow]:
         raise ValueError(f"{src}: unsupported file type {suffix!r} (expected one of {', '.join(FILE_SUFFIXES)})")
 
 
+def _bounded_lines(fh: BinaryIO) -> Iterator[tuple[bytes | None, int]]:
+    """(line, its size) for each line of a binary file; a line over MAX_ROW_BYTES comes as (None, its size),
+    read past in pieces of that size, so no more than one piece is ever held."""
+    while True:
+        line = fh.readline(MAX_ROW_BYTES + 1)
+        if not line:
+            return
+        size = len(line)
+        if size <= MAX_ROW_BYTES or line.endswith(b"\n"):  # at most the cap, besides its newline
+            yield line, size
+            continue
+        while line and not line.endswith(b"\n"):
+            line = fh.readline(MAX_ROW_BYTES + 1)
+            size += len(line)
+        yield None, size
+
+
 def _not_utf8(exc: UnicodeDecodeError, where: str) -> str:
     return f"not valid UTF-8: byte {exc.object[exc.start]:#04x} at offset {exc.start} of {where}"
 
 
 def _as_row(src: str, i: int, value: Any) -> RawRow:
-    if isinstance(value, dict):
-        return RawRow(src, i, value)
-    return RawRow(src, i, None, Problem(src, f"row is a {type(value).__name__}, not an object", row=i))
+    if not isinstance(value, dict):
+        return RawRow(src, i, None, Problem(src, f"row is a {type(value).__name__}, not an object", row=i))
+    problem = row_problem(value)
+    if problem is not None:
+        return RawRow(src, i, None, Problem(src, problem, row=i))
+    return RawRow(src, i, value)
 
 
 def iter_hub_rows(
@@ -125,7 +160,9 @@ def iter_hub_rows(
 
     split = split or "train"
     try:
-        stream = datasets.load_dataset(dataset_id, name=subset, split=split, revision=revision, streaming=True)
+        # never a loading script (datasets 4+ runs none; 3.x would, were this True)
+        stream = datasets.load_dataset(dataset_id, name=subset, split=split, revision=revision, streaming=True,
+                                       trust_remote_code=False)
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"dataset {dataset_id!r} not found: {exc}") from exc
     except Exception as exc:  # datasets raises many types (DatasetNotFoundError, ConnectionError, ValueError)

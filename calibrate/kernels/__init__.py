@@ -7,6 +7,8 @@ needs TRITON_INTERPRET=1 set before triton is first imported: tests only, it is 
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from calibrate.kernels import reference
@@ -36,6 +38,21 @@ def resolve_kernel(kernel: str, device: torch.device) -> str:
     return "triton"
 
 
+def triton_unavailable(device: str) -> str | None:
+    """Why `verify_kernel = "triton"` cannot run on `device` ("auto", "cpu", "mps", "cuda[:N]") on this machine,
+    or None where it can: asked when the config is read, so a sweep does not fail at its first verify step."""
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter: tests only, slow
+    if not interpret and device in ("cpu", "mps"):
+        return f"device {device!r}, and Triton's kernels run on CUDA devices"
+    if not interpret and not torch.cuda.is_available():
+        return "torch sees no CUDA device, and Triton's kernels run on CUDA devices"
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install failing at import
+        return f"triton does not import ({type(exc).__name__}: {exc}); install spec-calibrate[triton]"
+    return None
+
+
 def verify_greedy(logits: torch.Tensor, draft_tokens, drafted, *, kernel: str = "auto") -> VerifyOutput:
     """Greedy verification of a ragged batch; see calibrate.kernels.reference for the layout."""
     if resolve_kernel(kernel, logits.device) == "triton":
@@ -51,4 +68,4 @@ def verify_rejection(logits: torch.Tensor, draft_tokens, drafted, *, kernel: str
     return reference.rejection_verify(logits, draft_tokens, drafted, **kwargs)
 
 
-__all__ = ["KERNELS", "VerifyOutput", "resolve_kernel", "verify_greedy", "verify_rejection"]
+__all__ = ["KERNELS", "VerifyOutput", "resolve_kernel", "triton_unavailable", "verify_greedy", "verify_rejection"]

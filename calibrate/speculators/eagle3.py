@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from calibrate.kernels.reference import sampling_probs
-from calibrate.models import fingerprint, resolve, resolve_dtype
+from calibrate.models import fingerprint, model_config, resolve, resolve_dtype
 from calibrate.speculators.base import (
     BuildContext, ModelName, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
     chain_replay_scorers,
@@ -79,12 +79,10 @@ class Eagle3Speculator(Speculator):
 
     @classmethod
     def check(cls, spec: Eagle3SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
-        from transformers import AutoConfig
-
         from calibrate.speculators.eagle3_head import check_fit, read_head_config
 
         cfg = read_head_config(Path(resolve(spec.model)), spec.model)
-        check_fit(cfg, AutoConfig.from_pretrained(resolve(target_name)), spec.model, target_name)
+        check_fit(cfg, model_config(target_name), spec.model, target_name)
 
     @classmethod
     def build(cls, spec: Eagle3SpeculatorConfig, ctx: BuildContext) -> Eagle3Speculator:

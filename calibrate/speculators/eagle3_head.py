@@ -19,6 +19,8 @@ speculators' TTT).
 from __future__ import annotations
 
 import json
+import pickle
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +135,32 @@ def check_fit(cfg: HeadConfig, target_config: Any, head_name: str, target_name: 
     return aux
 
 
+def load_pickled_weights(file: Path, owner: str) -> dict[str, torch.Tensor]:
+    """A torch-pickled state dict, read with weights_only (a pickle that would build anything but tensors and
+    plain containers is refused, and none of its code runs); random bytes, a truncated file or such a pickle is
+    one ValueError naming the file, not torch's UnpicklingError."""
+    try:
+        with warnings.catch_warnings():  # "Detected pickle protocol 236": noise beside the one line below
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # on bytes it cannot read torch raises many types: IndexError, KeyError, UnicodeError...
+        raise ValueError(f"{owner}: {file} is not a PyTorch state dict that loads without running code "
+                         f"({_unpickling_reason(exc)}); nothing in it ran (weights_only)") from None
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in raw.items()):
+        raise ValueError(f"{owner}: {file} holds a {type(raw).__name__}, not a state dict of named tensors")
+    return raw
+
+
+def _unpickling_reason(exc: Exception) -> str:
+    """torch's reason in a few words. Its weights-only refusal opens with advice to load with weights_only=False
+    (which would run the file's code), never to be repeated; what it refused (an operand, a global) follows."""
+    lines = [line.split("WeightsUnpickler error:")[-1].strip() for line in str(exc).splitlines()]
+    said = [line for line in lines if line and "weights_only" not in line and not line.startswith("Check the docum")]
+    if isinstance(exc, pickle.UnpicklingError):
+        return "the weights-only unpickler refused it" + (f": {said[0]}" if said else "")
+    return f"{type(exc).__name__}: {said[0]}" if said else type(exc).__name__
+
+
 def read_head_weights(path: Path, name: str, cfg: HeadConfig) -> dict[str, torch.Tensor]:
     """The head's weights in the speculators spelling (`midlayer.` -> `layers.0.`), checked for completeness."""
     if (path / "model.safetensors").exists():
@@ -143,7 +171,7 @@ def read_head_weights(path: Path, name: str, cfg: HeadConfig) -> dict[str, torch
         check_safetensors(path / "model.safetensors", f"eagle3 head {name!r}")
         raw = load_file(str(path / "model.safetensors"))
     elif (path / "pytorch_model.bin").exists():
-        raw = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        raw = load_pickled_weights(path / "pytorch_model.bin", f"eagle3 head {name!r}")
     else:
         raise ValueError(f"eagle3 head {name!r}: no model.safetensors or pytorch_model.bin in {str(path)!r}")
     weights = {}

@@ -249,7 +249,7 @@ class MtpSpeculator(Speculator):
         from transformers import AutoConfig
 
         path = resolve(target_name)
-        config = AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)  # never a model's own code
         mtp_layer_count(config, target_name)
         if Path(path).is_dir():
             check_checkpoint(Path(path), config, target_name)

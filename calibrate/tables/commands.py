@@ -20,6 +20,7 @@ from typing import Any, Optional
 import typer
 
 from calibrate.errors import NothingUsable, cli_errors
+from calibrate.limits import MAX_BOOTSTRAP, MAX_SEED
 from calibrate.replay.counts import check_k
 from calibrate.tables import query, stats
 from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, dimension,
@@ -355,8 +356,10 @@ K_OPT = typer.Option(None, "--draft-len", "-k", help="Draft length k (repeatable
 THINKING_OPT = typer.Option(None, "--thinking", help="on / off.")
 DATASET_OPT = typer.Option(None, "--dataset", help="Dataset name (repeatable).")
 TEMP_OPT = typer.Option(None, "--temperature", help="Sampling temperature (repeatable).")
-BOOT_OPT = typer.Option(query.DEFAULT_BOOT, "--bootstrap", help="Bootstrap replicates for the CIs.")
-SEED_OPT = typer.Option(query.DEFAULT_SEED, "--seed", help="Bootstrap seed (same data, same CI).")
+BOOT_OPT = typer.Option(query.DEFAULT_BOOT, "--bootstrap", min=1, max=MAX_BOOTSTRAP,
+                        help=f"Bootstrap replicates for the CIs (1..{MAX_BOOTSTRAP}).")
+SEED_OPT = typer.Option(query.DEFAULT_SEED, "--seed", min=0, max=MAX_SEED,
+                        help="Bootstrap seed (same data, same CI).")
 WHERE_OPT = typer.Option(None, "--where", help="FIELD=VALUE on a run field (repeatable), e.g. max_new_tokens=256: "
                          "picks one of several conditions a key was measured under.")
 

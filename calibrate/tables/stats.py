@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from calibrate.limits import MAX_BOOTSTRAP
+
 
 def _hist(h: ArrayLike) -> np.ndarray:
     arr = np.asarray(h, dtype=np.float64)
@@ -190,6 +192,13 @@ def ci_withheld(conversations: int) -> str | None:
             f"a clustered bootstrap needs >= {MIN_CI_CONVERSATIONS}")
 
 
+def _check_bootstrap(n_boot: int, level: float) -> None:
+    """Replicates within 1..MAX_BOOTSTRAP (their statistics are held in memory) and a level inside (0, 1)."""
+    if not 1 <= n_boot <= MAX_BOOTSTRAP or not 0.0 < level < 1.0:
+        raise ValueError(f"need n_boot >= 1 (at most {MAX_BOOTSTRAP}) and 0 < level < 1 (got n_boot={n_boot}, "
+                         f"level={level})")
+
+
 @dataclass(frozen=True)
 class Summary:
     """Every statistic of one set of per-request histograms (one key, one segment), with clustered CIs.
@@ -243,8 +252,7 @@ def summarize(
     and its macro AL is (w @ sum of request ALs) / (w @ request counts). Replicates are made `chunk` at a
     time so memory stays O(chunk * C) however many conversations there are. Seeded: same data, same CI.
     """
-    if n_boot < 1 or not 0.0 < level < 1.0:
-        raise ValueError(f"need n_boot >= 1 and 0 < level < 1 (got n_boot={n_boot}, level={level})")
+    _check_bootstrap(n_boot, level)
     h = np.atleast_2d(_hist(per_request))
     conv = np.asarray(clusters)
     if conv.shape != (h.shape[0],):
@@ -305,8 +313,7 @@ def clustered_interval(
     `totals` (R, m) holds additive per-request totals (sums over steps, say) and `statistic` maps pooled
     totals (n, m) to one value per row (a ratio of sums, a ratio of two ratios): each replicate pools the
     conversations its multinomial weights draw, as `summarize` does for histograms."""
-    if n_boot < 1 or not 0.0 < level < 1.0:
-        raise ValueError(f"need n_boot >= 1 and 0 < level < 1 (got n_boot={n_boot}, level={level})")
+    _check_bootstrap(n_boot, level)
     values = np.atleast_2d(np.asarray(totals, dtype=np.float64))
     _, cid = np.unique(np.asarray(clusters), return_inverse=True)
     n_clusters = int(cid.max()) + 1
@@ -345,8 +352,7 @@ def summarize_totals(
     per-position rates (count / steps) and their CIs exist where the engine gave positions. The histogram
     is empty: what needs it (the iid fit, extrapolation) is not available from such an engine.
     """
-    if n_boot < 1 or not 0.0 < level < 1.0:
-        raise ValueError(f"need n_boot >= 1 and 0 < level < 1 (got n_boot={n_boot}, level={level})")
+    _check_bootstrap(n_boot, level)
     n = np.asarray(n_steps, dtype=np.float64)
     acc = np.asarray(accepted, dtype=np.float64)
     conv = np.asarray(clusters)

@@ -4,9 +4,9 @@ Layout (one row each):
 - `runs`: one per run identity, hashed into `run_id`, plus provenance recorded beside it.
 - `requests`: one per (run, response): conversation id (for clustered CIs), the answer's message index and
   turn depth, prompt tokens after truncation and tokens truncated (their sum is the prompt's length before
-  truncation), generated tokens, and which sample of its request the response is (`[sweep] samples` at
+  truncation), generated tokens, which sample of its request the response is (`[sweep] samples` at
   T > 0: a request's samples are rows of their own, `<request id>~<sample>` from the second on, and
-  intervals stay clustered by conversation).
+  intervals stay clustered by conversation), and the sha256 of the prompt tokens it was measured from.
 - `segment_counts`: one per (run, request, segment): tokens, steps, censored steps, expected acceptance,
   drafts proposed and steps that proposed none.
 - `accept_counts`: one per (run, request, segment, accepted) with steps > 0: the histogram itself.
@@ -100,6 +100,9 @@ ALTER TABLE requests ADD COLUMN IF NOT EXISTS sample INTEGER;
 -- the engine audit (calibrate.engines.audit): steps of a speculating server's own list whose accepted count
 -- contradicts its own tokens; NULL where the response was not audited
 ALTER TABLE requests ADD COLUMN IF NOT EXISTS disagreeing_steps INTEGER;
+-- sha256 of the prompt token ids the response was measured from (calibrate.data.render.RenderedPrompt.digest): a
+-- resumed run checks that what it skips is what it would measure; NULL in stores written before
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS prompt_sha256 VARCHAR;
 CREATE TABLE IF NOT EXISTS segment_counts (
     run_id VARCHAR NOT NULL,
     request_id VARCHAR NOT NULL,
@@ -451,6 +454,12 @@ class Store:
         rows = self.con.execute("SELECT request_id FROM requests WHERE run_id = ?", [run_id]).fetchall()
         return {r[0] for r in rows}
 
+    def prompt_digests(self, run_id: str) -> dict[str, str | None]:
+        """request id -> the digest of the prompt it was measured from (None where the store predates it), for
+        every request the run holds."""
+        rows = self.con.execute("SELECT request_id, prompt_sha256 FROM requests WHERE run_id = ?", [run_id]).fetchall()
+        return dict(rows)
+
     def write_problems(self, run_ids: Sequence[str], problems: Iterable[Problem]) -> None:
         """Record skipped rows once per run (replacing what an earlier attempt recorded)."""
         problems = list(problems)
@@ -493,7 +502,7 @@ class Store:
                 rows["req"].append([
                     run_id, outcome.request_id, outcome.conversation_id, outcome.turn, outcome.turn_depth,
                     outcome.prompt_tokens, outcome.truncated_tokens, outcome.generated_tokens, outcome.finish_reason,
-                    outcome.sample, outcome.disagreeing_steps,
+                    outcome.sample, outcome.disagreeing_steps, outcome.prompt_sha256,
                 ])
                 _count_rows(rows, run_id, outcome.request_id, counts)
                 if raw and (run_id, outcome.request_id) in raw:
@@ -512,8 +521,8 @@ class Store:
 
 _WRITE_SQL = {
     "req": "INSERT INTO requests (run_id, request_id, conversation_id, turn, turn_depth, prompt_tokens, "
-           "truncated_tokens, generated_tokens, finish_reason, sample, disagreeing_steps) "
-           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+           "truncated_tokens, generated_tokens, finish_reason, sample, disagreeing_steps, prompt_sha256) "
+           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "seg": "INSERT INTO segment_counts (run_id, request_id, segment, tokens, steps, censored_steps, "
            "expected_accepted, drafted_tokens, empty_steps, accepted_drafts, histogram) "
            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
