@@ -5,9 +5,10 @@
                                    [--plain-replay [--hidden-states in-process|engine]]
 
 With --plain-replay it compares instead plain-engine replay (one vLLM launch with no speculation, every k
-scored here; two launches with `--hidden-states engine`, EAGLE-3 reading vLLM's own hidden states) with a
-launch per k: AL per k side by side, whether it falls inside the per-k launch's interval, the launches and
-the wall time of each.
+scored here; two launches with `--hidden-states engine`, EAGLE-3 and MTP reading vLLM's own hidden states,
+MTP's head read alone from the checkpoint) with a launch per k: AL per k side by side, whether it falls inside
+the per-k launch's interval, the launches and the wall time of each; for MTP, the peak RSS of loading its
+scorer with the whole target and with its head alone.
 
 vLLM is the CPU build `make vllm` installs, one launch per (speculator, k) with `--enforce-eager` and bf16;
 `calibrate run` reaches it in connect mode, so the bench also reads the server's Prometheus counters around
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -165,10 +168,39 @@ def compare_plain_replay(tmp: Path, args: argparse.Namespace, console: Console) 
                           f"{ours.acceptance_length - theirs.acceptance_length:+.3f}",
                           "yes" if inside else "no" if theirs.ci_low is not None else "n too small")
         console.print(table)
-        launches = 2 if args.hidden_states == "engine" and name == "eagle3" else 1
+        launches = 2 if args.hidden_states == "engine" and name in ("eagle3", "mtp") else 1
         console.print(f"{name}: a launch per k: {len(args.ks)} launches, {per_k_s:.0f} s; plain-engine replay: "
                       f"{launches} launch{'es' if launches > 1 else ''}, {plain_s:.0f} s "
                       f"({per_k_s / plain_s:.1f}x less wall time)")
+        if name == "mtp" and args.hidden_states == "engine":
+            print_scorer_memory(console)
+
+
+# Loads the MTP scorer in a fresh interpreter, one way, and prints what it read and its peak RSS (KiB): the
+# whole target (the in-process path) or the MTP head alone (hidden_states = "engine").
+SCORER = """
+import json, resource, sys
+from calibrate.models import load_model
+from calibrate.speculators.mtp import load_mtp
+from calibrate.speculators.mtp_alone import load_mtp_target
+target = (load_model if sys.argv[2] == "in-process" else load_mtp_target)(sys.argv[1], "float32", "cpu")
+load_mtp(target.model, sys.argv[1])
+read = target.loaded.bytes if target.loaded else None
+print(json.dumps({"peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "read_bytes": read}))
+"""
+
+
+def print_scorer_memory(console: Console) -> None:
+    """Peak RSS of a process that loads the MTP scorer with the whole target, and with its MTP head alone."""
+    model = str(built_models_dir() / MTP)
+    out = {}
+    for how in ("in-process", "engine"):
+        done = subprocess.run([sys.executable, "-c", SCORER, model, how], capture_output=True, text=True, check=True)
+        out[how] = json.loads(done.stdout.strip().splitlines()[-1])
+    whole, alone = out["in-process"]["peak_rss_kib"], out["engine"]["peak_rss_kib"]
+    console.print(f"mtp scorer, peak RSS of a process that loads it (fp32): with the whole target {whole / 1024:.0f} "
+                  f"MiB, the MTP head alone {alone / 1024:.0f} MiB ({(whole - alone) / 1024:.0f} MiB less; it read "
+                  f"{out['engine']['read_bytes'] / 2**20:.1f} MiB of the checkpoint)")
 
 
 def record(db: Path):
