@@ -181,31 +181,38 @@ def compare_plain_replay(tmp: Path, args: argparse.Namespace, console: Console) 
             print_scorer_memory(console)
 
 
-# Loads the MTP scorer in a fresh interpreter, one way, and prints what it read and its peak RSS (KiB): the
-# whole target (the in-process path) or the MTP head alone (hidden_states = "engine").
+# Loads the MTP scorer in a fresh interpreter, one way, and prints what it read and the peak RSS of loading it:
+# the whole target (the in-process path) or the MTP head alone (hidden_states = "engine"). The peak is counted
+# from after the imports (Linux resets a process's high-water mark when 5 is written to /proc/self/clear_refs).
 SCORER = """
 import json, resource, sys
 from calibrate.models import load_model
 from calibrate.speculators.mtp import load_mtp
 from calibrate.speculators.mtp_alone import load_mtp_target
+import transformers.modeling_layers, transformers.models.deepseek_v3.modeling_deepseek_v3
+def rss(field):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field + ":"))
+base = rss("VmRSS")
+open("/proc/self/clear_refs", "w").write("5")
 target = (load_model if sys.argv[2] == "in-process" else load_mtp_target)(sys.argv[1], "float32", "cpu")
 load_mtp(target.model, sys.argv[1])
-read = target.loaded.bytes if target.loaded else None
-print(json.dumps({"peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "read_bytes": read}))
+print(json.dumps({"after_imports_kib": base, "peak_kib": rss("VmHWM"),
+                  "read_bytes": target.loaded.bytes if target.loaded else None}))
 """
 
 
 def print_scorer_memory(console: Console) -> None:
-    """Peak RSS of a process that loads the MTP scorer with the whole target, and with its MTP head alone."""
+    """Peak RSS of loading the MTP scorer with the whole target, and with its MTP head alone (fp32)."""
     model = str(built_models_dir() / MTP)
     out = {}
     for how in ("in-process", "engine"):
         done = subprocess.run([sys.executable, "-c", SCORER, model, how], capture_output=True, text=True, check=True)
         out[how] = json.loads(done.stdout.strip().splitlines()[-1])
-    whole, alone = out["in-process"]["peak_rss_kib"], out["engine"]["peak_rss_kib"]
-    console.print(f"mtp scorer, peak RSS of a process that loads it (fp32): with the whole target {whole / 1024:.0f} "
-                  f"MiB, the MTP head alone {alone / 1024:.0f} MiB ({(whole - alone) / 1024:.0f} MiB less; it read "
-                  f"{out['engine']['read_bytes'] / 2**20:.1f} MiB of the checkpoint)")
+    grew = {how: (o["peak_kib"] - o["after_imports_kib"]) / 1024 for how, o in out.items()}
+    console.print(f"mtp scorer, peak RSS while it loads (fp32, above the {out['engine']['after_imports_kib'] / 1024:.0f} "
+                  f"MiB after imports): with the whole target +{grew['in-process']:.1f} MiB, with the MTP head alone "
+                  f"+{grew['engine']:.1f} MiB (it read {out['engine']['read_bytes'] / 2**20:.1f} MiB of the "
+                  "checkpoint)")
 
 
 def record(db: Path):
