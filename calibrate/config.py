@@ -404,10 +404,6 @@ def check_replayed(pair: PairConfig, i: int) -> None:
     if pair.backend != "vllm":
         raise ValueError(f"speculators[{i}] ({name}): hidden_states = \"engine\" is vLLM's extract_hidden_states; "
                          f"{pair.backend} has none: use hidden_states = \"in-process\"")
-    if cls.hidden_states == "last":
-        raise ValueError(f"speculators[{i}] ({name}) drafts from the target's final hidden state, which vLLM's "
-                         "extract_hidden_states does not capture (it captures the inputs of given layers): use "
-                         "hidden_states = \"in-process\", or engine = \"loop\" for vLLM's own MTP")
     if cfg.mode == "connect" and not cfg.hidden_states_url:
         raise ValueError(f"speculators[{i}] ({name}) with hidden_states = \"engine\" on a connected server needs "
                          "server.hidden_states_url (a vLLM started with the extract_hidden_states method)")

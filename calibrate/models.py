@@ -9,7 +9,6 @@ weights do).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import torch
 
+from calibrate.checkpoints import ReadRecord, open_checkpoint
 from calibrate.dtypes import choose_dtype
 from calibrate.hub import hub_reachable, looks_like_path
 
@@ -170,6 +170,7 @@ class LoadedModel:
     tokenizer: Any
     dtype: str
     device: str
+    loaded: ReadRecord | None = None  # what was read of the checkpoint, where not the whole model
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -326,29 +327,20 @@ def load_embeddings(name: str, dtype: str = "auto", device: str = "auto", tokeni
     """The target's modules on the meta device with its input embeddings alone loaded (from its safetensors):
     all an EAGLE-3 head takes from the target (it embeds with the target's table) when the target's hidden
     states come from the engine, whose weights (a cluster's worth) need not load here."""
-    from safetensors import safe_open
-    from transformers.utils import cached_file
-
     model_id = resolve(name)
     device = resolve_device(device)
     dtype = choose_dtype(dtype, device).dtype
     model = skeleton(name)
     embeddings = model.get_input_embeddings()
     key = next(n for n, param in model.named_parameters() if param is embeddings.weight)
-    access = hub_access(name, model_id)
-    try:
-        index = cached_file(model_id, "model.safetensors.index.json", _raise_exceptions_for_missing_entries=False,
-                            **access)
-        shard = json.loads(Path(index).read_text())["weight_map"][key] if index else "model.safetensors"
-        with safe_open(cached_file(model_id, shard, **access), framework="pt") as weights:
-            table = weights.get_tensor(key)
-    except (OSError, KeyError) as exc:
-        raise FileNotFoundError(f"model {name!r}: no safetensors tensor {key} for its input embeddings ({exc})") \
-            from None
+    checkpoint = open_checkpoint(name, model_id, hub_access(name, model_id))
+    if checkpoint.missing([key]):
+        raise FileNotFoundError(f"model {name!r}: no safetensors tensor {key} for its input embeddings")
+    table = checkpoint.read([key])[key]
     embeddings.weight = torch.nn.Parameter(table.to(device=device, dtype=resolve_dtype(dtype)), requires_grad=False)
     return LoadedModel(name=name, model_id=model_id, fingerprint=fingerprint(model_id), model=model,
                        tokenizer=tokenizer if tokenizer is not None else load_tokenizer(name), dtype=dtype,
-                       device=device)
+                       device=device, loaded=checkpoint.record([key]))
 
 
 def check_same_tokenizer(target_name: str, target_tok: Any, draft_name: str, draft_tok: Any) -> None:

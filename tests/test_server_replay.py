@@ -191,7 +191,12 @@ def test_bad_hidden_state_files_are_one_line_naming_them(tmp_path):
     with pytest.raises(EngineError, match=rf"hidden states file {path}: not a whole safetensors file"):
         read_rows(path)
     data = read_rows(hidden_file(tmp_path, "ok", ids, 2, 8))
-    with pytest.raises(EngineError, match=r"shape \(3, 2, 8\), where vllm at U should give \(3, 2, 576\)"):
+    with pytest.raises(EngineError, match=r"^hidden states file F from vllm at U: width 8, not the target's hidden "
+                                         r"size 576$"):
         check_rows(data, ids, 2, 576, "F", "vllm at U")
+    cut = {"hidden_states": data["hidden_states"][:2], "token_ids": data["token_ids"]}
+    with pytest.raises(EngineError, match=r"^hidden states file F from vllm at U: 2 rows, not one for each of the 3 "
+                                         r"tokens sent$"):
+        check_rows(cut, ids, 2, 8, "F", "vllm at U")
     with pytest.raises(EngineError, match=r"rows of 3 other tokens, not the 3 sent to vllm at U"):
         check_rows(data, [9, 9, 9], 2, 8, "F", "vllm at U")

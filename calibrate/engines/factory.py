@@ -20,7 +20,7 @@ from typing import Any
 from calibrate.config import server_split
 from calibrate.engines.audit import Twin
 from calibrate.engines.base import Budget, Engine, Labeller, TargetIdentity
-from calibrate.engines.hidden_states import EngineFeatures, InProcessFeatures
+from calibrate.engines.hidden_states import EngineFeatures, FinalState, InProcessFeatures
 from calibrate.engines.in_process import ExpertProfile, LoopEngine, ReplayEngine
 from calibrate.engines.llamacpp import LlamaCppBackend
 from calibrate.engines.server_engine import Backend, Served, ServerEngine, ServerSpeculator
@@ -30,6 +30,7 @@ from calibrate.engines.vllm import VLLMBackend
 from calibrate.kernels.reference import Sampling
 from calibrate.models import LoadedModel, fingerprint, load_embeddings, load_model, resolve
 from calibrate.speculators.base import BuildContext, Speculator
+from calibrate.speculators.mtp_alone import final_norm, load_mtp_target
 from calibrate.speculators.registry import speculator_class
 
 # pair.backend -> how that serving engine is launched, asked and read ("transformers" runs in this process)
@@ -73,14 +74,18 @@ class PairEngines:
             not cls.drafts_every_step or audit and (cls.hidden_states is None or cfg.hidden_states == "in-process"))]
 
     def _scoring_target(self, specs: list[Any], dtype: str, device: str) -> LoadedModel | None:
-        """What replay's scorers need of the served target: its weights for an in-process hidden-state pass
-        (and MTP's own layers), its embedding table alone for EAGLE-3 heads fed by the engine, else nothing."""
+        """What replay's scorers need of the served target: its weights for an in-process hidden-state pass;
+        with the engine's hidden states, the MTP head's view of it (its MTP layers, embedding, final norm and
+        head, read alone: calibrate.speculators.mtp_alone) where an MTP scorer reads the final state, else its
+        embedding table alone (all an EAGLE-3 head takes); nothing for scorers that read no hidden state."""
         readers = [speculator_class(spec.kind).hidden_states for spec in specs]
         if not any(readers):
             return None
         model = self.pair.server.model or self.pair.target
         if self.pair.server.hidden_states == "in-process":
             return load_model(model, dtype, device, tokenizer=self.tokenizer)
+        if "last" in readers:
+            return load_mtp_target(model, dtype, device, tokenizer=self.tokenizer)
         return load_embeddings(model, dtype, device, tokenizer=self.tokenizer)
 
     def engines(self, labeller: Labeller, sampling: Sampling) -> Iterator[AbstractContextManager[Engine]]:
@@ -110,12 +115,18 @@ class PairEngines:
                                   features=self._features(backend, budget))
 
     def _features(self, backend: Backend, budget: Budget) -> FeatureSource | None:
-        layers = sorted({i for s in self.speculators for i in s.needs.layers})
+        """Where the scorers' hidden states come from: the target loaded here, or one extraction server that
+        captures every tap they read (EAGLE-3's aux layers, and the final state for MTP)."""
         if not any(s.needs.any for s in self.speculators):
             return None
         if self.pair.server.hidden_states == "in-process":
             return InProcessFeatures(self.target)
-        return EngineFeatures(backend, self.pair.server, budget, layers, int(self.target.model.config.hidden_size))
+        layers = sorted({i for s in self.speculators for i in s.needs.layers})
+        config = self.target.model.config.get_text_config()
+        final = (FinalState(int(config.num_hidden_layers), final_norm(self.target.model))
+                 if any(s.needs.last for s in self.speculators) else None)
+        return EngineFeatures(backend, self.pair.server, budget, layers, int(config.hidden_size), final=final,
+                              loaded=self.target.loaded)
 
 
 def in_process_engine(run: Any, temperature: float) -> str:

@@ -99,9 +99,9 @@ class ServerReplayEngine:
     @property
     def provenance(self) -> dict[str, Any]:
         out = {**self.server.provenance, "responses_from": self.backend.name}
-        hidden = getattr(self.features, "server", None)
+        hidden = getattr(self.features, "provenance", None)  # the engine's hidden-state server, if any
         if hidden is not None:
-            out["hidden_states"] = hidden.provenance
+            out["hidden_states"] = hidden
         return out
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],

@@ -24,7 +24,6 @@ Depth d of a chain uses MTP layer d % num_mtp_layers (vLLM's `spec_step_idx % nu
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -35,12 +34,14 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from calibrate.checkpoints import open_checkpoint
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import resolve
 from calibrate.speculators.base import (
     BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
     chain_replay_scorers, no_settings,
 )
+from calibrate.speculators.mtp_archs import DEEPSEEK, layer_prefixes, refusal
 
 # What the name and provenance say about depths beyond the checkpoint's layers.
 DEPTH_RULE = ("depth d uses MTP layer d % num_mtp_layers (vLLM spec_step_idx % num_mtp_layers); "
@@ -56,8 +57,12 @@ class MtpSpeculatorConfig(SpeculatorConfig):
 # -- the checkpoint: what it must hold, read before any weights load ------------------------------------------
 
 def mtp_layer_count(config: Any, target_name: str) -> int:
-    """num_mtp_layers of a target config, or a one-line error saying why it has no usable MTP layers."""
+    """num_mtp_layers of a target config, or a one-line error saying why it has no usable MTP layers (the
+    families refused by name are calibrate.speculators.mtp_archs.REFUSED)."""
     text = config.get_text_config()
+    refused = refusal(config)
+    if refused:
+        raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) {refused}")
     n = getattr(text, "num_mtp_layers", None)
     if getattr(text, "mtp_num_hidden_layers", None) and not n:
         raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) keeps its MTP layers as `mtp.*` "
@@ -68,42 +73,28 @@ def mtp_layer_count(config: Any, target_name: str) -> int:
     return int(n)
 
 
-def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape of a local safetensors checkpoint, from the file headers alone."""
-    from safetensors import safe_open
-
-    index = path / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() \
-        else [p.name for p in sorted(path.glob("*.safetensors"))]
-    shapes = {}
-    for name in files:
-        with safe_open(str(path / name), framework="pt") as f:
-            shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
-    return shapes
-
-
 def mtp_prefixes(config: Any) -> list[str]:
     """Where DeepSeek-style checkpoints keep MTP layer i: as decoder layer num_hidden_layers + i."""
-    text = config.get_text_config()
-    return [f"model.layers.{text.num_hidden_layers + i}." for i in range(int(text.num_mtp_layers))]
+    return layer_prefixes(config, DEEPSEEK)
 
 
 def check_checkpoint(path: Path, config: Any, target_name: str) -> None:
-    """Refuse a local checkpoint whose MTP weights are missing or do not fit the target's hidden size and
-    vocabulary, naming the tensor and both sizes (the decoder block's shapes are transformers' to check)."""
+    """Refuse a local checkpoint that is not safetensors, or whose MTP weights are missing or do not fit the
+    target's hidden size and vocabulary, naming the tensor and both sizes (the decoder block's shapes are
+    transformers' to check). Reads the headers of the files holding the MTP layers only."""
+    checkpoint = open_checkpoint(target_name, str(path))
     text = config.get_text_config()
-    shapes = _checkpoint_shapes(path)
-    if not shapes:
-        return  # not safetensors (or a hub id): transformers' loader reports what is missing
     h, v = text.hidden_size, text.vocab_size
     for prefix in mtp_prefixes(config):
+        held = [k for k in checkpoint.files if k.startswith(prefix)]
+        if not held:
+            raise ValueError(f"mtp: target {target_name!r} declares {text.num_mtp_layers} MTP layer(s) but its "
+                             f"checkpoint has no {prefix}* weights")
+        shapes = checkpoint.shapes(held)
         expected = {"enorm.weight": (h,), "hnorm.weight": (h,), "eh_proj.weight": (h, 2 * h),
                     "shared_head.norm.weight": (h,)}
         if prefix + "shared_head.head.weight" in shapes:
             expected["shared_head.head.weight"] = (v, h)
-        if not any(k.startswith(prefix) for k in shapes):
-            raise ValueError(f"mtp: target {target_name!r} declares {text.num_mtp_layers} MTP layer(s) but its "
-                             f"checkpoint has no {prefix}* weights")
         for key, shape in expected.items():
             got = shapes.get(prefix + key)
             if got is None:
@@ -114,7 +105,9 @@ def check_checkpoint(path: Path, config: Any, target_name: str) -> None:
 
 
 def load_mtp(target_model: Any, target_name: str) -> Any:
-    """transformers' MtpModel for a loaded target, its weights read from the target's own checkpoint.
+    """transformers' MtpModel for a target, its weights read from the target's own checkpoint (only the files
+    that hold them). The target is a loaded model, or the MTP head's view of one (calibrate.speculators.
+    mtp_alone: its layers on the meta device, the tables MTP shares with it loaded).
 
     transformers finds the MTP tensors with a pattern keyed on the public checkpoints' layer index (61 for
     DeepSeek-V3, 92 / 46 for GLM-4.5); a checkpoint of another depth keeps them, by the same layout, at
@@ -125,17 +118,17 @@ def load_mtp(target_model: Any, target_name: str) -> Any:
     path = Path(target_model.config.name_or_path)
     if path.is_dir():
         check_checkpoint(path, target_model.config, target_name)
-        keys = _checkpoint_shapes(path)
-        if not any(MtpModel.get_mtp_weights_regex(target_model).search(k) for k in keys):
+        names = open_checkpoint(target_name, str(path)).files
+        if not any(MtpModel.get_mtp_weights_regex(target_model).search(k) for k in names):
             target_model._keys_to_ignore_on_load_unexpected = [
                 re.escape(p) + ".*" for p in mtp_prefixes(target_model.config)]
-    device = next(target_model.parameters()).device
+    shared = target_model.get_input_embeddings().weight  # loaded in both cases; the target's layers may not be
     try:
-        mtp = MtpModel.from_pretrained(target_model, device_map={"": device})
+        mtp = MtpModel.from_pretrained(target_model, device_map={"": shared.device})
     except (RuntimeError, ValueError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"mtp: cannot load the MTP layers of target {target_name!r}: {first}") from None
-    return mtp.to(dtype=next(target_model.parameters()).dtype).eval()
+    return mtp.to(dtype=shared.dtype).eval()
 
 
 # -- running one MTP layer -------------------------------------------------------------------------------------
