@@ -1,15 +1,12 @@
 """`calibrate run` against a real vLLM (the CPU build `make vllm` installs), launched and connected.
 
 Servers are small and started as few times as possible (SmolLM2-135M, `--enforce-eager`: about a minute
-each on 2 cores): one shared n-gram server for the connect tests (its counts, a wrong k), then one launch
-for the tiny DeepSeek MTP model and one n-gram server whose API process is killed mid-run (no engine process
-may outlive it). The draft model and EAGLE-3 through vLLM's own speculation are in
-tests/test_engines_vllm_replay.py (fp32, row for row against plain-engine replay). Oracles:
-- n-gram drafts depend on tokens alone, so our vLLM-semantics n-gram proposer, walked over vLLM's own
-  response, must give vLLM's own per-step counts exactly (both the drafts' matches and where they fell);
-- MTP runs bf16 in vLLM where the CPU has it natively (there vLLM's AMX MLA backend takes no fp32 weights),
-  other numerics than in-process fp32, so its AL is compared with in-process replay on the same requests
-  within a tolerance.
+each on 2 cores): one shared n-gram server for the connect tests (its counts, a wrong k), and one n-gram
+server whose API process is killed mid-run (no engine process may outlive it). The draft model, EAGLE-3 and
+MTP through vLLM's own speculation are in tests/test_engines_vllm_replay.py (fp32, row for row against
+plain-engine replay, the InferenceX curve and lookup of vLLM's own MTP row among them). Oracle: n-gram
+drafts depend on tokens alone, so our vLLM-semantics n-gram proposer, walked over vLLM's own response, must
+give vLLM's own per-step counts exactly (both the drafts' matches and where they fell).
 """
 
 from __future__ import annotations
@@ -159,45 +156,6 @@ def test_dead_server_is_one_line(tmp_path, smollm, mini_swe_dir):
     res = run(config, tmp_path / "d.duckdb")
     assert res.exit_code == 4 and f"vllm at {url}" in res.output and "not reachable" in res.output, res.output
     assert "Traceback" not in res.output
-
-
-def real_path(name: str) -> Path:
-    from tests.conftest import real_model
-
-    return real_model(name)
-
-
-def _al(db: Path) -> float:
-    (row,) = shown(db)
-    return row["acceptance_length"]
-
-
-@pytest.mark.parametrize("target, spec, tolerance", [("tiny-deepseek-mtp", {"kind": "mtp"}, 0.15)])
-def test_launched_model_drafter_close_to_in_process_replay(tmp_path, mini_swe_dir, target, spec, tolerance):
-    """The same requests through vLLM and through greedy replay-once (fp32): one name, AL within tolerance
-    (vLLM runs bf16 where the CPU has it natively, as its AMX MLA backend needs). The draft model and EAGLE-3 are
-    compared row for row in fp32 by tests/test_engines_vllm_replay.py."""
-    model = real_path(target)
-    server = {"model": str(model), "concurrency": 4, **CPU_SERVER}
-    served_db, local_db = tmp_path / "v.duckdb", tmp_path / "t.duckdb"
-    res = run(vllm_config(tmp_path, mini_swe_dir / "original", model, [spec], server=server, name="v.toml"),
-              served_db)
-    assert res.exit_code == 0, res.output
-    res = run(vllm_config(tmp_path, mini_swe_dir / "original", model, [spec], backend="transformers", engine="auto",
-                           name="t.toml"), local_db)
-    assert res.exit_code == 0, res.output
-    (served,), (local,) = shown(served_db), shown(local_db)
-    assert served["speculator"] == local["speculator"]
-    assert abs(served["acceptance_length"] - local["acceptance_length"]) < tolerance, (served, local)
-    assert 1 < served["acceptance_length"] <= K + 1
-    # The rows a benchmark needs: the InferenceX curve its vLLM recipe resolves, and the runner's lookup.
-    out = tmp_path / "golden"
-    res = CliRunner().invoke(app, ["export", "--to", "inferencex", "--db", str(served_db), "--out", str(out),
-                                   "--model-prefix", "tiny", "--engine", "vllm"])
-    assert res.exit_code == 0, res.output
-    assert (out / f"tiny_{spec['kind']}.yaml").exists(), sorted(p.name for p in out.iterdir())
-    record = lookup(str(model), served["speculator"], K, "off", table=served_db)
-    assert record.acceptance_length == pytest.approx(served["acceptance_length"]) and record.engines == ("vllm",)
 
 
 def _api_server_pid(port: int) -> int | None:

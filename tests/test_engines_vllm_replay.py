@@ -33,6 +33,7 @@ from typer.testing import CliRunner
 
 from calibrate.cli import app
 from calibrate.config import load_config
+from calibrate.consumers.lookup import lookup
 from calibrate.engines.base import Budget
 from calibrate.engines.hidden_states import EngineFeatures
 from calibrate.engines.vllm import VLLMBackend, vllm_env
@@ -318,6 +319,18 @@ def test_mtp_rows_equal_vllms_own_mtp_where_the_tokens_are_the_same(mtp_replayed
             assert (ours[key]["hist"], ours[key]["censored"]) == (other["hist"], other["censored"]), key
     print(f"MTP at k = 3: {same} of {len(theirs)} requests with the same tokens from both servers")
     assert same >= len(theirs) // 2 and same > 0
+
+
+def test_vllms_own_mtp_row_is_what_a_benchmark_reads(mtp_speculated, tmp_path):
+    """The rows a benchmark needs from vLLM's own MTP: the InferenceX curve its vLLM recipe resolves, and the
+    runner's lookup naming vLLM as the engine."""
+    out = tmp_path / "golden"
+    res = CliRunner().invoke(app, ["export", "--to", "inferencex", "--db", str(mtp_speculated), "--out", str(out),
+                                   "--model-prefix", "tiny", "--engine", "vllm"])
+    assert res.exit_code == 0, res.output
+    assert (out / "tiny_mtp.yaml").exists(), sorted(p.name for p in out.iterdir())
+    record = lookup(MTP_TARGET, f"mtp:{MTP_TARGET}", 3, "off", table=mtp_speculated)
+    assert 1 < record.acceptance_length <= 4 and record.engines == ("vllm",)
 
 
 def test_the_mtp_run_records_its_tap_and_that_the_targets_layers_were_not_read(mtp_replayed):
