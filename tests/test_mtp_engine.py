@@ -7,6 +7,7 @@ real vLLM is tests/test_engines_vllm_replay.py's."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -83,10 +84,13 @@ def plain_reply(body):
 
 
 def hidden_server(model, folder: Path, layers: list[int], widen: int = 0) -> StandIn:
-    """A stand-in extract_hidden_states server: each request's taps written to a connector file."""
+    """A stand-in extract_hidden_states server: each request's taps written to a connector file of its own
+    (named from a counter, not by counting the folder: requests arrive concurrently)."""
+    numbers = itertools.count()
+
     def completion(body):
         ids = body["prompt"]
-        path = folder / f"r{len(list(folder.glob('*.safetensors')))}.safetensors"
+        path = folder / f"r{next(numbers)}.safetensors"
         rows = taps(model, ids, layers)
         if widen:
             rows = torch.cat([rows, rows[..., :widen]], dim=-1)

@@ -34,7 +34,8 @@ def in_vllm(code: str) -> str:
 def test_the_cpu_expand_fallback_leaves_the_draft_temperatures_unwritten():
     written = in_vllm("""
         import torch
-        import vllm._C  # noqa: F401  (registers the C++ kernels)
+        from vllm.platforms.cpu import CpuPlatform
+        CpuPlatform.import_kernels()  # the build for this CPU's ISA (_C, _C_AVX512 or _C_AVX2), as vLLM loads it
         from vllm.utils import cpu_triton_utils as fallbacks
         out = torch.full((5,), -5.0)  # a marker where the expanded temperatures belong
         fallbacks._expand_kernel_impl(out, torch.tensor([0.7, 1.0]), torch.tensor([3, 5], dtype=torch.int32), -1, 1)
@@ -48,7 +49,8 @@ def test_the_cpu_rejection_kernels_accept_with_the_target_probability():
     rejection, emits a token of p without d: the fault is upstream of them."""
     rate, recovered_is_draft = in_vllm("""
         import torch
-        import vllm._C  # noqa: F401
+        from vllm.platforms.cpu import CpuPlatform
+        CpuPlatform.import_kernels()
         from vllm.utils import cpu_triton_utils as fallbacks
         torch.manual_seed(0)
         n, vocab = 20000, 8

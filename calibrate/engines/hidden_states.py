@@ -191,8 +191,8 @@ def read_rows(path: str) -> dict[str, torch.Tensor]:
         with open(path + ".lock") as lock:
             fcntl.flock(lock, fcntl.LOCK_SH)  # the writer holds LOCK_EX until the file is whole
             return load_file(path, device="cpu")
-    except FileNotFoundError as exc:
-        raise EngineError(f"hidden states file {exc.filename}: missing (is the connector's folder shared with "
+    except FileNotFoundError:  # the lock or the file (safetensors names no filename)
+        raise EngineError(f"hidden states file {path}: missing (is the connector's folder shared with "
                           "this machine?)") from None
     except (SafetensorError, OSError, ValueError) as exc:
         raise EngineError(f"hidden states file {path}: not a whole safetensors file ({exc})") from None
