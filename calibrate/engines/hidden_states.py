@@ -22,7 +22,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from calibrate.engines.base import Budget
+from calibrate.engines.inflight import concurrently
 from calibrate.engines.server import EngineError, Server, http_json
 from calibrate.models import LoadedModel
 from calibrate.replay.responses import target_features
@@ -110,8 +110,7 @@ class EngineFeatures(contextlib.AbstractContextManager):
             raise EngineError(f"{self.server.engine} at {self.server.url}: serves layers {list(self.layers)}, "
                               f"not {missing}")
         jobs = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
-        with ThreadPoolExecutor(max_workers=self.cfg.concurrency) as pool:
-            rows = list(pool.map(self._rows, jobs))
+        rows = concurrently(self._rows, jobs, self.cfg.concurrency, self.server.inflight)
         return [TargetFeatures({layer: h[:, self.layers.index(layer)] for layer in needs.layers}) for h in rows]
 
     def _rows(self, ids: list[int]) -> torch.Tensor:
@@ -121,7 +120,7 @@ class EngineFeatures(contextlib.AbstractContextManager):
         where = f"{self.server.engine} at {self.server.url}"
         try:
             resp = http_json(self.server.engine, self.server.url + "/v1/completions", body,
-                             timeout=self.cfg.request_timeout)
+                             timeout=self.cfg.request_timeout, inflight=self.server.inflight)
             path = resp["kv_transfer_params"]["hidden_states_path"]
         except EngineError as exc:
             raise self.server.explain(exc) from None
