@@ -24,8 +24,10 @@ class FakeEngine:
     """A loopback `backend` server serving `model`, plain (k None) or speculating at k; a speculating vLLM
     reports per-request metrics, or (`per_request` False) only its Prometheus counters."""
 
-    def __init__(self, backend: str, model: str, k: int | None = None, good: int = 1, per_request: bool = True):
+    def __init__(self, backend: str, model: str, k: int | None = None, good: int = 1, per_request: bool = True,
+                 respond: Callable[[list[int]], list[int]] = lambda prompt: prompt[-TOKENS:]):
         self.backend, self.model, self.k, self.good, self.per_request = backend, model, k, good, per_request
+        self.respond = respond  # prompt ids -> the response's ids
         self.bad: Callable[[dict[str, Any]], Any] | None = None  # good reply -> what goes out instead
         self.metrics: Callable[[int], Any] | None = None  # vLLM: the n-th /metrics read, instead of the counters
         self.completions = self.metrics_reads = 0
@@ -46,7 +48,7 @@ class FakeEngine:
     # -- vLLM ---------------------------------------------------------------------------------------------
     def _vllm_routes(self) -> dict[str, Any]:
         def completions(body: dict[str, Any]) -> tuple[int, Any]:
-            tokens = body["prompt"][-TOKENS:]
+            tokens = self.respond(body["prompt"])
             reply = {"id": "cmpl-1", "object": "text_completion", "model": self.model,
                      "choices": [{"index": 0, "text": "", "token_ids": tokens, "finish_reason": "stop"}],
                      "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(tokens)}}
@@ -73,7 +75,7 @@ class FakeEngine:
     # -- llama.cpp ----------------------------------------------------------------------------------------
     def _llamacpp_routes(self) -> dict[str, Any]:
         def completion(body: dict[str, Any]) -> tuple[int, Any]:
-            tokens = body["prompt"][-TOKENS:]
+            tokens = self.respond(body["prompt"])
             timings = {"prompt_n": len(body["prompt"]), "predicted_n": len(tokens), "predicted_ms": 1.0}
             if self.k:
                 timings.update(draft_n=self.k * len(STEPS), draft_n_accepted=sum(STEPS))
@@ -88,7 +90,7 @@ class FakeEngine:
     # -- SGLang -------------------------------------------------------------------------------------------
     def _sglang_routes(self) -> dict[str, Any]:
         def generate(body: dict[str, Any]) -> tuple[int, Any]:
-            tokens = body["input_ids"][-TOKENS:]
+            tokens = self.respond(body["input_ids"])
             meta = {"completion_tokens": len(tokens), "finish_reason": {"type": "stop", "matched": tokens[-1]}}
             if self.k:
                 k = self.k

@@ -42,9 +42,11 @@ def served(backend: str, target: Path) -> str:
 
 def run_config(tmp_path: Path, target: Path, backend: str, url: str, k: int | None, **server: Any) -> Path:
     """Three quickstart requests, one per batch, one at a time, through a connected server: its own
-    speculation at k (n-gram, as the config names it), or plain-engine replay of n-gram (k None)."""
+    speculation at k (n-gram, as the config names it), or plain-engine replay of n-gram (k None). The
+    llama.cpp fake serves a GGUF, which the config names (`served_model`) unless `served_model=None`."""
     if backend == "llama.cpp":
         server.setdefault("served_model", LLAMACPP_MODEL)
+    server = {key: value for key, value in server.items() if value is not None}
     return write_config(
         tmp_path / "replies.toml",
         dataset={"source": QUICKSTART, "name": "quickstart", "format": "openai", "max_requests": 3,
@@ -160,8 +162,11 @@ CASES = [
     Bad("/metrics went back", "vllm", True, None, "vllm:spec_decode_num_drafts",
         "the counter went back during the request", endpoint="/metrics",
         metrics=lambda n: VLLMCounters(K).text() if n >= 4 else None, per_request=False),
-    # a body cut mid-way
+    # a body cut mid-way, bytes that are not text, JSON nested past what a parser holds
     Bad("body cut", "vllm", False, lambda r: Cut(r), "", "the reply was cut short"),
+    Bad("not UTF-8", "llama.cpp", False, lambda r: b"\xff\xfe{}", "", "the reply is not UTF-8 text (byte 0xff"),
+    Bad("JSON nested 200k deep", "sglang", False, lambda r: "[" * 200_000 + "]" * 200_000, "",
+        "the reply is JSON nested too deep to read"),
     # llama.cpp
     Bad("30 steps x 3 over 2 tokens", "llama.cpp", True,
         edits(ids([5, 6], "llama.cpp"), edit("timings.draft_n", 90), edit("timings.draft_n_accepted", 90)),

@@ -19,7 +19,7 @@ import threading
 import urllib.request
 import weakref
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -63,17 +63,22 @@ class InFlight:
 
 
 def concurrently(fn: Callable[[T], R], jobs: Iterable[T], workers: int, inflight: InFlight) -> list[R]:
-    """`fn` over `jobs` on `workers` threads, results in order. Whatever ends it early (a reply refused, an
-    unreachable server, Ctrl-C, SIGTERM) cancels the requests in flight and drops those not started, so it
-    returns (raises) at once and leaves no thread behind."""
+    """`fn` over `jobs` on `workers` threads, results in order. The first job to fail (a reply refused, an
+    unreachable server) or an interrupt (Ctrl-C, SIGTERM) ends it: the requests in flight are cancelled and
+    those not started dropped, so it raises at once, whichever job failed, and leaves no thread behind."""
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="calibrate-request")
     try:
-        return list(pool.map(fn, jobs))
+        futures = [pool.submit(fn, job) for job in jobs]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f.exception() for f in futures if f in done and f.exception() is not None), None)
+        if failed is not None:
+            raise failed
+        return [f.result() for f in futures]
     except BaseException:
         inflight.cancel()
         raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # the cancelled ones return at once
+        pool.shutdown(wait=True, cancel_futures=True)  # the cancelled requests return at once
         inflight.resume()
 
 

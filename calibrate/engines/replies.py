@@ -22,7 +22,6 @@ committed, so a resumed run asks again. Checked:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -109,12 +108,6 @@ class Fields:
         if len(ids) > self.asked.max_tokens:
             raise self.fail(field, f"{len(ids)} tokens, more than the max_tokens = {self.asked.max_tokens} asked")
         return ids
-
-    def number(self, value: Any, field: str) -> float:
-        """A Prometheus sample's value: finite and non-negative (counters only grow)."""
-        if not math.isfinite(value) or value < 0:
-            raise self.fail(field, f"{value}, not a count")
-        return value
 
     # -- meaning --------------------------------------------------------------------------------------------
     def finish(self, value: Any, field: str, reasons: FinishReasons, tokens: Sequence[int]) -> str:

@@ -30,7 +30,8 @@ def served_names(engine: str, url: str, info: dict[str, Any]) -> list[str]:
             continue
         if not isinstance(value, str) or not value:
             raise EngineError(f"{engine} at {url}: names the model it serves {value!r}, not a model name")
-        names.append(value)
+        if value not in names:
+            names.append(value)
     return names
 
 

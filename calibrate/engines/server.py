@@ -43,6 +43,8 @@ def http_json(engine: str, url: str, body: dict[str, Any] | None = None, timeout
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+    except RecursionError:
+        raise EngineError(f"{_where(engine, url, request)}: the reply is JSON nested too deep to read") from None
 
 
 def http_text(engine: str, url: str, timeout: float = 60.0, inflight: InFlight | None = None,
@@ -55,13 +57,16 @@ def _read(engine: str, url: str, req: urllib.request.Request, timeout: float, in
     """The reply body as text; a refused connection, an HTTP error status, a body cut short or bytes that are
     not UTF-8 text become an EngineError naming the engine and the URL (a bare codec, socket or http.client
     message names neither)."""
-    where = f"{engine} at {url}" + (f": request {request}" if request is not None else "")
+    where = _where(engine, url, request)
     send = inflight.open if inflight is not None else urllib.request.urlopen
     try:
         with send(req, timeout=timeout) as resp:
             body = resp.read()
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:500]
+        try:
+            detail = exc.read().decode(errors="replace")[:500]
+        except (OSError, http.client.HTTPException):  # its body cut short too
+            detail = "(its body cut short)"
         raise EngineError(f"{where}: HTTP {exc.code}: {detail}") from None
     except http.client.IncompleteRead as exc:
         raise EngineError(f"{where}: the reply was cut short ({len(exc.partial)} bytes of the body, "
@@ -73,6 +78,10 @@ def _read(engine: str, url: str, req: urllib.request.Request, timeout: float, in
     except UnicodeDecodeError as exc:
         raise EngineError(f"{where}: the reply is not UTF-8 text (byte {body[exc.start]:#04x} at "
                           f"offset {exc.start}): is this the {engine} server?") from None
+
+
+def _where(engine: str, url: str, request: str | None) -> str:
+    return f"{engine} at {url}" + (f": request {request}" if request is not None else "")
 
 
 def free_port(host: str) -> int:
