@@ -150,3 +150,34 @@ def test_runs_written_before_keep_their_ids():
     assert "served_model" not in spec.identity()
     other = make_spec(engine="vllm", served_model="org/model-b")
     assert other.identity()["served_model"] == "org/model-b" and other.run_id != spec.run_id
+
+
+def test_the_hidden_state_server_must_serve_the_same_model(tmp_path, target):
+    """Plain-engine replay with the engine's hidden states: the second server (vLLM's extract_hidden_states)
+    is checked as the first is, so a head is never fed another model's states."""
+    from calibrate.engines.base import Budget
+    from calibrate.engines.factory import _target
+    from calibrate.engines.hidden_states import EngineFeatures
+    from calibrate.engines.server_replay import ServerReplayEngine
+    from calibrate.engines.vllm import VLLMBackend
+    from calibrate.kernels.reference import Sampling
+    from tests.configs import QUICKSTART, write_config
+
+    plain, hidden = FakeEngine("vllm", str(target)), FakeEngine("vllm", "org/other-model")
+    try:
+        cfg = load_config(write_config(
+            tmp_path / "h.toml", dataset={"source": QUICKSTART}, sweep={"k": [1]}, pairs=[{
+                "target": target, "backend": "vllm", "speculators": [{"kind": "ngram"}],
+                "server": {"mode": "connect", "url": plain.url, "hidden_states": "engine",
+                           "hidden_states_url": hidden.url}}]))
+        pair, budget = cfg.pairs[0], Budget(64, 8, 0)
+        features = EngineFeatures(VLLMBackend(), pair.server, budget, layers=[1], hidden_size=16)
+        engine = ServerReplayEngine(VLLMBackend(), pair, budget, Sampling(0.0, None, None, 0), lambda t, o: [], [],
+                                    [1], target_of=_target, vocab=400, features=features)
+        with pytest.raises(EngineError, match=rf"vllm at {hidden.url}: serves org/other-model, not the pair's target"):
+            with engine:
+                pass
+        assert not features.folder.exists()  # what was started is stopped and removed
+    finally:
+        plain.close()
+        hidden.close()
