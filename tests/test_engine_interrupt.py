@@ -114,6 +114,7 @@ def test_calibrate_run_exits_130_at_once_while_requests_hang(tmp_path, target, s
                 proc.kill()
             stderr = proc.communicate()[1]
         assert code == 130, stderr
+        print(f"{backend} {signal.Signals(signum).name}: exit {code} {took:.2f} s after the signal")
         assert took < 3, f"{took:.1f} s from the signal to the exit"
         assert "interrupted: what was committed is kept" in stderr
         wait_for(lambda: engine.standin.gone == 2, 5)
