@@ -141,6 +141,9 @@ class ServerConfig(_Strict):
     # hidden_states_url). calibrate.engines.hidden_states.
     hidden_states: Literal["in-process", "engine"] = "in-process"
     hidden_states_url: str | None = None  # connect, hidden_states = "engine"
+    # connect: the model the server serves where it is not `target` (a GGUF of it, another checkpoint): what
+    # the server must say it serves, and a condition of the run's rows (calibrate.engines.served_model)
+    served_model: str | None = Field(default=None, min_length=1)
     # The engine audit at T > 0 (calibrate.engines.audit): each speculating server's per-step counts checked
     # against its own tokens, with the speculator's in-process twin (loading it, and the target where it reads
     # hidden states). false: not checked (rows then say nothing of it).
@@ -174,14 +177,15 @@ class ServerConfig(_Strict):
         wrong = [key for key in (LAUNCH_KEYS if self.mode == "connect" else CONNECT_KEYS) if key in self.model_fields_set]
         if wrong:
             what = ("a connected server runs what it was started with" if self.mode == "connect" else
-                    "a launched server runs every sweep.k, one launch each, or none for replay")
+                    "a launched server serves server.model and runs every sweep.k, one launch each, or none for "
+                    "replay")
             raise ValueError(f"{', '.join(f'server.{key}' for key in wrong)}: not read in mode {self.mode!r} ({what})")
         return self
 
 
 # The keys only one mode reads: set in the other, they would be ignored, so they are refused.
 LAUNCH_KEYS = ("model", "command", "args", "host", "port", "startup_timeout", "log_dir", "env")
-CONNECT_KEYS = ("url", "k", "hidden_states_url")
+CONNECT_KEYS = ("url", "k", "hidden_states_url", "served_model")
 
 
 

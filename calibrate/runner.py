@@ -156,6 +156,7 @@ def run_specs(config: Config, prepared: Prepared, engine: Engine, thinking: str,
                 verification=engine.verification if temperature > 0 else None,
                 responses_from=engine.responses_from, responses_dtype=engine.responses_dtype,
                 features_from=engine.features_from if engine.features_from and spec.needs.any else None,
+                served_model=engine.served_model,
                 target_id=target.model_id, speculator_kind=spec.kind, draft_id=draft_id,
                 dataset_format=prepared.dataset_format, selection=prepared.selection, device=target.device,
                 seed=ds.seed, versions=versions, git_commit=commit,
@@ -287,7 +288,7 @@ class _Recorder:
                 for start in range(0, len(pending), self.batch_size):
                     batch = pending[start:start + self.batch_size]
                     results = engine.measure([prompts[u.index] for u in batch], [request_key(u.id) for u in batch],
-                                             progress=progress.generated)
+                                             progress=progress.generated, ids=[u.id for u in batch])
                     self.summary.tokens += self._write(batch, prompts, results, run_ids, done)
                     self.summary.measured += len(batch)
                     progress.advance(len(batch))

@@ -19,22 +19,40 @@ Each stand-in "generates" a fixed response per request and reports counts a test
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-Route = Callable[[dict[str, Any] | None], tuple[int, Any]]  # payload: JSON value, text or bytes
+Route = Callable[[dict[str, Any] | None], tuple[int, Any]]  # payload: JSON value, text or bytes, Cut, HANG
+LLAMACPP_MODEL = "/models/target.gguf"  # what the llama.cpp stand-in says it serves (/props model_path)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A reply cut mid-way: its headers announce all of `payload`, half the body is sent, then the connection
+    closes (http.client's IncompleteRead)."""
+
+    payload: Any
+
+
+HANG = object()  # a reply that never comes: the request waits until the client gives up or the stand-in closes
 
 
 class StandIn:
-    """A loopback HTTP server whose routes are functions (body or None) -> (status, JSON or text)."""
+    """A loopback HTTP server whose routes are functions (body or None) -> (status, JSON or text). `gone`
+    counts the requests whose client went away while they hung."""
 
     def __init__(self, routes: dict[str, Route]):
         self.routes = routes
         self.requests: list[tuple[str, Any]] = []
+        self.gone = 0
+        self.closing = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,14 +63,22 @@ class StandIn:
                 outer.requests.append((self.path, body))
                 route = outer.routes.get(self.path)
                 status, payload = route(body) if route else (404, {"error": "not found"})
-                if isinstance(payload, bytes):  # raw bytes, as a server that is not the engine might answer
-                    data = payload
-                else:
-                    data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+                if payload is HANG:
+                    self._hang()
+                    return
+                data = _encoded(payload.payload if isinstance(payload, Cut) else payload)
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                self.wfile.write(data[:len(data) // 2] if isinstance(payload, Cut) else data)
+
+            def _hang(self) -> None:
+                """Answer nothing until the client closes the connection (counted) or the stand-in closes."""
+                while not outer.closing.wait(0.02):
+                    readable, _, _ = select.select([self.connection], [], [], 0)
+                    if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                        outer.gone += 1
+                        return
 
             def do_GET(self) -> None:
                 self._reply(None)
@@ -66,8 +92,15 @@ class StandIn:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
+        self.closing.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+def _encoded(payload: Any) -> bytes:
+    if isinstance(payload, bytes):  # raw bytes, as a server that is not the engine might answer
+        return payload
+    return payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
 
 
 def llamacpp_routes(reply: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Route]:
@@ -88,7 +121,7 @@ def llamacpp_routes(reply: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[s
 
     return {
         "/health": lambda _: (200, {"status": "ok"}),
-        "/props": lambda _: (200, {"build_info": "b11434-standin", "model_path": "/models/target.gguf",
+        "/props": lambda _: (200, {"build_info": "b11434-standin", "model_path": LLAMACPP_MODEL,
                                    "total_slots": 1}),
         "/completion": completion,
     }

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from calibrate.cli import app
-from calibrate.engines.audit import disagreeing_steps, reconciled_counts
+from calibrate.engines.audit import disagreeing_steps, place_steps, reconciled_counts
 from calibrate.replay.steps import StepSeries
 from tests.tables_support import Req, make_spec, write_run
 from calibrate.tables.store import Store
@@ -57,6 +57,19 @@ def test_a_model_free_drafters_engine_steps_follow_the_one_step_rule_once_placed
     assert reconciled_counts(series([2, 3, 1]), run_at, n=9, k=K, ended=True) is None  # a list that does not fit
 
 
+def test_a_list_its_own_response_cannot_hold_is_marked_not_left_unaudited():
+    """The audit's worst case: the twin places n-gram's unlisted empty steps (at 1 and 2), and the third listed
+    step would start at the response's end. It counts as disagreeing, with the steps that do disagree."""
+    run_at = scorer({3: 2, 6: 3}, proposals={1: 0, 2: 0})
+    placed = place_steps(series([2, 3, 1]), run_at, n=9, k=K, every_step=False)
+    assert placed.positions == {3: (2, K), 6: (3, K)} and placed.unplaced == 1 and not placed.fits
+    assert disagreeing_steps(series([2, 3, 1]), run_at, n=9, k=K, every_step=False) == 1
+    # placed at 3 it accepts 1 of the 2 that match, at 5 it accepts 3 where none match, and the third has no place
+    assert disagreeing_steps(series([1, 3, 1]), run_at, n=9, k=K, every_step=False) == 3
+    nothing = scorer({}, proposals={t: 0 for t in range(9)})  # the twin proposes nowhere: no step has a place
+    assert disagreeing_steps(series([1, 0, 2]), nothing, n=9, k=K, every_step=False) == 3
+
+
 @pytest.fixture
 def marked(tmp_path):
     db = tmp_path / "a.duckdb"
@@ -100,3 +113,41 @@ def test_lookup_refuses_a_marked_row_unless_forced(marked):
     assert res.exit_code == 1 and "3 steps of the engine's own counts contradict" in res.output, res.output
     forced = CliRunner().invoke(app, [*args, "--force"])
     assert forced.exit_code == 0 and forced.output.strip(), forced.output
+
+
+def test_an_engine_list_that_cannot_be_placed_is_refused_downstream(tmp_path):
+    """End to end at T = 0 (where the audit proper does not run): a connected vLLM's n-gram lists steps (1, 0, 2)
+    over responses of fresh tokens, on which n-gram proposes nothing, so none of its steps has a place. Every
+    row is marked (3 disagreeing steps each), show marks it, exports and lookup refuse it unless forced."""
+    import duckdb
+    import json
+
+    from tests.fake_engine import FakeEngine
+    from tests.test_engine_replies import run_config, stored
+    from tests.tiny_pair import build_pair
+
+    target, _ = build_pair(tmp_path / "pair")
+    fresh = lambda prompt: [t for t in range(300, 400) if t not in prompt][:8]  # noqa: E731  (unseen, distinct)
+    engine = FakeEngine("vllm", str(target), K, respond=fresh)
+    try:
+        config = run_config(tmp_path, target, "vllm", engine.url, K)
+        db = tmp_path / "m.duckdb"
+        res = CliRunner().invoke(app, ["run", str(config), "--db", str(db), "--no-show"])
+    finally:
+        engine.close()
+    assert res.exit_code == 0, res.output
+    assert len(stored(db)) == 3
+    con = duckdb.connect(str(db), read_only=True)
+    marks = con.execute("SELECT disagreeing_steps FROM requests").fetchall()
+    audits = [json.loads(r)["audit"] for (r,) in con.execute("SELECT response FROM engine_responses").fetchall()]
+    con.close()
+    assert marks == [(3,)] * 3 and audits == [{"steps": 3, "disagreeing": 3, "unplaced": 3}] * 3
+    shown = CliRunner().invoke(app, ["show", "--db", str(db)])
+    assert shown.exit_code == 0 and "3!" in shown.output, shown.output
+    refused = CliRunner().invoke(app, ["export", "--to", "vllm", "--db", str(db), "--out", str(tmp_path / "v")])
+    assert refused.exit_code == 1 and "9 steps of the engine's own counts contradict its own tokens" in refused.output
+    args = ["lookup", "--table", str(db), "--model", str(target), "--speculator", "ngram", "--draft-len", str(K),
+            "--thinking", "off", "--temperature", "0", "--format", "value"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 1 and "9 steps of the engine's own counts contradict" in res.output, res.output
+    assert CliRunner().invoke(app, [*args, "--force"]).exit_code == 0

@@ -9,14 +9,25 @@ import socket
 import pytest
 
 from calibrate.engines.llamacpp import LlamaCppBackend
+from calibrate.engines.replies import Asked, Fields
 from calibrate.engines.server import EngineError, check_port_free, http_json, launch
 from calibrate.engines.sglang import SGLangBackend, parse_meta
-from calibrate.engines.vllm import VLLMBackend, read_counters
+from calibrate.engines.vllm import VLLMBackend, counts_from_request, read_counters
 from calibrate.kernels.reference import Sampling
 from calibrate.tables import stats
 from tests.standin_engines import StandIn, VLLMCounters, llamacpp_routes
 
 GREEDY = Sampling(0.0, None, None, 0)
+
+
+def ask(engine: str, url: str, k: int, max_tokens: int = 64) -> Asked:
+    """One request, r0, to the stand-in at `url`: a vocabulary of 1,000 ids covers the stand-ins' tokens."""
+    return Asked(engine, url, "r0", max_tokens, 1000, k, timeout=5)
+
+
+def fields(engine: str, k: int) -> Fields:
+    """A reply's fields as read for request r0 at the URL u (parse_meta, counts_from_request)."""
+    return Fields(ask(engine, "u", k), "/p", None)
 
 
 @pytest.fixture
@@ -39,7 +50,7 @@ def test_llamacpp_counts_steps_from_fixed_k(standin):
     backend = LlamaCppBackend()
     info = backend.describe(srv.url, 5)
     assert info["engine_version"] == "b11434-standin"
-    reply = backend.complete(srv.url, [1, 2, 3], 4, 64, GREEDY, info, 5)
+    reply = backend.complete(ask("llama.cpp", srv.url, 4), [1, 2, 3], GREEDY, info)
     assert (reply.counts.steps, reply.counts.accepted, reply.counts.drafted_tokens) == (3, 7, 12)
     assert stats.acceptance_length_from_totals(reply.counts.steps, reply.counts.accepted) == pytest.approx(1 + 7 / 3)
     assert reply.finish_reason == "eos" and reply.tokens == list(range(11))
@@ -50,19 +61,21 @@ def test_llamacpp_counts_steps_from_fixed_k(standin):
 
 def test_llamacpp_refuses_a_draft_length_other_than_k(standin):
     srv = standin(llamacpp_routes(lambda body: dict(tokens=list(range(11)), draft_n=9, draft_n_accepted=5)))
-    with pytest.raises(EngineError, match=r"llama.cpp at http://127.0.0.1:\d+: 9 drafted tokens .* k=4"):
-        LlamaCppBackend().complete(srv.url, [1], 4, 64, GREEDY, {}, 5)
+    with pytest.raises(EngineError, match=r"llama.cpp at http://127.0.0.1:\d+/completion: request r0: timings.draft_n: "
+                                          r"9 drafted tokens .* k=4"):
+        LlamaCppBackend().complete(ask("llama.cpp", srv.url, 4), [1], GREEDY, {})
 
 
 def test_llamacpp_without_speculation_names_version_and_flag(standin):
     srv = standin(llamacpp_routes(lambda body: dict(tokens=list(range(20)))))
-    with pytest.raises(EngineError, match=r"llama.cpp b11434-standin at http://127.0.0.1:\d+: .*--spec-draft-model"):
-        LlamaCppBackend().complete(srv.url, [1], 4, 64, GREEDY, {"engine_version": "b11434-standin"}, 5)
+    with pytest.raises(EngineError, match=r"llama.cpp at http://127.0.0.1:\d+/completion: request r0: timings.draft_n: "
+                                          r"missing .* llama.cpp b11434-standin is not speculating.*--spec-draft-model"):
+        LlamaCppBackend().complete(ask("llama.cpp", srv.url, 4), [1], GREEDY, {"engine_version": "b11434-standin"})
 
 
 def test_llamacpp_short_reply_without_drafts_is_zero_steps(standin):
     srv = standin(llamacpp_routes(lambda body: dict(tokens=[5, 6])))
-    reply = LlamaCppBackend().complete(srv.url, [1], 4, 64, GREEDY, {}, 5)
+    reply = LlamaCppBackend().complete(ask("llama.cpp", srv.url, 4), [1], GREEDY, {})
     assert reply.counts.steps == 0 and reply.counts.tokens == 2
 
 
@@ -95,14 +108,14 @@ def test_vllm_counter_deltas_and_per_position_rates(standin):
     srv = _vllm(standin, counters, [[3, 1, 0, 2], [0, 0]])
     backend = VLLMBackend()
     info = backend.describe(srv.url, 5)
-    assert info == {"engine_version": "0.30.0-standin", "model": "m"}
-    first = backend.complete(srv.url, [1, 2], 3, 64, GREEDY, info, 5)
+    assert info == {"engine_version": "0.30.0-standin", "model": "m", "model_root": None}
+    first = backend.complete(ask("vllm", srv.url, 3), [1, 2], GREEDY, info)
     c = first.counts
     assert (c.steps, c.accepted, c.drafted_tokens) == (4, 6, 12)
     assert c.per_position == (3, 2, 1)  # steps accepting >= 1, >= 2, >= 3 drafts
     assert [p / c.steps for p in c.per_position] == [0.75, 0.5, 0.25]
     assert stats.acceptance_length_from_totals(c.steps, c.accepted) == 2.5
-    second = backend.complete(srv.url, [1, 2], 3, 64, GREEDY, info, 5)
+    second = backend.complete(ask("vllm", srv.url, 3), [1, 2], GREEDY, info)
     assert (second.counts.steps, second.counts.accepted, second.counts.per_position) == (2, 0, (0, 0, 0))
     assert srv.requests[-2][1]["prompt"] == [1, 2] and srv.requests[-2][1]["return_token_ids"] is True
 
@@ -124,9 +137,9 @@ def test_vllm_server_with_another_k_is_refused(standin, served_k, configured_k):
     counters = VLLMCounters(k=served_k)
     srv = _vllm(standin, counters, [[2, 1]])
     backend = VLLMBackend()
-    with pytest.raises(EngineError, match=rf"vllm at http://127.0.0.1:\d+: .* {served_k} draft positions: it "
-                                          rf"drafts k={served_k}, not the configured k={configured_k}"):
-        backend.complete(srv.url, [1], configured_k, 64, GREEDY, backend.describe(srv.url, 5), 5)
+    with pytest.raises(EngineError, match=rf"vllm at http://127.0.0.1:\d+/metrics: request r0: .* {served_k} draft "
+                                          rf"positions: it drafts k={served_k}, not the configured k={configured_k}"):
+        backend.complete(ask("vllm", srv.url, configured_k), [1], GREEDY, backend.describe(srv.url, 5))
 
 
 def test_vllm_per_request_metrics_preferred_both_shapes(standin):
@@ -134,11 +147,10 @@ def test_vllm_per_request_metrics_preferred_both_shapes(standin):
              "acceptance_histogram": [1, 1, 2], "mean_acceptance_length": 2.25}
     srv = _vllm(standin, VLLMCounters(k=2), [[2, 2, 1, 0]], per_request=dense)
     backend = VLLMBackend()
-    reply = backend.complete(srv.url, [1], 2, 64, GREEDY, backend.describe(srv.url, 5), 5)
+    reply = backend.complete(ask("vllm", srv.url, 2), [1], GREEDY, backend.describe(srv.url, 5))
     assert reply.counts.histogram == (1, 1, 2) and reply.counts.steps == 4
-    from calibrate.engines.vllm import counts_from_request
     sparse = counts_from_request({"num_spec_steps": 4, "num_accepted_draft_tokens": 5, "num_draft_tokens": 8,
-                                  "acceptance_histogram": {"0": 1, "1": 1, "2": 2}}, 2, 10, True, "u")
+                                  "acceptance_histogram": {"0": 1, "1": 1, "2": 2}}, fields("vllm", 2), "m", 10, True)
     assert sparse.histogram == (1, 1, 2)
 
 
@@ -146,8 +158,9 @@ def test_vllm_without_speculation_names_version_and_flag(standin):
     srv = _vllm(standin, VLLMCounters(k=1), [[0, 0, 0]])
     srv.routes["/metrics"] = lambda _: (200, "# HELP vllm:num_requests_running x\n")
     backend = VLLMBackend()
-    with pytest.raises(EngineError, match=r"vllm 0.30.0-standin at .*--speculative-config"):
-        backend.complete(srv.url, [1], 1, 64, GREEDY, backend.describe(srv.url, 5), 5)
+    with pytest.raises(EngineError, match=r"vllm at .*/metrics: request r0: vllm:spec_decode_num_drafts: no "
+                                          r"speculative counters, and vllm 0.30.0-standin .*--speculative-config"):
+        backend.complete(ask("vllm", srv.url, 1), [1], GREEDY, backend.describe(srv.url, 5))
 
 
 # -- SGLang ----------------------------------------------------------------------------------------------
@@ -166,7 +179,7 @@ def test_sglang_meta_info_both_generations(standin, meta):
                    "/generate": lambda body: (200, {"text": "", "output_ids": list(range(11)), "meta_info": meta})})
     backend = SGLangBackend()
     info = backend.describe(srv.url, 5)
-    reply = backend.complete(srv.url, [7, 8], 3, 64, GREEDY, info, 5)
+    reply = backend.complete(ask("sglang", srv.url, 3), [7, 8], GREEDY, info)
     c = reply.counts
     assert (c.steps, c.accepted, c.drafted_tokens) == (4, 6, 12)
     # our AL is 1 + accepted / verify_ct = 2.5; SGLang's spec_accept_length 11 / 4 also counts the prefill token
@@ -176,10 +189,12 @@ def test_sglang_meta_info_both_generations(standin, meta):
 
 
 def test_sglang_another_k_and_missing_fields():
-    with pytest.raises(EngineError, match=r"sglang at u: 12 proposed drafts over 4 verify steps .* k=2"):
-        parse_meta(OLD_META, 2, 11, "u", "0.5.9")
-    with pytest.raises(EngineError, match=r"sglang 0.5.9 at u: meta_info has no spec_verify_ct.*--speculative-algorithm"):
-        parse_meta({"completion_tokens": 11}, 3, 11, "u", "0.5.9")
+    with pytest.raises(EngineError, match=r"sglang at u/p: request r0: meta_info.spec_draft_token_num: 12 proposed "
+                                          r"drafts over 4 verify steps .* k=2"):
+        parse_meta(OLD_META, fields("sglang", 2), 11, "0.5.9")
+    with pytest.raises(EngineError, match=r"sglang at u/p: request r0: meta_info.spec_verify_ct: missing: sglang 0.5.9 "
+                                          r"is not speculating.*--speculative-algorithm"):
+        parse_meta({"completion_tokens": 11}, fields("sglang", 3), 11, "0.5.9")
 
 
 # -- faults common to all engines -----------------------------------------------------------------------
@@ -245,14 +260,14 @@ def test_vllm_learns_from_its_first_reply_whether_it_counts_per_request(standin)
     backend = VLLMBackend()
     info = backend.describe(srv.url, 5)
     assert backend.per_request_counts is None
-    first = backend.complete(srv.url, [1], 2, 64, GREEDY, info, 5, every_step=True)
+    first = backend.complete(ask("vllm", srv.url, 2), [1], GREEDY, info, every_step=True)
     assert backend.per_request_counts is True and first.raw["counts_from"] == "per-step"
     assert first.steps.accepted == (2, 1) and first.steps.drafted == (2, 2)
     reads = sum(path == "/metrics" for path, _ in srv.requests)
-    backend.complete(srv.url, [1], 2, 64, GREEDY, info, 5, every_step=True)
+    backend.complete(ask("vllm", srv.url, 2), [1], GREEDY, info, every_step=True)
     assert sum(path == "/metrics" for path, _ in srv.requests) == reads == 1
 
     counters_only = _vllm(standin, VLLMCounters(k=2), [[2, 1]])
     fallback = VLLMBackend()
-    reply = fallback.complete(counters_only.url, [1], 2, 64, GREEDY, fallback.describe(counters_only.url, 5), 5)
+    reply = fallback.complete(ask("vllm", counters_only.url, 2), [1], GREEDY, fallback.describe(counters_only.url, 5))
     assert fallback.per_request_counts is False and reply.raw["counts_from"] == "counters" and reply.steps is None

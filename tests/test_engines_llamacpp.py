@@ -111,7 +111,7 @@ def test_qwen_pair_launch_and_connect_rows_read_like_in_process(tmp_path, llama_
                                     "--ctx-size", "1024", "--parallel", "1", "--threads", "2", "--port", str(port)],
                       f"http://127.0.0.1:{port}", "/health", timeout=300, log_dir=str(tmp_path))
     try:
-        server = {"mode": "connect", "url": f"http://127.0.0.1:{port}", "k": 4}
+        server = {"mode": "connect", "url": f"http://127.0.0.1:{port}", "k": 4, "served_model": str(target)}
         connect = load_config(llamacpp_config(tmp_path, qwen_target, qwen_draft, mini_swe_dir / "original", server,
                                               [4], 2, new_tokens=16))
         db2 = tmp_path / "connect.duckdb"

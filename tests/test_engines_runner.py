@@ -17,7 +17,7 @@ from calibrate.consumers.lookup import lookup
 from calibrate.engines import EngineError
 from calibrate.runner import execute
 from calibrate.tables.store import Store
-from tests.standin_engines import StandIn, llamacpp_routes
+from tests.standin_engines import LLAMACPP_MODEL, StandIn, llamacpp_routes
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]  # SmolLM2 tokenizer, mini-swe-agent data
 
@@ -42,7 +42,7 @@ batch_size = 1
 target = "{model}"
 backend = "llama.cpp"
 speculators = [{{ kind = "draft", model = "{model}" }}]
-server = {{ mode = "connect", url = "{url}", k = {k} }}
+server = {{ mode = "connect", url = "{url}", k = {k}, served_model = "{LLAMACPP_MODEL}" }}
 
 [sweep]
 k = [{k}]

@@ -146,7 +146,8 @@ def test_connect_with_another_k_is_refused_in_one_line(tmp_path, smollm, mini_sw
                           requests=2, ks=[2])
     res = run(config, tmp_path / "k.duckdb")
     assert res.exit_code == 4, res.output
-    assert f"vllm at {ngram_server.url}: the server drafts num_spec_tokens=3, not the configured k=2" in res.output
+    assert (f"vllm at {ngram_server.url}/v1/completions: request " in res.output and "metrics.speculative_decoding."
+            "num_spec_tokens: the server drafts num_spec_tokens=3, not the configured k=2" in res.output)
     assert "Traceback" not in res.output
 
 

@@ -71,9 +71,10 @@ def taps(model, ids: list[int], layers: list[int]) -> torch.Tensor:
     return torch.stack([(seen[0] if i == n else states[i])[0] for i in layers], dim=1)
 
 
-def vllm_standin(completion) -> StandIn:
+def vllm_standin(completion, model: Path) -> StandIn:
+    """Serving `model` under its path, as `vllm serve PATH` names it in /v1/models."""
     return StandIn({"/health": lambda _: (200, {}), "/version": lambda _: (200, {"version": "0.32.0-standin"}),
-                    "/v1/models": lambda _: (200, {"data": [{"id": "m"}]}),
+                    "/v1/models": lambda _: (200, {"data": [{"id": str(model), "root": str(model)}]}),
                     "/metrics": lambda _: (200, "# no spec decode\n"), "/v1/completions": completion})
 
 
@@ -83,7 +84,7 @@ def plain_reply(body):
     return 200, {"choices": [{"token_ids": (tail + tail)[:body["max_tokens"]], "finish_reason": "length"}]}
 
 
-def hidden_server(model, folder: Path, layers: list[int], widen: int = 0) -> StandIn:
+def hidden_server(model, path: Path, folder: Path, layers: list[int], widen: int = 0) -> StandIn:
     """A stand-in extract_hidden_states server: each request's taps written to a connector file of its own
     (named from a counter, not by counting the folder: requests arrive concurrently)."""
     numbers = itertools.count()
@@ -98,7 +99,7 @@ def hidden_server(model, folder: Path, layers: list[int], widen: int = 0) -> Sta
         Path(str(path) + ".lock").write_text("")
         return 200, {"choices": [{"token_ids": [1], "finish_reason": "length"}],
                      "kv_transfer_params": {"hidden_states_path": str(path)}}
-    return vllm_standin(completion)
+    return vllm_standin(completion, path)
 
 
 def config(tmp_path: Path, target: Path, url: str, hidden_url: str, speculators=None) -> Path:
@@ -217,7 +218,7 @@ def test_the_final_norm_over_the_last_layers_output_is_the_state_mtp_reads(tiny,
     hidden state of a forward pass of the whole target, and one server serves EAGLE-3's aux layers with it."""
     full = full_target(tiny)
     alone = load_mtp_target(str(tiny), "float32", "cpu")
-    srv = hidden_server(full, tmp_path, [1, LAYERS])
+    srv = hidden_server(full, tiny, tmp_path, [1, LAYERS])
     cfg = load_config(config(tmp_path, tiny, srv.url, srv.url)).pairs[0].server
     prompt, response = [5, 9, 13, 2, 7, 5, 9, 11], [3, 4, 5, 6, 7, 8]
     spec = MtpSpeculator(load_mtp(alone.model, "t"), name="t")
@@ -238,7 +239,7 @@ def test_calibrate_run_scores_mtp_from_the_engines_hidden_states_as_in_process(t
     """`calibrate run`, plain-engine replay with hidden_states = "engine": the rows are in-process replay's on
     the same tokens at every k, and the run records the tap and what it read of the target."""
     full = full_target(tiny)
-    plain, hidden = vllm_standin(plain_reply), hidden_server(full, tmp_path, [LAYERS])
+    plain, hidden = vllm_standin(plain_reply, tiny), hidden_server(full, tiny, tmp_path, [LAYERS])
     path = config(tmp_path, tiny, plain.url, hidden.url)
     db = tmp_path / "m.duckdb"
     try:
@@ -277,7 +278,8 @@ def test_calibrate_run_scores_mtp_from_the_engines_hidden_states_as_in_process(t
 
 
 def test_a_tap_file_of_another_width_is_one_line_naming_the_model(tiny, tmp_path):
-    plain, hidden = vllm_standin(plain_reply), hidden_server(full_target(tiny), tmp_path, [LAYERS], widen=3)
+    plain, hidden = vllm_standin(plain_reply, tiny), hidden_server(full_target(tiny), tiny, tmp_path, [LAYERS],
+                                                                  widen=3)
     try:
         res = CliRunner().invoke(app, ["run", str(config(tmp_path, tiny, plain.url, hidden.url)), "--db",
                                        str(tmp_path / "w.duckdb")])
@@ -286,7 +288,7 @@ def test_a_tap_file_of_another_width_is_one_line_naming_the_model(tiny, tmp_path
         hidden.close()
     assert res.exit_code == 4, res.output
     [line] = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
-    assert f"from vllm (hidden states) at {hidden.url} (model m): width 35, not the target's hidden size 32" in line
+    assert f"from vllm (hidden states) at {hidden.url} (model {tiny}): width 35, not the target's hidden size 32" in line
 
 
 def test_a_target_refused_for_the_engine_path_exits_2_before_any_server_is_asked(tmp_path):

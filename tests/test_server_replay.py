@@ -9,6 +9,7 @@ that are missing, truncated or of the wrong width (vLLM's extract_hidden_states 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import duckdb
@@ -32,7 +33,7 @@ from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.speculators.ngram import NgramSpeculator
 from calibrate.speculators.suffix import SuffixSpeculator
 from tests.configs import QUICKSTART, write_config
-from tests.standin_engines import StandIn, VLLMCounters, llamacpp_routes
+from tests.standin_engines import LLAMACPP_MODEL, StandIn, VLLMCounters, llamacpp_routes
 from tests.tiny_pair import build_pair
 
 KS = [1, 2, 4]
@@ -63,7 +64,7 @@ def config(tmp_path: Path, target: Path, draft: Path, url: str, **server) -> Pat
                  "context_tokens": 128, "max_new_tokens": 24},
         run={"device": "cpu", "dtype": "float32", "batch_size": 2},
         pairs=[{"target": target, "backend": "llama.cpp", "server": {"mode": "connect", "url": url, "concurrency": 2,
-                                                                      **server},
+                                                                      "served_model": LLAMACPP_MODEL, **server},
                 "speculators": [{"kind": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}, {"kind": "suffix"},
                                 {"kind": "draft", "model": draft}]}],
         sweep={"k": KS},
@@ -116,14 +117,17 @@ def test_a_server_that_speculates_is_refused_for_replay(tmp_path, pair):
     target, draft = pair
     drafting = StandIn(llamacpp_routes(lambda body: dict(tokens=body["prompt"][-6:], draft_n=4, draft_n_accepted=2)))
     try:
-        res = CliRunner().invoke(app, ["run", str(config(tmp_path, target, draft, drafting.url)), "--db",
-                                       str(tmp_path / "s.duckdb")])
+        path = config(tmp_path, target, draft, drafting.url)
+        res = CliRunner().invoke(app, ["run", str(path), "--db", str(tmp_path / "s.duckdb")])
     finally:
         drafting.close()
     assert res.exit_code == 4, res.output
     line = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
-    assert line == [f"error: llama.cpp at {drafting.url}: the server speculates (4 drafted tokens in one reply); "
-                    "plain-engine replay needs a server started without --spec-type"]
+    asked = {r.request_id for r in prepare(load_config(path)).requests}
+    request = re.fullmatch(rf"error: llama.cpp at {drafting.url}/completion: request (\S+): timings.draft_n: the server "
+                           r"speculates \(4 drafted tokens in one reply\); plain-engine replay needs a server started "
+                           r"without --spec-type", line[0]) if len(line) == 1 else None
+    assert request and request.group(1) in asked, line
     assert not (tmp_path / "s.duckdb").exists()  # nothing half-written
 
 

@@ -8,8 +8,10 @@ draft model teacher-forced, EAGLE-3 and MTP from the target's hidden states: the
 rounding of two implementations, so a handful of disagreements at T = 0 measure that rounding, the
 baseline against which T > 0 is read). A step disagrees when the engine accepted fewer drafts than its
 own next tokens match (a draft rejected, then the same token emitted in its place: what no exact sampler
-does), or more than match where the response shows the mismatch. The count of disagreeing steps is
-stored with each response; `show` marks such rows and exports refuse them unless forced.
+does), or more than match where the response shows the mismatch. A listed step the response cannot hold at
+all (the list does not fit the engine's own tokens) disagrees too, at any temperature: its counts follow no
+step rule. The count of disagreeing steps is stored with each response; `show` marks such rows and exports
+and `lookup` refuse them unless forced.
 """
 
 from __future__ import annotations
@@ -22,35 +24,48 @@ from calibrate.replay.steps import StepSeries, walk_steps
 from calibrate.speculators.base import ReplayScorer, Speculator, TargetNeeds
 
 
-def listed_positions(series: StepSeries, run_at: ReplayScorer, n: int, k: int,
-                     every_step: bool) -> dict[int, tuple[int, int]] | None:
-    """Where each step of the engine's list started in the n-token response: position -> (accepted, drafted).
+@dataclass(frozen=True)
+class Placement:
+    """The engine's listed steps placed on its own response: where each started, position -> (accepted,
+    drafted), and how many could not be placed (they would start at or past the response's end)."""
+
+    positions: dict[int, tuple[int, int]]
+    unplaced: int
+
+    @property
+    def fits(self) -> bool:
+        return not self.unplaced
+
+
+def place_steps(series: StepSeries, run_at: ReplayScorer, n: int, k: int, every_step: bool) -> Placement:
+    """Where each step of the engine's list started in the n-token response.
 
     The walk follows the engine's own steps (a step starts after the tokens the steps before it emitted);
     where the drafter proposes at some positions only (`every_step` False: n-gram, suffix), the positions
     it proposes nothing at are steps the engine does not list, one token each, found with the drafter's
-    in-process twin. None when the list does not fit the response so walked (the twin proposed otherwise)."""
+    in-process twin. Steps the response cannot hold so walked (the twin proposed otherwise, or the engine
+    counted steps its tokens do not show) are counted, not placed."""
     t, out = 1, {}
-    for accepted, drafted in zip(series.accepted, series.drafted, strict=True):
+    for i, (accepted, drafted) in enumerate(zip(series.accepted, series.drafted, strict=True)):
         if not every_step:
             while t < n and run_at(t, k)[1] == 0:
                 t += 1
         if t >= n:
-            return None
+            return Placement(out, len(series.accepted) - i)
         out[t] = (accepted, drafted)
         t += accepted + 1
-    return out
+    return Placement(out, 0)
 
 
-def disagreeing_steps(series: StepSeries, run_at: ReplayScorer, n: int, k: int, every_step: bool) -> int | None:
-    """Steps of the engine's list whose accepted count contradicts the n-token response (None: the list does
-    not fit it). A step disagrees where it accepted fewer drafts than the response's tokens match, or more
-    where the response shows the mismatch (not where the drafts matched to a budget cut)."""
-    positions = listed_positions(series, run_at, n, k, every_step)
-    if positions is None:
-        return None
-    bad = 0
-    for t, (accepted, _) in positions.items():
+def disagreeing_steps(series: StepSeries, run_at: ReplayScorer, n: int, k: int, every_step: bool,
+                      placed: Placement | None = None) -> int:
+    """Steps of the engine's list that contradict the n-token response: each one the response cannot hold
+    (the audit's worst case: such a list is marked, never left unaudited), and each placed step that accepted
+    fewer drafts than the response's tokens match, or more where the response shows the mismatch (not where
+    the drafts matched to a budget cut). `placed`: the list as place_steps placed it already."""
+    placed = placed if placed is not None else place_steps(series, run_at, n, k, every_step)
+    bad = placed.unplaced
+    for t, (accepted, _) in placed.positions.items():
         match, _ = run_at(t, k)
         hidden = t + match >= n  # the drafts matched to the response's end: what follows was cut off
         bad += accepted < match or (accepted > match and not hidden)
@@ -58,16 +73,17 @@ def disagreeing_steps(series: StepSeries, run_at: ReplayScorer, n: int, k: int, 
 
 
 def reconciled_counts(series: StepSeries, run_at: ReplayScorer, n: int, k: int, ended: bool,
-                      segments: Sequence[str] | None = None) -> StepCounts | None:
+                      segments: Sequence[str] | None = None, placed: Placement | None = None) -> StepCounts | None:
     """A model-free drafter's engine steps under the one step rule, every step (the empty ones too) placed by
     the twin: what the engine counted, but a draft EOS it accepted is the step's bonus token and a step cut
-    by the budget is censored, as in-process. None when the list does not fit the response."""
-    positions = listed_positions(series, run_at, n, k, every_step=False)
-    if positions is None:
+    by the budget is censored, as in-process. None when the list does not fit the response. `placed`: the
+    list as place_steps placed it already."""
+    placed = placed if placed is not None else place_steps(series, run_at, n, k, every_step=False)
+    if not placed.fits:
         return None
 
     def engine_run_at(t: int, k: int) -> tuple[int, int]:
-        accepted, drafted = positions.get(t, (0, 0))
+        accepted, drafted = placed.positions.get(t, (0, 0))
         return min(accepted, n - t), drafted
 
     return walk_steps(n, k, ended, engine_run_at, segments)

@@ -48,6 +48,10 @@ class TargetIdentity:
     model_id: str
     fingerprint: str | None
     device: str
+    # A connected server's model where it is not the pair's target (`[pairs.server] served_model`, checked
+    # against what the server says it serves): a condition of the run, so its rows never pool with the
+    # target's own. None where the server serves the target (or `server.model`, launched) itself.
+    served_model: str | None = None
 
 
 class Engine(Protocol):
@@ -66,10 +70,12 @@ class Engine(Protocol):
     responses_from: str | None
     responses_dtype: str | None
     features_from: str | None
+    served_model: str | None  # a connected server's model, where not the target itself (TargetIdentity)
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
-                progress: TokenProgress | None = None) -> BatchResult:
-        """`keys` key each prompt's random streams; `progress(n)` is told of target tokens as they are made."""
+                progress: TokenProgress | None = None, ids: Sequence[str] | None = None) -> BatchResult:
+        """`keys` key each prompt's random streams; `progress(n)` is told of target tokens as they are made;
+        `ids` are the responses' ids, which a server engine's errors name."""
         ...
 
 

@@ -23,6 +23,7 @@ from calibrate.engines.base import Budget, Engine, Labeller, TargetIdentity
 from calibrate.engines.hidden_states import EngineFeatures, FinalState, InProcessFeatures
 from calibrate.engines.in_process import ExpertProfile, LoopEngine, ReplayEngine
 from calibrate.engines.llamacpp import LlamaCppBackend
+from calibrate.engines.served_model import check_served_model
 from calibrate.engines.server_engine import Backend, Served, ServerEngine, ServerSpeculator
 from calibrate.engines.server_replay import FeatureSource, ServerReplayEngine
 from calibrate.engines.sglang import SGLangBackend
@@ -96,7 +97,8 @@ class PairEngines:
         if self.speculators:
             yield self._server_replay(labeller, sampling)
         for served in plan_servers(self.config, self.pair, self.served):
-            yield open_server(served, self.config, sampling, labeller, self.twins.get(served.speculator.name))
+            yield open_server(served, self.config, sampling, labeller, len(self.tokenizer),
+                              self.twins.get(served.speculator.name))
 
     def _in_process(self, labeller: Labeller, sampling: Sampling) -> Engine:
         run, ds = self.config.run, self.config.dataset
@@ -111,7 +113,7 @@ class PairEngines:
         backend: Backend = BACKENDS[self.pair.backend]()
         budget = budget_of(self.config)
         return ServerReplayEngine(backend, self.pair, budget, sampling, labeller, self.speculators,
-                                  self.config.sweep.k, target_of=_target,
+                                  self.config.sweep.k, target_of=_target, vocab=len(self.tokenizer),
                                   features=self._features(backend, budget))
 
     def _features(self, backend: Backend, budget: Budget) -> FeatureSource | None:
@@ -175,12 +177,14 @@ def plan_servers(config: Any, pair: Any, served: list[int] | None = None) -> lis
 
 
 def _target(pair: Any, url: str, info: dict[str, Any]) -> TargetIdentity:
+    """What a run records of a server's target, once the model it serves is checked (served_model)."""
     cfg = pair.server
+    served_model = check_served_model(BACKENDS[pair.backend].name, url, pair, info)
     if cfg.mode == "launch":
         weights = resolve(cfg.model)
         return TargetIdentity(pair.target, weights, fingerprint(weights), "server")
     served = info.get("model") or url
-    return TargetIdentity(pair.target, str(served), None, "server")
+    return TargetIdentity(pair.target, str(served), None, "server", served_model=served_model)
 
 
 def budget_of(config: Any) -> Budget:
@@ -189,8 +193,10 @@ def budget_of(config: Any) -> Budget:
     return Budget(context_tokens=ds.context_tokens, max_new_tokens=ds.max_new_tokens, seed=ds.seed)
 
 
-def open_server(served: Served, config: Any, sampling: Sampling, labeller: Labeller,
+def open_server(served: Served, config: Any, sampling: Sampling, labeller: Labeller, vocab: int,
                 twin: Twin | None = None) -> ServerEngine:
-    """An engine for one (speculator, k) on its speculating server (with the speculator's twin, where built)."""
+    """An engine for one (speculator, k) on its speculating server (with the speculator's twin, where built);
+    `vocab` is the target tokenizer's length, which every reply's token ids must fall within."""
     backend: Backend = BACKENDS[served.pair.backend]()
-    return ServerEngine(backend, served, budget_of(config), sampling, labeller, target_of=_target, twin=twin)
+    return ServerEngine(backend, served, budget_of(config), sampling, labeller, target_of=_target, vocab=vocab,
+                        twin=twin)

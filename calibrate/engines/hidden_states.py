@@ -34,7 +34,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from safetensors.torch import load_file
 
 from calibrate.checkpoints import ReadRecord
 from calibrate.engines.base import Budget
+from calibrate.engines.inflight import concurrently
 from calibrate.engines.server import EngineError, Server, http_json
 from calibrate.models import LoadedModel
 from calibrate.replay.responses import target_features
@@ -153,8 +153,7 @@ class EngineFeatures(contextlib.AbstractContextManager):
         if missing:
             raise EngineError(f"{self.where}: serves layers {list(self.taps)}, not {missing}")
         jobs = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
-        with ThreadPoolExecutor(max_workers=self.cfg.concurrency) as pool:
-            rows = list(pool.map(self._rows, jobs))
+        rows = concurrently(self._rows, jobs, self.cfg.concurrency, self.server.inflight)
         return [TargetFeatures({layer: h[:, self.taps.index(layer)] for layer in needs.layers},
                                self._final_state(h) if needs.last else None) for h in rows]
 
@@ -170,7 +169,7 @@ class EngineFeatures(contextlib.AbstractContextManager):
                 "return_token_ids": True, "stream": False}
         try:
             resp = http_json(self.server.engine, self.server.url + "/v1/completions", body,
-                             timeout=self.cfg.request_timeout)
+                             timeout=self.cfg.request_timeout, inflight=self.server.inflight)
             path = resp["kv_transfer_params"]["hidden_states_path"]
         except EngineError as exc:
             raise self.server.explain(exc) from None
@@ -191,8 +190,8 @@ def read_rows(path: str) -> dict[str, torch.Tensor]:
         with open(path + ".lock") as lock:
             fcntl.flock(lock, fcntl.LOCK_SH)  # the writer holds LOCK_EX until the file is whole
             return load_file(path, device="cpu")
-    except FileNotFoundError:  # the lock or the file (safetensors names no filename)
-        raise EngineError(f"hidden states file {path}: missing (is the connector's folder shared with "
+    except FileNotFoundError as exc:  # the lock, or the file itself (safetensors names no filename)
+        raise EngineError(f"hidden states file {exc.filename or path}: missing (is the connector's folder shared with "
                           "this machine?)") from None
     except (SafetensorError, OSError, ValueError) as exc:
         raise EngineError(f"hidden states file {path}: not a whole safetensors file ({exc})") from None

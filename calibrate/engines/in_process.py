@@ -35,7 +35,7 @@ class ReplayEngine:
     provenance = None
     expert_layers: list[int] = []
     verification = "target-only"  # at T > 0: a draft is accepted iff it is the response's token there
-    responses_from = responses_dtype = features_from = None  # this process
+    responses_from = responses_dtype = features_from = served_model = None  # this process
 
     def __init__(self, target: LoadedModel, speculators: Sequence[Speculator], ks: Sequence[int],
                  max_new_tokens: int, labeller: Labeller, sampling: Sampling | None = None,
@@ -45,7 +45,7 @@ class ReplayEngine:
         self.sampling, self.verify_kernel = sampling, verify_kernel
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
-                progress: TokenProgress | None = None) -> BatchResult:
+                progress: TokenProgress | None = None, ids: Sequence[str] | None = None) -> BatchResult:
         ids = [p.ids for p in prompts]
         responses = generate_responses(self.target.model, ids, max_new_tokens=self.max_new_tokens,
                                        eos_token_ids=self.target.eos_token_ids, sampling=self.sampling, keys=keys,
@@ -99,7 +99,7 @@ class LoopEngine:
 
     dtype = None  # the run's own
     provenance = None
-    responses_from = responses_dtype = features_from = None  # this process
+    responses_from = responses_dtype = features_from = served_model = None  # this process
 
     def __init__(self, target: LoadedModel, speculators: Sequence[Speculator], ks: Sequence[int],
                  max_new_tokens: int, sampling: Sampling, verify_kernel: str,
@@ -113,7 +113,7 @@ class LoopEngine:
         self.name = "loop+experts" if experts is not None else "loop"
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
-                progress: TokenProgress | None = None) -> BatchResult:
+                progress: TokenProgress | None = None, ids: Sequence[str] | None = None) -> BatchResult:
         opens_thinking = prompts[0].opens_thinking  # a property of the template and mode, not of the request
         rows = self.loop_rows or len(prompts) * len(self.ks)
         with ExpertRecorder(self.target.model) if self.experts is not None else contextlib.nullcontext() as recorder:

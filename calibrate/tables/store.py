@@ -222,6 +222,9 @@ class RunSpec:
     responses_from: str | None = _condition("VARCHAR", omit_none=True, default=None)
     responses_dtype: str | None = _condition("VARCHAR", omit_none=True, default=None)
     features_from: str | None = _condition("VARCHAR", omit_none=True, default=None)
+    # A connected server that serves another model than the target (`[pairs.server] served_model`, checked
+    # against what it says it serves: calibrate.engines.served_model); None where it serves the target itself.
+    served_model: str | None = _condition("VARCHAR", omit_none=True, default=None)
     # provenance: recorded, not identity
     target_id: str = _provenance("VARCHAR")
     speculator_kind: str = _provenance("VARCHAR")
