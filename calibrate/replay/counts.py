@@ -104,6 +104,7 @@ class RequestOutcome:
     finish_reason: str  # "eos" | "length"
     sample: int = 0  # which of the request's sampled responses (`[sweep] samples`) this is
     disagreeing_steps: int | None = None  # the engine audit: steps whose counts contradict the tokens
+    cached_tokens: int | None = None  # prompt tokens not prefilled for it (prefix reuse); None: not known
 
 
 # Counts a server engine reports for a whole response cannot be split by segment: they are stored under
