@@ -34,10 +34,11 @@ def needs_of(speculators: Sequence[Speculator]) -> TargetNeeds:
                        last=any(s.needs.last for s in speculators))
 
 
-def with_cached(result: BatchResult, prefix: Prefix) -> BatchResult:
-    """Each request's outcomes, saying how many of its prompt tokens came from its conversation's cache."""
+def with_cached(result: BatchResult, cached: Sequence[int]) -> BatchResult:
+    """Each request's outcomes, saying how many of its prompt tokens came from its conversation's cache
+    (`Prefix.reused`; none for whole-trajectory turns measured without prefix reuse)."""
     return [{key: replace(m, cached_tokens=int(n)) for key, m in per_key.items()}
-            for per_key, n in zip(result, prefix.reused.tolist(), strict=True)]
+            for per_key, n in zip(result, cached, strict=True)]
 
 
 class ReplayEngine:
@@ -69,6 +70,11 @@ class ReplayEngine:
                 progress: TokenProgress | None = None, conversations: Sequence[str] | None = None) -> BatchResult:
         if self.caches is not None and conversations is not None:
             return self._measure_cached(prompts, keys, progress, conversations)
+        result = self._measure(prompts, keys, progress)
+        return result if conversations is None else with_cached(result, [0] * len(prompts))
+
+    def _measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
+                 progress: TokenProgress | None) -> BatchResult:
         ids = [p.ids for p in prompts]
         responses = generate_responses(self.target.model, ids, max_new_tokens=self.max_new_tokens,
                                        eos_token_ids=self.target.eos_token_ids, sampling=self.sampling, keys=keys,
@@ -98,7 +104,7 @@ class ReplayEngine:
 
         scored = score_responses(self.speculators, self.ks, prompts, responses, self.labeller, features,
                                  prefixes=lambda model: prefill_with(model, ids, None))
-        return with_cached(scored, target)
+        return with_cached(scored, target.reused.tolist())
 
 
 def cat_rows(first: TargetFeatures, then: TargetFeatures) -> TargetFeatures:
@@ -185,7 +191,9 @@ class LoopEngine:
                 for i, result in enumerate(results):
                     per_request[i][(spec.name, k)] = Measured(result.counts[k], len(result.tokens[k]),
                                                               result.finish_reason[k], experts=tuple(experts[i]))
-        return with_cached(per_request, made[id(self.target.model)]) if cached else per_request
+        if conversations is None:
+            return per_request
+        return with_cached(per_request, made[id(self.target.model)].reused.tolist() if cached else [0] * len(prompts))
 
     def _expert_rows(self, results: Sequence[LoopResult], k: int, keys: Sequence[int]) -> list[list[ExpertRow]]:
         """Each request's expert rows at k (none without a profile); the simulated uniform routing draws from

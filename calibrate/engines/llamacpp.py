@@ -46,7 +46,8 @@ class LlamaCppBackend:
     per_request_counts = True
 
     def plain_command(self, cfg: Any, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
-        """The server without speculation (plain-engine replay), `extra` flags before the config's own args."""
+        """The server without speculation (plain-engine replay), `extra` flags before the config's own args.
+        Each of its `concurrency` slots holds a full context: with prefix reuse, a conversation's prompt."""
         return [cfg.command or default_binary(), "--model", resolve(cfg.model), *extra,
                 "--ctx-size", str(budget.max_model_len * cfg.concurrency), "--parallel", str(cfg.concurrency),
                 "--host", host, "--port", str(port), *cfg.args]
@@ -71,12 +72,16 @@ class LlamaCppBackend:
         return False
 
     def _completion(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                    timeout: float) -> dict[str, Any]:
+                    timeout: float, slot: int | None = None) -> dict[str, Any]:
+        """One /completion. With `slot` (whole trajectories with prefix reuse) the request goes to that slot and
+        reuses the prompt cached there (`cache_prompt`, its longest common prefix with this one); without,
+        nothing is cached."""
         body = {
             "prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": sampling.temperature,
             # llama.cpp samples with top_k 40, top_p 0.95, min_p 0.05 unless told: ours means "unset" = off
             "top_k": sampling.top_k or 0, "top_p": sampling.top_p or 1.0, "min_p": 0.0, "seed": sampling.seed,
-            "repeat_penalty": 1.0, "cache_prompt": False, "return_tokens": True, "stream": False,
+            "repeat_penalty": 1.0, "cache_prompt": slot is not None, "return_tokens": True, "stream": False,
+            **({"id_slot": slot} if slot is not None else {}),
         }
         resp = http_json(self.name, url + "/completion", body, timeout=timeout)
         if not isinstance(resp, dict) or "tokens" not in resp or "timings" not in resp:
@@ -84,20 +89,28 @@ class LlamaCppBackend:
         return resp
 
     def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
-        resp = self._completion(url, prompt_ids, max_new_tokens, sampling, timeout)
+                 info: dict[str, Any], timeout: float, every_step: bool = False, slot: int | None = None) -> Reply:
+        resp = self._completion(url, prompt_ids, max_new_tokens, sampling, timeout, slot)
         return parse_reply(resp, k, max_new_tokens, url, info.get("engine_version"))
 
     def generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float) -> Generated:
-        resp = self._completion(url, prompt_ids, max_new_tokens, sampling, timeout)
+                 info: dict[str, Any], timeout: float, slot: int | None = None) -> Generated:
+        resp = self._completion(url, prompt_ids, max_new_tokens, sampling, timeout, slot)
         drafted = int(resp["timings"].get("draft_n", 0))
         if drafted:
             raise EngineError(f"llama.cpp at {url}: the server speculates ({drafted} drafted tokens in one reply); "
                               "plain-engine replay needs a server started without --spec-type")
         tokens = [int(t) for t in resp["tokens"]]
         return Generated(tokens=tokens, finish_reason="eos" if resp.get("stop_type") == "eos" else "length",
-                         raw={"stop_type": resp.get("stop_type"), "tokens": tokens, "seed": sampling.seed})
+                         raw={"stop_type": resp.get("stop_type"), "tokens": tokens, "seed": sampling.seed},
+                         cached_tokens=cached_tokens(resp))
+
+
+def cached_tokens(resp: dict[str, Any]) -> int | None:
+    """Prompt tokens a reply took from its slot's cached prompt: `timings.cache_n` (tools/server/server-task.cpp
+    `result_timings`), None where the version does not say."""
+    value = resp["timings"].get("cache_n")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def parse_reply(resp: dict[str, Any], k: int, max_new_tokens: int, url: str, version: str | None) -> Reply:
@@ -120,4 +133,4 @@ def parse_reply(resp: dict[str, Any], k: int, max_new_tokens: int, url: str, ver
                          tokens=len(tokens))
     raw = {"timings": timings, "stop_type": stop, "tokens_predicted": resp.get("tokens_predicted"),
            "tokens_evaluated": resp.get("tokens_evaluated"), "tokens": tokens}
-    return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw=raw)
+    return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw=raw, cached_tokens=cached_tokens(resp))

@@ -62,6 +62,7 @@ class Reply:
     counts: TotalCounts
     raw: dict[str, Any] = field(default_factory=dict)
     steps: StepSeries | None = None
+    cached_tokens: int | None = None  # prompt tokens the engine's prefix cache held, where it says
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,35 @@ class Generated:
     tokens: list[int]
     finish_reason: str  # "eos" | "length"
     raw: dict[str, Any] = field(default_factory=dict)
+    cached_tokens: int | None = None  # prompt tokens the engine's prefix cache held, where it says
+
+
+class ConversationSlots:
+    """Which of a server's slots each conversation's turns go to (whole trajectories with prefix reuse): a
+    conversation keeps its slot while it has turns in the batches, so an engine that caches a prompt per slot
+    (llama.cpp's cache_prompt) finds its previous turn there; a slot whose conversation left is given to the
+    next. Engines whose prefix cache is shared (vLLM, SGLang) ignore the slot."""
+
+    def __init__(self, slots: int):
+        self.slots = slots
+        self.held: dict[str, int] = {}
+
+    def assign(self, conversations: Sequence[str]) -> list[int | None]:
+        """The slot of each conversation of a batch (None past the slots: the engine picks)."""
+        present = set(conversations)
+        self.held = {c: slot for c, slot in self.held.items() if c in present}
+        free = [slot for slot in range(self.slots) if slot not in self.held.values()]
+        for conversation in dict.fromkeys(conversations):
+            if conversation not in self.held and free:
+                self.held[conversation] = free.pop(0)
+        return [self.held.get(c) for c in conversations]
+
+
+def slots_for(slots: ConversationSlots | None, conversations: Sequence[str] | None, n: int) -> list[int | None]:
+    """Each request's slot: its conversation's, where prefix reuse keeps one (else None)."""
+    if slots is None or conversations is None:
+        return [None] * n
+    return slots.assign(conversations)
 
 
 def request_sampling(sampling: Sampling, key: int) -> Sampling:
@@ -95,11 +125,13 @@ class Backend(Protocol):
 
     def describe(self, url: str, timeout: float) -> dict[str, Any]: ...  # version, model, settings
 
+    # `slot` (whole trajectories with prefix reuse): the conversation's slot, whose cached prompt the engine
+    # reuses (llama.cpp's cache_prompt); None: no prompt is cached for the request.
     def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply: ...
+                 info: dict[str, Any], timeout: float, every_step: bool = False, slot: int | None = None) -> Reply: ...
 
     def generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float) -> Generated: ...  # refuses a reply that speculated
+                 info: dict[str, Any], timeout: float, slot: int | None = None) -> Generated: ...  # refuses speculation
 
     def speculates(self, url: str, info: dict[str, Any], timeout: float) -> bool: ...  # where it can tell
 
@@ -122,6 +154,7 @@ class ServerEngine:
         self.server_cfg = cfg = served.pair.server
         command = (lambda host, port: backend.command(served, host, port, budget)) if cfg.mode == "launch" else None
         self.server = Server(backend.name, cfg, backend.health, backend.describe, command=command, url=cfg.url)
+        self.slots = ConversationSlots(cfg.concurrency) if budget.prefix_cache else None
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def __enter__(self) -> ServerEngine:
@@ -140,18 +173,18 @@ class ServerEngine:
 
     @property
     def provenance(self) -> dict[str, Any]:
-        return self.server.provenance
+        return {**self.server.provenance, **({"prefix_cache": True} if self.slots is not None else {})}
 
     # -- measuring ------------------------------------------------------------------------------------
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
-                progress: TokenProgress | None = None) -> BatchResult:
-        def one(job: tuple[RenderedPrompt, int]) -> Measured:
+                progress: TokenProgress | None = None, conversations: Sequence[str] | None = None) -> BatchResult:
+        def one(job: tuple[RenderedPrompt, int, int | None]) -> Measured:
             measured = self._one(*job)
             if progress is not None:
                 progress(measured.generated_tokens)
             return measured
 
-        jobs = list(zip(prompts, keys, strict=True))
+        jobs = list(zip(prompts, keys, slots_for(self.slots, conversations, len(prompts)), strict=True))
         first: list[Measured] = []
         if self.backend.per_request_counts is None and jobs:  # its reply says how the server counts
             first, jobs = [one(jobs[0])], jobs[1:]
@@ -160,12 +193,12 @@ class ServerEngine:
             replies = first + list(pool.map(one, jobs))
         return [{(self.served.speculator.name, self.served.k): m} for m in replies]
 
-    def _one(self, prompt: RenderedPrompt, key: int) -> Measured:
+    def _one(self, prompt: RenderedPrompt, key: int, slot: int | None = None) -> Measured:
         try:
             reply = self.backend.complete(self.url, prompt.ids, self.served.k, self.budget.max_new_tokens,
                                           request_sampling(self.sampling, key), self.server.info,
                                           self.server_cfg.request_timeout,
-                                          every_step=self.served.speculator.drafts_every_step)
+                                          every_step=self.served.speculator.drafts_every_step, slot=slot)
         except EngineError as exc:
             raise self.server.explain(exc) from None
         labels = self.labeller(reply.tokens, prompt.opens_thinking) if reply.tokens else []
@@ -178,7 +211,7 @@ class ServerEngine:
                                             self.served.speculator.drafts_every_step)
             raw["audit"] = {"steps": len(reply.steps.accepted), "disagreeing": disagreeing}
         return Measured(self._counts(reply, labels, run_at), len(reply.tokens), reply.finish_reason, raw=raw,
-                        disagreeing_steps=disagreeing)
+                        disagreeing_steps=disagreeing, cached_tokens=reply.cached_tokens)
 
     def _counts(self, reply: Reply, labels: list[str], run_at: ReplayScorer | None) -> StepCounts | TotalCounts:
         """The step rule applied to the engine's own step list where it gives one: a model drafter's steps

@@ -23,7 +23,7 @@ from calibrate.data import RenderedPrompt
 from calibrate.engines.base import BatchResult, Budget, Labeller, TargetIdentity
 from calibrate.engines.in_process import score_responses
 from calibrate.engines.server import EngineError, Server
-from calibrate.engines.server_engine import Backend, request_sampling
+from calibrate.engines.server_engine import Backend, ConversationSlots, request_sampling, slots_for
 from calibrate.kernels.reference import Sampling
 from calibrate.progress import TokenProgress
 from calibrate.replay.responses import Response
@@ -73,6 +73,7 @@ class ServerReplayEngine:
         cfg = pair.server
         command = (lambda host, port: backend.plain_command(cfg, host, port, budget)) if cfg.mode == "launch" else None
         self.server = Server(backend.name, cfg, backend.health, backend.describe, command=command, url=cfg.url)
+        self.slots = ConversationSlots(cfg.concurrency) if budget.prefix_cache else None
 
     def __enter__(self) -> ServerReplayEngine:
         cfg = self.pair.server
@@ -98,32 +99,35 @@ class ServerReplayEngine:
 
     @property
     def provenance(self) -> dict[str, Any]:
-        out = {**self.server.provenance, "responses_from": self.backend.name}
+        out = {**self.server.provenance, "responses_from": self.backend.name,
+               **({"prefix_cache": True} if self.slots is not None else {})}
         hidden = getattr(self.features, "server", None)
         if hidden is not None:
             out["hidden_states"] = hidden.provenance
         return out
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
-                progress: TokenProgress | None = None) -> BatchResult:
-        """Every prompt's response from the plain server, concurrently; then every speculator at every k."""
+                progress: TokenProgress | None = None, conversations: Sequence[str] | None = None) -> BatchResult:
+        """Every prompt's response from the plain server, concurrently; then every speculator at every k.
+        Whole trajectories with prefix reuse: each conversation's turn goes to its slot (ConversationSlots)."""
         cfg = self.pair.server
 
-        def one(job: tuple[RenderedPrompt, int]) -> tuple[Response, dict[str, Any]]:
-            prompt, key = job
+        def one(job: tuple[RenderedPrompt, int, int | None]) -> tuple[Response, dict[str, Any], int | None]:
+            prompt, key, slot = job
             try:
                 out = self.backend.generate(self.server.url, prompt.ids, self.budget.max_new_tokens,
                                             request_sampling(self.sampling, key), self.server.info,
-                                            cfg.request_timeout)
+                                            cfg.request_timeout, slot=slot)
             except EngineError as exc:
                 raise self.server.explain(exc) from None
             if progress is not None:
                 progress(len(out.tokens))
-            return Response(out.tokens, out.finish_reason == "eos"), out.raw
+            return Response(out.tokens, out.finish_reason == "eos"), out.raw, out.cached_tokens
 
+        jobs = zip(prompts, keys, slots_for(self.slots, conversations, len(prompts)), strict=True)
         with ThreadPoolExecutor(max_workers=cfg.concurrency) as pool:
-            replies = list(pool.map(one, zip(prompts, keys, strict=True)))
-        responses = [r for r, _ in replies]
+            replies = list(pool.map(one, jobs))
+        responses = [r for r, _, _ in replies]
         ids = [p.ids for p in prompts]
 
         def features(needs: TargetNeeds) -> list[TargetFeatures]:
@@ -133,5 +137,5 @@ class ServerReplayEngine:
             return self.features.features(ids, [r.tokens for r in responses], needs)
 
         scored = score_responses(self.speculators, self.ks, prompts, responses, self.labeller, features)
-        return [{key: replace(m, raw=raw) for key, m in per_key.items()}
-                for per_key, (_, raw) in zip(scored, replies, strict=True)]
+        return [{key: replace(m, raw=raw, cached_tokens=cached) for key, m in per_key.items()}
+                for per_key, (_, raw, cached) in zip(scored, replies, strict=True)]

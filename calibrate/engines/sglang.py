@@ -89,10 +89,12 @@ class SGLangBackend:
     per_request_counts = True
 
     def plain_command(self, cfg: Any, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
-        """The server without speculation (plain-engine replay), `extra` flags before the config's own args."""
+        """The server without speculation (plain-engine replay), `extra` flags before the config's own args.
+        The radix cache is off unless whole trajectories reuse prefixes (`budget.prefix_cache`)."""
+        caching = [] if budget.prefix_cache else ["--disable-radix-cache"]
         return [*(cfg.command.split() if cfg.command else ["python", "-m", "sglang.launch_server"]),
                 "--model-path", resolve(cfg.model), "--host", host, "--port", str(port), *extra,
-                "--disable-radix-cache", "--context-length", str(budget.max_model_len),
+                *caching, "--context-length", str(budget.max_model_len),
                 "--random-seed", str(budget.seed), *cfg.args]
 
     def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]:
@@ -126,19 +128,26 @@ class SGLangBackend:
                 from None
 
     def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
+                 info: dict[str, Any], timeout: float, every_step: bool = False, slot: int | None = None) -> Reply:
         tokens, meta = self._generate(url, prompt_ids, max_new_tokens, sampling, timeout)
         counts = parse_meta(meta, k, len(tokens), url, info.get("engine_version"))
         reason = (meta.get("finish_reason") or {}).get("type")
         raw = {"meta_info": meta, "output_ids": tokens}
-        return Reply(tokens=tokens, finish_reason="length" if reason == "length" else "eos", counts=counts, raw=raw)
+        return Reply(tokens=tokens, finish_reason="length" if reason == "length" else "eos", counts=counts, raw=raw,
+                     cached_tokens=cached_tokens(meta))
 
     def generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float) -> Generated:
+                 info: dict[str, Any], timeout: float, slot: int | None = None) -> Generated:
         tokens, meta = self._generate(url, prompt_ids, max_new_tokens, sampling, timeout)
         if meta.get("spec_verify_ct"):
             raise EngineError(f"sglang at {url}: the server speculates ({meta['spec_verify_ct']} verify passes in one "
                               "reply); plain-engine replay needs a server started without --speculative-algorithm")
         reason = (meta.get("finish_reason") or {}).get("type")
         return Generated(tokens=tokens, finish_reason="length" if reason == "length" else "eos",
-                         raw={"meta_info": meta, "output_ids": tokens})
+                         raw={"meta_info": meta, "output_ids": tokens}, cached_tokens=cached_tokens(meta))
+
+
+def cached_tokens(meta: dict[str, Any]) -> int | None:
+    """Prompt tokens the radix cache held for a reply (`meta_info.cached_tokens`), None where it does not say."""
+    value = meta.get("cached_tokens")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None

@@ -150,9 +150,13 @@ class VLLMBackend:
         self.per_request_counts: bool | None = None
 
     def plain_command(self, cfg: Any, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
-        """The server without speculation (plain-engine replay), `extra` flags before the config's own args."""
+        """The server without speculation (plain-engine replay), `extra` flags before the config's own args.
+        Prefix caching is off unless whole trajectories reuse prefixes (`budget.prefix_cache`): then it is on,
+        with the cached tokens reported in each reply's usage."""
+        caching = (["--enable-prefix-caching", "--enable-prompt-tokens-details"] if budget.prefix_cache
+                   else ["--no-enable-prefix-caching"])
         return [*(cfg.command.split() if cfg.command else default_command()), "--model", resolve(cfg.model),
-                "--host", host, "--port", str(port), "--no-enable-prefix-caching",
+                "--host", host, "--port", str(port), *caching,
                 "--max-model-len", str(budget.max_model_len), "--max-num-seqs", str(cfg.concurrency),
                 "--seed", str(budget.seed), *extra, *cfg.args]
 
@@ -192,7 +196,7 @@ class VLLMBackend:
         return resp, choice, tokens
 
     def generate(self, url: str, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float) -> Generated:
+                 info: dict[str, Any], timeout: float, slot: int | None = None) -> Generated:
         resp, choice, tokens = self._completion(url, prompt_ids, max_new_tokens, sampling, info, timeout)
         stats = (resp.get("metrics") or {}).get("speculative_decoding") or choice.get("speculative_decoding_stats")
         if stats and int(stats.get("num_draft_tokens") or 0) > 0:
@@ -201,10 +205,10 @@ class VLLMBackend:
         finish = "length" if choice.get("finish_reason") == "length" else "eos"
         return Generated(tokens=tokens, finish_reason=finish,
                          raw={"finish_reason": choice.get("finish_reason"), "usage": resp.get("usage"),
-                              "token_ids": tokens, "seed": sampling.seed})
+                              "token_ids": tokens, "seed": sampling.seed}, cached_tokens=cached_tokens(resp))
 
     def complete(self, url: str, prompt_ids: Sequence[int], k: int, max_new_tokens: int, sampling: Sampling,
-                 info: dict[str, Any], timeout: float, every_step: bool = False) -> Reply:
+                 info: dict[str, Any], timeout: float, every_step: bool = False, slot: int | None = None) -> Reply:
         before = None if self.per_request_counts else read_counters(http_text(self.name, url + "/metrics", timeout))
         resp, choice, tokens = self._completion(url, prompt_ids, max_new_tokens, sampling, info, timeout)
         stats = (resp.get("metrics") or {}).get("speculative_decoding") or choice.get("speculative_decoding_stats")
@@ -229,4 +233,13 @@ class VLLMBackend:
                "counter_deltas": None if stats else {"steps": counts.steps, "drafted": counts.drafted_tokens,
                                                      "accepted": counts.accepted,
                                                      "per_position": counts.per_position}}
-        return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw=raw, steps=steps)
+        return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw=raw, steps=steps,
+                     cached_tokens=cached_tokens(resp))
+
+
+def cached_tokens(resp: dict[str, Any]) -> int | None:
+    """Prompt tokens the prefix cache held for a reply: `usage.prompt_tokens_details.cached_tokens`, which vLLM
+    fills with `--enable-prompt-tokens-details` (None otherwise)."""
+    details = (resp.get("usage") or {}).get("prompt_tokens_details") or {}
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
