@@ -17,8 +17,8 @@ import duckdb
 
 @dataclass(frozen=True)
 class HitRate:
-    """The cached share of the prompt tokens of one source's stored requests (every run's rows: a response
-    scored for many (speculator, k) runs weighs the same in each, so the share is the requests')."""
+    """The cached share of the prompt tokens of one source's stored requests, each request once (the runs of
+    one generation share its prompt; where each (speculator, k) ran its own server, the mean over them)."""
 
     source: str  # the engine that generated the responses: "replay" / "loop" in this process, or a server's name
     cached_tokens: int
@@ -39,12 +39,15 @@ def hit_rates(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> list[Hi
         return []
     marks = ", ".join("?" for _ in run_ids)
     rows = con.execute(f"""
-        SELECT coalesce(r.responses_from, r.engine) AS source, sum(q.cached_tokens), sum(q.prompt_tokens),
-               count(DISTINCT q.request_id)
-        FROM requests q JOIN runs r USING (run_id)
-        WHERE q.cached_tokens IS NOT NULL AND q.run_id IN ({marks})
+        WITH per_request AS (
+            SELECT coalesce(r.responses_from, r.engine) AS source, avg(q.cached_tokens) AS cached,
+                   max(q.prompt_tokens) AS prompt
+            FROM requests q JOIN runs r USING (run_id)
+            WHERE q.cached_tokens IS NOT NULL AND q.run_id IN ({marks})
+            GROUP BY source, r.target, r.thinking, q.request_id)
+        SELECT source, sum(cached), sum(prompt), count(*) FROM per_request
         GROUP BY source ORDER BY source""", list(run_ids)).fetchall()
-    return [HitRate(source, int(cached), int(prompt), int(n)) for source, cached, prompt, n in rows]
+    return [HitRate(source, round(cached), int(prompt), int(n)) for source, cached, prompt, n in rows]
 
 
 def hit_rate_lines(rates: Sequence[HitRate]) -> list[str]:
