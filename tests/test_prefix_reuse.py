@@ -422,3 +422,74 @@ def test_a_turn_past_the_window_is_cut_as_before_and_stored_so(tmp_path, pair):
                       "WHERE truncated_tokens > 0")
     assert cut and all(prompt == 600 for _, prompt, _, _ in cut)
     assert any(cached < 600 - 16 for *_, cached in cut)  # the window moved: the old prefix is gone
+
+
+# -- through a server ---------------------------------------------------------------------------------------
+
+class SlotCachingServer:
+    """A llama-server stand-in with a prompt cache per slot, as `cache_prompt` keeps one: a request reuses the
+    longest common prefix with its slot's last prompt (all but its last token) and says so in `cache_n`."""
+
+    def __init__(self):
+        from tests.standin_engines import StandIn, llamacpp_routes
+
+        self.last: dict[int, list[int]] = {}
+        self.server = StandIn(llamacpp_routes(self.reply))
+
+    def reply(self, body):
+        prompt = body["prompt"]
+        cached = 0
+        if body["cache_prompt"]:
+            before = self.last.get(body["id_slot"], [])
+            cached = min(common_prefix(before, prompt), len(prompt) - 1)
+            self.last[body["id_slot"]] = list(prompt)
+        tail = prompt[-12:]
+        return dict(tokens=(tail + tail)[:body["n_predict"]], stop_type="limit", cache_n=cached)
+
+
+def served_config(path, target, draft, url, reuse: bool):
+    return write_config(
+        path,
+        dataset={"source": QUICKSTART, "name": "quickstart", "format": "openai", "conversations": 3,
+                 "context_tokens": 4096, "max_new_tokens": 16},
+        run={"device": "cpu", "dtype": "float32", "batch_size": 4, "prefix_reuse": reuse},
+        pairs=[{"target": target, "backend": "llama.cpp", "server": {"mode": "connect", "url": url, "concurrency": 2},
+                "speculators": [{"kind": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1},
+                                {"kind": "draft", "model": draft}]}],
+        sweep={"k": [1, 3]},
+    )
+
+
+def test_through_llamacpp_each_conversation_keeps_its_slot_and_the_cache_is_stored(tmp_path, pair):
+    """Plain-engine replay of whole trajectories: a conversation's turns go in order to one slot of the
+    server's `concurrency` (2 side by side) with cache_prompt, the engine's cache_n is stored and printed, and
+    the counts (the draft model teacher-forced from its conversation caches here) are those without reuse."""
+    target, draft = pair
+    reuse, plain = SlotCachingServer(), SlotCachingServer()
+    try:
+        execute(load_config(served_config(tmp_path / "r.toml", target, draft, reuse.server.url, True)),
+                tmp_path / "r.duckdb")
+        execute(load_config(served_config(tmp_path / "p.toml", target, draft, plain.server.url, False)),
+                tmp_path / "p.duckdb")
+        sent = [body for route, body in reuse.server.requests if route == "/completion"]
+        unsent = [body for route, body in plain.server.requests if route == "/completion"]
+    finally:
+        reuse.server.close()
+        plain.server.close()
+    assert rows(tmp_path / "r.duckdb", COUNTS) == rows(tmp_path / "p.duckdb", COUNTS)
+    assert all(b["cache_prompt"] is False and "id_slot" not in b for b in unsent)
+    stored = rows(tmp_path / "r.duckdb", "SELECT DISTINCT conversation_id, turn, prompt_tokens, cached_tokens "
+                                         "FROM requests ORDER BY 1, 2")
+    by_prompt = {len(b["prompt"]): b for b in sent}
+    slots: dict[str, set[int]] = {}
+    for conversation, _, prompt, cached in stored:
+        body = by_prompt[prompt]
+        assert body["cache_prompt"] is True and body["id_slot"] in (0, 1)
+        slots.setdefault(conversation, set()).add(body["id_slot"])
+    assert all(len(s) == 1 for s in slots.values())  # a conversation keeps its slot
+    first_turns = {c: min(t for cc, t, _, _ in stored if cc == c) for c in slots}
+    assert all(cached > 0 for c, turn, _, cached in stored if turn != first_turns[c])
+    # a conversation that takes over a slot finds its predecessor's prompt there: the shared system prompt
+    assert sorted(cached for c, turn, _, cached in stored if turn == first_turns[c])[:2] == [0, 0]
+    shown = CliRunner().invoke(app, ["show", "--db", str(tmp_path / "r.duckdb")])
+    assert shown.exit_code == 0 and "prefix cache (llama.cpp):" in shown.output, shown.output

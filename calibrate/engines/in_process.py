@@ -99,18 +99,21 @@ class ReplayEngine:
         loops = plain_decode(target, ids, keys, settings, progress)
         responses = [Response(loop.generated, loop.finish_reason == "eos") for loop in loops]
 
-        def features(needs: TargetNeeds) -> list[TargetFeatures]:
-            return [cat_rows(target.hidden[j], target.branch(j, r.tokens, needs)[1]) for j, r in enumerate(responses)]
-
-        scored = score_responses(self.speculators, self.ks, prompts, responses, self.labeller, features,
+        scored = score_responses(self.speculators, self.ks, prompts, responses, self.labeller,
+                                 lambda needs: prefix_features(target, responses, needs),
                                  prefixes=lambda model: prefill_with(model, ids, None))
         return with_cached(scored, target.reused.tolist())
 
 
-def cat_rows(first: TargetFeatures, then: TargetFeatures) -> TargetFeatures:
-    """Features of a prompt's positions followed by those of its response."""
-    return TargetFeatures({i: torch.cat([h, then.layers[i]]) for i, h in first.layers.items()},
-                          None if first.last is None else torch.cat([first.last, then.last]))
+def prefix_features(prefix: Prefix, responses: Sequence[Response], needs: TargetNeeds) -> list[TargetFeatures]:
+    """The target's features over prompt + response of each request, from its cached prompt (`prefix`, made
+    with at least `needs`): the prompt's kept rows, then one branch pass over the response."""
+    out = []
+    for j, response in enumerate(responses):
+        first, then = prefix.hidden[j], prefix.branch(j, response.tokens, needs)[1]
+        out.append(TargetFeatures({i: torch.cat([h, then.layers[i]]) for i, h in first.layers.items()},
+                                  None if first.last is None else torch.cat([first.last, then.last])))
+    return out
 
 
 def score_responses(speculators: Sequence[Speculator], ks: Sequence[int], prompts: Sequence[RenderedPrompt],

@@ -21,7 +21,9 @@ from typing import Any, Protocol
 
 from calibrate.data import RenderedPrompt
 from calibrate.engines.base import BatchResult, Budget, Labeller, TargetIdentity
-from calibrate.engines.in_process import score_responses
+from calibrate.engines.hidden_states import InProcessFeatures
+from calibrate.engines.in_process import prefix_features, score_responses
+from calibrate.kv_slots import ConversationCaches
 from calibrate.engines.server import EngineError, Server
 from calibrate.engines.server_engine import Backend, ConversationSlots, request_sampling, slots_for
 from calibrate.kernels.reference import Sampling
@@ -74,6 +76,7 @@ class ServerReplayEngine:
         command = (lambda host, port: backend.plain_command(cfg, host, port, budget)) if cfg.mode == "launch" else None
         self.server = Server(backend.name, cfg, backend.health, backend.describe, command=command, url=cfg.url)
         self.slots = ConversationSlots(cfg.concurrency) if budget.prefix_cache else None
+        self.caches = ConversationCaches() if budget.prefix_cache else None  # the scorers' models, in this process
 
     def __enter__(self) -> ServerReplayEngine:
         cfg = self.pair.server
@@ -129,13 +132,18 @@ class ServerReplayEngine:
             replies = list(pool.map(one, jobs))
         responses = [r for r, _, _ in replies]
         ids = [p.ids for p in prompts]
+        # whole trajectories: the scorers' models (a draft model, the target's in-process pass) reuse too
+        cached = self.caches.prefill(conversations) if self.caches is not None and conversations is not None else None
 
         def features(needs: TargetNeeds) -> list[TargetFeatures]:
             if self.features is None:
                 raise EngineError(f"{self.backend.name}: no source of the target's hidden states for "
                                   f"{', '.join(s.name for s in self.speculators if s.needs.any)}")
+            if cached is not None and isinstance(self.features, InProcessFeatures):
+                return prefix_features(cached(self.features.target.model, ids, needs), responses, needs)
             return self.features.features(ids, [r.tokens for r in responses], needs)
 
-        scored = score_responses(self.speculators, self.ks, prompts, responses, self.labeller, features)
+        scored = score_responses(self.speculators, self.ks, prompts, responses, self.labeller, features,
+                                 prefixes=None if cached is None else lambda model: cached(model, ids, None))
         return [{key: replace(m, raw=raw, cached_tokens=cached) for key, m in per_key.items()}
                 for per_key, (_, raw, cached) in zip(scored, replies, strict=True)]
