@@ -493,3 +493,44 @@ def test_through_llamacpp_each_conversation_keeps_its_slot_and_the_cache_is_stor
     assert sorted(cached for c, turn, _, cached in stored if turn == first_turns[c])[:2] == [0, 0]
     shown = CliRunner().invoke(app, ["show", "--db", str(tmp_path / "r.duckdb")])
     assert shown.exit_code == 0 and "prefix cache (llama.cpp):" in shown.output, shown.output
+
+
+# -- a real model -------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_real_turns_count_the_same_with_reuse(smollm, mini_swe_dir):
+    """SmolLM2-135M in fp32 on the first turns of a real mini-swe-agent trajectory, one after another: with
+    prefix reuse each turn prefills only what it adds (a few hundred of ~2,000 tokens), and n-gram, suffix,
+    the distilled EAGLE-3 head and the model drafting for itself count exactly as without it, greedy and
+    sampled, in replay and (sampled) in the loop."""
+    from calibrate.data import render_prompt, select_from_source
+    from calibrate.models import load_model, load_tokenizer
+    from calibrate.speculators.eagle3 import load_head
+    from tests.conftest import real_model
+
+    picked = select_from_source(str(mini_swe_dir / "original"), "mini-swe-agent", max_requests=None, seed=5,
+                                conversations=1)
+    tokenizer = load_tokenizer(str(smollm))
+    turns = [render_prompt(r, tokenizer, thinking="off", context_tokens=8000, model_name="smollm")
+             for r in picked.requests[:3]]
+    target = load_model(str(smollm), "float32", "cpu", tokenizer=tokenizer)
+    head_path = real_model("smollm2-135m-instruct-eagle3")
+    head, aux = load_head(str(head_path), target.model, str(smollm), "float32")
+    speculators = [NgramSpeculator(prompt_lookup_max=4, prompt_lookup_min=1), SuffixSpeculator(),
+                   Eagle3Speculator(head, aux, name="head"), DraftModelSpeculator.of_model(target.model)]
+    conversation = picked.requests[0].conversation_id
+    for engine, temperature, specs in ((ReplayEngine, 0.0, speculators), (ReplayEngine, 0.7, speculators),
+                                       (LoopEngine, 0.7, speculators[:2])):
+        common = dict(ks=[1, 4], max_new_tokens=24, labeller=lambda tokens, opens: ["answer"] * len(tokens),
+                      sampling=Sampling(temperature, seed=1), verify_kernel="reference")
+        reuse = engine(target, specs, prefix_reuse=True, **common)
+        plain = engine(target, specs, **common)
+        for i, prompt in enumerate(turns):
+            mine = reuse.measure([prompt], [i], conversations=[conversation])[0]
+            theirs = plain.measure([prompt], [i])[0]
+            for key, m in mine.items():
+                same_counts(m.counts, theirs[key].counts)
+                assert m.generated_tokens == theirs[key].generated_tokens, (engine.__name__, temperature, key)
+            cached = next(iter(mine.values())).cached_tokens
+            assert (cached > 0.7 * prompt.prompt_tokens) if i else cached == 0
