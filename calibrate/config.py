@@ -48,6 +48,9 @@ class DatasetConfig(_Strict):
     seed: int = Field(default=0, ge=0, le=MAX_SEED)  # 0..2^32 - 1: what every engine's seed takes (calibrate.limits)
     selection: Literal["stratified", "uniform", "first", "all"] = "stratified"
     turns_per_conversation: int | None = Field(default=None, gt=0)
+    # Whole trajectories: every turn of this many conversations (chosen in the order `selection` reaches
+    # them), measured in order within each conversation, conversations side by side (calibrate.data.turns).
+    conversations: int | None = Field(default=None, gt=0)
     # only rows whose `category` field is this (SPEED-Bench, Spec-Bench: "coding", "math", ...)
     category: str | None = None
     # each 1..2^24 (calibrate.limits.MAX_TOKENS): past every model's context, inside the store's INTEGER columns
@@ -56,6 +59,12 @@ class DatasetConfig(_Strict):
 
     @model_validator(mode="after")
     def _all_means_all(self) -> DatasetConfig:
+        if self.conversations is not None:
+            picking = [key for key in ("max_requests", "turns_per_conversation") if getattr(self, key) is not None]
+            picking += ['selection = "all"'] if self.selection == "all" else []
+            if picking:
+                raise ValueError(f"conversations = {self.conversations} measures every turn of whole conversations; "
+                                 f"{' and '.join(picking)} pick turns: drop one of them")
         if self.selection == "all" and self.max_requests is not None:
             raise ValueError(f"max_requests ({self.max_requests}) cannot apply with selection = \"all\", which "
                              "replays every turn: drop one of them")
@@ -90,6 +99,10 @@ class RunConfig(_Strict):
     # batch decoded together). It needs the step-by-step loop, so it picks engine "loop" at T = 0 too.
     experts: bool = False
     expert_batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    # Whole trajectories (`[dataset] conversations`): a turn reuses the KV cache of its conversation's previous
+    # prompt (in-process), or the engine's prefix cache is on and each conversation's turns go in order (servers).
+    # false turns that off, for checks: it changes no count, so it is not part of a run's identity.
+    prefix_reuse: bool = True
 
     @model_validator(mode="after")
     def _expert_batches(self) -> RunConfig:

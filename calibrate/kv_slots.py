@@ -7,17 +7,37 @@ length invalid, then cropping the cache to the longest kept row. Slots rejected 
 kept theirs remain as masked holes (attention ignores them) until they outgrow a quarter of the longest
 row; then the rows are packed (`SlotCache.pack`). Finished rows leave the batch (`select`).
 
-`prefill` runs each prompt once and stacks the caches (`Prefix`); every loop over that prompt, at any k and
-under any speculator, starts from a copy of its row (`Prefix.start`), so a sweep pays for a prompt once.
+`prefill` runs each prompt once (`Prefix`); every loop over that prompt, at any k and under any speculator,
+starts from a copy of its row (`Prefix.start`), so a sweep pays for a prompt once.
+
+Whole trajectories (`ConversationCache`): a conversation's next prompt extends its previous one (the
+recorded answer and the tool output are appended), so each conversation keeps the KV cache of its last
+prompt and the next prompt prefills only what follows their longest common token prefix. The common
+prefix need not be the whole previous prompt (a template may rewrite the past: dropped reasoning, a
+left-truncated window): reuse falls back to the common part, down to nothing. Whatever runs after a
+prompt (the target's generated response, drafts, a teacher-forced pass over a response) runs on copies or
+branches (`Prefix.start`, `Prefix.branch`), so what a conversation keeps is its recorded prefix alone.
+Nothing here writes a cache tensor in place (transformers' DynamicLayer concatenates, crops by slicing, and
+`SlotCache.pack` / `select` gather), which is why a computed prompt's tensors are shared, never copied,
+between the conversation, its `Prefix` and a one-row loop cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from calibrate.speculators.base import TargetFeatures, TargetNeeds, select_features
+
+# Tokens fed per forward pass when a prompt is prefilled: bounds the attention mask and the hidden states a
+# pass holds (a chunk of C tokens over a cache of L keeps a C x (L + C) mask; every layer's C x H hidden
+# state when features are asked for), at no measurable cost in throughput on CPU.
+PREFILL_CHUNK = 2048
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -101,62 +121,218 @@ class SlotCache:
         self.lengths = self.lengths[rows]
 
 
+def cache_of(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache | None:
+    """A DynamicCache holding these (keys, values) tensors themselves: `DynamicCache(ddp_cache_data=...)`
+    would copy each into a fresh tensor, and nothing here writes one in place (module docstring)."""
+    if not layers:
+        return None
+    cache = DynamicCache()
+    for keys, values in layers:
+        layer = DynamicLayer()
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        cache.layers.append(layer)
+    return cache
+
+
 @dataclass
-class Prefix:
-    """The KV caches of a batch of prompts, each distinct prompt computed once and padded to the longest: the
-    start of every (speculator, k) loop of those requests, which copy their rows of it (`start`). Requests
-    with the same prompt (the samples of one request) share one computed row (`stored[j]`).
+class Computed:
+    """One prompt run through one model: its tokens, its KV cache ((keys, values) per layer, (1, heads, n,
+    dim) each), the logits after its last token and, when asked for, the target's features of its positions."""
 
-    `hidden[j]` is request j's hidden-state tuple ((1, n_j, H) each) over its prompt, when it was asked for.
-    """
+    tokens: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    last_logits: torch.Tensor  # (V,)
+    features: TargetFeatures | None = None
 
-    model: torch.nn.Module
-    layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), (distinct, heads, slots, dim)
-    lengths: torch.Tensor  # (B,) prompt tokens cached per request
-    last_logits: torch.Tensor  # (B, V): the logits after each full prompt
-    hidden: list[tuple[torch.Tensor, ...] | None]
-    stored: torch.Tensor  # (B,) int64: the row of `layers` that holds request j's prompt
+    def kept(self, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The cache of the first n tokens (views)."""
+        return [(k[:, :, :n], v[:, :, :n]) for k, v in self.layers]
 
-    def start(self, rows: torch.Tensor) -> SlotCache:
-        """A loop cache for the given requests (a request may appear more than once): a copy of their rows."""
-        rows = rows.to(self.lengths.device)
-        held = self.stored.index_select(0, rows)
-        cache = DynamicCache(ddp_cache_data=((k.index_select(0, held), v.index_select(0, held))
-                                             for k, v in self.layers)) if self.layers else None
-        return SlotCache(self.model, len(rows), cache=cache, lengths=self.lengths.index_select(0, rows))
+
+def _cat_features(parts: Sequence[TargetFeatures]) -> TargetFeatures:
+    """Features of consecutive runs of positions, as one run."""
+    return TargetFeatures({i: torch.cat([p.layers[i] for p in parts]) for i in parts[0].layers},
+                          torch.cat([p.last for p in parts]) if parts[0].last is not None else None)
 
 
 @torch.inference_mode()
-def prefill(model: torch.nn.Module, prompts: Sequence[Sequence[int]], hidden: bool = False) -> Prefix:
-    """Run every distinct prompt through the model once, one at a time (no padding compute), and stack the
-    caches (a request's samples repeat its prompt: it is computed once for all of them).
+def run_prompt(model: torch.nn.Module, tokens: Sequence[int], needs: TargetNeeds | None = None,
+               after: Computed | None = None, keep: int = 0, chunk: int = PREFILL_CHUNK) -> Computed:
+    """`tokens` through the model, reusing the first `keep` of them from `after` (a computation whose
+    tokens start with those `keep`; 0: none) and prefilling the rest in chunks of `chunk` tokens, alone
+    (no padding compute). `after` is left as it was."""
+    tokens = list(tokens)
+    if not keep < len(tokens):
+        raise ValueError(f"reuse of {keep} tokens leaves nothing of a {len(tokens)}-token prompt to run")
+    held = after.kept(keep) if after is not None and keep else []
+    one = SlotCache(model, 1, cache=cache_of(held), lengths=torch.tensor([keep]))
+    feats = [after.features.rows(0, keep)] if needs is not None and needs.any and held else []
+    for start in range(keep, len(tokens), chunk):
+        logits = one.feed([tokens[start:start + chunk]], logits_to_keep=1, hidden=needs is not None and needs.any)
+        if one.hidden is not None:
+            feats.append(select_features(one.hidden, needs))
+            one.hidden = None
+    return Computed(tokens, [(layer.keys, layer.values) for layer in one.cache.layers], logits[0, -1],
+                    _cat_features(feats) if feats else None)
+
+
+@dataclass
+class Prefix:
+    """The KV caches of a batch of prompts, each distinct prompt computed once: the start of every
+    (speculator, k) loop of those requests, which copy their rows of it (`start`). Requests with the same
+    prompt (the samples of one request) share one computed row (`stored[j]`).
+
+    `hidden[j]` is the target's features over request j's prompt (the layers it was asked for), when it was
+    asked for; `reused[j]` how many of its tokens came from its conversation's cache (0: prefilled whole).
+    """
+
+    model: torch.nn.Module
+    rows: list[Computed]  # one per distinct prompt
+    lengths: torch.Tensor  # (B,) prompt tokens cached per request
+    last_logits: torch.Tensor  # (B, V): the logits after each full prompt
+    hidden: list[TargetFeatures | None]
+    stored: torch.Tensor  # (B,) int64: the row of `rows` that holds request j's prompt
+    reused: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, rows: list[Computed], stored: Sequence[int],
+           reused: Sequence[int] | None = None) -> Prefix:
+        """The batch whose request j's prompt is rows[stored[j]] (and took reused[j] tokens from a cache)."""
+        device = model_device(model)
+        index = torch.tensor(list(stored), dtype=torch.int64, device=device)
+        return cls(model, rows, torch.tensor([len(rows[j].tokens) for j in stored], dtype=torch.int64, device=device),
+                   torch.stack([r.last_logits for r in rows]).index_select(0, index),
+                   [rows[j].features for j in stored], index,
+                   torch.tensor(list(reused) if reused is not None else [0] * len(stored), dtype=torch.int64))
+
+    @property
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (keys, values) of every distinct prompt, (distinct, heads, longest, dim), zero-padded."""
+        slots = max(len(r.tokens) for r in self.rows)
+        return [(_pad_stack([r.layers[i][0] for r in self.rows], slots), _pad_stack([r.layers[i][1] for r in self.rows], slots))
+                for i in range(len(self.rows[0].layers))]
+
+    def start(self, rows: torch.Tensor) -> SlotCache:
+        """A loop cache for the given requests (a request may appear more than once): their rows, padded to the
+        longest (a one-row cache shares its prompt's tensors: nothing writes them, module docstring)."""
+        rows = rows.to(self.lengths.device)
+        held = self.stored.index_select(0, rows).tolist()
+        lengths = self.lengths.index_select(0, rows)
+        slots = int(lengths.max()) if len(held) else 0
+        layers = [(_pad_stack([self.rows[h].layers[i][0] for h in held], slots),
+                   _pad_stack([self.rows[h].layers[i][1] for h in held], slots))
+                  for i in range(len(self.rows[0].layers))] if held else []
+        return SlotCache(self.model, len(held), cache=cache_of(layers), lengths=lengths)
+
+    @torch.inference_mode()
+    def branch(self, request: int, tokens: Sequence[int], needs: TargetNeeds | None = None,
+               ) -> tuple[torch.Tensor | None, TargetFeatures | None]:
+        """Feed `tokens` after request `request`'s prompt on a branch that is dropped (the prompt's cache is
+        left as it was): the logits at every fed position (n, V) (None when `needs` asks for features, which
+        are then returned instead). The teacher-forced pass over a response, at the cost of the response."""
+        one = self.start(torch.tensor([request]))
+        features = needs is not None and needs.any
+        logits = one.feed([list(tokens)], logits_to_keep=1 if features else 0, hidden=features)[0]
+        if features:
+            return None, select_features(one.hidden, needs)
+        return logits, None
+
+
+@torch.inference_mode()
+def prefill(model: torch.nn.Module, prompts: Sequence[Sequence[int]], needs: TargetNeeds | None = None) -> Prefix:
+    """Run every distinct prompt through the model once, alone (no padding compute): a request's samples
+    repeat its prompt, which is computed once for all of them. With `needs`, the target's features over each
+    prompt are kept (those layers only).
 
     The whole prompt is cached, so every loop begins by sampling its first token from `last_logits` and
     its first draft step feeds that token alone."""
     row_of: dict[tuple[int, ...], int] = {}
-    caches, logits, states = [], [], []
+    rows: list[Computed] = []
     for prompt in prompts:
-        if tuple(prompt) in row_of:
-            continue
-        row_of[tuple(prompt)] = len(caches)
-        one = SlotCache(model, 1)
-        logits.append(one.feed([list(prompt)], logits_to_keep=1, hidden=hidden)[0, -1])
-        caches.append([(layer.keys, layer.values) for layer in one.cache.layers])
-        states.append(one.hidden)
-    slots = max(len(p) for p in prompts)
-    layers = []
-    for i in range(len(caches[0])):
-        keys, values = zip(*(c[i] for c in caches))
-        layers.append((_pad_stack(keys, slots), _pad_stack(values, slots)))
-    device = model_device(model)
-    stored = torch.tensor([row_of[tuple(p)] for p in prompts], dtype=torch.int64, device=device)
-    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=device)
-    return Prefix(model, layers, lengths, torch.stack(logits).index_select(0, stored),
-                  [states[j] for j in stored.tolist()], stored)
+        if tuple(prompt) not in row_of:
+            row_of[tuple(prompt)] = len(rows)
+            rows.append(run_prompt(model, prompt, needs))
+    return Prefix.of(model, rows, [row_of[tuple(p)] for p in prompts])
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(differ[0]) if differ.size else n
+
+
+class ConversationCache:
+    """Per conversation, the KV cache (and the features asked for) of its last prompt in one model: the
+    recorded prefix the conversation's next turn extends (module docstring).
+
+    `prefix(conversations, prompts)` is `prefill` for one batch of turns: a turn reuses the longest common
+    token prefix of its prompt with its conversation's previous one (all but the last token, whose logits a
+    turn needs, when the prompt is no longer than what is held) and prefills the rest. Conversations that are
+    not in the batch are dropped, so memory is bounded by the batch's conversations, not by the dataset.
+    `prefilled` and `reused` count the prompt tokens run and taken from a cache."""
+
+    def __init__(self, model: torch.nn.Module, needs: TargetNeeds | None = None, chunk: int = PREFILL_CHUNK):
+        self.model, self.needs, self.chunk = model, needs, chunk
+        self.held: dict[str, Computed] = {}
+        self.prefilled = self.reused = 0
+
+    def prefix(self, conversations: Sequence[str], prompts: Sequence[Sequence[int]]) -> Prefix:
+        if len(conversations) != len(prompts):
+            raise ValueError(f"{len(conversations)} conversation ids for {len(prompts)} prompts")
+        present = set(conversations)
+        self.held = {c: held for c, held in self.held.items() if c in present}
+        row_of: dict[tuple[str, tuple[int, ...]], int] = {}
+        rows: list[Computed] = []
+        reused: list[int] = []
+        for conversation, prompt in zip(conversations, prompts):
+            key = (conversation, tuple(prompt))
+            if key in row_of:
+                continue
+            row_of[key] = len(rows)
+            before = self.held.get(conversation)
+            keep = 0 if before is None else common_prefix(before.tokens, prompt)
+            if before is not None and keep == len(before.tokens) == len(prompt):
+                computed = before  # the same prompt again: nothing to run
+            else:
+                keep = min(keep, len(prompt) - 1)
+                computed = run_prompt(self.model, prompt, self.needs, before, keep, self.chunk)
+            self.held[conversation] = computed
+            rows.append(computed)
+            reused.append(keep)
+            self.prefilled += len(prompt) - keep
+            self.reused += keep
+        return Prefix.of(self.model, rows, [row_of[(c, tuple(p))] for c, p in zip(conversations, prompts)],
+                         [reused[row_of[(c, tuple(p))]] for c, p in zip(conversations, prompts)])
+
+
+# (model, prompts, needs) -> their Prefix: `prefill`, or a batch's conversation caches (`ConversationCaches.prefill`)
+Prefill = Callable[[torch.nn.Module, Sequence[Sequence[int]], TargetNeeds | None], Prefix]
+
+
+@dataclass
+class ConversationCaches:
+    """The ConversationCache of each model an engine runs (the target, each draft model), made on first use."""
+
+    chunk: int = PREFILL_CHUNK
+    of: dict[tuple[int, TargetNeeds | None], ConversationCache] = field(default_factory=dict)
+
+    def prefill(self, conversations: Sequence[str]) -> Prefill:
+        """`prefill` for a batch whose request j continues conversation conversations[j]."""
+        def run(model: torch.nn.Module, prompts: Sequence[Sequence[int]], needs: TargetNeeds | None = None) -> Prefix:
+            key = (id(model), needs if needs is not None and needs.any else None)
+            if key not in self.of:
+                self.of[key] = ConversationCache(model, key[1], self.chunk)
+            return self.of[key].prefix(conversations, prompts)
+        return run
 
 
 def _pad_stack(parts: Sequence[torch.Tensor], slots: int) -> torch.Tensor:
-    """(1, heads, n_j, dim) tensors -> one (B, heads, slots, dim) tensor, zero-padded on the right."""
+    """(1, heads, n_j, dim) tensors -> one (B, heads, slots, dim) tensor, zero-padded on the right (the one
+    tensor itself when it alone fills the slots)."""
+    if len(parts) == 1 and parts[0].shape[2] == slots:
+        return parts[0]
     out = parts[0].new_zeros((len(parts), parts[0].shape[1], slots, parts[0].shape[3]))
     for j, part in enumerate(parts):
         out[j, :, :part.shape[2]] = part[0]

@@ -13,6 +13,7 @@ import hashlib
 import platform
 import subprocess
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -90,6 +91,7 @@ def prepare(config: Config) -> Prepared:
         ds.source, ds.format, split=ds.split, revision=ds.revision, subset=ds.subset,
         max_requests=None if ds.selection == "all" else ds.max_requests, seed=ds.seed,
         turns_per_conversation=ds.turns_per_conversation, strategy=ds.selection, category=ds.category,
+        conversations=ds.conversations,
     )
     if not picked.conversations:
         shown = "; ".join(str(p) for p in picked.problems[:5]) or "no rows"
@@ -176,7 +178,8 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
     started = time.perf_counter()
     drafts: dict[str, LoadedModel] = {}  # draft models loaded once for every pair that names them
     with open_store(db) as store:
-        recorder = _Recorder(store, prepared, config.run.batch_size, summary, console)
+        recorder = _Recorder(store, prepared, config.run.batch_size, summary, console,
+                             whole=config.dataset.conversations is not None)
         for pair in config.pairs:
             _run_pair(config, pair, prepared, drafts, recorder, console)
     summary.seconds = time.perf_counter() - started
@@ -203,7 +206,7 @@ def _run_pair(config: Config, pair: PairConfig, prepared: Prepared, drafts: dict
                 with opening as engine:
                     specs = run_specs(config, prepared, engine, thinking, temperature)
                     recorder.run_group(specs, engine, prompts, _label(pair, engine, thinking, temperature),
-                                       samples=sweep.samples if temperature > 0 else 1)
+                                       samples=sweep.samples if temperature > 0 else 1, lanes=lanes(config, pair))
 
 
 @contextlib.contextmanager
@@ -243,6 +246,11 @@ def _prompts(config: Config, pair: PairConfig, prepared: Prepared, tokenizer: An
             for r in prepared.requests]
 
 
+def lanes(config: Config, pair: PairConfig) -> int:
+    """How many conversations run side by side: the batch size in this process, a server's concurrency."""
+    return config.run.batch_size if pair.server is None else pair.server.concurrency
+
+
 def _labeller(tokenizer: Any, thinking: str):
     def label(tokens: list[int], opens_thinking: bool) -> list[str]:
         return label_segments(tokens, tokenizer, thinking=thinking, starts_in_thinking=opens_thinking)
@@ -263,14 +271,16 @@ def _label(pair: PairConfig, engine: Engine, thinking: str, temperature: float) 
 class _Recorder:
     """Measures groups into the store: every finished batch is committed for all the runs it feeds."""
 
-    def __init__(self, store: Store, prepared: Prepared, batch_size: int, summary: RunSummary, console: Console):
+    def __init__(self, store: Store, prepared: Prepared, batch_size: int, summary: RunSummary, console: Console,
+                 whole: bool = False):
         self.store, self.prepared, self.batch_size = store, prepared, batch_size
-        self.summary, self.console = summary, console
+        self.summary, self.console, self.whole = summary, console, whole
 
     def run_group(self, specs: dict[tuple[str, int], RunSpec], engine: Engine, prompts: Sequence[RenderedPrompt],
-                  label: str, samples: int = 1) -> None:
+                  label: str, samples: int = 1, lanes: int | None = None) -> None:
         """One target generation setting: every (speculator, k) the engine serves, over every response to
-        measure (`samples` per selected request)."""
+        measure (`samples` per selected request). Whole trajectories go in conversation waves of `lanes`
+        conversations (default: the batch size), each told to the engine."""
         store = self.store
         run_ids = {key: store.begin_run(spec) for key, spec in specs.items()}
         self.summary.run_ids.extend(run_ids.values())
@@ -285,10 +295,12 @@ class _Recorder:
         what = "responses" if samples > 1 else "requests"
         try:
             with RunProgress(self.console, label, len(units), len(units) - len(pending), what=what) as progress:
-                for start in range(0, len(pending), self.batch_size):
-                    batch = pending[start:start + self.batch_size]
+                for batch in self._batches(pending, lanes or self.batch_size):
+                    conversations = ([self.prepared.requests[u.index].conversation_id for u in batch]
+                                     if self.whole else None)
                     results = engine.measure([prompts[u.index] for u in batch], [request_key(u.id) for u in batch],
-                                             progress=progress.generated, ids=[u.id for u in batch])
+                                             progress=progress.generated, ids=[u.id for u in batch],
+                                             conversations=conversations)
                     self.summary.tokens += self._write(batch, prompts, results, run_ids, done)
                     self.summary.measured += len(batch)
                     progress.advance(len(batch))
@@ -298,6 +310,11 @@ class _Recorder:
             raise
         for run_id in run_ids.values():
             store.finish_run(run_id)
+
+    def _batches(self, pending: list[Unit], lanes: int) -> Iterator[list[Unit]]:
+        if self.whole:
+            return conversation_waves(pending, self.prepared.requests, lanes)
+        return (pending[start:start + self.batch_size] for start in range(0, len(pending), self.batch_size))
 
     def _write(self, batch: list[Unit], prompts: Sequence[RenderedPrompt], results: Any,
                run_ids: dict[tuple[str, int], str], done: dict[str, set[str]]) -> int:
@@ -315,7 +332,7 @@ class _Recorder:
                 request_id=unit.id, conversation_id=request.conversation_id, turn=request.turn,
                 turn_depth=request.depth, prompt_tokens=prompt.prompt_tokens, truncated_tokens=prompt.truncated_tokens,
                 generated_tokens=m.generated_tokens, finish_reason=m.finish_reason, sample=unit.sample,
-                disagreeing_steps=m.disagreeing_steps, prompt_sha256=prompt.digest,
+                disagreeing_steps=m.disagreeing_steps, prompt_sha256=prompt.digest, cached_tokens=m.cached_tokens,
             ), {run_id: m.counts}) for run_id, m in per_run.items())
         raw = {(run_id, unit.id): m.raw for unit, _, per_run in rows
                for run_id, m in per_run.items() if m.raw is not None}
@@ -339,6 +356,26 @@ class Unit:
 def plan_units(requests: Sequence[ReplayRequest], samples: int) -> list[Unit]:
     """Every request's samples, request by request (its samples are neighbours in a batch)."""
     return [Unit(i, j, response_id(r.request_id, j)) for i, r in enumerate(requests) for j in range(samples)]
+
+
+def conversation_waves(units: Sequence[Unit], requests: Sequence[ReplayRequest], lanes: int) -> Iterator[list[Unit]]:
+    """Whole trajectories: batches that hold the next turn (with all its samples) of up to `lanes`
+    conversations, each conversation's turns in order, one per batch, so a turn's prompt finds its
+    conversation's previous one cached (in this process, or in the engine's prefix cache). A conversation
+    that runs out of turns gives its place to the next one; conversations start in the order they come."""
+    if lanes < 1:
+        raise ValueError(f"lanes must be >= 1, got {lanes}")
+    turns: dict[str, dict[int, list[Unit]]] = {}  # conversation -> its turns (by turn) -> their units
+    for unit in units:
+        request = requests[unit.index]
+        turns.setdefault(request.conversation_id, {}).setdefault(request.turn, []).append(unit)
+    queues = {c: deque(by_turn[t] for t in sorted(by_turn)) for c, by_turn in turns.items()}
+    waiting, active = deque(queues), []
+    while active or waiting:
+        while len(active) < lanes and waiting:
+            active.append(waiting.popleft())
+        yield [unit for conversation in active for unit in queues[conversation].popleft()]
+        active = [c for c in active if queues[c]]
 
 
 def response_id(request_id: str, sample: int) -> str:

@@ -104,11 +104,11 @@ def _encoded(payload: Any) -> bytes:
 
 
 def llamacpp_routes(reply: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Route]:
-    """`reply(body)` gives (tokens, stop_type, draft_n, draft_n_accepted) fields for one request."""
+    """`reply(body)` gives (tokens, stop_type, draft_n, draft_n_accepted, cache_n) fields for one request."""
 
     def completion(body: dict[str, Any] | None) -> tuple[int, Any]:
         r = reply(body)
-        timings = {"cache_n": 0, "prompt_n": len(body["prompt"]), "prompt_ms": 1.0, "prompt_per_token_ms": 0.1,
+        timings = {"cache_n": r.get("cache_n", 0), "prompt_n": len(body["prompt"]) - r.get("cache_n", 0), "prompt_ms": 1.0, "prompt_per_token_ms": 0.1,
                    "prompt_per_second": 10.0, "predicted_n": len(r["tokens"]), "predicted_ms": 1.0,
                    "predicted_per_token_ms": 0.1, "predicted_per_second": 10.0}
         if r.get("draft_n", 0) > 0:

@@ -44,10 +44,13 @@ def select_from_source(
     limit: int | None = None,
     manifest: str | Path | None = None,
     category: str | None = None,
+    conversations: int | None = None,
 ) -> Selection:
-    """Read `source` once (rules of `open_conversations`) and select its requests (rules of `Selector`); the
-    provenance says which category was kept and how many rows of others were left out."""
-    selector = Selector(max_requests, seed, turns_per_conversation=turns_per_conversation, strategy=strategy)
+    """Read `source` once (rules of `open_conversations`) and select its requests (rules of `Selector`; with
+    `conversations`, every turn of that many whole conversations); the provenance says which category was
+    kept and how many rows of others were left out."""
+    selector = Selector(max_requests, seed, turns_per_conversation=turns_per_conversation, strategy=strategy,
+                        conversations=conversations)
     fingerprint = Fingerprint()
     stream = open_conversations(source, format, split=split, revision=revision, subset=subset, limit=limit,
                                 manifest=manifest, category=category)

@@ -8,6 +8,10 @@ among the old ones, and a bounded heap of `max_requests` entries finds the winne
 conversations stream past (`Selector`): only the requests still in the heap, and the messages their
 prompts share, stay in memory. The default strategy is stratified over conversations (round robin in key
 order), so a few very long trajectories cannot dominate the sample.
+
+Whole trajectories (`conversations = N`) select conversations instead of turns, by the same keys: a
+conversation's key is the smallest key among its turns, i.e. the conversations are taken in the order in
+which the turn-by-turn selection first reaches them, and every turn of the N first is chosen.
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ class Selector:
     """
 
     def __init__(self, max_requests: int | None, seed: int, *, turns_per_conversation: int | None = None,
-                 strategy: str = "stratified") -> None:
+                 strategy: str = "stratified", conversations: int | None = None) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown selection strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
         if max_requests is not None and max_requests < 0:
@@ -97,16 +101,21 @@ class Selector:
             raise ValueError(f"turns_per_conversation must be >= 1, got {turns_per_conversation}")
         if strategy == "all" and turns_per_conversation is not None:
             raise ValueError("strategy 'all' takes every turn; use 'first' or 'stratified' with turns_per_conversation")
+        if conversations is not None:
+            _check_whole(conversations, max_requests, turns_per_conversation, strategy)
         self.max_requests, self.seed = max_requests, seed
         self.turns_per_conversation, self.strategy = turns_per_conversation, strategy
+        self.conversations = conversations
         self.available_requests = 0
         self.available_conversations = 0
         self._heap: list[tuple[tuple[int, ...], int, ReplayRequest]] = []  # (negated key, -position, request)
+        # whole trajectories: (negated key, -position of the first turn, the conversation's requests)
+        self._whole: list[tuple[tuple[int, ...], int, tuple[ReplayRequest, ...]]] = []
 
     @property
     def retained(self) -> int:
-        """Requests held right now: at most `max_requests`."""
-        return len(self._heap)
+        """Requests held right now: at most `max_requests` (whole trajectories: those of the conversations held)."""
+        return len(self._heap) + sum(len(conv) for _, _, conv in self._whole)
 
     def add_conversation(self, conv: Conversation) -> None:
         self.add(conv.id, conversation_requests(conv))
@@ -121,6 +130,9 @@ class Selector:
         if self._all_overflows():
             self._heap.clear()  # `result` refuses this selection; only the count goes on
             return
+        if self.conversations is not None:
+            self._offer_whole(conversation_id, requests, positions)
+            return
         for key, i in candidate_keys(conversation_id, requests, self.seed, self.strategy, self.turns_per_conversation):
             self._offer(tuple(-part for part in key), -positions[i], requests[i])
 
@@ -131,6 +143,19 @@ class Selector:
         elif self._heap and (neg_key, neg_pos) > self._heap[0][:2]:  # smaller key than the worst kept
             heapq.heapreplace(self._heap, entry)
 
+    def _offer_whole(self, conversation_id: str, requests: Sequence[ReplayRequest], positions: Sequence[int]) -> None:
+        """Whole trajectories: the conversation, keyed by its smallest turn key, competes for one of the
+        `conversations` places with all its turns."""
+        keys = candidate_keys(conversation_id, requests, self.seed, self.strategy, None)
+        if not keys:
+            return
+        key = min(k for k, _ in keys)
+        entry = (tuple(-part for part in key), -min(positions), tuple(requests))
+        if len(self._whole) < self.conversations:
+            heapq.heappush(self._whole, entry)
+        elif entry[:2] > self._whole[0][:2]:
+            heapq.heapreplace(self._whole, entry)
+
     def _all_overflows(self) -> bool:
         return self.strategy == "all" and self.max_requests is not None and self.available_requests > self.max_requests
 
@@ -139,13 +164,17 @@ class Selector:
         if self._all_overflows():
             raise ValueError(f"strategy 'all' would take {self.available_requests} requests but "
                              f"max_requests={self.max_requests}")
-        chosen = [r for _, _, r in sorted(self._heap, key=lambda e: -e[1])]
+        if self.conversations is not None:
+            chosen = [r for _, _, conv in sorted(self._whole, key=lambda e: -e[1]) for r in conv]
+        else:
+            chosen = [r for _, _, r in sorted(self._heap, key=lambda e: -e[1])]
         chosen_ids = [r.request_id for r in chosen]
         provenance = {
             "strategy": self.strategy,
             "seed": self.seed,
             "max_requests": self.max_requests,
             "turns_per_conversation": self.turns_per_conversation,
+            **({"conversations": self.conversations} if self.conversations is not None else {}),
             "available_requests": self.available_requests,
             "available_conversations": self.available_conversations,
             "selected_requests": len(chosen),
@@ -156,6 +185,18 @@ class Selector:
         return chosen, provenance
 
 
+def _check_whole(conversations: int, max_requests: int | None, turns_per_conversation: int | None,
+                 strategy: str) -> None:
+    """Whole trajectories take every turn of the chosen conversations: nothing that picks turns applies."""
+    if conversations < 1:
+        raise ValueError(f"conversations must be >= 1, got {conversations}")
+    clash = [name for name, value in (("max_requests", max_requests), ("turns_per_conversation", turns_per_conversation))
+             if value is not None] + (["selection 'all'"] if strategy == "all" else [])
+    if clash:
+        raise ValueError(f"conversations = {conversations} measures every turn of whole conversations; "
+                         f"{' and '.join(clash)} pick(s) turns: drop one of them")
+
+
 def select_requests(
     requests: Sequence[ReplayRequest],
     max_requests: int | None,
@@ -163,6 +204,7 @@ def select_requests(
     *,
     turns_per_conversation: int | None = None,
     strategy: str = "stratified",
+    conversations: int | None = None,
 ) -> tuple[list[ReplayRequest], dict[str, Any]]:
     """Pick requests from a list deterministically; returns them (in input order) and the provenance.
 
@@ -173,8 +215,11 @@ def select_requests(
       first       the first `turns_per_conversation` turns of every conversation (all turns if None),
                   then `max_requests` of those, stratified.
       all         every turn; `max_requests` must be None or at least the number of requests.
+    `conversations` (whole trajectories) takes every turn of that many conversations instead, chosen in the
+    order the strategy reaches them (module docstring).
     """
-    selector = Selector(max_requests, seed, turns_per_conversation=turns_per_conversation, strategy=strategy)
+    selector = Selector(max_requests, seed, turns_per_conversation=turns_per_conversation, strategy=strategy,
+                        conversations=conversations)
     ids = [r.request_id for r in requests]
     if len(set(ids)) != len(ids):
         raise ValueError("request ids are not unique (the same conversation id loaded twice?)")

@@ -32,6 +32,9 @@ class Measured:
     # The engine audit (calibrate.engines.audit): steps of a speculating server's own list that contradict its
     # own tokens; None where not audited (T = 0, no step list, no in-process twin, or not a server).
     disagreeing_steps: int | None = None
+    # Prompt tokens of this request that were not prefilled for it: taken from its conversation's cache
+    # in this process, or reported by the engine's prefix cache; None where nothing was known or kept.
+    cached_tokens: int | None = None
 
 
 BatchResult = list[dict[tuple[str, int], Measured]]
@@ -73,9 +76,12 @@ class Engine(Protocol):
     served_model: str | None  # a connected server's model, where not the target itself (TargetIdentity)
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
-                progress: TokenProgress | None = None, ids: Sequence[str] | None = None) -> BatchResult:
+                progress: TokenProgress | None = None, ids: Sequence[str] | None = None,
+                conversations: Sequence[str] | None = None) -> BatchResult:
         """`keys` key each prompt's random streams; `progress(n)` is told of target tokens as they are made;
-        `ids` are the responses' ids, which a server engine's errors name."""
+        `ids` are the responses' ids, which a server engine's errors name. `conversations` (whole
+        trajectories): the conversation each prompt continues, one turn of each per batch, in order across
+        batches; an engine reuses their prefixes where it can (prefix reuse)."""
         ...
 
 
@@ -86,6 +92,9 @@ class Budget:
     context_tokens: int
     max_new_tokens: int
     seed: int
+    # Whole trajectories with prefix reuse: the engine's prefix cache is on (vLLM's automatic prefix caching,
+    # SGLang's radix cache, llama.cpp's cache_prompt with a slot per conversation) and the run records it.
+    prefix_cache: bool = False
 
     @property
     def max_model_len(self) -> int:

@@ -103,7 +103,7 @@ class PairEngines:
     def _in_process(self, labeller: Labeller, sampling: Sampling) -> Engine:
         run, ds = self.config.run, self.config.dataset
         common = dict(ks=self.config.sweep.k, max_new_tokens=ds.max_new_tokens, labeller=labeller,
-                      sampling=sampling, verify_kernel=run.verify_kernel)
+                      sampling=sampling, verify_kernel=run.verify_kernel, prefix_reuse=run.prefix_reuse)
         if in_process_engine(run, sampling.temperature) == "replay":
             return ReplayEngine(self.target, self.speculators, **common)
         experts = ExpertProfile(tuple(sorted({1, *run.expert_batch_sizes}))) if run.experts else None
@@ -190,7 +190,8 @@ def _target(pair: Any, url: str, info: dict[str, Any]) -> TargetIdentity:
 def budget_of(config: Any) -> Budget:
     """What a server is sized for and each request asks: the run's [dataset] budget, not the config."""
     ds = config.dataset
-    return Budget(context_tokens=ds.context_tokens, max_new_tokens=ds.max_new_tokens, seed=ds.seed)
+    return Budget(context_tokens=ds.context_tokens, max_new_tokens=ds.max_new_tokens, seed=ds.seed,
+                  prefix_cache=ds.conversations is not None and config.run.prefix_reuse)
 
 
 def open_server(served: Served, config: Any, sampling: Sampling, labeller: Labeller, vocab: int,

@@ -53,7 +53,8 @@ class LlamaCppBackend:
     per_request_counts = True
 
     def plain_command(self, cfg: Any, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
-        """The server without speculation (plain-engine replay), `extra` flags before the config's own args."""
+        """The server without speculation (plain-engine replay), `extra` flags before the config's own args.
+        Each of its `concurrency` slots holds a full context: with prefix reuse, a conversation's prompt."""
         return [cfg.command or default_binary(), "--model", resolve(cfg.model), *extra,
                 "--ctx-size", str(budget.max_model_len * cfg.concurrency), "--parallel", str(cfg.concurrency),
                 "--host", host, "--port", str(port), *cfg.args]
@@ -79,12 +80,16 @@ class LlamaCppBackend:
 
     def _completion(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling,
                     ) -> tuple[Fields, dict[str, Any], list[int], str]:
-        """One /completion, checked: the reply, its timings, its tokens and why it stopped."""
+        """One /completion, checked: the reply, its timings, its tokens and why it stopped. With `asked.slot`
+        (whole trajectories with prefix reuse) the request goes to that slot and reuses the prompt cached there
+        (`cache_prompt`, its longest common prefix with this one); without, nothing is cached."""
+        slot = asked.slot
         body = {
             "prompt": list(prompt_ids), "n_predict": asked.max_tokens, "temperature": sampling.temperature,
             # llama.cpp samples with top_k 40, top_p 0.95, min_p 0.05 unless told: ours means "unset" = off
             "top_k": sampling.top_k or 0, "top_p": sampling.top_p or 1.0, "min_p": 0.0, "seed": sampling.seed,
-            "repeat_penalty": 1.0, "cache_prompt": False, "return_tokens": True, "stream": False,
+            "repeat_penalty": 1.0, "cache_prompt": slot is not None, "return_tokens": True, "stream": False,
+            **({"id_slot": slot} if slot is not None else {}),
         }
         reply = asked.post("/completion", body)
         resp = reply.obj(reply.body, "the reply")
@@ -106,7 +111,14 @@ class LlamaCppBackend:
             raise reply.fail("timings.draft_n", f"the server speculates ({drafted} drafted tokens in one reply); "
                                                 "plain-engine replay needs a server started without --spec-type")
         return Generated(tokens=tokens, finish_reason=finish,
-                         raw={"stop_type": reply.body["stop_type"], "tokens": tokens, "seed": sampling.seed})
+                         raw={"stop_type": reply.body["stop_type"], "tokens": tokens, "seed": sampling.seed},
+                         cached_tokens=cached_tokens(reply, timings))
+
+
+def cached_tokens(reply: Fields, timings: dict[str, Any]) -> int | None:
+    """Prompt tokens a reply took from its slot's cached prompt: `timings.cache_n` (tools/server/server-task.cpp
+    `result_timings`), None where the version does not say."""
+    return reply.optional_count(timings.get("cache_n"), "timings.cache_n")
 
 
 def parse_reply(reply: Fields, timings: dict[str, Any], tokens: list[int], finish: str,
@@ -128,4 +140,5 @@ def parse_reply(reply: Fields, timings: dict[str, Any], tokens: list[int], finis
     resp = reply.body
     raw = {"timings": timings, "stop_type": resp["stop_type"], "tokens_predicted": resp.get("tokens_predicted"),
            "tokens_evaluated": resp.get("tokens_evaluated"), "tokens": tokens}
-    return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw=raw)
+    return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw=raw,
+                 cached_tokens=cached_tokens(reply, timings))

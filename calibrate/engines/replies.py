@@ -49,6 +49,7 @@ class Asked:
     k: int = 0
     timeout: float = 600.0
     inflight: InFlight | None = None
+    slot: int | None = None  # whole trajectories with prefix reuse: the conversation's server slot (llama.cpp)
 
     def post(self, path: str, body: dict[str, Any]) -> Fields:
         reply = http_json(self.engine, self.url + path, body, self.timeout, self.inflight, self.request)
@@ -92,6 +93,10 @@ class Fields:
         if type(value) is not int or value < 0:
             raise self.fail(field, f"{_shown(value)}, not a count (a non-negative integer)")
         return value
+
+    def optional_count(self, value: Any, field: str) -> int | None:
+        """A count where the engine gives one, None where it does not (absent or null)."""
+        return None if value is None else self.count(value, field)
 
     def counts(self, value: Any, field: str) -> list[int]:
         return [self.count(v, f"{field}[{i}]") for i, v in enumerate(self.items(value, field))]

@@ -63,6 +63,7 @@ class Reply:
     counts: TotalCounts
     raw: dict[str, Any] = field(default_factory=dict)
     steps: StepSeries | None = None
+    cached_tokens: int | None = None  # prompt tokens the engine's prefix cache held, where it says
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,35 @@ class Generated:
     tokens: list[int]
     finish_reason: str  # "eos" | "length"
     raw: dict[str, Any] = field(default_factory=dict)
+    cached_tokens: int | None = None  # prompt tokens the engine's prefix cache held, where it says
+
+
+class ConversationSlots:
+    """Which of a server's slots each conversation's turns go to (whole trajectories with prefix reuse): a
+    conversation keeps its slot while it has turns in the batches, so an engine that caches a prompt per slot
+    (llama.cpp's cache_prompt) finds its previous turn there; a slot whose conversation left is given to the
+    next. Engines whose prefix cache is shared (vLLM, SGLang) ignore the slot."""
+
+    def __init__(self, slots: int):
+        self.slots = slots
+        self.held: dict[str, int] = {}
+
+    def assign(self, conversations: Sequence[str]) -> list[int | None]:
+        """The slot of each conversation of a batch (None past the slots: the engine picks)."""
+        present = set(conversations)
+        self.held = {c: slot for c, slot in self.held.items() if c in present}
+        free = [slot for slot in range(self.slots) if slot not in self.held.values()]
+        for conversation in dict.fromkeys(conversations):
+            if conversation not in self.held and free:
+                self.held[conversation] = free.pop(0)
+        return [self.held.get(c) for c in conversations]
+
+
+def slots_for(slots: ConversationSlots | None, conversations: Sequence[str] | None, n: int) -> list[int | None]:
+    """Each request's slot: its conversation's, where prefix reuse keeps one (else None)."""
+    if slots is None or conversations is None:
+        return [None] * n
+    return slots.assign(conversations)
 
 
 def request_sampling(sampling: Sampling, key: int) -> Sampling:
@@ -97,7 +127,9 @@ class Backend(Protocol):
     def describe(self, url: str, timeout: float) -> dict[str, Any]: ...  # version, model, settings
 
     # One request each, `asked` naming where it goes and what its reply is checked against (calibrate.engines.
-    # replies: every field is read through it, so nothing unchecked counts).
+    # replies: every field is read through it, so nothing unchecked counts); `asked.slot` (whole trajectories
+    # with prefix reuse): the conversation's slot, whose cached prompt the engine reuses (llama.cpp's
+    # cache_prompt), None: no prompt is cached for the request.
     def complete(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling, info: dict[str, Any],
                  every_step: bool = False) -> Reply: ...
 
@@ -126,6 +158,7 @@ class ServerEngine:
         self.server_cfg = cfg = served.pair.server
         command = (lambda host, port: backend.command(served, host, port, budget)) if cfg.mode == "launch" else None
         self.server = Server(backend.name, cfg, backend.health, backend.describe, command=command, url=cfg.url)
+        self.slots = ConversationSlots(cfg.concurrency) if budget.prefix_cache else None
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def __enter__(self) -> ServerEngine:
@@ -144,7 +177,7 @@ class ServerEngine:
 
     @property
     def provenance(self) -> dict[str, Any]:
-        return self.server.provenance
+        return {**self.server.provenance, **({"prefix_cache": True} if self.slots is not None else {})}
 
     @property
     def served_model(self) -> str | None:
@@ -152,14 +185,16 @@ class ServerEngine:
 
     # -- measuring ------------------------------------------------------------------------------------
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
-                progress: TokenProgress | None = None, ids: Sequence[str] | None = None) -> BatchResult:
-        def one(job: tuple[RenderedPrompt, int, str]) -> Measured:
+                progress: TokenProgress | None = None, ids: Sequence[str] | None = None,
+                conversations: Sequence[str] | None = None) -> BatchResult:
+        def one(job: tuple[RenderedPrompt, int, str, int | None]) -> Measured:
             measured = self._one(*job)
             if progress is not None:
                 progress(measured.generated_tokens)
             return measured
 
-        jobs = list(zip(prompts, keys, ids or [f"with key {key}" for key in keys], strict=True))
+        jobs = list(zip(prompts, keys, ids or [f"with key {key}" for key in keys],
+                        slots_for(self.slots, conversations, len(prompts)), strict=True))
         first: list[Measured] = []
         if self.backend.per_request_counts is None and jobs:  # its reply says how the server counts
             first, jobs = [one(jobs[0])], jobs[1:]
@@ -167,10 +202,10 @@ class ServerEngine:
         replies = first + concurrently(one, jobs, workers, self.server.inflight)
         return [{(self.served.speculator.name, self.served.k): m} for m in replies]
 
-    def _one(self, prompt: RenderedPrompt, key: int, request: str) -> Measured:
+    def _one(self, prompt: RenderedPrompt, key: int, request: str, slot: int | None = None) -> Measured:
         served = self.served
         asked = Asked(self.name, self.url, request, self.budget.max_new_tokens, self.vocab, served.k,
-                      self.server_cfg.request_timeout, self.server.inflight)
+                      self.server_cfg.request_timeout, self.server.inflight, slot)
         try:
             reply = self.backend.complete(asked, prompt.ids, request_sampling(self.sampling, key), self.server.info,
                                           every_step=served.speculator.drafts_every_step)
@@ -191,7 +226,7 @@ class ServerEngine:
                 raw["audit"] = {"steps": len(reply.steps.accepted), "disagreeing": disagreeing,
                                 "unplaced": placed.unplaced}
         return Measured(self._counts(reply, labels, run_at, placed), n, reply.finish_reason, raw=raw,
-                        disagreeing_steps=disagreeing)
+                        disagreeing_steps=disagreeing, cached_tokens=reply.cached_tokens)
 
     def _counts(self, reply: Reply, labels: list[str], run_at: ReplayScorer | None,
                 placed: Placement | None) -> StepCounts | TotalCounts:

@@ -20,11 +20,13 @@ from typing import Any, Protocol
 
 from calibrate.data import RenderedPrompt
 from calibrate.engines.base import BatchResult, Budget, Labeller, TargetIdentity
-from calibrate.engines.in_process import score_responses
+from calibrate.engines.hidden_states import InProcessFeatures
+from calibrate.engines.in_process import prefix_features, score_responses
 from calibrate.engines.inflight import concurrently
 from calibrate.engines.replies import Asked
+from calibrate.kv_slots import ConversationCaches
 from calibrate.engines.server import EngineError, Server
-from calibrate.engines.server_engine import Backend, request_sampling
+from calibrate.engines.server_engine import Backend, ConversationSlots, request_sampling, slots_for
 from calibrate.kernels.reference import Sampling
 from calibrate.progress import TokenProgress
 from calibrate.replay.responses import Response
@@ -74,6 +76,8 @@ class ServerReplayEngine:
         cfg = pair.server
         command = (lambda host, port: backend.plain_command(cfg, host, port, budget)) if cfg.mode == "launch" else None
         self.server = Server(backend.name, cfg, backend.health, backend.describe, command=command, url=cfg.url)
+        self.slots = ConversationSlots(cfg.concurrency) if budget.prefix_cache else None
+        self.caches = ConversationCaches() if budget.prefix_cache else None  # the scorers' models, in this process
 
     def __enter__(self) -> ServerReplayEngine:
         cfg = self.pair.server
@@ -104,40 +108,49 @@ class ServerReplayEngine:
 
     @property
     def provenance(self) -> dict[str, Any]:
-        out = {**self.server.provenance, "responses_from": self.backend.name}
+        out = {**self.server.provenance, "responses_from": self.backend.name,
+               **({"prefix_cache": True} if self.slots is not None else {})}
         hidden = getattr(self.features, "provenance", None)  # the engine's hidden-state server, if any
         if hidden is not None:
             out["hidden_states"] = hidden
         return out
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
-                progress: TokenProgress | None = None, ids: Sequence[str] | None = None) -> BatchResult:
-        """Every prompt's response from the plain server, concurrently; then every speculator at every k."""
+                progress: TokenProgress | None = None, ids: Sequence[str] | None = None,
+                conversations: Sequence[str] | None = None) -> BatchResult:
+        """Every prompt's response from the plain server, concurrently; then every speculator at every k.
+        Whole trajectories with prefix reuse: each conversation's turn goes to its slot (ConversationSlots)."""
         cfg = self.pair.server
 
-        def one(job: tuple[RenderedPrompt, int, str]) -> tuple[Response, dict[str, Any]]:
-            prompt, key, request = job
+        def one(job: tuple[RenderedPrompt, int, str, int | None]) -> tuple[Response, dict[str, Any], int | None]:
+            prompt, key, request, slot = job
             asked = Asked(self.backend.name, self.server.url, request, self.budget.max_new_tokens, self.vocab,
-                          timeout=cfg.request_timeout, inflight=self.server.inflight)
+                          timeout=cfg.request_timeout, inflight=self.server.inflight, slot=slot)
             try:
                 out = self.backend.generate(asked, prompt.ids, request_sampling(self.sampling, key), self.server.info)
             except EngineError as exc:
                 raise self.server.explain(exc) from None
             if progress is not None:
                 progress(len(out.tokens))
-            return Response(out.tokens, out.finish_reason == "eos"), out.raw
+            return Response(out.tokens, out.finish_reason == "eos"), out.raw, out.cached_tokens
 
-        jobs = zip(prompts, keys, ids or [f"with key {key}" for key in keys], strict=True)
+        jobs = zip(prompts, keys, ids or [f"with key {key}" for key in keys],
+                   slots_for(self.slots, conversations, len(prompts)), strict=True)
         replies = concurrently(one, jobs, cfg.concurrency, self.server.inflight)
-        responses = [r for r, _ in replies]
+        responses = [r for r, _, _ in replies]
         ids = [p.ids for p in prompts]
+        # whole trajectories: the scorers' models (a draft model, the target's in-process pass) reuse too
+        cached = self.caches.prefill(conversations) if self.caches is not None and conversations is not None else None
 
         def features(needs: TargetNeeds) -> list[TargetFeatures]:
             if self.features is None:
                 raise EngineError(f"{self.backend.name}: no source of the target's hidden states for "
                                   f"{', '.join(s.name for s in self.speculators if s.needs.any)}")
+            if cached is not None and isinstance(self.features, InProcessFeatures):
+                return prefix_features(cached(self.features.target.model, ids, needs), responses, needs)
             return self.features.features(ids, [r.tokens for r in responses], needs)
 
-        scored = score_responses(self.speculators, self.ks, prompts, responses, self.labeller, features)
-        return [{key: replace(m, raw=raw) for key, m in per_key.items()}
-                for per_key, (_, raw) in zip(scored, replies, strict=True)]
+        scored = score_responses(self.speculators, self.ks, prompts, responses, self.labeller, features,
+                                 prefixes=None if cached is None else lambda model: cached(model, ids, None))
+        return [{key: replace(m, raw=raw, cached_tokens=cached) for key, m in per_key.items()}
+                for per_key, (_, raw, cached) in zip(scored, replies, strict=True)]

@@ -104,10 +104,12 @@ class SGLangBackend:
     per_request_counts = True
 
     def plain_command(self, cfg: Any, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
-        """The server without speculation (plain-engine replay), `extra` flags before the config's own args."""
+        """The server without speculation (plain-engine replay), `extra` flags before the config's own args.
+        The radix cache is off unless whole trajectories reuse prefixes (`budget.prefix_cache`)."""
+        caching = [] if budget.prefix_cache else ["--disable-radix-cache"]
         return [*(cfg.command.split() if cfg.command else ["python", "-m", "sglang.launch_server"]),
                 "--model-path", resolve(cfg.model), "--host", host, "--port", str(port), *extra,
-                "--disable-radix-cache", "--context-length", str(budget.max_model_len),
+                *caching, "--context-length", str(budget.max_model_len),
                 "--random-seed", str(budget.seed), *cfg.args]
 
     def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]:
@@ -146,7 +148,8 @@ class SGLangBackend:
                  every_step: bool = False) -> Reply:
         reply, tokens, meta, finish = self._generate(asked, prompt_ids, sampling)
         counts = parse_meta(meta, reply, len(tokens), info.get("engine_version"))
-        return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw={"meta_info": meta, "output_ids": tokens})
+        return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw={"meta_info": meta, "output_ids": tokens},
+                     cached_tokens=cached_tokens(reply, meta))
 
     def generate(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling,
                  info: dict[str, Any]) -> Generated:
@@ -155,4 +158,10 @@ class SGLangBackend:
             raise reply.fail("meta_info.spec_verify_ct", f"the server speculates ({meta['spec_verify_ct']} verify "
                                                          "passes in one reply); plain-engine replay needs a server "
                                                          "started without --speculative-algorithm")
-        return Generated(tokens=tokens, finish_reason=finish, raw={"meta_info": meta, "output_ids": tokens})
+        return Generated(tokens=tokens, finish_reason=finish, raw={"meta_info": meta, "output_ids": tokens},
+                         cached_tokens=cached_tokens(reply, meta))
+
+
+def cached_tokens(reply: Fields, meta: dict[str, Any]) -> int | None:
+    """Prompt tokens the radix cache held for a reply (`meta_info.cached_tokens`), None where it does not say."""
+    return reply.optional_count(meta.get("cached_tokens"), "meta_info.cached_tokens")

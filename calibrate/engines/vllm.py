@@ -203,9 +203,13 @@ class VLLMBackend:
         self.per_request_counts: bool | None = None
 
     def plain_command(self, cfg: Any, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
-        """The server without speculation (plain-engine replay), `extra` flags before the config's own args."""
+        """The server without speculation (plain-engine replay), `extra` flags before the config's own args.
+        Prefix caching is off unless whole trajectories reuse prefixes (`budget.prefix_cache`): then it is on,
+        with the cached tokens reported in each reply's usage."""
+        caching = (["--enable-prefix-caching", "--enable-prompt-tokens-details"] if budget.prefix_cache
+                   else ["--no-enable-prefix-caching"])
         return [*(cfg.command.split() if cfg.command else default_command()), "--model", resolve(cfg.model),
-                "--host", host, "--port", str(port), "--no-enable-prefix-caching",
+                "--host", host, "--port", str(port), *caching,
                 "--max-model-len", str(budget.max_model_len), "--max-num-seqs", str(cfg.concurrency),
                 "--seed", str(budget.seed), *extra, *cfg.args]
 
@@ -276,7 +280,7 @@ class VLLMBackend:
                                                           "without --speculative-config")
         return Generated(tokens=tokens, finish_reason=finish,
                          raw={"finish_reason": choice["finish_reason"], "usage": resp.get("usage"),
-                              "token_ids": tokens, "seed": sampling.seed})
+                              "token_ids": tokens, "seed": sampling.seed}, cached_tokens=cached_tokens(reply, resp))
 
     def complete(self, asked: Asked, prompt_ids: Sequence[int], sampling: Sampling, info: dict[str, Any],
                  every_step: bool = False) -> Reply:
@@ -305,4 +309,13 @@ class VLLMBackend:
                "counter_deltas": None if stats else {"steps": counts.steps, "drafted": counts.drafted_tokens,
                                                      "accepted": counts.accepted,
                                                      "per_position": counts.per_position}}
-        return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw=raw, steps=steps)
+        return Reply(tokens=tokens, finish_reason=finish, counts=counts, raw=raw, steps=steps,
+                     cached_tokens=cached_tokens(reply, resp))
+
+
+def cached_tokens(reply: Fields, resp: dict[str, Any]) -> int | None:
+    """Prompt tokens the prefix cache held for a reply: `usage.prompt_tokens_details.cached_tokens`, which vLLM
+    fills with `--enable-prompt-tokens-details` (None otherwise)."""
+    usage = reply.obj(resp.get("usage"), "usage", optional=True)
+    details = reply.obj(usage.get("prompt_tokens_details"), "usage.prompt_tokens_details", optional=True)
+    return reply.optional_count(details.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens")

@@ -105,6 +105,7 @@ class RequestOutcome:
     sample: int = 0  # which of the request's sampled responses (`[sweep] samples`) this is
     disagreeing_steps: int | None = None  # the engine audit: steps whose counts contradict the tokens
     prompt_sha256: str | None = None  # of the prompt's token ids as measured (RenderedPrompt.digest): resume checks it
+    cached_tokens: int | None = None  # prompt tokens not prefilled for it (prefix reuse); None: not known
 
 
 # Counts a server engine reports for a whole response cannot be split by segment: they are stored under

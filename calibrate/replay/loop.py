@@ -45,7 +45,7 @@ import torch
 
 from calibrate.kernels import verify_greedy, verify_rejection
 from calibrate.kernels.reference import Sampling, VerifyOutput
-from calibrate.kv_slots import Prefix, SlotCache, prefill
+from calibrate.kv_slots import Prefill, Prefix, SlotCache, prefill
 from calibrate.progress import TokenProgress
 from calibrate.replay.counts import StepCounts, check_k
 from calibrate.replay.experts import ExpertRecorder, ExpertTrace
@@ -298,8 +298,7 @@ class SpeculatorDrafts:
 
     def begin(self, active: Sequence[Loop], rows: torch.Tensor) -> None:
         for r in active:  # the prompt but its last token, then that token and the first response token
-            hidden = self.prefix.hidden[r.request]
-            features = select_features(hidden, self.needs) if self.needs.any and hidden is not None else None
+            features = self.prefix.hidden[r.request] if self.needs.any else None
             n = len(r.prompt)
             self.speculator.start(r.loop_id, r.prompt, None if features is None else features.rows(0, n - 1))
             self.speculator.extend(r.loop_id, r.generated, None if features is None else features.rows(n - 1, n))
@@ -344,6 +343,39 @@ class SpeculatorDrafts:
         return select_features(cache.hidden, self.needs, row).rows(0, n)
 
 
+class PlainDrafts:
+    """No speculation: each pass verifies its pending token alone (plain decoding), so a loop's response is
+    the target's own: greedy, or at T > 0 each position's keyed sample (the draw the coupled verification
+    makes there, as replay's keyed sampling does). Replay generates from cached prompts with it
+    (`plain_decode`)."""
+
+    needs = TargetNeeds()
+
+    def begin(self, active: Sequence[Loop], rows: torch.Tensor) -> None:
+        pass
+
+    def draft(self, active: Sequence[Loop], keys: torch.Tensor,
+              positions: torch.Tensor) -> tuple[list[list[int]], torch.Tensor | None]:
+        return [[] for _ in active], None
+
+    def verified(self, active: Sequence[Loop], going: Sequence[bool], target_cache: SlotCache) -> None:
+        pass
+
+    def select(self, rows: list[int]) -> None:
+        pass
+
+
+def plain_decode(target: Prefix, prompts: Sequence[Sequence[int]], keys: Sequence[int], s: LoopSettings,
+                 progress: TokenProgress | None = None) -> list[Loop]:
+    """Every request's response by plain decoding from its cached prompt (the Prefix's rows are copied, so
+    the response is a branch its prompt's cache never sees): greedy, or the keyed samples of `keys`."""
+    first = first_tokens(target, keys, s)
+    loops = [Loop(request=i, key=int(key), loop_id=i, k=1, prompt=list(p), generator=torch.Generator())
+             for i, (p, key) in enumerate(zip(prompts, keys, strict=True))]
+    decode(target, PlainDrafts(), loops, first, s, progress=progress)
+    return loops
+
+
 # -- the entry point ----------------------------------------------------------------------------------------
 
 def run_loops(
@@ -362,6 +394,7 @@ def run_loops(
     verification: str = "target-only",
     experts: ExpertRecorder | None = None,
     progress: TokenProgress | None = None,
+    prefill_with: Prefill = prefill,
 ) -> list[list[LoopResult]]:
     """Every (speculator, k) loop over every prompt, each prompt prefilled once; see the module docstring.
 
@@ -372,13 +405,15 @@ def run_loops(
     runner: a hash of the request id), or requests of different calls would share draws. The counts equal
     those of each loop run alone, for a fixed seed. With an ExpertRecorder on the target, each result also
     carries every k's ExpertTrace (calibrate.replay.experts): the experts its verify passes touched.
+    `prefill_with` makes the prompts' caches in the target and in each draft model (default `prefill`; a
+    batch of whole-trajectory turns: its conversations' caches, calibrate.kv_slots.ConversationCaches).
     """
     keys = _check(speculators, prompts, ks, sampling, verification, request_keys, loop_rows)
     s = LoopSettings(sampling, max_new_tokens, frozenset(eos_token_ids), verify_kernel, verification)
     free = [spec for spec in speculators if not isinstance(spec, DraftModelSpeculator)]
     needs = TargetNeeds(layers=tuple(sorted({i for spec in free for i in spec.needs.layers})),
                         last=any(spec.needs.last for spec in free))
-    target = prefill(target_model, prompts, hidden=needs.any)
+    target = prefill_with(target_model, prompts, needs if needs.any else None)
     first = first_tokens(target, keys, s)
     vocab = int(target_model.get_output_embeddings().weight.shape[0])  # width of the target's logits
     prefixes = {id(target_model): target}  # a draft model prefills once, whatever number of its speculators
@@ -386,19 +421,19 @@ def run_loops(
     for spec in speculators:
         loops = _plan(prompts, keys, ks, sampling.seed)
         for start in range(0, len(loops), loop_rows):
-            drafter = _drafter(spec, prefixes, prompts, target, s, vocab)
+            drafter = _drafter(spec, prefixes, prompts, target, s, vocab, prefill_with)
             decode(target, drafter, loops[start:start + loop_rows], first, s, experts, progress)
         out.append(_results(loops, len(prompts), labeller, experts))
     return out
 
 
 def _drafter(spec: Speculator, prefixes: dict[int, Prefix], prompts: Sequence[Sequence[int]], target: Prefix,
-             s: LoopSettings, vocab: int) -> ModelDrafts | SpeculatorDrafts:
+             s: LoopSettings, vocab: int, prefill_with: Prefill) -> ModelDrafts | SpeculatorDrafts:
     if not isinstance(spec, DraftModelSpeculator):
         return SpeculatorDrafts(spec, target, s, vocab)
     model = spec.draft.model
     if id(model) not in prefixes:
-        prefixes[id(model)] = prefill(model, prompts)
+        prefixes[id(model)] = prefill_with(model, prompts, None)
     return ModelDrafts(spec, prefixes[id(model)], s, vocab)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from calibrate.kernels.reference import Sampling, sample_drafts
-from calibrate.kv_slots import SlotCache
+from calibrate.kv_slots import Prefix, SlotCache
 from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
 from calibrate.speculators.base import BuildContext, ModelName, ReplayScorer, Speculator, SpeculatorConfig, needs
 
@@ -92,9 +92,14 @@ class DraftModelSpeculator(Speculator):
 
     @torch.inference_mode()
     def teacher_forced_argmax(
-        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], prefix: Prefix | None = None,
     ) -> list[np.ndarray]:
-        """For each request, argmax_j of the draft at every response position j given prompt + response[:j]."""
+        """For each request, argmax_j of the draft at every response position j given prompt + response[:j].
+
+        With `prefix` (the draft's caches of the prompts: a whole trajectory's turns reuse their
+        conversation's), only the responses are fed, each on a branch of its prompt."""
+        if prefix is not None:
+            return [self._branch_argmax(prefix, j, r) for j, r in enumerate(responses)]
         model, device = self.draft.model, self.draft.device
         pad = 0
         out: list[np.ndarray] = []
@@ -122,11 +127,24 @@ class DraftModelSpeculator(Speculator):
                 out.append(argmax[i, keep - n - 1: keep - 1])
         return out
 
+    @staticmethod
+    def _branch_argmax(prefix: Prefix, request: int, response: Sequence[int]) -> np.ndarray:
+        """The draft's argmax at each response position, from its cached prompt: position 0 from the logits
+        after the prompt, the others from one branch pass over the response but its last token."""
+        if not response:
+            return np.zeros(0, dtype=np.int64)
+        first = prefix.last_logits[request].argmax().view(1)
+        if len(response) == 1:
+            return first.cpu().numpy()
+        logits, _ = prefix.branch(request, response[:-1])
+        return torch.cat([first, logits.argmax(dim=-1)]).cpu().numpy()
+
     def replay_scorers(
-        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
+        prefix: Prefix | None = None,
     ) -> list[ReplayScorer]:
         scorers: list[ReplayScorer] = []
-        for argmax, response in zip(self.teacher_forced_argmax(prompts, responses), responses):
+        for argmax, response in zip(self.teacher_forced_argmax(prompts, responses, prefix), responses):
             runs = run_lengths(argmax == np.asarray(response, dtype=np.int64))
 
             def run_at(t: int, k: int, runs: np.ndarray = runs) -> tuple[int, int]:

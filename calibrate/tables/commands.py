@@ -27,6 +27,7 @@ from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimensi
                                      from_name, parse_edges)
 from calibrate.tables.experts import ExpertRecord, load_expert_records
 from calibrate.tables.names import NotMeasured, match_speculator, match_target, normalize_thinking
+from calibrate.tables.prefix_cache import HitRate, hit_rate_lines, hit_rates
 from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
 from calibrate.tables.store import DEFAULT_TABLE, connect, reading
 
@@ -326,12 +327,15 @@ def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool =
         filters = query.Filters(run_ids=tuple(run_ids) if run_ids is not None else None)
         with reading(db):
             records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
+            cached = hit_rates(con, sorted({i for r in records for i in r.run_ids}))
     finally:
         con.close()
     for warning in truncation_warnings(records):  # as `show` says it: the table alone would hide it
         typer.echo(f"warning: {warning}", err=True)
     if records:
         _render_table(records, segments)
+        for line in hit_rate_lines(cached):
+            typer.echo(line)
     else:
         typer.echo(f"no measurements in {db}")
 
@@ -418,12 +422,28 @@ def show(
         raise NothingUsable(f"nothing to show: no measurements in {db}")
     for warning in truncation_warnings(records):
         typer.echo(f"warning: {warning}", err=True)
+    cached = hit_rate_lines(_hit_rates(db, records))
     if format is ShowFormat.table:
         _render_table(records, segments, wide)
-    elif format is ShowFormat.json:
-        typer.echo(json.dumps(show_rows(records, segments), indent=2))
+        for line in cached:
+            typer.echo(line)
     else:
-        sys.stdout.write(_csv_text(show_rows(records, segments)))
+        if format is ShowFormat.json:
+            typer.echo(json.dumps(show_rows(records, segments), indent=2))
+        else:
+            sys.stdout.write(_csv_text(show_rows(records, segments)))
+        for line in cached:  # beside the machine-read output, not in it
+            typer.echo(line, err=True)
+
+def _hit_rates(db: Path, records: Sequence[AcceptanceRecord]) -> list[HitRate]:
+    """The prefix-cache hit rates of the runs the records summarise (whole trajectories)."""
+    con = connect(db, read_only=True)
+    try:
+        with reading(db):
+            return hit_rates(con, sorted({i for r in records for i in r.run_ids}))
+    finally:
+        con.close()
+
 
 def _show_weighted(db: Path, filters_args: tuple, workload: Path | None, buckets: str | None, strata: str,
                    uncovered: str, fmt: str, n_boot: int, seed: int) -> None:

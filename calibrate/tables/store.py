@@ -6,7 +6,8 @@ Layout (one row each):
   turn depth, prompt tokens after truncation and tokens truncated (their sum is the prompt's length before
   truncation), generated tokens, which sample of its request the response is (`[sweep] samples` at
   T > 0: a request's samples are rows of their own, `<request id>~<sample>` from the second on, and
-  intervals stay clustered by conversation), and the sha256 of the prompt tokens it was measured from.
+  intervals stay clustered by conversation), the sha256 of the prompt tokens it was measured from, and the
+  prompt tokens prefix reuse took from a cache.
 - `segment_counts`: one per (run, request, segment): tokens, steps, censored steps, expected acceptance,
   drafts proposed and steps that proposed none.
 - `accept_counts`: one per (run, request, segment, accepted) with steps > 0: the histogram itself.
@@ -103,6 +104,9 @@ ALTER TABLE requests ADD COLUMN IF NOT EXISTS disagreeing_steps INTEGER;
 -- sha256 of the prompt token ids the response was measured from (calibrate.data.render.RenderedPrompt.digest): a
 -- resumed run checks that what it skips is what it would measure; NULL in stores written before
 ALTER TABLE requests ADD COLUMN IF NOT EXISTS prompt_sha256 VARCHAR;
+-- prefix reuse (whole trajectories): prompt tokens that were not prefilled for the request, taken from its
+-- conversation's cache in this process or reported by the engine's prefix cache; NULL where not known
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS cached_tokens INTEGER;
 CREATE TABLE IF NOT EXISTS segment_counts (
     run_id VARCHAR NOT NULL,
     request_id VARCHAR NOT NULL,
@@ -505,7 +509,7 @@ class Store:
                 rows["req"].append([
                     run_id, outcome.request_id, outcome.conversation_id, outcome.turn, outcome.turn_depth,
                     outcome.prompt_tokens, outcome.truncated_tokens, outcome.generated_tokens, outcome.finish_reason,
-                    outcome.sample, outcome.disagreeing_steps, outcome.prompt_sha256,
+                    outcome.sample, outcome.disagreeing_steps, outcome.prompt_sha256, outcome.cached_tokens,
                 ])
                 _count_rows(rows, run_id, outcome.request_id, counts)
                 if raw and (run_id, outcome.request_id) in raw:
@@ -524,8 +528,8 @@ class Store:
 
 _WRITE_SQL = {
     "req": "INSERT INTO requests (run_id, request_id, conversation_id, turn, turn_depth, prompt_tokens, "
-           "truncated_tokens, generated_tokens, finish_reason, sample, disagreeing_steps, prompt_sha256) "
-           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+           "truncated_tokens, generated_tokens, finish_reason, sample, disagreeing_steps, prompt_sha256, "
+           "cached_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "seg": "INSERT INTO segment_counts (run_id, request_id, segment, tokens, steps, censored_steps, "
            "expected_accepted, drafted_tokens, empty_steps, accepted_drafts, histogram) "
            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
