@@ -3,7 +3,12 @@ description, and the pages build with no broken link or anchor."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -72,3 +77,139 @@ def test_types_and_defaults_read_as_toml() -> None:
     assert config_reference.default(config.DatasetConfig.model_fields["source"]) == "required"
     assert config_reference.default(config.DatasetConfig.model_fields["max_requests"]) == "unset"
     assert config_reference.bounds(config.RunConfig.model_fields["batch_size"]) == "> 0, <= 4,096"
+
+
+# -- every command the manual shows is one that runs ----------------------------------------------------------
+
+MANUAL = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+_CALIBRATE = re.compile(r"^(?:\$ )?(?:\.venv/bin/)?calibrate (?=[a-z])")
+
+
+def _code_lines(text: str) -> list[str]:
+    """Lines of fenced or indented code blocks, and inline code spans, with `\\` continuations joined."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or line.startswith("    "):
+            lines.append(line.strip())
+        lines += re.findall(r"`([^`\n]+)`", line) if not fenced else []
+    joined: list[str] = []
+    for line in lines:
+        if joined and joined[-1].endswith("\\"):
+            joined[-1] = joined[-1][:-1] + " " + line
+        else:
+            joined.append(line)
+    return joined
+
+
+def manual_commands() -> list[tuple[str, str]]:
+    """(page, command) for every `calibrate ...` command shown in the README and docs/ (comments dropped)."""
+    found = []
+    for page in MANUAL:
+        for line in _code_lines(page.read_text(encoding="utf-8")):
+            line = line.split(" # ")[0].split("  #")[0].strip()
+            if _CALIBRATE.match(line):
+                found.append((str(page.relative_to(ROOT)), _CALIBRATE.sub("calibrate ", line)))
+    return found
+
+
+def _resolve(words: list[str]) -> tuple[Any, list[str]]:
+    """The click command a command line names, and the path to it."""
+    from typer.main import get_command
+
+    from calibrate.cli import app
+
+    command, path = get_command(app), []
+    for word in words:
+        if word not in (getattr(command, "commands", None) or {}):  # a group (typer vendors its own click)
+            break
+        command, path = command.commands[word], [*path, word]
+    return command, path
+
+
+def test_the_manual_shows_commands() -> None:
+    commands = manual_commands()
+    assert len(commands) > 40, commands  # the parser finds them: README, quickstart, exports, workloads ...
+    assert {p for p, _ in commands} >= {"README.md", "docs/quickstart.md", "docs/exports.md", "docs/workloads.md"}
+
+
+def test_every_command_in_the_manual_exists_with_its_options() -> None:
+    """Each `calibrate` command the manual shows names a real subcommand, and each of its --options is one that
+    subcommand takes: a renamed option or command fails here, naming the page."""
+    problems = []
+    for page, line in manual_commands():
+        words = line.split()[1:]
+        command, path = _resolve(words)
+        if not path:
+            problems.append(f"{page}: `{line}`: no such command")
+            continue
+        known = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
+        for word in words[len(path):]:
+            for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", word):
+                if option not in known and option != "--help":
+                    problems.append(f"{page}: `{line}`: `calibrate {' '.join(path)}` has no option {option}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_documented_command_answers_help() -> None:
+    from typer.testing import CliRunner
+
+    from calibrate.cli import app
+
+    paths = sorted({tuple(_resolve(line.split()[1:])[1]) for _, line in manual_commands()} - {()})
+    assert ("run",) in paths and ("export",) in paths and ("workload", "inspect") in paths
+    for path in paths:
+        result = CliRunner().invoke(app, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+
+
+def test_every_sweep_file_the_manual_runs_loads() -> None:
+    """`calibrate run FILE` in the manual names a sweep file of the repository that validates (a path; a bare
+    CONFIG.toml stands for yours)."""
+    runs = {w for _, line in manual_commands() if line.split()[1:2] == ["run"]
+            for w in line.split()[2:] if w.endswith(".toml") and "/" in w}
+    assert "examples/quickstart.toml" in runs
+    for name in sorted(runs):
+        config.load_config(ROOT / name)
+
+
+def test_make_targets_and_benches_the_manual_names_exist() -> None:
+    """`make TARGET` and `bench/NAME.py --option` in the manual exist as written."""
+    targets = set(re.findall(r"^([a-z][a-z-]*):", (ROOT / "Makefile").read_text(), flags=re.M))
+    problems = []
+    for page in MANUAL:
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"`make ([a-z][a-z-]*)`|^make ([a-z][a-z-]*)", text, flags=re.M):
+            name = target[0] or target[1]
+            if name not in targets:
+                problems.append(f"{page.name}: make {name}")
+        for bench, args in re.findall(r"(?<![\w/])(bench/[a-z0-9_]+\.py)([^`\n]*)", text):
+            source = ROOT / bench
+            if not source.exists():
+                problems.append(f"{page.name}: {bench} does not exist")
+                continue
+            for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", args):
+                if f'"{option}"' not in source.read_text(encoding="utf-8"):
+                    problems.append(f"{page.name}: {bench} has no option {option}")
+    assert not problems, "\n".join(problems)
+
+
+def test_make_test_builds_the_manual_strictly() -> None:
+    """CI's command, `make test`, builds the manual first, and `make docs` builds it with --strict."""
+    makefile = (ROOT / "Makefile").read_text()
+    (recipe,) = re.findall(r"^test:.*\n((?:\t.*\n)+)", makefile, flags=re.M)
+    assert recipe.splitlines()[0].strip() == "$(MAKE) docs"
+    (docs,) = re.findall(r"^docs:.*\n\t(.*)\n", makefile, flags=re.M)
+    assert "mkdocs build --strict" in docs
+
+
+def test_the_manual_builds_strictly(tmp_path: Path) -> None:
+    """`mkdocs build --strict`: a broken link or anchor, a page missing from the nav, fails (mkdocs.yml)."""
+    pytest.importorskip("mkdocs", reason="MkDocs is not installed (the [dev] extra): `make docs` builds the manual")
+    pytest.importorskip("material", reason="mkdocs-material is not installed (the [dev] extra)")
+    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert built.returncode == 0, built.stderr[-4000:]
+    assert (tmp_path / "site" / "reference" / "configuration" / "index.html").exists()

@@ -96,7 +96,7 @@ def _written_path_exists(name: str) -> str:
     return name
 
 
-# A model name in a config table (a speculator's `model`, a server's `model`): resolved as the README says (an
+# A model name in a config table (a speculator's `model`, a server's `model`): resolved as docs/configuration.md says (an
 # existing path, a built test model, else a hub id), so a name written as a path that does not exist is
 # refused when the config is read, naming it, not when an engine fails to load it.
 ModelName = Annotated[str, AfterValidator(_written_path_exists)]
