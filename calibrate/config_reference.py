@@ -24,10 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from calibrate import config
 from calibrate.speculators.registry import KINDS
@@ -92,24 +90,24 @@ def _toml(value: Any) -> str:
 def default(field: FieldInfo) -> str:
     if field.default_factory is not None:
         return f"`{_toml(field.default_factory())}`"
-    if field.default is PydanticUndefined:
+    if field.is_required():
         return "required"
     return "unset" if field.default is None else f"`{_toml(field.default)}`"
 
 
-_BOUNDS = ((annotated_types.Gt, "gt", "> {}"), (annotated_types.Ge, "ge", ">= {}"),
-           (annotated_types.Lt, "lt", "< {}"), (annotated_types.Le, "le", "<= {}"),
-           (annotated_types.MinLen, "min_length", "length >= {}"),
-           (annotated_types.MaxLen, "max_length", "length <= {}"))
+# The constraint attributes of pydantic's field metadata (annotated-types' Gt, Ge, ..., MinLen), read by name.
+_BOUNDS = (("gt", "> {}"), ("ge", ">= {}"), ("lt", "< {}"), ("le", "<= {}"),
+           ("min_length", "length >= {}"), ("max_length", "length <= {}"))
 
 
 def bounds(field: FieldInfo) -> str:
     """The constraints pydantic enforces on a field, as a reader writes them (`> 0, <= 4096`)."""
     out = []
     for meta in field.metadata:
-        for kind, attr, form in _BOUNDS:
-            if isinstance(meta, kind):
-                out.append(form.format(f"{getattr(meta, attr):,}"))
+        for attr, form in _BOUNDS:
+            value = getattr(meta, attr, None)
+            if value is not None:
+                out.append(form.format(f"{value:,}"))
         pattern = getattr(meta, "pattern", None)
         if isinstance(pattern, str):
             out.append(f"matches `{pattern}`")
