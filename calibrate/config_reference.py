@@ -16,6 +16,7 @@ a key or adding a table changes the page on the next run and needs nothing here.
 from __future__ import annotations
 
 import argparse
+import html
 import inspect
 import re
 import sys
@@ -39,8 +40,17 @@ class UndocumentedKeys(ValueError):
 
 
 def _words(text: str | None) -> str:
-    """A docstring as one table cell: paragraphs joined, `|` escaped."""
-    return " ".join(inspect.cleandoc(text or "").split()).replace("|", "\\|")
+    """A docstring as one table cell: paragraphs joined, and every `|` kept out of the table's way: escaped in
+    prose, and a code span holding one written as HTML (an escape inside backticks would show)."""
+    parts = " ".join(inspect.cleandoc(text or "").split()).split("`")
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            parts[i] = part.replace("|", "\\|")
+        elif "|" in part:
+            parts[i] = "<code>" + html.escape(part).replace("|", "&#124;") + "</code>"
+        else:
+            parts[i] = f"`{part}`"
+    return "".join(parts)
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:

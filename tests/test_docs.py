@@ -245,3 +245,9 @@ def test_python_modules_the_manual_runs_exist() -> None:
     assert "calibrate.config_reference" in names
     missing = [name for name in sorted(names) if importlib.util.find_spec(name) is None]
     assert not missing, missing
+
+
+def test_a_pipe_stays_inside_its_table_cell() -> None:
+    """A `|` in a description is escaped in prose and written as HTML inside code, where an escape would show."""
+    assert config_reference._words("a | b") == "a \\| b"
+    assert config_reference._words("`x|y` and `z`") == "<code>x&#124;y</code> and `z`"
