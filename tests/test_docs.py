@@ -251,3 +251,20 @@ def test_a_pipe_stays_inside_its_table_cell() -> None:
     """A `|` in a description is escaped in prose and written as HTML inside code, where an escape would show."""
     assert config_reference._words("a | b") == "a \\| b"
     assert config_reference._words("`x|y` and `z`") == "<code>x&#124;y</code> and `z`"
+
+
+def test_every_key_the_manual_names_exists() -> None:
+    """A key named in prose (`[run] dtype`, `[pairs.server] audit`, `server.model`, `sweep.k`) is a key of that
+    table: a renamed key fails here, naming the page, where the prose would otherwise go stale silently."""
+    tables = {header.strip("[]"): model for header, model in config_reference.tables(config.Config)}
+    tables["server"] = tables["pairs.server"]
+    named = re.compile(r"`(?:\[(dataset|run|sweep|pairs\.server)\] |(dataset|run|sweep|server)\.)([a-z_]+)(?![\w.])")
+    problems, seen = [], 0
+    for page in MANUAL:
+        for bracketed, dotted, key in named.findall(page.read_text(encoding="utf-8")):
+            seen += 1
+            table = bracketed or dotted
+            if key not in tables[table].model_fields:
+                problems.append(f"{page.relative_to(ROOT)}: [{table}] has no key {key!r}")
+    assert seen > 20
+    assert not problems, "\n".join(problems)
