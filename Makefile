@@ -97,7 +97,7 @@ quickstart: quickstart-models
 # The manual (docs/, mkdocs.yml): --strict fails on a broken link or anchor, so CI does (`make test` builds it
 # first). Whether the generated configuration reference is current is tests/test_docs.py's to say.
 docs: install
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # The whole suite, as CI runs it: first everything its tests need (each cached once built), so nothing skips
 # for want of a fixture; a test that still cannot run is counted and named in pytest's summary (-ra). The

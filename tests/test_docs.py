@@ -203,16 +203,35 @@ def test_make_test_builds_the_manual_strictly() -> None:
     assert recipe.splitlines()[0].strip() == "$(MAKE) docs"
     (docs,) = re.findall(r"^docs:.*\n\t(.*)\n", makefile, flags=re.M)
     assert "mkdocs build --strict" in docs
+    assert "--quiet" not in docs and " -q" not in docs  # quiet hides the warnings, and --strict then passes them
+
+
+def _mkdocs_build(config_file: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    pytest.importorskip("mkdocs", reason="MkDocs is not installed (the [dev] extra): `make docs` builds the manual")
+    pytest.importorskip("material", reason="mkdocs-material is not installed (the [dev] extra)")
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config_file),
+                           "--site-dir", str(site)], capture_output=True, text=True,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
 
 
 def test_the_manual_builds_strictly(tmp_path: Path) -> None:
     """`mkdocs build --strict`: a broken link or anchor, a page missing from the nav, fails (mkdocs.yml)."""
-    pytest.importorskip("mkdocs", reason="MkDocs is not installed (the [dev] extra): `make docs` builds the manual")
-    pytest.importorskip("material", reason="mkdocs-material is not installed (the [dev] extra)")
-    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    built = _mkdocs_build(ROOT / "mkdocs.yml", tmp_path / "site")
     assert built.returncode == 0, built.stderr[-4000:]
     assert (tmp_path / "site" / "reference" / "configuration" / "index.html").exists()
+
+
+@pytest.mark.parametrize("link", ["[a page](no-such-page.md)", "[an anchor](concepts.md#no-such-heading)"])
+def test_a_broken_link_fails_the_build(tmp_path: Path, link: str) -> None:
+    """The same configuration on a copy of the manual with one broken link or anchor: the build fails."""
+    import shutil
+
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    (tmp_path / "mkdocs.yml").write_text((ROOT / "mkdocs.yml").read_text())
+    with (tmp_path / "docs" / "moe.md").open("a") as page:
+        page.write(f"\nSee {link}.\n")
+    built = _mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert built.returncode != 0 and "moe.md" in built.stderr, built.stderr[-2000:]
 
 
 def test_every_sweep_file_fragment_in_the_manual_validates() -> None:
