@@ -10,7 +10,7 @@ one) and off (every prompt prefilled whole). Prompts are cut only past the targe
 them. Prefill tokens are read back from the stores: a request's prompt tokens less those it took from a
 cache (`requests.cached_tokens`), once per request; wall time is each run's own (model loading included,
 the same on both sides). The two stores must hold the same counts: the bench says whether they do, and in
-how many (run, request) rows they differ where they do not (bf16: near-ties, README "Exactness").
+how many (run, request) rows they differ where they do not (bf16: near-ties, docs/validation.md, "Exactness").
 
 `--llamacpp` measures plain-engine replay through llama.cpp's llama-server instead (the target's GGUF, one
 slot per conversation): `cache_prompt` on each conversation's slot against no prompt cache, the prefill

@@ -207,8 +207,8 @@ def test_a_model_path_that_does_not_exist_fails_when_the_config_is_read(tmp_path
 
 
 def test_hub_ids_built_models_and_existing_paths_are_model_names(tmp_path, monkeypatch):
-    """Names resolve as the README says: an existing path, $CALIBRATE_TEST_MODELS/<name>, else a hub id; only a
-    name written as a path (README: `calibrate.hub.looks_like_path`) must exist."""
+    """Names resolve as docs/configuration.md says: an existing path, $CALIBRATE_TEST_MODELS/<name>, else a hub id; only a
+    name written as a path (`calibrate.hub.looks_like_path`) must exist."""
     built = tmp_path / "built"
     (built / "my-head").mkdir(parents=True)
     (tmp_path / "head").mkdir()

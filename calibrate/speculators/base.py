@@ -84,7 +84,8 @@ def select_features(hidden_states: Sequence[torch.Tensor], needs: TargetNeeds, r
 # key); and no value is coerced to another type (`strict`): `k = [true]`, `k = ["1"]`, `context_tokens =
 # "256"` or `experts = "yes"` are mistakes, refused as any wrong type is. An int is still a float
 # (`temperature = 1`).
-CONFIG_TABLE = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+CONFIG_TABLE = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True,
+                          use_attribute_docstrings=True)  # a key's docstring is its description (docs reference)
 
 
 def _written_path_exists(name: str) -> str:
@@ -95,7 +96,7 @@ def _written_path_exists(name: str) -> str:
     return name
 
 
-# A model name in a config table (a speculator's `model`, a server's `model`): resolved as the README says (an
+# A model name in a config table (a speculator's `model`, a server's `model`): resolved as docs/configuration.md says (an
 # existing path, a built test model, else a hub id), so a name written as a path that does not exist is
 # refused when the config is read, naming it, not when an engine fails to load it.
 ModelName = Annotated[str, AfterValidator(_written_path_exists)]

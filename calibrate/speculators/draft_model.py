@@ -24,9 +24,15 @@ from calibrate.speculators.base import BuildContext, ModelName, ReplayScorer, Sp
 
 
 class DraftSpeculatorConfig(SpeculatorConfig):
+    """A smaller model sharing the target's tokenizer; replay scores every step from one teacher-forced pass."""
+
     kind: Literal["draft"]
+    """`draft`."""
     model: ModelName
-    gguf: ModelName | None = None  # llama.cpp backend: the draft's GGUF file (`model` still names its tokenizer)
+    """The draft model: a hub id, a local folder or a .gguf file, resolved as the target is; its tokenizer must
+    be the target's."""
+    gguf: ModelName | None = None
+    """llama.cpp backend: the draft's GGUF file (`model` still names its tokenizer)."""
 
 
 def run_lengths(match: np.ndarray) -> np.ndarray:

@@ -35,8 +35,13 @@ if TYPE_CHECKING:  # the head's module imports transformers' Llama layers (and T
 
 
 class Eagle3SpeculatorConfig(SpeculatorConfig):
+    """An EAGLE-3 head (vLLM `eagle3`): chain drafting from the target's aux hidden states."""
+
     kind: Literal["eagle3"]
-    model: ModelName  # a head folder in either checkpoint format, or a built test model's name
+    """`eagle3`."""
+    model: ModelName
+    """The head: a folder in the speculators format (`speculators_model_type = "eagle3"`) or the original
+    EAGLE-3 one (`LlamaForCausalLMEagle3`), or a built test model's name."""
 
 
 @dataclass

@@ -29,9 +29,15 @@ class EngineSpeculatorConfig(SpeculatorConfig):
     without their leading dashes)."""
 
     kind: Literal["engine"]
+    """`engine`: a method only a serving engine runs (DSpark, DFlash, ...)."""
     method: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_\-]+$")
+    """The method as the engine spells it (vLLM `method`, SGLang `--speculative-algorithm`, llama.cpp
+    `--spec-type`): `dflash`, `dspark`, `eagle`, `medusa`, ..."""
     model: ModelName | None = None
+    """The drafter's weights, if the method has any."""
     settings: dict[str, Any] = Field(default_factory=dict)
+    """Further keys of the method, passed as written (vLLM speculative-config keys, SGLang / llama.cpp flags
+    without their leading dashes)."""
 
 
 class EngineOnlySpeculator(Speculator):

@@ -52,6 +52,7 @@ class MtpSpeculatorConfig(SpeculatorConfig):
     """`{ kind = "mtp" }`: the MTP layers come from the pair's target checkpoint; nothing else to set."""
 
     kind: Literal["mtp"]
+    """`mtp`: nothing else to set."""
 
 
 # -- the checkpoint: what it must hold, read before any weights load ------------------------------------------

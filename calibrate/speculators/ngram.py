@@ -41,8 +41,13 @@ class NgramSpeculatorConfig(SpeculatorConfig):
     when neither is given, one copies the other when only one is)."""
 
     kind: Literal["ngram"]
-    prompt_lookup_max: int = Field(gt=0)
-    prompt_lookup_min: int = Field(gt=0)
+    """`ngram`."""
+    prompt_lookup_max: int = Field(default=VLLM_DEFAULT_LOOKUP, gt=0)
+    """The longest tail matched (vLLM's `prompt_lookup_max`); 5 when neither length is set, the other's value
+    when only that one is."""
+    prompt_lookup_min: int = Field(default=VLLM_DEFAULT_LOOKUP, gt=0)
+    """The shortest tail matched (vLLM's `prompt_lookup_min`), at most `prompt_lookup_max`; 5 when neither is
+    set, the other's value when only that one is."""
 
     @model_validator(mode="before")
     @classmethod

@@ -42,10 +42,18 @@ class SuffixSpeculatorConfig(SpeculatorConfig):
     """Suffix decoding; the keys are vLLM's `suffix_decoding_*` options, with their defaults."""
 
     kind: Literal["suffix"]
+    """`suffix`."""
     max_depth: int = Field(default=24, gt=0)
+    """The suffix trie's depth: the longest match and continuation it holds (vLLM's
+    `suffix_decoding_max_tree_depth`)."""
     max_spec_factor: float = Field(default=1.0, ge=0)
+    """Drafts at most `max_spec_factor` x the matched length + `max_spec_offset` tokens (vLLM's
+    `suffix_decoding_max_spec_factor`)."""
     max_spec_offset: float = 0.0
+    """Added to the draft-length cap above (ArcticInference's; vLLM has no option for it)."""
     min_token_prob: float = Field(default=0.1, ge=0, le=1)
+    """The most frequent continuation is followed while its estimated probability (the product of
+    count(child) / count(parent)) stays at least this (vLLM's `suffix_decoding_min_token_prob`)."""
 
 
 EPS = 1e-9

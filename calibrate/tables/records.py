@@ -26,7 +26,7 @@ RATE_DIGITS = 4
 SEGMENT_ALL = "all"
 
 # Model-free drafters (no model: they propose only where the context has a match). Engine exports carry
-# their drafted AL, with the proposal rate beside it (calibrate/consumers/README.md says why).
+# their drafted AL, with the proposal rate beside it (docs/exports.md, "Model-free speculators", says why).
 MODEL_FREE_KINDS = ("ngram", "suffix")
 
 # Fields of the key a record answers for, in display order.
