@@ -23,9 +23,9 @@ import torch
 
 from calibrate.config import load_config
 from calibrate.engines import PairEngines
-from calibrate.kernels.reference import Sampling
 from calibrate.runner import _labeller, _prompts, plan_units, prepare, request_key
 from calibrate.tables import stats
+from calibrate.terms import Sampling
 
 
 def measure(config, prepared, engine_name: str, seed: int):

@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_va
 
 from calibrate.kernels import triton_unavailable
 from calibrate.limits import INT32_MAX, MAX_BATCH, MAX_SAMPLES, MAX_SEED, MAX_TIMEOUT_SECONDS, MAX_TOKENS
-from calibrate.replay.counts import check_k
-from calibrate.speculators.base import CONFIG_TABLE, ModelName
+from calibrate.terms import check_k
+from calibrate.speculators.configs import CONFIG_TABLE, ModelName
 from calibrate.speculators.registry import KINDS, SpeculatorConfigUnion
 
 if sys.version_info >= (3, 11):

@@ -28,7 +28,7 @@ from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.speculators.eagle3 import Eagle3Speculator
 from calibrate.speculators.mtp import MtpSpeculator
 from calibrate.speculators.ngram import NgramSpeculator
-from calibrate.speculators.registry import speculator_class
+from calibrate.speculators.registry import speculator_kind
 from calibrate.speculators.suffix import SuffixSpeculator
 
 BUDGET = Budget(context_tokens=1000, max_new_tokens=24, seed=7)
@@ -164,7 +164,7 @@ def test_one_name_per_speculator_in_process_and_served():
     ]
     for raw, built in cases:
         spec = PairConfig(target="/models/target", speculators=[raw]).speculators[0]
-        assert speculator_class(spec.kind).config_name(spec, "/models/target") == built.name
+        assert speculator_kind(spec.kind).config_name(spec, "/models/target") == built.name
         if spec.kind in ("ngram", "suffix", "mtp"):
             pair = _pair("vllm", raw)
             assert server_speculator(pair.speculators[0], pair).name == built.name

@@ -13,8 +13,8 @@ from calibrate.engines.replies import Asked, Fields
 from calibrate.engines.server import EngineError, check_port_free, http_json, launch
 from calibrate.engines.sglang import SGLangBackend, parse_meta
 from calibrate.engines.vllm import VLLMBackend, counts_from_request, read_counters
-from calibrate.kernels.reference import Sampling
 from calibrate.tables import stats
+from calibrate.terms import Sampling
 from tests.standin_engines import StandIn, VLLMCounters, llamacpp_routes
 
 GREEDY = Sampling(0.0, None, None, 0)

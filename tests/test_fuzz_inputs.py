@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from calibrate.cli import app
-from calibrate.replay.counts import MAX_K
+from calibrate.terms import MAX_K
 from tests.tables_support import basic_store
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from calibrate.cli import app
 from calibrate.config import load_config
 from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
-from calibrate.kernels.reference import Sampling
+from calibrate.terms import Sampling
 from calibrate.models import load_model
 from calibrate.replay.responses import generate_responses
 from calibrate.replay.scoring import score_replay

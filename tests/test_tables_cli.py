@@ -675,7 +675,7 @@ def test_export_inferencex_reference_refuses_a_block_it_cannot_read(app: typer.T
 def test_draft_len_options_take_the_one_bound_on_k(app: typer.Typer, db: Path, args: tuple) -> None:
     """Issue 31 item 7: `lookup --draft-len 100000000 --extrapolate` took 35 s and 7 GB before answering, and
     99999999999999999999 said "Maximum allowed size exceeded"; every --draft-len is 1..MAX_K, one line, exit 2."""
-    from calibrate.replay.counts import MAX_K
+    from calibrate.terms import MAX_K
 
     flag = "--table" if args[0] == "lookup" else "--db"
     res = invoke(app, *args, flag, str(db))

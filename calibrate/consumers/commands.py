@@ -19,7 +19,7 @@ from calibrate.consumers import exports, inferencex, runner_env
 from calibrate.consumers.inferencex import Naming
 from calibrate.consumers.lookup import lookup as lookup_record, open_table
 from calibrate.errors import cli_errors
-from calibrate.replay.counts import check_k
+from calibrate.terms import check_k
 from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
 from calibrate.tables.commands import (BOOT_OPT, DATASET_OPT, DB_OPT, K_OPT, MODEL_OPT, SEED_OPT, SPEC_OPT, TEMP_OPT,
                                        THINKING_OPT, WHERE_OPT, load_selection)

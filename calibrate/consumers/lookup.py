@@ -19,7 +19,7 @@ import duckdb
 from calibrate.consumers.exported_table import read_exported
 from calibrate.consumers.inferencex import MODEL_PREFIXES
 from calibrate.errors import NothingUsable
-from calibrate.replay.counts import check_k
+from calibrate.terms import check_k
 from calibrate.tables import query
 from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, parse_edges
 from calibrate.tables.names import AmbiguousMatch, NotMeasured, match_speculator, match_target, normalize_thinking

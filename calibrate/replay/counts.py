@@ -6,25 +6,11 @@ keeps them as they are; statistics are derived later (calibrate.tables.stats), n
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from calibrate.data.segments import SEGMENTS
-
-# The largest draft length anything here takes: config keys ([sweep] k, [pairs.server] k), CLI options
-# (--draft-len of show, export and lookup, with or without --extrapolate) and the in-process engines'
-# arguments. Far above every engine's own largest k (vLLM, SGLang and llama.cpp serve single digits to about
-# 16), and low enough that a typo (k = 100000) fails at once instead of allocating gigabytes for minutes.
-MAX_K = 64
-
-
-def check_k(ks: Iterable[int], what: str = "k") -> None:
-    """Refuse any k outside 1..MAX_K, in one line naming where it came from (`what`: a key or an option)."""
-    bad = [k for k in ks if not 1 <= k <= MAX_K]
-    if bad:
-        raise ValueError(f"{what} must be 1..{MAX_K} (calibrate's largest k), got {', '.join(map(str, bad))}")
 
 
 @dataclass

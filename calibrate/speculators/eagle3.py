@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,17 +26,12 @@ import torch
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import fingerprint, model_config, resolve, resolve_dtype
 from calibrate.speculators.base import (
-    BuildContext, ModelName, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
-    chain_replay_scorers,
+    BuildContext, Proposal, ReplayScorer, Speculator, TargetFeatures, TargetNeeds, chain_replay_scorers,
 )
+from calibrate.speculators.configs import Eagle3SpeculatorConfig
 
 if TYPE_CHECKING:  # the head's module imports transformers' Llama layers (and Triton): only when a head loads
     from calibrate.speculators.eagle3_head import Eagle3Head
-
-
-class Eagle3SpeculatorConfig(SpeculatorConfig):
-    kind: Literal["eagle3"]
-    model: ModelName  # a head folder in either checkpoint format, or a built test model's name
 
 
 @dataclass
@@ -65,17 +60,6 @@ def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tup
 
 class Eagle3Speculator(Speculator):
     kind = "eagle3"
-    config_model = Eagle3SpeculatorConfig
-    drafts_every_step = True
-    hidden_states = "layers"
-    engines = {
-        "vllm": ("eagle3", lambda spec, weights: {"model": weights(spec.model)}),
-        "sglang": ("EAGLE3", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
-    }
-
-    @classmethod
-    def config_name(cls, spec: Eagle3SpeculatorConfig, target: str) -> str:
-        return f"eagle3:{spec.model}"
 
     @classmethod
     def check(cls, spec: Eagle3SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:

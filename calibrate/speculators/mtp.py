@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,20 +38,14 @@ from calibrate.checkpoints import open_checkpoint
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import resolve
 from calibrate.speculators.base import (
-    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
-    chain_replay_scorers, no_settings,
+    BuildContext, Proposal, ReplayScorer, Speculator, TargetFeatures, TargetNeeds, chain_replay_scorers,
 )
+from calibrate.speculators.configs import MtpSpeculatorConfig
 from calibrate.speculators.mtp_archs import DEEPSEEK, layer_prefixes, refusal
 
 # What the name and provenance say about depths beyond the checkpoint's layers.
 DEPTH_RULE = ("depth d uses MTP layer d % num_mtp_layers (vLLM spec_step_idx % num_mtp_layers); "
               "k > num_mtp_layers reuses layers autoregressively, fed the previous depth's pre-norm hidden")
-
-
-class MtpSpeculatorConfig(SpeculatorConfig):
-    """`{ kind = "mtp" }`: the MTP layers come from the pair's target checkpoint; nothing else to set."""
-
-    kind: Literal["mtp"]
 
 
 # -- the checkpoint: what it must hold, read before any weights load ------------------------------------------
@@ -225,17 +219,7 @@ class _RequestState:
 
 class MtpSpeculator(Speculator):
     kind = "mtp"
-    config_model = MtpSpeculatorConfig
     needs = TargetNeeds(last=True)
-    drafts_every_step = True
-    hidden_states = "last"
-    # The target's own MTP layers: vLLM `mtp` (any model type it has MTP for); SGLang's EAGLE, which NEXTN
-    # aliases and which loads the DeepSeek / GLM family's draft from the target checkpoint by default.
-    engines = {"vllm": ("mtp", no_settings), "sglang": ("EAGLE", no_settings)}
-
-    @classmethod
-    def config_name(cls, spec: MtpSpeculatorConfig, target: str) -> str:
-        return f"mtp:{target}"
 
     @classmethod
     def check(cls, spec: MtpSpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:

@@ -27,34 +27,17 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
 from calibrate.speculators.base import (
-    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, label,
-    leading_matches, needs,
+    BuildContext, Proposal, ReplayScorer, Speculator, TargetFeatures, leading_matches,
 )
-
-
-class SuffixSpeculatorConfig(SpeculatorConfig):
-    """Suffix decoding; the keys are vLLM's `suffix_decoding_*` options, with their defaults."""
-
-    kind: Literal["suffix"]
-    max_depth: int = Field(default=24, gt=0)
-    max_spec_factor: float = Field(default=1.0, ge=0)
-    max_spec_offset: float = 0.0
-    min_token_prob: float = Field(default=0.1, ge=0, le=1)
-
+from calibrate.speculators.configs import SUFFIX_DEFAULTS, SuffixSpeculatorConfig, suffix_params
+from calibrate.speculators.registry import label
 
 EPS = 1e-9
-
-
-def _params(spec: Any) -> dict[str, Any]:
-    """The settings that make two suffix configs different drafters (a config or a built speculator)."""
-    return {"max_depth": spec.max_depth, "max_spec_factor": spec.max_spec_factor,
-            "max_spec_offset": spec.max_spec_offset, "min_token_prob": spec.min_token_prob}
 
 
 @dataclass(frozen=True)
@@ -224,24 +207,12 @@ class SuffixSpeculator(Speculator):
     """Suffix decoding over the request's own tokens; parameters as vLLM's `suffix_decoding_*`."""
 
     kind = "suffix"
-    defaults = {"max_depth": 24, "max_spec_factor": 1.0, "max_spec_offset": 0.0, "min_token_prob": 0.1}
-    # vLLM's `method: suffix` (ArcticInference inside the engine, with the cross-request cache the module
-    # docstring leaves out); vLLM has no offset option (its offset is 0). No other engine has suffix decoding.
-    engines = {"vllm": ("suffix", lambda spec, weights: needs(
-        not spec.max_spec_offset, "vLLM has no max_spec_offset option (its offset is 0)") or {
-        "suffix_decoding_max_tree_depth": spec.max_depth, "suffix_decoding_max_spec_factor": spec.max_spec_factor,
-        "suffix_decoding_min_token_prob": spec.min_token_prob})}
-    config_model = SuffixSpeculatorConfig
 
     @classmethod
     def build(cls, spec: SuffixSpeculatorConfig, ctx: BuildContext) -> SuffixSpeculator:
         return cls(max_depth=spec.max_depth, max_spec_factor=spec.max_spec_factor,
                    max_spec_offset=spec.max_spec_offset, min_token_prob=spec.min_token_prob,
                    cache_size=max(64, ctx.batch_size))
-
-    @classmethod
-    def config_name(cls, spec: SuffixSpeculatorConfig, target: str) -> str:
-        return label(cls.kind, _params(spec), cls.defaults)
 
     def __init__(self, max_depth: int = 24, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
                  min_token_prob: float = 0.1, cache_size: int = 64):
@@ -263,11 +234,11 @@ class SuffixSpeculator(Speculator):
 
     @property
     def name(self) -> str:
-        return label(self.kind, self.params, self.defaults)
+        return label(self.kind, self.params, SUFFIX_DEFAULTS)
 
     @property
     def params(self) -> dict[str, Any]:
-        return _params(self)
+        return suffix_params(self)
 
     def best_at(self, index: SuffixIndex, at: int, k: int) -> SuffixCandidate:
         """The winning candidate (tokens, their probabilities, match length) as of tokens[:at]."""

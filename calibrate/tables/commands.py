@@ -21,7 +21,7 @@ import typer
 
 from calibrate.errors import NothingUsable, cli_errors
 from calibrate.limits import MAX_BOOTSTRAP, MAX_SEED
-from calibrate.replay.counts import check_k
+from calibrate.terms import check_k
 from calibrate.tables import query, stats
 from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, dimension,
                                      from_name, parse_edges)
