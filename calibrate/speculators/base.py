@@ -7,13 +7,13 @@ Engines use a speculator in two ways:
 - greedy replay-once: the target's response is fixed, so a speculator only has to say, for a step that
   starts at position t of that response, how many of its k drafts match it (`replay_scorers`, given the
   target's features over prompt + response when it needs them);
-- loops (sampled, or step-by-step at temperature 0), per request id: `start` with the prompt, `draft` k
-  tokens (optionally with their probabilities for rejection sampling), `extend` with each verified block,
-  `finish`. A speculator owns its per-request state (KV cache, index) and rolls back its own speculative
-  state when the next verified block arrives; nothing recognises a request by its tokens. A model-free
-  drafter only says what follows a token context (`propose`); the default per-request methods keep the
-  context for it. A draft model is the exception: it drafts a whole batch at once with its own batched
-  KV cache (calibrate.speculators.draft_model).
+- loops (sampled, or step-by-step at temperature 0), per loop id (one loop per request and k,
+  calibrate.replay.loop): `start` with the prompt, `draft` k tokens (optionally with their probabilities
+  for rejection sampling), `extend` with each verified block, `finish`. A speculator owns its per-loop
+  state (KV cache, index) and rolls back its own speculative state when the next verified block arrives;
+  nothing recognises a loop by its tokens. A model-free drafter only says what follows a token context
+  (`propose`); the default per-loop methods keep the context for it. A draft model is the exception: it
+  drafts a whole batch at once with its own batched KV cache (calibrate.speculators.draft_model).
 
 Target features follow one invariant: after `start` / `extend`, the speculator holds the features of every
 context position except the last (the last token is the one the target has not run yet: the prefill's
@@ -153,15 +153,15 @@ class Speculator(ABC):
     # The default keeps each request's context and proposes from it; speculators with a model state
     # (EAGLE-3, MTP) override all four.
 
-    def start(self, request_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
+    def start(self, loop_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
         """A request begins: its prompt, and the target's features of every prompt position but the last."""
-        self._contexts()[request_id] = list(prompt)
+        self._contexts()[loop_id] = list(prompt)
 
-    def extend(self, request_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
+    def extend(self, loop_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
         """The target verified a step: the context grew by `tokens`; features cover the positions it ran."""
-        self._contexts()[request_id].extend(int(t) for t in tokens)
+        self._contexts()[loop_id].extend(int(t) for t in tokens)
 
-    def draft(self, request_id: int, k: int, temperature: float = 0.0,
+    def draft(self, loop_id: int, k: int, temperature: float = 0.0,
               generator: torch.Generator | None = None, *, top_k: int | None = None,
               top_p: float | None = None) -> Proposal:
         """Up to k drafts to follow the request's current context.
@@ -169,10 +169,10 @@ class Speculator(ABC):
         `top_k` / `top_p` are the target's sampling filters: a speculator that samples from its own q warps
         q by them as the target's p is (`calibrate.kernels.reference.sampling_probs`), so self-speculation
         accepts every draft. Model-free proposals (and `propose`) have no logits to warp and ignore them."""
-        return self.propose(self._contexts()[request_id], k, temperature, generator)
+        return self.propose(self._contexts()[loop_id], k, temperature, generator)
 
-    def finish(self, request_id: int) -> None:
-        self._contexts().pop(request_id, None)
+    def finish(self, loop_id: int) -> None:
+        self._contexts().pop(loop_id, None)
 
     def _contexts(self) -> dict[int, list[int]]:
         # Created on first use, so subclasses need not call a base __init__.

@@ -132,14 +132,14 @@ class Eagle3Speculator(Speculator):
 
     # -- loops -----------------------------------------------------------------------------------------
 
-    def start(self, request_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
+    def start(self, loop_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
         shape = (0, self.head.kv_heads, self.head.head_dim)
         empty = torch.zeros(shape, dtype=self.head.fc.weight.dtype, device=self._device)
-        self._requests[request_id] = _RequestState(tokens=list(prompt), keys=empty, values=empty.clone())
-        self._add_rows(self._requests[request_id], features)
+        self._requests[loop_id] = _RequestState(tokens=list(prompt), keys=empty, values=empty.clone())
+        self._add_rows(self._requests[loop_id], features)
 
-    def extend(self, request_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
-        state = self._requests[request_id]
+    def extend(self, loop_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
+        state = self._requests[loop_id]
         state.tokens.extend(int(t) for t in tokens)
         self._add_rows(state, features)
 
@@ -162,13 +162,13 @@ class Eagle3Speculator(Speculator):
         state.anchor = (q[-1:], residual[-1:])
 
     @torch.inference_mode()
-    def draft(self, request_id: int, k: int, temperature: float = 0.0,
+    def draft(self, loop_id: int, k: int, temperature: float = 0.0,
               generator: torch.Generator | None = None, *, top_k: int | None = None,
               top_p: float | None = None) -> Proposal:
         """k chain drafts from the last verified position; the round's deeper rows are dropped afterwards.
         At T > 0 the head samples from its softmax warped by the target's top-k / top-p (over the draft
         vocabulary), as Speculator.draft says."""
-        state, head = self._requests[request_id], self.head
+        state, head = self._requests[loop_id], self.head
         if state.anchor is None:
             return Proposal(tokens=[])
         a = state.keys.shape[0] - 1  # the anchor's position
@@ -193,5 +193,5 @@ class Eagle3Speculator(Speculator):
                 h = head.finish(head.attend(q, state.keys, state.values, None, k_own, v_own), residual)
         return Proposal(tokens=tokens, probs=torch.stack(probs) if probs else None)
 
-    def finish(self, request_id: int) -> None:
-        self._requests.pop(request_id, None)
+    def finish(self, loop_id: int) -> None:
+        self._requests.pop(loop_id, None)

@@ -314,13 +314,13 @@ class MtpSpeculator(Speculator):
 
     # -- loops -----------------------------------------------------------------------------------------
 
-    def start(self, request_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
-        self._requests[request_id] = _RequestState(tokens=list(prompt), cache=new_cache(self.mtp),
+    def start(self, loop_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
+        self._requests[loop_id] = _RequestState(tokens=list(prompt), cache=new_cache(self.mtp),
                                                    done=[0] * self.layers, last=[None] * self.layers)
-        self._add_rows(self._requests[request_id], features)
+        self._add_rows(self._requests[loop_id], features)
 
-    def extend(self, request_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
-        state = self._requests[request_id]
+    def extend(self, loop_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
+        state = self._requests[loop_id]
         state.tokens.extend(int(t) for t in tokens)
         self._add_rows(state, features)
 
@@ -350,12 +350,12 @@ class MtpSpeculator(Speculator):
                 else (post[:-1], begin)
 
     @torch.inference_mode()
-    def draft(self, request_id: int, k: int, temperature: float = 0.0,
+    def draft(self, loop_id: int, k: int, temperature: float = 0.0,
               generator: torch.Generator | None = None, *, top_k: int | None = None,
               top_p: float | None = None) -> Proposal:
         """k chain drafts from the last verified position; the round's rows are cropped away afterwards.
         At T > 0 each draft is sampled from the MTP softmax warped by the target's top-k / top-p."""
-        state = self._requests[request_id]
+        state = self._requests[loop_id]
         count = len(state.tokens)
         if state.last[0] is None or state.done[0] != count:
             return Proposal(tokens=[])
@@ -400,5 +400,5 @@ class MtpSpeculator(Speculator):
         chain.append(torch.cat([verified, post]))
         return post, block[-1:]
 
-    def finish(self, request_id: int) -> None:
-        self._requests.pop(request_id, None)
+    def finish(self, loop_id: int) -> None:
+        self._requests.pop(loop_id, None)

@@ -230,7 +230,7 @@ class SuffixSpeculator(Speculator):
         # makes a step cost the new tokens, not the whole context. Keep one per request of a batch.
         self._indexes: list[SuffixIndex] = []
         self._cache_size = cache_size
-        self._by_request: dict[int, SuffixIndex] = {}  # loops: one index per request id
+        self._by_request: dict[int, SuffixIndex] = {}  # loops: one index per loop id
 
     @property
     def name(self) -> str:
@@ -263,20 +263,20 @@ class SuffixSpeculator(Speculator):
         index = self.index_for(context)
         return Proposal(tokens=list(self.best_at(index, len(index.tokens), k).tokens))
 
-    def start(self, request_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
-        self._by_request[request_id] = SuffixIndex(self.max_depth, list(prompt))
+    def start(self, loop_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
+        self._by_request[loop_id] = SuffixIndex(self.max_depth, list(prompt))
 
-    def extend(self, request_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
-        self._by_request[request_id].extend(tokens)
+    def extend(self, loop_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
+        self._by_request[loop_id].extend(tokens)
 
-    def draft(self, request_id: int, k: int, temperature: float = 0.0,
+    def draft(self, loop_id: int, k: int, temperature: float = 0.0,
               generator: torch.Generator | None = None, *, top_k: int | None = None,
               top_p: float | None = None) -> Proposal:
-        index = self._by_request[request_id]
+        index = self._by_request[loop_id]
         return Proposal(tokens=list(self.best_at(index, len(index.tokens), k).tokens))
 
-    def finish(self, request_id: int) -> None:
-        self._by_request.pop(request_id, None)
+    def finish(self, loop_id: int) -> None:
+        self._by_request.pop(loop_id, None)
 
     def replay_scorers(
         self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int
