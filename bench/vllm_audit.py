@@ -55,7 +55,7 @@ def measure(tmp: Path, args: argparse.Namespace, name: str, temperature: float) 
     shape = argparse.Namespace(requests=args.requests, context=512, max_new_tokens=args.max_new_tokens,
                                temperature=temperature)
     label = f"{name}-{temperature:g}{'-fixed' if args.fix_expand else ''}"
-    path = write_config(tmp, shape, target, spec, [args.k], label, server, engine="loop", seed=1)
+    path = write_config(tmp, shape, target, spec, [args.k], label, server, method="loop", seed=1)
     execute(load_config(path), path.with_suffix(".duckdb"))
     return path
 

@@ -120,7 +120,7 @@ def scored_here(config: Config, pair: PairConfig) -> list[Any]:
     a server's responses."""
     if pair.backend == "transformers":
         return list(pair.speculators)
-    return [pair.speculators[i] for i in server_split(pair, config.run.engine)[0]]
+    return [pair.speculators[i] for i in server_split(pair, config.run.method)[0]]
 
 
 def check_moe(target: str) -> None:

@@ -270,7 +270,7 @@ max_new_tokens = 32
 dtype = "float32"
 device = "cpu"
 batch_size = 4
-engine = "auto"
+method = "auto"
 [[pairs]]
 target = "{smollm}"
 speculators = [{{ kind = "eagle3", model = "{head}" }}]

@@ -133,17 +133,17 @@ def test_llamacpp_runs_a_gguf_draft_at_fixed_k(tmp_path):
     ("vllm", {"kind": "suffix", "max_spec_offset": 1.0}, "cannot be launched on vllm: vLLM has no max_spec_offset"),
 ])
 def test_a_kind_an_engine_cannot_run_is_refused_when_read(backend, spec, message):
-    """Where the engine must run the kind itself (engine = "loop": a launch per k). Under "auto" (and
+    """Where the engine must run the kind itself (method = "loop": a launch per k). Under "auto" (and
     "replay") such a kind is scored by replay of a plain server's responses instead, which needs no
     engine spelling (an in-process kind)."""
     server = None if backend == "transformers" else {"mode": "launch", "model": "m"}
     pair = {"target": "t", "backend": backend, "speculators": [spec], **({"server": server} if server else {})}
     with pytest.raises(ValidationError, match=message):
-        Config.model_validate({"dataset": {"source": "x"}, "run": {"engine": "loop"}, "pairs": [pair],
+        Config.model_validate({"dataset": {"source": "x"}, "run": {"method": "loop"}, "pairs": [pair],
                                "sweep": {"k": [2]}})
     if backend != "transformers":
         replayed = Config.model_validate({"dataset": {"source": "x"}, "pairs": [pair], "sweep": {"k": [2]}})
-        assert server_split(replayed.pairs[0], replayed.run.engine) == ([0], [])
+        assert server_split(replayed.pairs[0], replayed.run.method) == ([0], [])
 
 
 def test_a_connected_server_runs_what_it_was_started_with():

@@ -108,7 +108,7 @@ def config(tmp_path: Path, target: Path, url: str, hidden_url: str, speculators=
         tmp_path / "mtp.toml",
         dataset={"source": QUICKSTART, "format": "openai", "max_requests": 3, "context_tokens": 128,
                  "max_new_tokens": 16},
-        run={"device": "cpu", "dtype": "float32", "batch_size": 2, "engine": "replay"},
+        run={"device": "cpu", "dtype": "float32", "batch_size": 2, "method": "replay"},
         pairs=[{"target": target, "backend": "vllm", "speculators": speculators or [{"kind": "mtp"}],
                 "server": {"mode": "connect", "url": url, "concurrency": 2, "hidden_states": "engine",
                            "hidden_states_url": hidden_url}}],

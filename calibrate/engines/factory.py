@@ -52,7 +52,7 @@ class PairEngines:
         if pair.backend == "transformers":
             self.target = load_model(pair.target, dtype, device, tokenizer=tokenizer)
         else:
-            replayed, self.served = server_split(pair, config.run.engine)
+            replayed, self.served = server_split(pair, config.run.method)
             twinned = [specs[i] for i in self._twinned()]
             specs = [specs[i] for i in replayed]
             self.target = self._scoring_target(specs + twinned, dtype, device)
@@ -138,10 +138,10 @@ def in_process_engine(run: Any, temperature: float) -> str:
     target-only rule): one generation then scores every speculator and k, and is exact in distribution.
     The loop stays for the probabilistic rule (the outcome depends on the drafter's draws) and for the MoE
     verify-cost profile (it reads the router during real verify passes)."""
-    if run.engine == "replay" and temperature > 0 and run.verification != "target-only":
+    if run.method == "replay" and temperature > 0 and run.verification != "target-only":
         raise ValueError("engine 'replay' at temperature > 0 needs verification 'target-only'; use engine 'loop' "
                          "or 'auto'")
-    if run.engine == "loop" or run.experts:
+    if run.method == "loop" or run.experts:
         return "loop"
     if temperature > 0 and run.verification != "target-only":
         return "loop"
