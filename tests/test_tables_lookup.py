@@ -218,8 +218,20 @@ def _lookup_cli(table: Path, k: int = 3):
 
     from calibrate.cli import app
 
-    return CliRunner().invoke(app, ["lookup", "--table", str(table), "--model", Q, "--speculator", "ngram",
+    return CliRunner().invoke(app, ["lookup", "--db", str(table), "--model", Q, "--speculator", "ngram",
                                     "-k", str(k), "--thinking", "off"])
+
+
+def test_lookup_reads_its_store_from_db_as_every_command_does_and_from_table_as_before(
+        tables: dict[str, Path]) -> None:
+    """`--db` names the store on every command; lookup's earlier `--table` is the same option."""
+    from typer.testing import CliRunner
+
+    from calibrate.cli import app
+
+    answers = [CliRunner().invoke(app, ["lookup", option, str(tables["duckdb"]), "--model", Q, "--speculator", "ngram",
+                                        "-k", "3", "--thinking", "off"]) for option in ("--db", "--table")]
+    assert [a.exit_code for a in answers] == [0, 0] and answers[0].output == answers[1].output != ""
 
 
 @pytest.mark.parametrize(("field", "value", "says"), [

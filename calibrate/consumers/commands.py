@@ -128,7 +128,8 @@ def lookup(
     speculator: Optional[str] = typer.Option(None, "--speculator", help="Speculator label; omit if only one."),
     draft_len: Optional[int] = typer.Option(None, "--draft-len", "-k", help="Draft length k."),
     thinking: Optional[str] = typer.Option(None, "--thinking", help="on / off."),
-    table: Optional[Path] = typer.Option(None, "--table", help="A .duckdb store or an exported .json/.parquet."),
+    db: Optional[Path] = typer.Option(None, "--db", "--table",
+                                      help="A .duckdb store or an exported .json/.parquet (--table: the same)."),
     format: Optional[str] = typer.Option(None, "--format", help=f"Output form: {_LOOKUP_HELP} (default value)."),
     dataset: Optional[str] = typer.Option(None, "--dataset"),
     temperature: Optional[float] = typer.Option(None, "--temperature"),
@@ -153,7 +154,7 @@ def lookup(
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
     # The table is read (an export strictly) before anything else: a malformed one is named, whatever else is wrong.
-    source = open_table(table) if table is not None else None
+    source = open_table(db) if db is not None else None
     if draft_len is not None:
         check_k([draft_len], "--draft-len")
     match_prefix = False

@@ -119,7 +119,7 @@ def open_table(table: str | Path | None = None) -> Table:
     if path.suffix in (".json", ".parquet"):
         return ExportedTable(path)
     if not path.exists():
-        raise FileNotFoundError(f"no acceptance database at {path} (pass --table / table= a .duckdb or an export)")
+        raise FileNotFoundError(f"no acceptance database at {path} (pass --db / table= a .duckdb or an export)")
     return DuckDBTable(path)
 
 
