@@ -132,7 +132,7 @@ class PairEngines:
 
 
 def in_process_engine(run: Any, temperature: float) -> str:
-    """`[run] engine` resolved for one temperature: "replay" or "loop".
+    """`[run] method` resolved for one temperature: "replay" or "loop".
 
     auto picks replay wherever a response's tokens fix every step's outcome (T = 0, or T > 0 under the
     target-only rule): one generation then scores every speculator and k, and is exact in distribution.
