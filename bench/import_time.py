@@ -14,6 +14,7 @@ import argparse
 import statistics
 import subprocess
 import sys
+import tempfile
 
 MODULES = ["calibrate.config", "calibrate.engines.vllm", "calibrate.tables.query", "calibrate.consumers.lookup",
            "torch"]
@@ -24,8 +25,9 @@ PROBE = ("import sys, time; t = time.perf_counter(); import {m}; dt = time.perf_
 def measure(module: str, runs: int) -> tuple[float, bool]:
     times, torch_loaded = [], False
     for _ in range(runs):
+        # From a neutral folder: `python -c` puts its working folder first on sys.path, before PYTHONPATH.
         out = subprocess.run([sys.executable, "-c", PROBE.format(m=module)], capture_output=True, text=True,
-                             check=True).stdout.split()
+                             check=True, cwd=tempfile.gettempdir()).stdout.split()
         times.append(float(out[0]))
         torch_loaded = out[1] == "True"
     return statistics.median(times), torch_loaded
