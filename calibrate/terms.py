@@ -19,7 +19,7 @@ import numpy as np
 
 from calibrate.data.segments import SEGMENTS
 
-# The largest k anything here takes: config keys ([sweep] k, [pairs.server] k), CLI options (--draft-len of show,
+# The largest k anything here takes: config keys ([sweep] k, [pairs.server] k), CLI options (--k of show,
 # export and lookup, with or without --extrapolate) and the in-process engines' arguments. Far above every
 # engine's own largest k (vLLM, SGLang and llama.cpp serve single digits to about 16), and low enough that a
 # typo (k = 100000) fails at once instead of allocating gigabytes for minutes.

@@ -243,7 +243,7 @@ def test_a_log_dir_must_be_a_writable_folder_when_the_config_is_read(tmp_path, m
 
 
 def test_a_servers_k_has_the_same_bound(tmp_path):
-    """Issue 31 item 7: [pairs.server] k takes the bound [sweep] k does (calibrate.replay.counts.MAX_K)."""
+    """Issue 31 item 7: [pairs.server] k takes the bound [sweep] k does (calibrate.terms.MAX_K)."""
     text = SERVED.replace('mode = "launch", model = "MODEL"LOG', 'mode = "connect", url = "http://h:8000", k = 65')
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, text.replace("SPECULATOR", '{ kind = "ngram" }')))

@@ -230,7 +230,7 @@ def test_corrupt_dataset_rows(tmp_path: Path, rows: list, forced: str | None) ->
                                              ("verifications", [{}]), ("draft_len", MAX_K + 1)])
 def test_exported_table_fields_hypothesis_broke(tmp_path: Path, exported: dict, name: str, value: object) -> None:
     """Cases the fuzz test found: fields added after the validator was written were not checked; a k past
-    calibrate's largest was named as `--draft-len`, not as the table's (the table is read first now)."""
+    calibrate's largest was named as `--k`, not as the table's (the table is read first now)."""
     doc = json.loads(json.dumps(exported))
     record = next(r for r in doc["records"] if r["speculator"] == "ngram")
     record[name] = value

@@ -210,7 +210,7 @@ def test_segment_and_argument_types_are_checked(tmp_path: Path) -> None:
     db = basic_store(tmp_path / "a.duckdb")
     res = invoke("lookup", "--db", str(db), "--model", Q, "-k", "1", "--thinking", "off", "--segment", "bogus")
     assert res.exit_code == ExitCode.BAD_INPUT and "unknown segment 'bogus'" in res.output
-    with pytest.raises(TypeError, match="draft_len must be an int"):
+    with pytest.raises(TypeError, match="lookup: k must be an int"):
         lookup(Q, "ngram", "3", "off", table=db)
     with pytest.raises(TypeError, match="model must be a str"):
         lookup(None, "ngram", 3, "off", table=db)
@@ -616,7 +616,7 @@ def test_extrapolation_keeps_the_model_free_basis(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, says", [
-    (("-k", "9"), "matches --draft-len 9; measured: draft_len 1, 2, 3"),
+    (("-k", "9"), "matches --k 9; measured: draft_len 1, 2, 3"),
     (("--where", "max_new_tokens=12", "--thinking", "on"), "measured: thinking off, on; max_new_tokens 256"),
 ])
 def test_show_of_nothing_that_matches_says_what_exists(hand_store: Path, args: tuple, says: str) -> None:

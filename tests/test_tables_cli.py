@@ -104,7 +104,7 @@ def test_export_commands(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     res = invoke(app, "export", "--to", "sglang", "--db", str(db), "--mode", "rates")
     assert res.exit_code == 2 and "sglang has no --mode rates (modes: length)" in res.output
     res = invoke(app, "export", "--to", "vllm", "--db", str(db), "--vllm-mode", "rates", "--model", "qwen2.5-coder-1.5b-instruct",
-                 "--speculator", "ngram", "--draft-len", "3", "--thinking", "off")
+                 "--speculator", "ngram", "--k", "3", "--thinking", "off")
     (row,) = json.loads(res.stdout)
     assert row["speculative_config"]["synthetic_acceptance_rates"] == [0.6, 0.4667, 0.3333]
     res = invoke(app, "export", "--to", "parquet", "--db", str(db), "--out", str(tmp_path / "t.parquet"))
@@ -157,7 +157,7 @@ def test_lookup_failures_exit_nonzero_with_what_exists(app: typer.Typer, db: Pat
     res = invoke(app, "lookup", "--model", Q, "-k", "3", "--thinking", "off", "--db", str(tmp_path / "none.duckdb"))
     assert res.exit_code == 2 and "no acceptance database" in res.output
     res = invoke(app, "lookup", "--model", Q, "--db", str(db))
-    assert res.exit_code == 2 and "missing --draft-len, --thinking" in res.output
+    assert res.exit_code == 2 and "missing --k, --thinking" in res.output
 
 
 def test_export_help_names_both_curve_folders_and_their_versions() -> None:
@@ -258,7 +258,7 @@ def test_lookup_from_runner_environment(app: typer.Typer, db: Path) -> None:
     res = invoke(app, "lookup", "--from-env", "--db", str(db), env={**env, "FRAMEWORK": "tgi"})
     assert res.exit_code == 2 and "FRAMEWORK='tgi'" in res.output and "dynamo-sglang" in res.output
     res = invoke(app, "lookup", "--from-env", "--db", str(db), env={**env, "NUM_SPEC_TOKENS": ""})
-    assert res.exit_code == 2 and "needs k: --draft-len, --recipe" in res.output and "NUM_SPEC_TOKENS" in res.output
+    assert res.exit_code == 2 and "needs k: --k, --recipe" in res.output and "NUM_SPEC_TOKENS" in res.output
 
 
 # The newest InferenceX runners (infx/srt_slurm/synthetic_acceptance.py build_overrides / spec_parameters, newest in
@@ -665,23 +665,23 @@ def test_export_inferencex_reference_refuses_a_block_it_cannot_read(app: typer.T
 
 
 @pytest.mark.parametrize("args", [
-    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--draft-len", "100000000", "--extrapolate"),
-    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--draft-len", "99999999999999999999"),
-    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--draft-len", "65"),
-    ("lookup", "--from-env", "--format", "value", "--draft-len", "0"),
+    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--k", "100000000", "--extrapolate"),
+    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--k", "99999999999999999999"),
+    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--k", "65"),
+    ("lookup", "--from-env", "--format", "value", "--k", "0"),
     ("show", "-k", "1", "-k", "65"),
-    ("export", "--to", "json", "--draft-len", "99999999999999999999"),
+    ("export", "--to", "json", "--k", "99999999999999999999"),
 ])
 def test_draft_len_options_take_the_one_bound_on_k(app: typer.Typer, db: Path, args: tuple) -> None:
-    """Issue 31 item 7: `lookup --draft-len 100000000 --extrapolate` took 35 s and 7 GB before answering, and
-    99999999999999999999 said "Maximum allowed size exceeded"; every --draft-len is 1..MAX_K, one line, exit 2."""
+    """Issue 31 item 7: `lookup --k 100000000 --extrapolate` took 35 s and 7 GB before answering, and
+    99999999999999999999 said "Maximum allowed size exceeded"; every --k is 1..MAX_K, one line, exit 2."""
     from calibrate.terms import MAX_K
 
     flag = "--db" if args[0] == "lookup" else "--db"
     res = invoke(app, *args, flag, str(db))
     assert res.exit_code == 2, res.output
     bad = next(a for a in reversed(args) if a.isdigit() and not 1 <= int(a) <= MAX_K)
-    assert res.stderr.splitlines() == [f"error: --draft-len must be 1..{MAX_K} (calibrate's largest k), got {bad}"]
+    assert res.stderr.splitlines() == [f"error: --k must be 1..{MAX_K} (calibrate's largest k), got {bad}"]
 
 
 def test_lookup_on_a_damaged_store_names_the_file(app: typer.Typer, db: Path, tmp_path: Path) -> None:
