@@ -25,7 +25,7 @@ from calibrate.data import cut_turns, load_conversations, render_prompt, select_
 from calibrate.models import load_model
 from calibrate.replay.responses import generate_responses, target_features
 from calibrate.replay.scoring import score_replay
-from calibrate.kernels.reference import Sampling
+from calibrate.terms import Sampling
 from calibrate.replay.loop import run_loops
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head
 from calibrate.speculators.ngram import NgramSpeculator

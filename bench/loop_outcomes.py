@@ -28,14 +28,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from calibrate.kernels.reference import Sampling  # noqa: E402
 from calibrate.models import load_model  # noqa: E402
 from calibrate.replay.loop import run_loops  # noqa: E402
 from calibrate.speculators.base import BuildContext, Proposal, Speculator  # noqa: E402
 from calibrate.speculators.draft_model import DraftModelSpeculator  # noqa: E402
 from calibrate.speculators.ngram import NgramSpeculator  # noqa: E402
-from calibrate.speculators.registry import speculator_class  # noqa: E402
+from calibrate.speculators.registry import speculator_kind  # noqa: E402
 from calibrate.speculators.suffix import SuffixSpeculator  # noqa: E402
+from calibrate.terms import Sampling  # noqa: E402
 from tests.conftest import tiny_llama  # noqa: E402
 
 MODELS = Path(os.environ.get("CALIBRATE_TEST_MODELS", Path.home() / ".cache" / "calibrate-test-models"))
@@ -125,7 +125,7 @@ def collect() -> dict:
     for kind, target_name, head in (("eagle3", "smollm2-135m-instruct", "smollm2-135m-instruct-eagle3"),
                                     ("mtp", "tiny-deepseek-mtp", None)):
         target = smol if kind == "eagle3" else load_model(str(MODELS / target_name), "float32", "cpu")
-        cls = speculator_class(kind)
+        cls = speculator_kind(kind)
         spec = cls.config_model(kind=kind, **({"model": str(MODELS / head)} if head else {}))
         built = cls.build(spec, BuildContext(dtype="float32", device="cpu", batch_size=4, target=target))
         run_set(f"smol-{kind}" if kind == "eagle3" else kind, target.model, [built], prompts,

@@ -23,7 +23,7 @@ import torch
 import calibrate.kv_slots as kv_slots
 import calibrate.replay.loop as loop
 import calibrate.speculators.draft_model as draft_model
-from calibrate.kernels.reference import Sampling
+from calibrate.terms import Sampling
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.kernels import rng
 

@@ -66,9 +66,9 @@ class ForwardClock:
 
 
 def run_ours(target, draft, prompts, batch_size: int, args) -> tuple:
-    from calibrate.kernels.reference import Sampling
     from calibrate.replay.loop import run_loops
     from calibrate.speculators.draft_model import DraftModelSpeculator
+    from calibrate.terms import Sampling
 
     clock = ForwardClock(target.model, draft.model)
     t0 = time.perf_counter()

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import calibrate.replay.loop as loop
-from calibrate.kernels.reference import Sampling
+from calibrate.terms import Sampling
 from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model
 

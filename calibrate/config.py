@@ -1,7 +1,7 @@
 """The sweep a `calibrate run` measures: a TOML file plus CLI overrides, validated before any model loads.
 
     [dataset]   where the conversations come from and how requests are picked and sized
-    [run]       numerics and engine choice (dtype, device, batch size, engine)
+    [run]       numerics and how counts are made (dtype, device, batch size, method)
     [[pairs]]   a target and the speculators to measure against it
     [sweep]     draft lengths, thinking modes, sampling
 
@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_va
 
 from calibrate.kernels import triton_unavailable
 from calibrate.limits import INT32_MAX, MAX_BATCH, MAX_SAMPLES, MAX_SEED, MAX_TIMEOUT_SECONDS, MAX_TOKENS
-from calibrate.replay.counts import check_k
-from calibrate.speculators.base import CONFIG_TABLE, ModelName
+from calibrate.terms import check_k
+from calibrate.speculators.configs import CONFIG_TABLE, ModelName
 from calibrate.speculators.registry import KINDS, SpeculatorConfigUnion
 
 if sys.version_info >= (3, 11):
@@ -98,7 +98,7 @@ DEVICE_PATTERN = r"^(auto|cpu|mps|cuda(:[0-9]+)?)$"
 
 
 class RunConfig(_Strict):
-    """Numerics and the engine choice, shared by every pair of the sweep."""
+    """Numerics and the method, shared by every pair of the sweep."""
 
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Compute dtype in this process. `auto`: bf16 only where the device computes it natively (Ampere or later,
@@ -108,13 +108,14 @@ class RunConfig(_Strict):
     """`auto`, `cpu`, `mps`, `cuda` or `cuda:N`; availability is checked before any model loads."""
     batch_size: int = Field(default=4, gt=0, le=MAX_BATCH)
     """Requests decoded together in this process. 1..4096 (calibrate.limits.MAX_BATCH)."""
-    engine: Literal["auto", "replay", "loop"] = "auto"
-    """How the counts are made. `replay` scores every speculator and k from one response per request (greedy,
-    or at T > 0 sampled, under the target-only rule), generated in this process or, on a server pair, by a
-    plain engine; `loop` decodes each (speculator, k) step by step: in this process, or on a server pair the
-    engine's own speculation, a launch per (speculator, k). `auto` picks replay wherever it is exact (T = 0,
-    or the target-only rule) and the loop for the probabilistic rule, the MoE profile, engine-only kinds and
-    a connected server that speculates (calibrate.engines.factory.in_process_engine, server_split)."""
+    method: Literal["auto", "replay", "loop"] = "auto"
+    """How the counts are made (was `engine`, refused naming this key). `replay` scores every speculator and k
+    from one response per request (greedy, or at T > 0 sampled, under the target-only rule), generated in this
+    process or, on a server pair, by a plain engine; `loop` decodes each (speculator, k) step by step: in this
+    process, or on a server pair the engine's own speculation, a launch per (speculator, k). `auto` picks
+    replay wherever it is exact (T = 0, or the target-only rule) and the loop for the probabilistic rule, the
+    MoE profile, engine-only kinds and a connected server that speculates (calibrate.engines.factory.
+    in_process_engine, server_split)."""
     verify_kernel: Literal["auto", "triton", "reference"] = "auto"
     """The loop's verification kernel: `auto` picks the fused Triton kernel wherever it runs (CUDA, triton
     importable) and the torch reference elsewhere (calibrate.kernels.resolve_kernel); `triton` where it
@@ -127,7 +128,7 @@ class RunConfig(_Strict):
     experts: bool = False
     """The MoE verify-cost profile (calibrate.replay.experts): distinct routed experts per layer touched by each
     verify pass, per request and for batches of each size in `expert_batch_sizes`. It needs the step-by-step
-    loop, so it picks engine `loop` at T = 0 too; a dense target is refused from its config."""
+    loop, so it picks method `loop` at T = 0 too; a dense target is refused from its config."""
     expert_batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1)
     """With `experts = true`: the batch sizes B whose union of experts is profiled (B requests of one engine
     batch decoded together), each 1..`batch_size`. Set without `experts`, it is refused."""
@@ -140,8 +141,8 @@ class RunConfig(_Strict):
     def _expert_batches(self) -> RunConfig:
         if not self.experts and "expert_batch_sizes" in self.model_fields_set:
             raise ValueError("expert_batch_sizes is read only with experts = true (the MoE verify-cost profile)")
-        if self.experts and self.engine == "replay":
-            raise ValueError("experts = true needs the step-by-step loop: set engine = \"loop\" or \"auto\"")
+        if self.experts and self.method == "replay":
+            raise ValueError("experts = true needs the step-by-step loop: set method = \"loop\" or \"auto\"")
         too_big = [b for b in self.expert_batch_sizes if not 1 <= b <= self.batch_size]
         if too_big:
             raise ValueError(f"expert_batch_sizes {too_big} outside 1..batch_size ({self.batch_size}): a batch of B "
@@ -317,7 +318,7 @@ class PairConfig(_Strict):
         if method is None:
             runs_on = ", ".join(cls.engines) or "no engine"
             raise ValueError(f"speculators[{i}] ({name}) has no {self.backend} method (this kind runs on: {runs_on}); "
-                             "score it by replay (engine = \"replay\" or \"auto\"), in-process or on another backend")
+                             "score it by replay (method = \"replay\" or \"auto\"), in-process or on another backend")
 
     @field_validator("server")
     @classmethod
@@ -413,19 +414,19 @@ class Config(_Strict):
         for n, pair in enumerate(self.pairs):
             if pair.server is not None:
                 try:
-                    check_server_pair(pair, self.run.engine, self.sweep.k)
+                    check_server_pair(pair, self.run.method, self.sweep.k)
                 except ValueError as exc:
-                    raise ValueError(f"pairs[{n}] (backend {pair.backend!r}, engine {self.run.engine!r}): {exc}") from None
+                    raise ValueError(f"pairs[{n}] (backend {pair.backend!r}, method {self.run.method!r}): {exc}") from None
         return self
 
     @model_validator(mode="after")
     def _replay_needs_target_only(self) -> Config:
         sampled = [t for t in self.sweep.temperature if t > 0]
         in_process = any(p.backend == "transformers" for p in self.pairs)  # a server replays target-only anyway
-        if self.run.engine == "replay" and sampled and self.run.verification == "probabilistic" and in_process:
-            raise ValueError(f"engine \"replay\" at temperature {sampled[0]:g} needs verification = \"target-only\": "
+        if self.run.method == "replay" and sampled and self.run.verification == "probabilistic" and in_process:
+            raise ValueError(f"method \"replay\" at temperature {sampled[0]:g} needs verification = \"target-only\": "
                              "under the probabilistic rule a step's outcome depends on the drafter's own draws, "
-                             "not on the response alone; use engine \"loop\" or \"auto\"")
+                             "not on the response alone; use method \"loop\" or \"auto\"")
         return self
 
     def warnings(self) -> list[str]:
@@ -438,43 +439,43 @@ class Config(_Strict):
         return out
 
 
-def server_split(pair: PairConfig, engine: str) -> tuple[list[int], list[int]]:
+def server_split(pair: PairConfig, method: str) -> tuple[list[int], list[int]]:
     """A server pair's speculators (indices): those plain-engine replay scores in this process from a plain
     server's responses, and those the engine runs itself (a launch per k, or the connected server's own).
 
-    engine "replay": all replayed; "loop": all run by the engine; "auto": the engine runs them where it is
+    method "replay": all replayed; "loop": all run by the engine; "auto": the engine runs them where it is
     the only way (a connected server that speculates, stated by server.k; an engine-only kind), and replay
     scores the rest, for one plain launch instead of one per (speculator, k)."""
     every = list(range(len(pair.speculators)))
-    if engine == "loop" or (engine == "auto" and pair.server.mode == "connect" and pair.server.k is not None):
+    if method == "loop" or (method == "auto" and pair.server.mode == "connect" and pair.server.k is not None):
         return [], every
-    if engine == "replay":
+    if method == "replay":
         return every, []
     replayed = [i for i in every if KINDS[pair.speculators[i].kind].in_process]
     return replayed, [i for i in every if i not in replayed]
 
 
-def check_server_pair(pair: PairConfig, engine: str, ks: list[int]) -> None:
+def check_server_pair(pair: PairConfig, method: str, ks: list[int]) -> None:
     """Everything about a server pair that depends on which speculators the engine runs itself."""
     cfg = pair.server
-    replayed, served = server_split(pair, engine)
+    replayed, served = server_split(pair, method)
     for i in served:
         if cfg.mode == "launch":
             pair.launch_method(i)
     if served and cfg.mode == "connect":
         if len(pair.speculators) != 1:
             raise ValueError("a connected server runs one speculator: list exactly the one it was started with (or "
-                             "score several by replay against a plain server: engine = \"replay\")")
+                             "score several by replay against a plain server: method = \"replay\")")
         if cfg.k is None:
             raise ValueError("mode 'connect' with the engine's own speculation needs `k` (the k the server drafts); "
-                             "a plain server is measured by replay (engine = \"replay\" or \"auto\")")
+                             "a plain server is measured by replay (method = \"replay\" or \"auto\")")
         if ks != [cfg.k]:
             raise ValueError(f"sweep.k {ks}: a connected server measures only the k it runs (server.k = {cfg.k}): set "
                              f"sweep.k = [{cfg.k}], or score every k by replay against a plain server "
-                             "(engine = \"replay\", no server.k)")
+                             "(method = \"replay\", no server.k)")
     if replayed and cfg.mode == "connect" and cfg.k is not None:
         raise ValueError(f"server.k = {cfg.k} says the server speculates; replay needs a plain server's responses: "
-                         "drop server.k, or measure its own speculation with engine = \"loop\"")
+                         "drop server.k, or measure its own speculation with method = \"loop\"")
     for i in replayed:
         check_replayed(pair, i)
 
@@ -487,7 +488,7 @@ def check_replayed(pair: PairConfig, i: int) -> None:
     name = cls.config_name(spec, pair.target)
     if not cls.in_process:
         raise ValueError(f"speculators[{i}] ({name}) runs only inside the engine: replay cannot score it (set "
-                         "engine = \"loop\" or \"auto\")")
+                         "method = \"loop\" or \"auto\")")
     if cls.hidden_states is None or cfg.hidden_states == "in-process":
         return
     if pair.backend != "vllm":
@@ -517,8 +518,17 @@ def _where(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-# Keys earlier versions read, and what they are called now (one word per concept: k, the verify kernel).
-RENAMED = {"draft_lengths": "k", "draft_len": "k", "verify_backend": "verify_kernel"}
+# Keys earlier versions read, and what they are called now (one word per concept: k, the verify kernel, the
+# method that makes the counts); "table.key" where the old name is a word other tables may still use.
+RENAMED = {"draft_lengths": "k", "draft_len": "k", "verify_backend": "verify_kernel", "run.engine": "method"}
+
+
+def renamed(loc: tuple[Any, ...]) -> str | None:
+    """What the key at `loc` is called now, or None where it never had another name."""
+    if not loc:
+        return None
+    old = str(loc[-1])
+    return (RENAMED.get(f"{loc[0]}.{old}") if len(loc) == 2 else None) or RENAMED.get(old)
 
 
 def format_errors(path: str, exc: ValidationError) -> str:
@@ -526,8 +536,8 @@ def format_errors(path: str, exc: ValidationError) -> str:
     for err in exc.errors():
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            old = err["loc"][-1] if err["loc"] else None
-            msg = f"unknown key (now called `{RENAMED[old]}`)" if old in RENAMED else "unknown key"
+            now = renamed(tuple(err["loc"]))
+            msg = f"unknown key (now called `{now}`)" if now else "unknown key"
         elif err["type"] == "union_tag_invalid":
             msg = f"unknown speculator kind {err['input'].get('kind')!r} (known: {', '.join(KINDS)})" \
                 if isinstance(err.get("input"), dict) else msg

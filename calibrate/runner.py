@@ -29,13 +29,12 @@ from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
 from calibrate.engines import Engine, PairEngines
 from calibrate.errors import NothingUsable
-from calibrate.kernels.reference import Sampling
+from calibrate.terms import RequestOutcome, Sampling
 from calibrate.models import LoadedModel, load_tokenizer, resolve_device, skeleton
 from calibrate.progress import RunProgress
-from calibrate.replay.counts import RequestOutcome
 from calibrate.replay.experts import NotMoE, find_routers
 from calibrate.replay.steps import STEP_RULE_VERSION
-from calibrate.speculators.registry import speculator_class
+from calibrate.speculators.registry import speculator_kind
 from calibrate.tables.store import RunSpec, Store
 
 
@@ -105,7 +104,7 @@ def prepare(config: Config) -> Prepared:
             tokenizers[pair.target] = load_tokenizer(pair.target)
         tokenizer = tokenizers[pair.target]
         for spec in scored_here(config, pair):  # a speculating server checks its own
-            speculator_class(spec.kind).check(spec, pair.target, tokenizer)  # e.g. a head's shapes, before weights
+            speculator_kind(spec.kind).check(spec, pair.target, tokenizer)  # e.g. a head's shapes, before weights
         for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
             render_prompt(requests[0], tokenizer, thinking=thinking, context_tokens=ds.context_tokens,
                           model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
@@ -121,7 +120,7 @@ def scored_here(config: Config, pair: PairConfig) -> list[Any]:
     a server's responses."""
     if pair.backend == "transformers":
         return list(pair.speculators)
-    return [pair.speculators[i] for i in server_split(pair, config.run.engine)[0]]
+    return [pair.speculators[i] for i in server_split(pair, config.run.method)[0]]
 
 
 def check_moe(target: str) -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from calibrate.kernels.reference import Sampling
-from calibrate.replay.counts import StepCounts
 from calibrate.replay.loop import LoopResult, run_loops
 from calibrate.replay.responses import Response, target_features
 from calibrate.replay.scoring import score_replay
 from calibrate.speculators.draft_model import DraftModelSpeculator
+from calibrate.terms import Sampling, StepCounts
 
 
 def as_speculator(spec):

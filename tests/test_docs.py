@@ -283,7 +283,7 @@ def test_every_key_the_manual_names_exists() -> None:
         for bracketed, dotted, key in named.findall(page.read_text(encoding="utf-8")):
             seen += 1
             table = bracketed or dotted
-            if key not in tables[table].model_fields:
+            if key not in tables[table].model_fields and f"{table}.{key}" not in config.RENAMED:  # an old name, refused
                 problems.append(f"{page.relative_to(ROOT)}: [{table}] has no key {key!r}")
     assert seen > 20
     assert not problems, "\n".join(problems)

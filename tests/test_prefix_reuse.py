@@ -30,7 +30,7 @@ from calibrate.config import ConfigError, load_config  # noqa: E402
 from calibrate.data import RenderedPrompt, cut_turns, load_conversations, select_requests  # noqa: E402
 from calibrate.data.conversation import ReplayRequest  # noqa: E402
 from calibrate.engines.in_process import LoopEngine, ReplayEngine  # noqa: E402
-from calibrate.kernels.reference import Sampling  # noqa: E402
+from calibrate.terms import Sampling  # noqa: E402
 from calibrate.kv_slots import ConversationCache, common_prefix, prefill  # noqa: E402
 from calibrate.models import LoadedModel  # noqa: E402
 from calibrate.replay.responses import target_features  # noqa: E402

@@ -22,13 +22,13 @@ if not torch.cuda.is_available():  # the loop imports Triton: its interpreter mo
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from calibrate.data import render_prompt, select_from_source  # noqa: E402
-from calibrate.kernels.reference import Sampling  # noqa: E402
 from calibrate.models import load_model  # noqa: E402
 from calibrate.replay.loop import run_loops  # noqa: E402
 from calibrate.replay.responses import generate_responses  # noqa: E402
 from calibrate.replay.scoring import score_replay  # noqa: E402
 from calibrate.speculators.draft_model import DraftModelSpeculator  # noqa: E402
 from calibrate.tables import stats  # noqa: E402
+from calibrate.terms import Sampling  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from calibrate.engines.in_process import LoopEngine
-from calibrate.kernels.reference import Sampling
 from calibrate.kv_slots import SlotCache, prefill
 from calibrate.speculators.base import Proposal, Speculator
 from calibrate.speculators.ngram import NgramSpeculator
 from calibrate.speculators.suffix import SuffixSpeculator
+from calibrate.terms import Sampling
 from tests.loop_runs import loop_results, sweep
 
 EOS = 96

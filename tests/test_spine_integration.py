@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from calibrate.cli import app
 from calibrate.config import load_config
 from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
-from calibrate.kernels.reference import Sampling
+from calibrate.terms import Sampling
 from calibrate.models import load_model
 from calibrate.replay.responses import generate_responses
 from calibrate.replay.scoring import score_replay
@@ -189,12 +189,12 @@ k = [2]
 
 
 def test_loop_engine_at_temperature_zero_stores_what_replay_stores(tmp_path, smollm, mini_swe_dir):
-    """Through the runner: engine = "loop" at T=0 writes exactly the greedy replay-once counts (fp32)."""
+    """Through the runner: method = "loop" at T=0 writes exactly the greedy replay-once counts (fp32)."""
     text = sweep_config(tmp_path, smollm, mini_swe_dir / "original", 2).read_text()
     replay_cfg = tmp_path / "replay.toml"
     replay_cfg.write_text(text)
     loop_cfg = tmp_path / "loop.toml"
-    loop_cfg.write_text(text.replace('device = "cpu"', 'device = "cpu"\nengine = "loop"'))
+    loop_cfg.write_text(text.replace('device = "cpu"', 'device = "cpu"\nmethod = "loop"'))
     execute(load_config(replay_cfg), tmp_path / "replay.duckdb")
     execute(load_config(loop_cfg), tmp_path / "loop.duckdb")
     assert totals(tmp_path / "loop.duckdb") == totals(tmp_path / "replay.duckdb")
@@ -211,7 +211,7 @@ def test_sampled_loop_run_records_expected_acceptance(tmp_path, smollm, mini_swe
     text = sweep_config(tmp_path, smollm, mini_swe_dir / "original", 2).read_text()
     path = tmp_path / "sampled.toml"
     path.write_text(text.replace("k = [1, 3]", "k = [2]\ntemperature = [0.8]\ntop_p = 0.95")
-                    .replace('device = "cpu"', 'device = "cpu"\nengine = "loop"'))
+                    .replace('device = "cpu"', 'device = "cpu"\nmethod = "loop"'))
     db = tmp_path / "sampled.duckdb"
     result = CliRunner().invoke(app, ["run", str(path), "--db", str(db), "--no-show"])
     assert result.exit_code == 0, result.output

@@ -179,7 +179,7 @@ k = [4]
 
 
 def test_names_carry_non_default_parameters():
-    from calibrate.speculators.base import label
+    from calibrate.speculators.registry import label
 
     assert SuffixSpeculator().name == "suffix" and NgramSpeculator().name == "ngram"
     assert SuffixSpeculator(max_depth=32, max_spec_factor=2.0).name == "suffix:max_depth=32,max_spec_factor=2"

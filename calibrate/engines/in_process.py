@@ -17,7 +17,7 @@ import torch
 
 from calibrate.data import RenderedPrompt
 from calibrate.engines.base import BatchResult, Labeller, Measured
-from calibrate.kernels.reference import Sampling
+from calibrate.terms import Sampling
 from calibrate.kv_slots import ConversationCaches, Prefix, prefill
 from calibrate.models import LoadedModel
 from calibrate.progress import TokenProgress

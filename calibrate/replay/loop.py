@@ -44,10 +44,10 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from calibrate.kernels import verify_greedy, verify_rejection
-from calibrate.kernels.reference import Sampling, VerifyOutput
+from calibrate.terms import Sampling, StepCounts, check_k
+from calibrate.kernels.reference import VerifyOutput
 from calibrate.kv_slots import Prefill, Prefix, SlotCache, prefill
 from calibrate.progress import TokenProgress
-from calibrate.replay.counts import StepCounts, check_k
 from calibrate.replay.experts import ExpertRecorder, ExpertTrace
 from calibrate.replay.steps import step_accepted
 from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds, select_features

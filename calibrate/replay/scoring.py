@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from calibrate.kv_slots import Prefix
-from calibrate.replay.counts import StepCounts, check_k
 from calibrate.replay.responses import Response
 from calibrate.replay.steps import walk_steps
 from calibrate.speculators.base import Speculator, TargetFeatures
 from calibrate.speculators.draft_model import DraftModelSpeculator
+from calibrate.terms import StepCounts, check_k
 
 # model -> the prompts' caches in it (a whole trajectory's turns: their conversations', calibrate.kv_slots)
 Prefixes = Callable[[torch.nn.Module], Prefix]

@@ -7,13 +7,13 @@ Engines use a speculator in two ways:
 - greedy replay-once: the target's response is fixed, so a speculator only has to say, for a step that
   starts at position t of that response, how many of its k drafts match it (`replay_scorers`, given the
   target's features over prompt + response when it needs them);
-- loops (sampled, or step-by-step at temperature 0), per request id: `start` with the prompt, `draft` k
-  tokens (optionally with their probabilities for rejection sampling), `extend` with each verified block,
-  `finish`. A speculator owns its per-request state (KV cache, index) and rolls back its own speculative
-  state when the next verified block arrives; nothing recognises a request by its tokens. A model-free
-  drafter only says what follows a token context (`propose`); the default per-request methods keep the
-  context for it. A draft model is the exception: it drafts a whole batch at once with its own batched
-  KV cache (calibrate.speculators.draft_model).
+- loops (sampled, or step-by-step at temperature 0), per loop id (one loop per request and k,
+  calibrate.replay.loop): `start` with the prompt, `draft` k tokens (optionally with their probabilities
+  for rejection sampling), `extend` with each verified block, `finish`. A speculator owns its per-loop
+  state (KV cache, index) and rolls back its own speculative state when the next verified block arrives;
+  nothing recognises a loop by its tokens. A model-free drafter only says what follows a token context
+  (`propose`); the default per-loop methods keep the context for it. A draft model is the exception: it
+  drafts a whole batch at once with its own batched KV cache (calibrate.speculators.draft_model).
 
 Target features follow one invariant: after `start` / `extend`, the speculator holds the features of every
 context position except the last (the last token is the one the target has not run yet: the prefill's
@@ -27,16 +27,14 @@ from one teacher-forced pass) overrides `replay_scorers`; the default proposes a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import AfterValidator, BaseModel, ConfigDict
 
-from calibrate.models import check_written_path
-from calibrate.speculators.runs_on import RUNS_ON
+from calibrate.speculators.configs import SpeculatorConfig
 
 # run_at(t, k) -> (how many of the drafts proposed for k at response position t match the response from t,
 # how many drafts were proposed). See calibrate.replay.steps.walk_steps.
@@ -79,35 +77,6 @@ def select_features(hidden_states: Sequence[torch.Tensor], needs: TargetNeeds, r
                           hidden_states[-1][row] if needs.last else None)
 
 
-# Every table of a sweep config (calibrate.config, and each kind's speculator table): an unknown key is an
-# error; NaN and infinity are refused for every float (a NaN temperature would be stored and exported as a
-# key); and no value is coerced to another type (`strict`): `k = [true]`, `k = ["1"]`, `context_tokens =
-# "256"` or `experts = "yes"` are mistakes, refused as any wrong type is. An int is still a float
-# (`temperature = 1`).
-CONFIG_TABLE = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True,
-                          use_attribute_docstrings=True)  # a key's docstring is its description (docs reference)
-
-
-def _written_path_exists(name: str) -> str:
-    try:
-        check_written_path(name)
-    except FileNotFoundError as exc:
-        raise ValueError(str(exc)) from None
-    return name
-
-
-# A model name in a config table (a speculator's `model`, a server's `model`): resolved as docs/configuration.md says (an
-# existing path, a built test model, else a hub id), so a name written as a path that does not exist is
-# refused when the config is read, naming it, not when an engine fails to load it.
-ModelName = Annotated[str, AfterValidator(_written_path_exists)]
-
-
-class SpeculatorConfig(BaseModel):
-    """Base of every kind's config table (`[[pairs]].speculators` entries): strict, immutable."""
-
-    model_config = CONFIG_TABLE
-
-
 @dataclass
 class BuildContext:
     """What a kind's `build` may use: run settings, the loaded target, and models shared between pairs."""
@@ -131,41 +100,6 @@ class Proposal:
     probs: torch.Tensor | None = None
 
 
-@dataclass(frozen=True)
-class EngineMethod:
-    """How one serving engine names a speculator kind and spells its settings, k aside (each engine spells
-    k its own way: calibrate.engines.<engine>). Model names in `settings` are already resolved to what
-    the engine loads (a local folder, or a hub id as written)."""
-
-    method: str  # vLLM speculative-config `method`, SGLang `--speculative-algorithm`, llama.cpp `--spec-type`
-    settings: dict[str, Any] = field(default_factory=dict)
-
-
-# (spec, weights) -> an engine method's settings; a ValueError says why this config cannot run there.
-Settings = Callable[[Any, Callable[[str], str]], dict[str, Any]]
-
-
-def needs(condition: bool, reason: str) -> None:
-    """In a Settings function: refuse a config an engine cannot run, saying why."""
-    if not condition:
-        raise ValueError(reason)
-
-
-def no_settings(spec: Any, weights: Callable[[str], str]) -> dict[str, Any]:
-    return {}
-
-
-def label(kind: str, params: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
-    """A model-free speculator's name: its kind, plus each parameter that differs from its default.
-
-    Names key runs and table rows, so two configurations must never share one ('ngram' with prompt_lookup_max 3 and
-    with 5 would otherwise pool into one AL); the default configuration keeps the bare kind.
-    """
-    changed = [f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
-               for key, value in params.items() if value != defaults[key]]
-    return kind + (":" + ",".join(changed) if changed else "")
-
-
 def leading_matches(drafts: Sequence[int], target: Sequence[int], limit: int) -> int:
     """Length of the common prefix of drafts and target, over at most `limit` positions."""
     n = 0
@@ -179,53 +113,17 @@ def leading_matches(drafts: Sequence[int], target: Sequence[int], limit: int) ->
 class Speculator(ABC):
     """A drafter. `name` labels its runs; `params` is stored as provenance and is part of the run identity.
 
-    Each kind also declares its config table (`config_model`, a SpeculatorConfig subclass with a `kind`
-    Literal) and how to build itself from it (`build`); calibrate.speculators.registry lists the kinds.
+    Each kind's facts (its config table, name rule, engine spellings, flags) are its entry in
+    calibrate.speculators.registry, which imports no torch; the class says how to check a config against a
+    target (`check`) and build a drafter from it (`build`), and drafts.
     """
 
-    kind: str = ""
+    kind: str = ""  # its entry in calibrate.speculators.registry, which holds every fact of the kind
     needs: TargetNeeds = TargetNeeds()
-    config_model: ClassVar[type[SpeculatorConfig] | None] = None
-    in_process: ClassVar[bool] = True  # False: the kind runs only inside a serving engine
-    # True for a model drafter: every verify step drafts k, so an engine that lists only drafted steps
-    # (vLLM) lists them all; model-free drafters propose nothing at some steps.
-    drafts_every_step: ClassVar[bool] = False
-    # What of the target's hidden states the kind drafts from, known before any instance (its `needs` say
-    # which layers): None, "layers" (the inputs of given layers: EAGLE-3, what vLLM's extract_hidden_states
-    # captures) or "last" (the final hidden state: MTP).
-    hidden_states: ClassVar[str | None] = None
-    # How each serving engine runs a config of this kind: engine -> (its method name, (spec, weights) -> the
-    # method's settings, raising ValueError with the reason where this config cannot run there). The one
-    # place a kind's engine spellings live: the engine backends read them and hold no list of kinds.
-    engines: ClassVar[Mapping[str, tuple[str, Settings]]] = {}
-
-    @classmethod
-    def runs_on(cls) -> frozenset[str]:
-        """Every engine that runs this kind as it is measured here: those it launches on, and those it never
-        launches whose method for it is the same algorithm (calibrate.speculators.runs_on, the one table of it,
-        which the exports and lookup read without importing the kinds)."""
-        return RUNS_ON.get(cls.kind, frozenset())
 
     @classmethod
     def check(cls, spec: SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
         """Refuse a config that cannot work with this target, before any weights load (default: nothing)."""
-
-    @classmethod
-    def config_name(cls, spec: SpeculatorConfig, target: str) -> str:
-        """The name a config's speculator measures under, in-process and through every engine alike, so their
-        rows share a key. `target` is the pair's target as written (MTP is named after it)."""
-        raise NotImplementedError(f"speculator kind {cls.kind!r} has no name rule")
-
-    @classmethod
-    def engine_method(cls, spec: SpeculatorConfig, engine: str,
-                      weights: Callable[[str], str]) -> EngineMethod | None:
-        """How `engine` ("vllm", "sglang", "llama.cpp") runs this speculator, or None where it has no such
-        method; a ValueError says why this config cannot run there. `weights(name)` resolves a model name
-        to what the engine should load."""
-        if engine not in cls.engines:
-            return None
-        method, settings = cls.engines[engine]
-        return EngineMethod(method, settings(spec, weights))
 
     @classmethod
     def build(cls, spec: SpeculatorConfig, ctx: BuildContext) -> Speculator:
@@ -255,15 +153,15 @@ class Speculator(ABC):
     # The default keeps each request's context and proposes from it; speculators with a model state
     # (EAGLE-3, MTP) override all four.
 
-    def start(self, request_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
+    def start(self, loop_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
         """A request begins: its prompt, and the target's features of every prompt position but the last."""
-        self._contexts()[request_id] = list(prompt)
+        self._contexts()[loop_id] = list(prompt)
 
-    def extend(self, request_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
+    def extend(self, loop_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
         """The target verified a step: the context grew by `tokens`; features cover the positions it ran."""
-        self._contexts()[request_id].extend(int(t) for t in tokens)
+        self._contexts()[loop_id].extend(int(t) for t in tokens)
 
-    def draft(self, request_id: int, k: int, temperature: float = 0.0,
+    def draft(self, loop_id: int, k: int, temperature: float = 0.0,
               generator: torch.Generator | None = None, *, top_k: int | None = None,
               top_p: float | None = None) -> Proposal:
         """Up to k drafts to follow the request's current context.
@@ -271,10 +169,10 @@ class Speculator(ABC):
         `top_k` / `top_p` are the target's sampling filters: a speculator that samples from its own q warps
         q by them as the target's p is (`calibrate.kernels.reference.sampling_probs`), so self-speculation
         accepts every draft. Model-free proposals (and `propose`) have no logits to warp and ignore them."""
-        return self.propose(self._contexts()[request_id], k, temperature, generator)
+        return self.propose(self._contexts()[loop_id], k, temperature, generator)
 
-    def finish(self, request_id: int) -> None:
-        self._contexts().pop(request_id, None)
+    def finish(self, loop_id: int) -> None:
+        self._contexts().pop(loop_id, None)
 
     def _contexts(self) -> dict[int, list[int]]:
         # Created on first use, so subclasses need not call a base __init__.

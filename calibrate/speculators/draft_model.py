@@ -12,27 +12,17 @@ Two ways to use it:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
-from calibrate.kernels.reference import Sampling, sample_drafts
+from calibrate.terms import Sampling
+from calibrate.kernels.reference import sample_drafts
 from calibrate.kv_slots import Prefix, SlotCache
 from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
-from calibrate.speculators.base import BuildContext, ModelName, ReplayScorer, Speculator, SpeculatorConfig, needs
-
-
-class DraftSpeculatorConfig(SpeculatorConfig):
-    """A smaller model sharing the target's tokenizer; replay scores every step from one teacher-forced pass."""
-
-    kind: Literal["draft"]
-    """`draft`."""
-    model: ModelName
-    """The draft model: a hub id, a local folder or a .gguf file, resolved as the target is; its tokenizer must
-    be the target's."""
-    gguf: ModelName | None = None
-    """llama.cpp backend: the draft's GGUF file (`model` still names its tokenizer)."""
+from calibrate.speculators.base import BuildContext, ReplayScorer, Speculator
+from calibrate.speculators.configs import DraftSpeculatorConfig
 
 
 def run_lengths(match: np.ndarray) -> np.ndarray:
@@ -47,15 +37,6 @@ class DraftModelSpeculator(Speculator):
     """A smaller model of the target's family proposing k tokens autoregressively."""
 
     kind = "draft"
-    config_model = DraftSpeculatorConfig
-    drafts_every_step = True
-    # llama.cpp loads the draft as a GGUF file (`gguf`), the others as a model folder or hub id.
-    engines = {
-        "vllm": ("draft_model", lambda spec, weights: {"model": weights(spec.model)}),
-        "sglang": ("STANDALONE", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
-        "llama.cpp": ("draft-simple", lambda spec, weights: needs(spec.gguf, "llama.cpp loads a draft from a GGUF "
-                      "file: set `gguf`") or {"spec-draft-model": weights(spec.gguf)}),
-    }
 
     @classmethod
     def check(cls, spec: DraftSpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
@@ -66,10 +47,6 @@ class DraftModelSpeculator(Speculator):
         if spec.model not in ctx.loaded:
             ctx.loaded[spec.model] = load_model(spec.model, ctx.dtype, ctx.device)
         return cls(ctx.loaded[spec.model], batch_size=ctx.batch_size)
-
-    @classmethod
-    def config_name(cls, spec: DraftSpeculatorConfig, target: str) -> str:
-        return f"draft:{spec.model}"
 
     def __init__(self, draft: LoadedModel, batch_size: int = 4):
         self.draft = draft

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,22 +26,12 @@ import torch
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import fingerprint, model_config, resolve, resolve_dtype
 from calibrate.speculators.base import (
-    BuildContext, ModelName, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
-    chain_replay_scorers,
+    BuildContext, Proposal, ReplayScorer, Speculator, TargetFeatures, TargetNeeds, chain_replay_scorers,
 )
+from calibrate.speculators.configs import Eagle3SpeculatorConfig
 
 if TYPE_CHECKING:  # the head's module imports transformers' Llama layers (and Triton): only when a head loads
     from calibrate.speculators.eagle3_head import Eagle3Head
-
-
-class Eagle3SpeculatorConfig(SpeculatorConfig):
-    """An EAGLE-3 head (vLLM `eagle3`): chain drafting from the target's aux hidden states."""
-
-    kind: Literal["eagle3"]
-    """`eagle3`."""
-    model: ModelName
-    """The head: a folder in the speculators format (`speculators_model_type = "eagle3"`) or the original
-    EAGLE-3 one (`LlamaForCausalLMEagle3`), or a built test model's name."""
 
 
 @dataclass
@@ -70,17 +60,6 @@ def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tup
 
 class Eagle3Speculator(Speculator):
     kind = "eagle3"
-    config_model = Eagle3SpeculatorConfig
-    drafts_every_step = True
-    hidden_states = "layers"
-    engines = {
-        "vllm": ("eagle3", lambda spec, weights: {"model": weights(spec.model)}),
-        "sglang": ("EAGLE3", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
-    }
-
-    @classmethod
-    def config_name(cls, spec: Eagle3SpeculatorConfig, target: str) -> str:
-        return f"eagle3:{spec.model}"
 
     @classmethod
     def check(cls, spec: Eagle3SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
@@ -153,14 +132,14 @@ class Eagle3Speculator(Speculator):
 
     # -- loops -----------------------------------------------------------------------------------------
 
-    def start(self, request_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
+    def start(self, loop_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
         shape = (0, self.head.kv_heads, self.head.head_dim)
         empty = torch.zeros(shape, dtype=self.head.fc.weight.dtype, device=self._device)
-        self._requests[request_id] = _RequestState(tokens=list(prompt), keys=empty, values=empty.clone())
-        self._add_rows(self._requests[request_id], features)
+        self._requests[loop_id] = _RequestState(tokens=list(prompt), keys=empty, values=empty.clone())
+        self._add_rows(self._requests[loop_id], features)
 
-    def extend(self, request_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
-        state = self._requests[request_id]
+    def extend(self, loop_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
+        state = self._requests[loop_id]
         state.tokens.extend(int(t) for t in tokens)
         self._add_rows(state, features)
 
@@ -183,13 +162,13 @@ class Eagle3Speculator(Speculator):
         state.anchor = (q[-1:], residual[-1:])
 
     @torch.inference_mode()
-    def draft(self, request_id: int, k: int, temperature: float = 0.0,
+    def draft(self, loop_id: int, k: int, temperature: float = 0.0,
               generator: torch.Generator | None = None, *, top_k: int | None = None,
               top_p: float | None = None) -> Proposal:
         """k chain drafts from the last verified position; the round's deeper rows are dropped afterwards.
         At T > 0 the head samples from its softmax warped by the target's top-k / top-p (over the draft
         vocabulary), as Speculator.draft says."""
-        state, head = self._requests[request_id], self.head
+        state, head = self._requests[loop_id], self.head
         if state.anchor is None:
             return Proposal(tokens=[])
         a = state.keys.shape[0] - 1  # the anchor's position
@@ -214,5 +193,5 @@ class Eagle3Speculator(Speculator):
                 h = head.finish(head.attend(q, state.keys, state.values, None, k_own, v_own), residual)
         return Proposal(tokens=tokens, probs=torch.stack(probs) if probs else None)
 
-    def finish(self, request_id: int) -> None:
-        self._requests.pop(request_id, None)
+    def finish(self, loop_id: int) -> None:
+        self._requests.pop(loop_id, None)

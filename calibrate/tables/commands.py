@@ -21,7 +21,7 @@ import typer
 
 from calibrate.errors import NothingUsable, cli_errors
 from calibrate.limits import MAX_BOOTSTRAP, MAX_SEED
-from calibrate.replay.counts import check_k
+from calibrate.terms import check_k
 from calibrate.tables import query, stats
 from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, dimension,
                                      from_name, parse_edges)
@@ -44,12 +44,12 @@ class ShowFormat(str, Enum):
 ByDimension = Enum("ByDimension", {name: name for name in DIMENSIONS}, type=str)
 
 
-def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_len: list[int] | None,
+def _filters(con: Any, model: str | None, speculator: list[str] | None, k: list[int] | None,
              thinking: str | None, dataset: list[str] | None, temperature: list[float] | None,
              where: list[str] | None = None) -> query.Filters:
     """CLI filter options -> Filters; model and speculator names are resolved like lookup resolves them."""
-    if draft_len:
-        check_k(draft_len, "--draft-len")
+    if k:
+        check_k(k, "--k")
     entries = query.catalog(con)
     targets = None
     if model is not None:
@@ -67,7 +67,7 @@ def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_le
     return query.Filters(
         targets=targets,
         speculators=tuple(labels) if labels else None,
-        ks=tuple(draft_len) if draft_len else None,
+        ks=tuple(k) if k else None,
         thinking=(normalize_thinking(thinking),) if thinking else None,
         temperatures=tuple(temperature) if temperature else None,
         datasets=tuple(dataset) if dataset else None,
@@ -116,7 +116,7 @@ def _empty_bucket(con: Any, filters: query.Filters, bucket: Bucket, db: Path) ->
 
 # Filters -> (the runs column, the option that set it), for saying what was asked and what exists.
 FILTER_OPTIONS = (("targets", "target", "--model"), ("speculators", "speculator", "--speculator"),
-                  ("ks", "draft_len", "--draft-len"), ("thinking", "thinking", "--thinking"),
+                  ("ks", "draft_len", "--k"), ("thinking", "thinking", "--thinking"),
                   ("temperatures", "temperature", "--temperature"), ("datasets", "dataset", "--dataset"))
 
 
@@ -356,7 +356,21 @@ def _csv_text(rows: list[dict[str, Any]]) -> str:
 DB_OPT = typer.Option(DEFAULT_TABLE, "--db", help="DuckDB store written by `calibrate run`.")
 MODEL_OPT = typer.Option(None, "--model", help="Target as users write it (HF id or its last part).")
 SPEC_OPT = typer.Option(None, "--speculator", help="Speculator label (repeatable).")
-K_OPT = typer.Option(None, "--draft-len", "-k", help="Draft length k (repeatable).")
+K_OPT = typer.Option(None, "--k", "-k", help="k, drafts per verify step (repeatable).")
+# k's option before it was --k, read for one release with one line saying so (`given_k`).
+DRAFT_LEN_OPT = typer.Option(None, "--draft-len", hidden=True, help="Deprecated: --k.")
+
+
+def given_k(k: Any, draft_len: Any) -> Any:
+    """k from --k, or from the deprecated --draft-len (one warning line); for a repeatable option, both."""
+    if draft_len is None or draft_len == []:
+        return k
+    typer.echo("warning: --draft-len is deprecated and will be removed: use --k", err=True)
+    if isinstance(draft_len, list):
+        return [*(k or []), *draft_len]
+    if k is not None and k != draft_len:
+        raise ValueError(f"--k {k} and --draft-len {draft_len} disagree: give --k once")
+    return draft_len
 THINKING_OPT = typer.Option(None, "--thinking", help="on / off.")
 DATASET_OPT = typer.Option(None, "--dataset", help="Dataset name (repeatable).")
 TEMP_OPT = typer.Option(None, "--temperature", help="Sampling temperature (repeatable).")
@@ -376,7 +390,8 @@ def show(
                                   help="Also one row per segment (thinking/answer/tool_call)."),
     model: Optional[str] = MODEL_OPT,
     speculator: Optional[list[str]] = SPEC_OPT,
-    draft_len: Optional[list[int]] = K_OPT,
+    k: Optional[list[int]] = K_OPT,
+    draft_len: Optional[list[int]] = DRAFT_LEN_OPT,
     thinking: Optional[str] = THINKING_OPT,
     dataset: Optional[list[str]] = DATASET_OPT,
     temperature: Optional[list[float]] = TEMP_OPT,
@@ -401,7 +416,7 @@ def show(
                                   "10 conversations, or fill it from the nearest measured one (nearest)."),
 ) -> None:
     """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
-    filters_args = (model, speculator, draft_len, thinking, dataset, temperature, where)
+    filters_args = (model, speculator, given_k(k, draft_len), thinking, dataset, temperature, where)
     if experts:
         if by is not None or segments or workload is not None:
             raise ValueError(f"--experts is the verify-cost profile per key: it does not combine with "

@@ -19,11 +19,12 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from calibrate.replay.counts import SEGMENTS, UNSEGMENTED
+from calibrate.data.segments import SEGMENTS
 from calibrate.tables import stats
 from calibrate.tables.buckets import DIMENSIONS, Bucket, Dimension
 from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
 from calibrate.tables.store import CONDITION_FIELDS, RunSpec
+from calibrate.terms import UNSEGMENTED
 
 SEGMENT_ORDER = (SEGMENT_ALL, *SEGMENTS, UNSEGMENTED)  # unsegmented: server engines' whole-response counts
 

@@ -65,9 +65,9 @@ import duckdb
 
 from calibrate.data.conversation import Problem
 from calibrate.errors import StoreBusy, StoreError
-from calibrate.replay.counts import UNSEGMENTED, RequestOutcome, StepCounts, TotalCounts
 from calibrate.replay.steps import STEP_RULE_VERSION
 from calibrate.tables.stats import accepted_drafts
+from calibrate.terms import UNSEGMENTED, RequestOutcome, StepCounts, TotalCounts
 from calibrate.version import __version__
 
 if TYPE_CHECKING:  # the store is read where torch is not imported (lookup): the expert types are only annotations
