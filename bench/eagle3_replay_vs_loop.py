@@ -26,7 +26,7 @@ from calibrate.models import load_model
 from calibrate.replay.responses import generate_responses, target_features
 from calibrate.replay.scoring import score_replay
 from calibrate.kernels.reference import Sampling
-from calibrate.replay.loop import run_loops
+from calibrate.replay.loop import LoopLayout, LoopSettings, run_loops
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head
 from calibrate.speculators.ngram import NgramSpeculator
 from calibrate.tables import stats
@@ -60,9 +60,8 @@ def main() -> None:
     t_replay = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    looped = run_loops(target.model, [spec], prompts, ks=ks, sampling=Sampling(0.0),
-                       max_new_tokens=args.max_new_tokens, eos_token_ids=eos, loop_rows=len(prompts),
-                       verify_kernel="reference")[0]
+    settings = LoopSettings(Sampling(0.0), args.max_new_tokens, eos, verify_kernel="reference")
+    looped = run_loops(target.model, [spec], prompts, settings, LoopLayout(ks, loop_rows=len(prompts)))[0]
     t_loop = time.perf_counter() - t0
     ngram = score_replay(NgramSpeculator(), prompts, responses, ks)
 

@@ -35,7 +35,7 @@ from calibrate.kv_slots import ConversationCache, common_prefix, prefill  # noqa
 from calibrate.models import LoadedModel  # noqa: E402
 from calibrate.replay.responses import target_features  # noqa: E402
 from calibrate.runner import Unit, conversation_waves, execute  # noqa: E402
-from calibrate.speculators.base import TargetNeeds  # noqa: E402
+from calibrate.target_features import TargetNeeds  # noqa: E402
 from calibrate.speculators.draft_model import DraftModelSpeculator  # noqa: E402
 from calibrate.speculators.eagle3 import Eagle3Speculator  # noqa: E402
 from calibrate.speculators.eagle3_head import new_head  # noqa: E402

@@ -24,7 +24,7 @@ if not torch.cuda.is_available():  # the loop imports Triton: its interpreter mo
 from calibrate.data import render_prompt, select_from_source  # noqa: E402
 from calibrate.kernels.reference import Sampling  # noqa: E402
 from calibrate.models import load_model  # noqa: E402
-from calibrate.replay.loop import run_loops  # noqa: E402
+from calibrate.replay.loop import LoopLayout, LoopSettings, run_loops  # noqa: E402
 from calibrate.replay.responses import generate_responses  # noqa: E402
 from calibrate.replay.scoring import score_replay  # noqa: E402
 from calibrate.speculators.draft_model import DraftModelSpeculator  # noqa: E402
@@ -65,8 +65,8 @@ def replayed(target, spec, units, sampling):
 
 
 def looped(target, spec, units, sampling, verification):
-    results = run_loops(target.model, [spec], units, ks=KS, sampling=sampling, max_new_tokens=TOKENS,
-                        eos_token_ids=target.eos_token_ids, loop_rows=60, verification=verification)[0]
+    settings = LoopSettings(sampling, TOKENS, target.eos_token_ids, verification=verification)
+    results = run_loops(target.model, [spec], units, settings, LoopLayout(KS, loop_rows=60))[0]
     return {k: np.stack([r.counts[k].hist for r in results]) for k in KS}
 
 

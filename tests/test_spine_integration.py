@@ -18,7 +18,7 @@ from calibrate.kernels.reference import Sampling
 from calibrate.models import load_model
 from calibrate.replay.responses import generate_responses
 from calibrate.replay.scoring import score_replay
-from calibrate.replay.loop import run_loops
+from calibrate.replay.loop import LoopLayout, LoopSettings, run_loops
 from calibrate.runner import execute, prepare
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.tables import stats
@@ -54,8 +54,8 @@ def test_replay_once_equals_stepwise_loop_on_qwen_pair(qwen_target, qwen_draft, 
     responses = generate_responses(target.model, prompts, max_new_tokens=24, eos_token_ids=target.eos_token_ids)
     ks = list(range(1, 9))
     fast = score_replay(DraftModelSpeculator(draft, batch_size=2), prompts, responses, ks)
-    (looped,) = run_loops(target.model, [DraftModelSpeculator(draft)], prompts, ks=ks, sampling=Sampling(0.0),
-                          max_new_tokens=24, eos_token_ids=target.eos_token_ids, loop_rows=len(prompts) * len(ks))
+    (looped,) = run_loops(target.model, [DraftModelSpeculator(draft)], prompts,
+                          LoopSettings(Sampling(0.0), 24, target.eos_token_ids), LoopLayout(ks, len(prompts) * len(ks)))
     for i, (response, loop) in enumerate(zip(responses, looped, strict=True)):
         for k in ks:
             assert loop.tokens[k] == response.tokens, f"request {i} k={k}"

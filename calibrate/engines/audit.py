@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from calibrate.replay.counts import StepCounts
 from calibrate.replay.steps import StepSeries, walk_steps
-from calibrate.speculators.base import ReplayScorer, Speculator, TargetNeeds
+from calibrate.speculators.base import ReplayScorer, Speculator
+from calibrate.target_features import TargetNeeds
 
 
 @dataclass(frozen=True)

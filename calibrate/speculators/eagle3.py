@@ -26,9 +26,10 @@ import torch
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import fingerprint, model_config, resolve, resolve_dtype
 from calibrate.speculators.base import (
-    BuildContext, ModelName, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
-    chain_replay_scorers,
+    BuildContext, ModelName, Prefixes, Proposal, ReplayScorer, SpeculatorConfig, chain_replay_scorers,
 )
+from calibrate.speculators.per_loop import PerLoopSpeculator
+from calibrate.target_features import TargetFeatures, TargetNeeds
 
 if TYPE_CHECKING:  # the head's module imports transformers' Llama layers (and Triton): only when a head loads
     from calibrate.speculators.eagle3_head import Eagle3Head
@@ -63,7 +64,7 @@ def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tup
     return head.to(dtype=resolve_dtype(dtype), device=device).eval(), aux
 
 
-class Eagle3Speculator(Speculator):
+class Eagle3Speculator(PerLoopSpeculator):
     kind = "eagle3"
     config_model = Eagle3SpeculatorConfig
     drafts_every_step = True
@@ -118,10 +119,6 @@ class Eagle3Speculator(Speculator):
     def _aux(self, features: TargetFeatures) -> list[torch.Tensor]:
         return [features.layers[i].to(self._device, self.head.fc.weight.dtype) for i in self.aux_layer_ids]
 
-    def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
-                generator: torch.Generator | None = None) -> Proposal:
-        raise TypeError("eagle3 drafts from the target's hidden states: engines call start/extend/draft")
-
     # -- greedy replay-once ---------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -142,7 +139,7 @@ class Eagle3Speculator(Speculator):
 
     def replay_scorers(
         self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
-        features: Sequence[TargetFeatures] | None = None,
+        features: Sequence[TargetFeatures] | None = None, prefixes: Prefixes | None = None,
     ) -> list[ReplayScorer]:
         return chain_replay_scorers(self.name, self.chain_drafts, prompts, responses, max_k, features)
 
@@ -183,7 +180,7 @@ class Eagle3Speculator(Speculator):
               top_p: float | None = None) -> Proposal:
         """k chain drafts from the last verified position; the round's deeper rows are dropped afterwards.
         At T > 0 the head samples from its softmax warped by the target's top-k / top-p (over the draft
-        vocabulary), as Speculator.draft says."""
+        vocabulary), as PerLoopSpeculator.draft says."""
         state, head = self._requests[request_id], self.head
         if state.anchor is None:
             return Proposal(tokens=[])

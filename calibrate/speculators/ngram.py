@@ -23,9 +23,8 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from calibrate.speculators.base import (
-    BuildContext, Proposal, Speculator, SpeculatorConfig, label,
-)
+from calibrate.speculators.base import BuildContext, Proposal, SpeculatorConfig, label
+from calibrate.speculators.per_loop import Proposer
 
 
 VLLM_DEFAULT_LOOKUP = 5  # vLLM SpeculativeConfig: prompt_lookup_min = prompt_lookup_max = 5 when both unset
@@ -88,7 +87,7 @@ def ngram_proposal(context: Sequence[int], k: int, prompt_lookup_max: int, promp
     return seq[start:start + k].tolist()
 
 
-class NgramSpeculator(Speculator):
+class NgramSpeculator(Proposer):
     """Prompt-lookup decoding exactly as vLLM's `method: "ngram"` proposes (see the module docstring)."""
 
     kind = "ngram"

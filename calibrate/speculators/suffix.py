@@ -33,9 +33,10 @@ import torch
 from pydantic import Field
 
 from calibrate.speculators.base import (
-    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, label,
-    leading_matches, needs,
+    BuildContext, Prefixes, Proposal, ReplayScorer, SpeculatorConfig, label, leading_matches, needs,
 )
+from calibrate.speculators.per_loop import Proposer
+from calibrate.target_features import TargetFeatures
 
 
 class SuffixSpeculatorConfig(SpeculatorConfig):
@@ -220,7 +221,7 @@ def choose(candidates: Sequence[SuffixCandidate], k: int, max_spec_factor: float
     return best
 
 
-class SuffixSpeculator(Speculator):
+class SuffixSpeculator(Proposer):
     """Suffix decoding over the request's own tokens; parameters as vLLM's `suffix_decoding_*`."""
 
     kind = "suffix"
@@ -308,7 +309,8 @@ class SuffixSpeculator(Speculator):
         self._by_request.pop(request_id, None)
 
     def replay_scorers(
-        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
+        features: Sequence[TargetFeatures] | None = None, prefixes: Prefixes | None = None,
     ) -> list[ReplayScorer]:
         """One index over prompt + response per request; a step at response position t asks it as of
         len(prompt) + t, so the response's future is never seen. Candidates are cached per position because
