@@ -21,7 +21,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
+from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model
 from calibrate.replay.responses import generate_responses, target_features
 from calibrate.replay.scoring import score_replay
@@ -47,7 +47,7 @@ def main() -> None:
     target = load_model(args.target, "float32", "cpu")
     head, aux = load_head(args.head, target.model, args.target, "float32")
     spec = Eagle3Speculator(head, aux, name=args.head)
-    loaded = load_conversations(args.source, "mini-swe-agent", limit=8)  # held out by the distillation
+    loaded = load_conversations(SourceSpec(args.source, "mini-swe-agent", limit=8))  # held out by the distillation
     requests, _ = select_requests(cut_turns(loaded.conversations), args.requests, seed=0)
     prompts = [render_prompt(r, target.tokenizer, thinking="off", context_tokens=args.context_tokens,
                              model_name=target.name).ids for r in requests]

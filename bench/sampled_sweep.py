@@ -31,7 +31,7 @@ import torch
 
 import calibrate.replay.loop as loop
 from calibrate.kernels.reference import Sampling
-from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
+from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "mini-swe-agent-gemini3pro-swebv"
@@ -98,7 +98,7 @@ def main() -> None:
 
     target = load_model(args.target, "float32", "cpu")
     specs = build_speculators(args.speculators.split(","), target, args)
-    loaded = load_conversations(args.source, "mini-swe-agent", limit=8)
+    loaded = load_conversations(SourceSpec(args.source, "mini-swe-agent", limit=8))
     requests, _ = select_requests(cut_turns(loaded.conversations), args.requests, seed=0)
     prompts = [render_prompt(r, target.tokenizer, thinking="off", context_tokens=args.context_tokens,
                              model_name=target.name).ids for r in requests]

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from calibrate.cli import app
 from calibrate.config import load_config
-from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
+from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.kernels.reference import Sampling
 from calibrate.models import load_model
 from calibrate.replay.responses import generate_responses
@@ -47,7 +47,7 @@ def test_replay_once_equals_stepwise_loop_on_qwen_pair(qwen_target, qwen_draft, 
     real greedy speculative decoder), fp32, k = 1..8: the same response and the same histogram."""
     target = load_model(str(qwen_target), "float32", "cpu")
     draft = load_model(str(qwen_draft), "float32", "cpu")
-    loaded = load_conversations(str(mini_swe_dir / "original"), "mini-swe-agent", limit=4)
+    loaded = load_conversations(SourceSpec(str(mini_swe_dir / "original"), "mini-swe-agent", limit=4))
     requests, _ = select_requests(cut_turns(loaded.conversations), 2, seed=0)
     prompts = [render_prompt(r, target.tokenizer, thinking="off", context_tokens=384, model_name="qwen").ids
                for r in requests]
