@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from calibrate.data.loader import SourceSpec
 from calibrate.kernels import triton_unavailable
 from calibrate.limits import INT32_MAX, MAX_BATCH, MAX_SAMPLES, MAX_SEED, MAX_TIMEOUT_SECONDS, MAX_TOKENS
 from calibrate.terms import check_k
@@ -79,6 +80,11 @@ class DatasetConfig(_Strict):
     max_new_tokens: int = Field(default=256, gt=0, le=MAX_TOKENS)
     """Tokens generated per response; a step this budget cuts while its drafts still matched is censored.
     1..2^24 (calibrate.limits.MAX_TOKENS)."""
+
+    def source_spec(self) -> SourceSpec:
+        """Where the run reads its conversations: the source settings of this table, as one record."""
+        return SourceSpec(self.source, self.format, split=self.split, revision=self.revision, subset=self.subset,
+                          category=self.category)
 
     @model_validator(mode="after")
     def _all_means_all(self) -> DatasetConfig:

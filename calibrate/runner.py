@@ -87,10 +87,8 @@ def prepare(config: Config) -> Prepared:
     ds = config.dataset
     device = resolve_device(config.run.device)  # "cuda" on a machine without one fails now, not after the data
     picked = select_from_source(
-        ds.source, ds.format, split=ds.split, revision=ds.revision, subset=ds.subset,
-        max_requests=None if ds.selection == "all" else ds.max_requests, seed=ds.seed,
-        turns_per_conversation=ds.turns_per_conversation, strategy=ds.selection, category=ds.category,
-        conversations=ds.conversations,
+        ds.source_spec(), max_requests=None if ds.selection == "all" else ds.max_requests, seed=ds.seed,
+        turns_per_conversation=ds.turns_per_conversation, strategy=ds.selection, conversations=ds.conversations,
     )
     if not picked.conversations:
         shown = "; ".join(str(p) for p in picked.problems[:5]) or "no rows"

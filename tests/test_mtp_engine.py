@@ -26,8 +26,8 @@ from calibrate.engines.vllm import VLLMBackend
 from calibrate.replay.responses import Response, target_features
 from calibrate.replay.scoring import score_replay
 from calibrate.runner import _prompts, plan_units, prepare
-from calibrate.speculators.base import TargetNeeds
 from calibrate.speculators.configs import MtpSpeculatorConfig
+from calibrate.target_features import TargetNeeds
 from calibrate.speculators.mtp import MtpSpeculator, load_mtp, mtp_layer_count
 from calibrate.speculators.mtp_alone import final_norm, load_mtp_target
 from calibrate.speculators.mtp_archs import LAYOUTS, REFUSED, layout

@@ -13,12 +13,12 @@ from typer.testing import CliRunner
 
 from calibrate.cli import app
 from calibrate.config import load_config
-from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
+from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.terms import Sampling
 from calibrate.models import load_model
 from calibrate.replay.responses import generate_responses
 from calibrate.replay.scoring import score_replay
-from calibrate.replay.loop import run_loops
+from calibrate.replay.loop import LoopLayout, LoopSettings, run_loops
 from calibrate.runner import execute, prepare
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.tables import stats
@@ -47,15 +47,15 @@ def test_replay_once_equals_stepwise_loop_on_qwen_pair(qwen_target, qwen_draft, 
     real greedy speculative decoder), fp32, k = 1..8: the same response and the same histogram."""
     target = load_model(str(qwen_target), "float32", "cpu")
     draft = load_model(str(qwen_draft), "float32", "cpu")
-    loaded = load_conversations(str(mini_swe_dir / "original"), "mini-swe-agent", limit=4)
+    loaded = load_conversations(SourceSpec(str(mini_swe_dir / "original"), "mini-swe-agent", limit=4))
     requests, _ = select_requests(cut_turns(loaded.conversations), 2, seed=0)
     prompts = [render_prompt(r, target.tokenizer, thinking="off", context_tokens=384, model_name="qwen").ids
                for r in requests]
     responses = generate_responses(target.model, prompts, max_new_tokens=24, eos_token_ids=target.eos_token_ids)
     ks = list(range(1, 9))
     fast = score_replay(DraftModelSpeculator(draft, batch_size=2), prompts, responses, ks)
-    (looped,) = run_loops(target.model, [DraftModelSpeculator(draft)], prompts, ks=ks, sampling=Sampling(0.0),
-                          max_new_tokens=24, eos_token_ids=target.eos_token_ids, loop_rows=len(prompts) * len(ks))
+    (looped,) = run_loops(target.model, [DraftModelSpeculator(draft)], prompts,
+                          LoopSettings(Sampling(0.0), 24, target.eos_token_ids), LoopLayout(ks, len(prompts) * len(ks)))
     for i, (response, loop) in enumerate(zip(responses, looped, strict=True)):
         for k in ks:
             assert loop.tokens[k] == response.tokens, f"request {i} k={k}"

@@ -22,6 +22,7 @@ from calibrate.errors import cli_errors
 from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
 from calibrate.tables.commands import (BOOT_OPT, DATASET_OPT, DB_OPT, DRAFT_LEN_OPT, K_OPT, MODEL_OPT, SEED_OPT, SPEC_OPT,
                                        TEMP_OPT, THINKING_OPT, WHERE_OPT, given_k, load_selection)
+from calibrate.tables.query import FilterOptions
 from calibrate.terms import check_k
 from calibrate.workload.commands import (BUCKETS_OPT, STRATA_OPT, UNCOVERED_OPT, WORKLOAD_OPT, check_workload_options,
                                          edges_of, load_weighting, weighted_selection)
@@ -93,15 +94,15 @@ def export(
 ) -> None:
     """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
     target = consumers.consumer(to)
-    filters_args = (model, speculator, given_k(k, draft_len), thinking, dataset, temperature, where)
+    filters = FilterOptions(model, speculator, given_k(k, draft_len), thinking, dataset, temperature, where)
     check_workload_options(workload, strata, uncovered, buckets, context)
     if workload is not None:
         if context is not None:
             raise ValueError("--context picks one bucket; --workload weights over all of them: give one of the two")
-        records = weighted_selection(db, filters_args, load_weighting(workload, buckets, strata, uncovered),
+        records = weighted_selection(db, filters, load_weighting(workload, buckets, strata, uncovered),
                                      bootstrap, seed)
     else:
-        records = load_selection(db, filters_args, target.segments, bootstrap, seed,
+        records = load_selection(db, filters, target.segments, bootstrap, seed,
                                  bucket=context_bucket(context, edges_of(buckets)))
     naming = Naming(model_prefix=model_prefix, method=method, engine=engine.value,
                     draft_sample_method=draft_sample_method.value if draft_sample_method else None,

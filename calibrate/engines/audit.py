@@ -24,7 +24,8 @@ from calibrate.replay.steps import StepSeries, walk_steps
 from calibrate.terms import StepCounts
 
 if TYPE_CHECKING:  # a twin is built in-process (torch); the HTTP clients that import this module are not
-    from calibrate.speculators.base import ReplayScorer, Speculator, TargetNeeds
+    from calibrate.speculators.base import ReplayScorer, Speculator
+    from calibrate.target_features import TargetNeeds
 
 
 @dataclass(frozen=True)

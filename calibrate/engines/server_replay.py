@@ -30,7 +30,8 @@ from calibrate.engines.server_engine import Backend, ConversationSlots, request_
 from calibrate.terms import Sampling
 from calibrate.progress import TokenProgress
 from calibrate.replay.responses import Response
-from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds
+from calibrate.speculators.base import Speculator
+from calibrate.target_features import TargetFeatures, TargetNeeds
 
 
 class FeatureSource(Protocol):

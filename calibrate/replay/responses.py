@@ -25,7 +25,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from calibrate.kernels import verify_rejection
 from calibrate.terms import Sampling
 from calibrate.progress import TokenProgress
-from calibrate.speculators.base import TargetFeatures, TargetNeeds, select_features
+from calibrate.target_features import TargetFeatures, TargetNeeds, select_features
 
 @dataclass(frozen=True)
 class Response:

@@ -3,25 +3,22 @@
 A speculator declares what it needs from the target (`needs`: nothing, the hidden states entering given
 layers, or the last hidden state), and engines hand exactly that with the tokens they verified.
 
-Engines use a speculator in two ways:
-- greedy replay-once: the target's response is fixed, so a speculator only has to say, for a step that
-  starts at position t of that response, how many of its k drafts match it (`replay_scorers`, given the
-  target's features over prompt + response when it needs them);
-- loops (sampled, or step-by-step at temperature 0), per loop id (one loop per request and k,
-  calibrate.replay.loop): `start` with the prompt, `draft` k tokens (optionally with their probabilities
-  for rejection sampling), `extend` with each verified block, `finish`. A speculator owns its per-loop
-  state (KV cache, index) and rolls back its own speculative state when the next verified block arrives;
-  nothing recognises a loop by its tokens. A model-free drafter only says what follows a token context
-  (`propose`); the default per-loop methods keep the context for it. A draft model is the exception: it
-  drafts a whole batch at once with its own batched KV cache (calibrate.speculators.draft_model).
+Engines use a speculator through two hooks, the same for every kind (as transformers' CandidateGenerator is
+one protocol for every assistant), so no engine names a kind:
+- greedy replay-once (`replay_scorers`): the target's response is fixed, so a speculator only has to say,
+  for a step that starts at position t of that response, how many of its k drafts match it, given the
+  target's features over prompt + response when it needs them, and the prompts' caches in any model of its
+  own (`prefixes`: a draft model's teacher-forced pass then feeds the responses alone);
+- loops (`loop_drafts`): for each batch of (request, k) loops the loop asks the speculator for its
+  `LoopDrafts`, which drafts for the whole batch each step and sees what the target verified. A draft model
+  drafts the batch at once with its own batched KV cache (calibrate.speculators.draft_model); the others keep
+  state per loop (calibrate.speculators.per_loop: `start`, `draft`, `extend`, `finish`), and a model-free one
+  only says what follows a token context (`Proposer.propose`). A kind that cannot propose has no `propose`.
 
 Target features follow one invariant: after `start` / `extend`, the speculator holds the features of every
 context position except the last (the last token is the one the target has not run yet: the prefill's
 pending prompt token, or the token a step emitted). So `start` gets len(prompt) - 1 rows and each `extend`
 with n new tokens gets n rows: the target's rows of the tokens it ran in that step.
-
-A speculator that can do better than "propose at every step" for replay (a draft model scores every step
-from one teacher-forced pass) overrides `replay_scorers`; the default proposes at each step.
 """
 
 from __future__ import annotations
@@ -29,52 +26,25 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
+from calibrate.kv_slots import Prefix, SlotCache
 from calibrate.speculators.configs import SpeculatorConfig
+from calibrate.target_features import TargetFeatures, TargetNeeds
+
+if TYPE_CHECKING:  # only annotations
+    from calibrate.terms import Sampling
 
 # run_at(t, k) -> (how many of the drafts proposed for k at response position t match the response from t,
 # how many drafts were proposed). See calibrate.replay.steps.walk_steps.
 ReplayScorer = Callable[[int, int], tuple[int, int]]
 
-
-@dataclass(frozen=True)
-class TargetNeeds:
-    """What a speculator needs from the target's forward passes, besides tokens.
-
-    `layers`: indices into transformers' `output_hidden_states` tuple, i.e. the hidden state ENTERING layer i
-    (index 0 = embeddings), which is what vLLM captures as aux hidden state i. `last`: the final hidden state
-    (after the model's final norm, as transformers returns it last).
-    """
-
-    layers: tuple[int, ...] = ()
-    last: bool = False
-
-    @property
-    def any(self) -> bool:
-        return bool(self.layers) or self.last
-
-
-@dataclass
-class TargetFeatures:
-    """The target's features over a run of positions: `layers[i]` is (n, H) for each needed layer index i,
-    `last` (n, H) when needed. Rows are positions, in order."""
-
-    layers: dict[int, torch.Tensor] = field(default_factory=dict)
-    last: torch.Tensor | None = None
-
-    def rows(self, start: int, stop: int) -> TargetFeatures:
-        return TargetFeatures({i: h[start:stop] for i, h in self.layers.items()},
-                              None if self.last is None else self.last[start:stop])
-
-
-def select_features(hidden_states: Sequence[torch.Tensor], needs: TargetNeeds, row: int = 0) -> TargetFeatures:
-    """The needed features of batch row `row` from a transformers `hidden_states` tuple ((B, n, H) each)."""
-    return TargetFeatures({i: hidden_states[i][row] for i in needs.layers},
-                          hidden_states[-1][row] if needs.last else None)
+# model -> the prompts' caches in it (each model prefilled once; a whole trajectory's turns: their
+# conversations', calibrate.kv_slots.ConversationCaches)
+Prefixes = Callable[[torch.nn.Module], Prefix]
 
 
 @dataclass
@@ -142,64 +112,68 @@ class Speculator(ABC):
         """(model id, content hash) of a model drafter, for provenance; (None, None) for model-free ones."""
         return None, None
 
-    def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
-                generator: torch.Generator | None = None) -> Proposal:
-        """Propose up to k draft tokens to follow `context` (token ids), from the tokens alone: what the
-        default `draft` and `replay_scorers` ask of a model-free drafter. A draft model drafts a whole batch
-        with its own KV cache instead (calibrate.speculators.draft_model.DraftModelSpeculator.draft_batch)."""
-        raise NotImplementedError(f"speculator {self.name!r} does not propose from a token context")
-
-    # -- loops: per-request state ---------------------------------------------------------------------
-    # The default keeps each request's context and proposes from it; speculators with a model state
-    # (EAGLE-3, MTP) override all four.
-
-    def start(self, loop_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
-        """A request begins: its prompt, and the target's features of every prompt position but the last."""
-        self._contexts()[loop_id] = list(prompt)
-
-    def extend(self, loop_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
-        """The target verified a step: the context grew by `tokens`; features cover the positions it ran."""
-        self._contexts()[loop_id].extend(int(t) for t in tokens)
-
-    def draft(self, loop_id: int, k: int, temperature: float = 0.0,
-              generator: torch.Generator | None = None, *, top_k: int | None = None,
-              top_p: float | None = None) -> Proposal:
-        """Up to k drafts to follow the request's current context.
-
-        `top_k` / `top_p` are the target's sampling filters: a speculator that samples from its own q warps
-        q by them as the target's p is (`calibrate.kernels.reference.sampling_probs`), so self-speculation
-        accepts every draft. Model-free proposals (and `propose`) have no logits to warp and ignore them."""
-        return self.propose(self._contexts()[loop_id], k, temperature, generator)
-
-    def finish(self, loop_id: int) -> None:
-        self._contexts().pop(loop_id, None)
-
-    def _contexts(self) -> dict[int, list[int]]:
-        # Created on first use, so subclasses need not call a base __init__.
-        return self.__dict__.setdefault("_request_contexts", {})
-
-    # -- greedy replay-once ---------------------------------------------------------------------------
-
+    @abstractmethod
     def replay_scorers(
         self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
-        features: Sequence[TargetFeatures] | None = None,
+        features: Sequence[TargetFeatures] | None = None, prefixes: Prefixes | None = None,
     ) -> list[ReplayScorer]:
-        """One scorer per (prompt, response) for greedy replay-once; `features[i]` covers prompt + response
-        of request i when the speculator needs them. Default: propose at each step."""
+        """One scorer per (prompt, response) for greedy replay-once. `features[i]` covers prompt + response
+        of request i when the speculator needs them; `prefixes`, when given, holds the prompts' caches in
+        any model of the speculator's own."""
 
-        def scorer(prompt: Sequence[int], response: Sequence[int]) -> ReplayScorer:
-            # One array per request and a view per step: copying a 100k-token context at every step
-            # would cost more than the proposal.
-            full = np.asarray([*prompt, *response], dtype=np.int64)
-            full.setflags(write=False)
+    @abstractmethod
+    def loop_drafts(self, batch: DraftBatch) -> LoopDrafts:
+        """This speculator's side of one batch of loops (calibrate.replay.loop), made once per batch."""
 
-            def run_at(t: int, k: int) -> tuple[int, int]:
-                drafts = self.propose(full[:len(prompt) + t], k).tokens[:k]
-                return leading_matches(drafts, response[t:], k), len(drafts)
 
-            return run_at
+class LoopView(Protocol):
+    """What a speculator reads of one (request, k) loop (calibrate.replay.loop.Loop)."""
 
-        return [scorer(p, r) for p, r in zip(prompts, responses)]
+    request: int  # row of the request in the batch's prefixes
+    loop_id: int  # distinct per (request, k): the id per-loop state is kept under
+    k: int
+    prompt: list[int]
+    generated: list[int]  # the response so far (its last token is pending: the target has not run it)
+    generator: torch.Generator  # the loop's own, for a drafter that samples with a torch generator
+
+    @property
+    def context(self) -> list[int]: ...
+
+    @property
+    def last_step_tokens(self) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class DraftBatch:
+    """What the loop hands a speculator for one batch: the target's prefix of the prompts (with the features
+    it needs), the sampling its drafts are warped by, and the caches of the prompts in any other model."""
+
+    target: Prefix
+    sampling: Sampling
+    draft_temperature: float  # 0: greedy drafts (the target-only rule), else the sampling temperature
+    vocab: int  # width of the target's logits: a q handed to the verifier is padded to it
+    prefixes: Prefixes  # model -> its prefix of the batch's prompts, prefilled once per run
+
+
+class LoopDrafts(Protocol):
+    """A speculator's side of one batch of loops: each step it drafts for every active loop, then sees what
+    the target verified; finished loops leave the batch (`select`)."""
+
+    needs: TargetNeeds  # what of the target's verify pass `verified` is handed
+
+    def begin(self, active: Sequence[LoopView], rows: torch.Tensor) -> None:
+        """The loops start: each has its prompt and its first response token (pending)."""
+
+    def draft(self, active: Sequence[LoopView], keys: torch.Tensor,
+              positions: torch.Tensor) -> tuple[list[list[int]], torch.Tensor | None]:
+        """Up to k_r drafts per loop, and q (B, max k, vocab) where the drafts were sampled from one."""
+
+    def verified(self, active: Sequence[LoopView], going: Sequence[bool], target_cache: SlotCache) -> None:
+        """The target verified a step: each loop's response grew (`last_step_tokens`); `going[j]` is False
+        for a loop that ended. The target's cache holds its last feed's hidden states when `needs` asks."""
+
+    def select(self, rows: list[int]) -> None:
+        """Only these rows of the batch go on."""
 
 
 def chain_replay_scorers(

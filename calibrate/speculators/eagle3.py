@@ -26,9 +26,11 @@ import torch
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import fingerprint, model_config, resolve, resolve_dtype
 from calibrate.speculators.base import (
-    BuildContext, Proposal, ReplayScorer, Speculator, TargetFeatures, TargetNeeds, chain_replay_scorers,
+    BuildContext, Prefixes, Proposal, ReplayScorer, chain_replay_scorers,
 )
 from calibrate.speculators.configs import Eagle3SpeculatorConfig
+from calibrate.speculators.per_loop import PerLoopSpeculator
+from calibrate.target_features import TargetFeatures, TargetNeeds
 
 if TYPE_CHECKING:  # the head's module imports transformers' Llama layers (and Triton): only when a head loads
     from calibrate.speculators.eagle3_head import Eagle3Head
@@ -58,7 +60,7 @@ def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tup
     return head.to(dtype=resolve_dtype(dtype), device=device).eval(), aux
 
 
-class Eagle3Speculator(Speculator):
+class Eagle3Speculator(PerLoopSpeculator):
     kind = "eagle3"
 
     @classmethod
@@ -102,10 +104,6 @@ class Eagle3Speculator(Speculator):
     def _aux(self, features: TargetFeatures) -> list[torch.Tensor]:
         return [features.layers[i].to(self._device, self.head.fc.weight.dtype) for i in self.aux_layer_ids]
 
-    def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
-                generator: torch.Generator | None = None) -> Proposal:
-        raise TypeError("eagle3 drafts from the target's hidden states: engines call start/extend/draft")
-
     # -- greedy replay-once ---------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -126,7 +124,7 @@ class Eagle3Speculator(Speculator):
 
     def replay_scorers(
         self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
-        features: Sequence[TargetFeatures] | None = None,
+        features: Sequence[TargetFeatures] | None = None, prefixes: Prefixes | None = None,
     ) -> list[ReplayScorer]:
         return chain_replay_scorers(self.name, self.chain_drafts, prompts, responses, max_k, features)
 
@@ -167,7 +165,7 @@ class Eagle3Speculator(Speculator):
               top_p: float | None = None) -> Proposal:
         """k chain drafts from the last verified position; the round's deeper rows are dropped afterwards.
         At T > 0 the head samples from its softmax warped by the target's top-k / top-p (over the draft
-        vocabulary), as Speculator.draft says."""
+        vocabulary), as PerLoopSpeculator.draft says."""
         state, head = self._requests[loop_id], self.head
         if state.anchor is None:
             return Proposal(tokens=[])

@@ -38,10 +38,12 @@ from calibrate.checkpoints import open_checkpoint
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import resolve
 from calibrate.speculators.base import (
-    BuildContext, Proposal, ReplayScorer, Speculator, TargetFeatures, TargetNeeds, chain_replay_scorers,
+    BuildContext, Prefixes, Proposal, ReplayScorer, chain_replay_scorers,
 )
 from calibrate.speculators.configs import MtpSpeculatorConfig
+from calibrate.speculators.per_loop import PerLoopSpeculator
 from calibrate.speculators.mtp_archs import DEEPSEEK, layer_prefixes, refusal
+from calibrate.target_features import TargetFeatures, TargetNeeds
 
 # What the name and provenance say about depths beyond the checkpoint's layers.
 DEPTH_RULE = ("depth d uses MTP layer d % num_mtp_layers (vLLM spec_step_idx % num_mtp_layers); "
@@ -217,7 +219,7 @@ class _RequestState:
     last: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
 
 
-class MtpSpeculator(Speculator):
+class MtpSpeculator(PerLoopSpeculator):
     kind = "mtp"
     needs = TargetNeeds(last=True)
 
@@ -267,10 +269,6 @@ class MtpSpeculator(Speculator):
     def _ids(self, tokens: Sequence[int]) -> torch.Tensor:
         return torch.tensor(list(tokens), dtype=torch.long, device=self._device)
 
-    def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
-                generator: torch.Generator | None = None) -> Proposal:
-        raise TypeError("mtp drafts from the target's hidden states: engines call start/extend/draft")
-
     # -- greedy replay-once ---------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -308,7 +306,7 @@ class MtpSpeculator(Speculator):
 
     def replay_scorers(
         self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
-        features: Sequence[TargetFeatures] | None = None,
+        features: Sequence[TargetFeatures] | None = None, prefixes: Prefixes | None = None,
     ) -> list[ReplayScorer]:
         return chain_replay_scorers(self.name, self.chain_drafts, prompts, responses, max_k, features)
 

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from calibrate.speculators.base import BuildContext, Proposal, Speculator
+from calibrate.speculators.base import BuildContext, Proposal
 from calibrate.speculators.configs import NGRAM_DEFAULTS, VLLM_DEFAULT_LOOKUP, NgramSpeculatorConfig, ngram_params
+from calibrate.speculators.per_loop import Proposer
 from calibrate.speculators.registry import label
 
 
@@ -52,7 +53,7 @@ def ngram_proposal(context: Sequence[int], k: int, prompt_lookup_max: int, promp
     return seq[start:start + k].tolist()
 
 
-class NgramSpeculator(Speculator):
+class NgramSpeculator(Proposer):
     """Prompt-lookup decoding exactly as vLLM's `method: "ngram"` proposes (see the module docstring)."""
 
     kind = "ngram"

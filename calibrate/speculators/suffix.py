@@ -32,10 +32,12 @@ from typing import Any
 import torch
 
 from calibrate.speculators.base import (
-    BuildContext, Proposal, ReplayScorer, Speculator, TargetFeatures, leading_matches,
+    BuildContext, Prefixes, Proposal, ReplayScorer, leading_matches,
 )
 from calibrate.speculators.configs import SUFFIX_DEFAULTS, SuffixSpeculatorConfig, suffix_params
+from calibrate.speculators.per_loop import Proposer
 from calibrate.speculators.registry import label
+from calibrate.target_features import TargetFeatures
 
 EPS = 1e-9
 
@@ -203,7 +205,7 @@ def choose(candidates: Sequence[SuffixCandidate], k: int, max_spec_factor: float
     return best
 
 
-class SuffixSpeculator(Speculator):
+class SuffixSpeculator(Proposer):
     """Suffix decoding over the request's own tokens; parameters as vLLM's `suffix_decoding_*`."""
 
     kind = "suffix"
@@ -279,7 +281,8 @@ class SuffixSpeculator(Speculator):
         self._by_request.pop(loop_id, None)
 
     def replay_scorers(
-        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
+        features: Sequence[TargetFeatures] | None = None, prefixes: Prefixes | None = None,
     ) -> list[ReplayScorer]:
         """One index over prompt + response per request; a step at response position t asks it as of
         len(prompt) + t, so the response's future is never seen. Candidates are cached per position because
