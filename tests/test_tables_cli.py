@@ -433,7 +433,7 @@ def test_show_fits_80_columns_with_a_legend_and_wide_keeps_labels(app: typer.Typ
 
 
 def test_short_labels_stay_distinct() -> None:
-    from calibrate.tables.commands import short_labels
+    from calibrate.tables.selection import short_labels
 
     assert short_labels(["ngram", "suffix"]) == {"ngram": "ngram", "suffix": "suffix"}
     got = short_labels(["draft:qwen2.5-coder-0.5b-instruct", "draft:qwen2.5-coder-1.5b-instruct", "draft#1x"])

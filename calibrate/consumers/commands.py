@@ -21,7 +21,8 @@ from calibrate.consumers.lookup import lookup as lookup_record, open_table
 from calibrate.errors import cli_errors
 from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
 from calibrate.tables.commands import (BOOT_OPT, DATASET_OPT, DB_OPT, DRAFT_LEN_OPT, K_OPT, MODEL_OPT, SEED_OPT, SPEC_OPT,
-                                       TEMP_OPT, THINKING_OPT, WHERE_OPT, given_k, load_selection)
+                                       TEMP_OPT, THINKING_OPT, WHERE_OPT, given_k)
+from calibrate.tables.selection import load_selection
 from calibrate.tables.query import FilterOptions
 from calibrate.terms import check_k
 from calibrate.workload.commands import (BUCKETS_OPT, STRATA_OPT, UNCOVERED_OPT, WORKLOAD_OPT, check_workload_options,

@@ -1,5 +1,6 @@
-"""CLI commands over what was measured: show and report, and what every table command shares (the store and
-filter options, `load_selection`); `calibrate.consumers.commands` adds export and lookup, `calibrate.cli` all four.
+"""CLI commands over what was measured: show and report, and the store and filter options every table command
+shares (what they select is calibrate.tables.selection's); `calibrate.consumers.commands` adds export and
+lookup, `calibrate.cli` all four.
 
 Errors are one line on stderr naming what exists, with the exit status of `calibrate.errors` (1 when the
 table has no, or no unique, answer; 2 for bad input: no database, a corrupt one, a bad option; 3 when
@@ -11,8 +12,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -21,14 +21,13 @@ import typer
 
 from calibrate.errors import NothingUsable, cli_errors
 from calibrate.limits import MAX_BOOTSTRAP, MAX_SEED
-from calibrate.terms import check_k
 from calibrate.tables import query, stats
-from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, dimension,
+from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, bucket_labels, dimension,
                                      from_name, parse_edges)
 from calibrate.tables.experts import ExpertRecord, load_expert_records
-from calibrate.tables.names import NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.prefix_cache import HitRate, hit_rate_lines, hit_rates
 from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
+from calibrate.tables.selection import csv_text, load_selection, no_match, resolve_filters, short_labels
 from calibrate.tables.store import DEFAULT_TABLE, connect, reading
 
 SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
@@ -42,97 +41,6 @@ class ShowFormat(str, Enum):
 
 # The --by choices come from calibrate.tables.buckets.
 ByDimension = Enum("ByDimension", {name: name for name in DIMENSIONS}, type=str)
-
-
-def _filters(con: Any, options: query.FilterOptions) -> query.Filters:
-    """CLI filter options -> Filters; model and speculator names are resolved like lookup resolves them."""
-    model, speculator, k = options.model, options.speculator, options.k
-    thinking, dataset, temperature = options.thinking, options.dataset, options.temperature
-    if k:
-        check_k(k, "--k")
-    entries = query.catalog(con)
-    targets = None
-    if model is not None:
-        targets = (match_target(model, entries),)
-        entries = [e for e in entries if e.target == targets[0]]
-    labels = None
-    if speculator:
-        labels = []
-        for name in speculator:
-            label = match_speculator(name, entries)
-            if label is None:
-                known = ", ".join(sorted({e.speculator for e in entries})) or "none"
-                raise NotMeasured(f"speculator {name!r} not measured; measured: {known}")
-            labels.append(label)
-    return query.Filters(
-        targets=targets,
-        speculators=tuple(labels) if labels else None,
-        ks=tuple(k) if k else None,
-        thinking=(normalize_thinking(thinking),) if thinking else None,
-        temperatures=tuple(temperature) if temperature else None,
-        datasets=tuple(dataset) if dataset else None,
-        where_fields=query.parse_where(options.where),
-    )
-
-
-# Another reading of the filtered store (calibrate.workload: the keys weighted to a workload).
-Load = Callable[[Any, query.Filters], list[AcceptanceRecord]]
-
-
-def load_selection(db: Path, options: query.FilterOptions, segments: bool, n_boot: int, seed: int, *,
-                   bucket: Bucket | None = None, by: Dimension | None = None,
-                   load: Load | None = None) -> list[AcceptanceRecord]:
-    """The records the filters ask for: of the requests in `bucket` only, or one per bucket of `by`, or what
-    `load` reads from the store under the filters."""
-    if by is not None and segments:
-        raise ValueError(f"--by {by.name} gives the overall AL per bucket: it does not combine with --segments")
-    con = connect(db, read_only=True)
-    try:
-        with reading(db):
-            filters = replace(_filters(con, options), bucket=bucket)
-            if load is not None:
-                records = load(con, filters)
-            elif by is not None:
-                records = query.load_bucketed(con, by, filters, n_boot=n_boot, seed=seed)
-            else:
-                records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
-            if not records and filters.narrowed and query.catalog(con):
-                raise _no_match(con, filters, db)
-            if not records and bucket is not None and query.catalog(con):
-                raise _empty_bucket(con, filters, bucket, db)
-            return records
-    finally:
-        con.close()
-
-
-def _empty_bucket(con: Any, filters: query.Filters, bucket: Bucket, db: Path) -> NotMeasured:
-    """No request of the selection falls in the bucket: which buckets hold requests instead."""
-    held = query.bucket_requests(con, DIMENSIONS[bucket.dimension], replace(filters, bucket=None))
-    listed = ", ".join(f"{label} ({n})" for label, n in held.items() if n) or "none"
-    return NotMeasured(f"no measured request in {db} is in {bucket.name} "
-                       f"({DIMENSIONS[bucket.dimension].description}); stored requests per {bucket.dimension}: "
-                       f"{listed}")
-
-
-# Filters -> (the runs column, the option that set it), for saying what was asked and what exists.
-FILTER_OPTIONS = (("targets", "target", "--model"), ("speculators", "speculator", "--speculator"),
-                  ("ks", "draft_len", "--k"), ("thinking", "thinking", "--thinking"),
-                  ("temperatures", "temperature", "--temperature"), ("datasets", "dataset", "--dataset"))
-
-
-def _no_match(con: Any, filters: query.Filters, db: Path) -> NotMeasured:
-    """A store with rows none of which match: what was asked and, per filtered field, what was measured
-    (it said "no measurements in ..." of a store that has them)."""
-    asked, measured = [], []
-    for attr, column, option in FILTER_OPTIONS:
-        values = getattr(filters, attr)
-        if values is not None:
-            asked.append(f"{option} {', '.join(map(str, values))}")
-            measured.append(f"{column} {', '.join(query.distinct_values(con, column))}")
-    for column, value in filters.where_fields:
-        asked.append(f"--where {column}={value}")
-        measured.append(f"{column} {', '.join(query.distinct_values(con, column))}")
-    return NotMeasured(f"no measurement in {db} matches {'; '.join(asked)}; measured: {'; '.join(measured)}")
 
 
 def interrupted(record: AcceptanceRecord) -> bool:
@@ -167,29 +75,6 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
 
 # Headers of the 80-column table (`--wide` keeps the long ones); the caption explains the short ones.
 NARROW_HEADERS = {"drafted AL": "drafted", "expected": "E[AL]"}
-
-
-def short_labels(labels: Sequence[str], longest: int = 10) -> dict[str, str]:
-    """Speculator label -> a form that fits a narrow column: a label longer than `longest` becomes its kind
-    (`draft` for `draft:qwen2.5-coder-0.5b-instruct`), numbered when several of a kind need it (`ngram#2`)."""
-    unique = list(dict.fromkeys(labels))
-    out = {label: label for label in unique}
-    by_kind: dict[str, list[str]] = {}
-    for label in unique:
-        if len(label) > longest:
-            by_kind.setdefault(label.split(":", 1)[0], []).append(label)
-    for kind, long in by_kind.items():
-        if len(long) == 1 and kind not in out:
-            out[long[0]] = kind
-        else:
-            taken = set(out.values())
-            n = 1
-            for label in long:
-                while f"{kind}#{n}" in taken:
-                    n += 1
-                out[label] = f"{kind}#{n}"
-                taken.add(out[label])
-    return out
 
 
 def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: bool = False) -> None:
@@ -340,19 +225,6 @@ def print_table(db: Path, run_ids: Sequence[str] | None = None, segments: bool =
         typer.echo(f"no measurements in {db}")
 
 
-def _csv_text(rows: list[dict[str, Any]]) -> str:
-    import csv
-    import io
-
-    out = io.StringIO()
-    if rows:
-        fields = list(dict.fromkeys(k for row in rows for k in row))
-        writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-    return out.getvalue()
-
-
 DB_OPT = typer.Option(DEFAULT_TABLE, "--db", help="DuckDB store written by `calibrate run`.")
 MODEL_OPT = typer.Option(None, "--model", help="Target as users write it (HF id or its last part).")
 SPEC_OPT = typer.Option(None, "--speculator", help="Speculator label (repeatable).")
@@ -446,7 +318,7 @@ def show(
         if format is ShowFormat.json:
             typer.echo(json.dumps(show_rows(records, segments), indent=2))
         else:
-            sys.stdout.write(_csv_text(show_rows(records, segments)))
+            sys.stdout.write(csv_text(show_rows(records, segments)))
         for line in cached:  # beside the machine-read output, not in it
             typer.echo(line, err=True)
 
@@ -477,10 +349,10 @@ def _load_experts(db: Path, options: query.FilterOptions, n_boot: int, seed: int
     con = connect(db, read_only=True)
     try:
         with reading(db):
-            filters = _filters(con, options)
+            filters = resolve_filters(con, options)
             records = load_expert_records(con, filters, n_boot=n_boot, seed=seed)
             if not records:
-                raise _no_match(con, filters, db)
+                raise no_match(con, filters, db)
             return records
     finally:
         con.close()
@@ -492,7 +364,7 @@ def _show_experts(db: Path, options: query.FilterOptions, fmt: ShowFormat, n_boo
     if fmt is ShowFormat.json:
         typer.echo(json.dumps([r.row() for r in records], indent=2))
     elif fmt is ShowFormat.csv:
-        sys.stdout.write(_csv_text([r.row() for r in records]))
+        sys.stdout.write(csv_text([r.row() for r in records]))
     else:
         _render_experts(records, wide)
 

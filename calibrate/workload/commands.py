@@ -85,7 +85,7 @@ def weighted_selection(db: Path, options: FilterOptions, weighting: Weighting, n
                        ) -> list[AcceptanceRecord]:
     """The filtered keys of the store, weighted to the workload (all of them, or an error), read as `show`
     reads its selection."""
-    from calibrate.tables.commands import load_selection
+    from calibrate.tables.selection import load_selection
 
     return load_selection(db, options, False, n_boot, seed,
                           load=lambda con, filters: weighted_records(con, filters, weighting, n_boot=n_boot, seed=seed))
@@ -111,18 +111,18 @@ def weighted_rows(records: list[AcceptanceRecord]) -> list[dict[str, Any]]:
 
 def render_weighted(records: list[AcceptanceRecord], fmt: str, console: Console | None = None) -> None:
     """`show --workload` in its three formats (table, json, csv)."""
-    from calibrate.tables.commands import _csv_text
+    from calibrate.tables.selection import csv_text
 
     if fmt == "json":
         typer.echo(json.dumps(weighted_rows(records), indent=2))
         return
     if fmt == "csv":
-        sys.stdout.write(_csv_text(weighted_rows(records)))
+        sys.stdout.write(csv_text(weighted_rows(records)))
         return
     from rich import box
     from rich.table import Table
 
-    from calibrate.tables.commands import short_labels
+    from calibrate.tables.selection import short_labels
 
     first, short = records[0], short_labels([r.speculator for r in records])
     targets = sorted({r.target.rstrip("/").rsplit("/", 1)[-1] for r in records})
