@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from calibrate.data import cut_turns, load_conversations, render_prompt
+from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt
 from calibrate.models import LoadedModel, load_model
 from calibrate.replay.responses import generate_responses
 from calibrate.speculators.eagle3_head import Eagle3Head, new_head, save_head
@@ -66,7 +66,7 @@ class Recipe:
 def training_sequences(target: LoadedModel, dataset: str, fmt: str | None, skip: int, count: int,
                        length: int) -> list[list[int]]:
     """The last `length` tokens of the last turn's prompt of conversations skip .. skip + count - 1."""
-    loaded = load_conversations(dataset, fmt)
+    loaded = load_conversations(SourceSpec(dataset, fmt))
     out = []
     for conversation in loaded.conversations[skip:skip + count]:
         requests = cut_turns([conversation])
@@ -79,7 +79,7 @@ def training_sequences(target: LoadedModel, dataset: str, fmt: str | None, skip:
 def generated_sequences(target: LoadedModel, dataset: str, fmt: str | None, skip: int, count: int,
                         context: int, new_tokens: int, batch: int = 8) -> list[list[int]]:
     """Prompt + the target's greedy response for the last two turns of conversations skip .. skip + count - 1."""
-    loaded = load_conversations(dataset, fmt)
+    loaded = load_conversations(SourceSpec(dataset, fmt))
     prompts = [render_prompt(request, target.tokenizer, thinking="off", context_tokens=context,
                              model_name=target.name).ids
                for conversation in loaded.conversations[skip:skip + count]
