@@ -140,6 +140,17 @@ class EngineMethod:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Described:
+    """A speculator as its runs record it (Speculator.name, .params, .identity), known before it is built;
+    `draft_hash` is calibrate.models.AT_LOAD where only loading says (a hub id's revision)."""
+
+    name: str
+    params: dict[str, Any]
+    draft_id: str | None = None
+    draft_hash: str | None = None
+
+
 # (spec, weights) -> an engine method's settings; a ValueError says why this config cannot run there.
 Settings = Callable[[Any, Callable[[str], str]], dict[str, Any]]
 
@@ -225,6 +236,14 @@ class Speculator(ABC):
             return None
         method, settings = cls.engines[engine]
         return EngineMethod(method, settings(spec, weights))
+
+    @classmethod
+    def described(cls, spec: SpeculatorConfig, target: str) -> Described:
+        """What a speculator built from `spec` says of itself (its `name`, `params` and `identity`), read from
+        its config and config files alone: the measurement plan (calibrate.plan) names its runs with it before
+        any weights load. `target` is the name the target is loaded under. Kinds that run in this process
+        override it."""
+        raise NotImplementedError(f"speculator kind {cls.kind!r} runs only inside a serving engine")
 
     @classmethod
     def build(cls, spec: SpeculatorConfig, ctx: BuildContext) -> Speculator:

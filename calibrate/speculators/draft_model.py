@@ -19,8 +19,10 @@ import torch
 
 from calibrate.kernels.reference import Sampling, sample_drafts
 from calibrate.kv_slots import Prefix, SlotCache
-from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
-from calibrate.speculators.base import BuildContext, ModelName, ReplayScorer, Speculator, SpeculatorConfig, needs
+from calibrate.models import LoadedModel, check_same_tokenizer, load_fingerprint, load_model, load_tokenizer, resolve
+from calibrate.speculators.base import (
+    BuildContext, Described, ModelName, ReplayScorer, Speculator, SpeculatorConfig, needs,
+)
 
 
 class DraftSpeculatorConfig(SpeculatorConfig):
@@ -64,6 +66,11 @@ class DraftModelSpeculator(Speculator):
     @classmethod
     def config_name(cls, spec: DraftSpeculatorConfig, target: str) -> str:
         return f"draft:{spec.model}"
+
+    @classmethod
+    def described(cls, spec: DraftSpeculatorConfig, target: str) -> Described:
+        return Described(cls.config_name(spec, target), {"model": spec.model}, resolve(spec.model),
+                         load_fingerprint(spec.model))
 
     def __init__(self, draft: LoadedModel, batch_size: int = 4):
         self.draft = draft

@@ -26,8 +26,8 @@ import torch
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import fingerprint, model_config, resolve, resolve_dtype
 from calibrate.speculators.base import (
-    BuildContext, ModelName, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
-    chain_replay_scorers,
+    BuildContext, Described, ModelName, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures,
+    TargetNeeds, chain_replay_scorers,
 )
 
 if TYPE_CHECKING:  # the head's module imports transformers' Llama layers (and Triton): only when a head loads
@@ -48,6 +48,11 @@ class _RequestState:
     keys: torch.Tensor  # (rows, Hkv, d)
     values: torch.Tensor
     anchor: tuple[torch.Tensor, torch.Tensor] | None = None  # (q (1, Hq, d), residual (1, H))
+
+
+def _params(model: str, aux_layer_ids: Sequence[int], checkpoint_format: str) -> dict[str, Any]:
+    """What a head's runs record of it: its name, the target layers it reads, how it drafts, its format."""
+    return {"model": model, "aux_layer_ids": list(aux_layer_ids), "drafting": "chain", "format": checkpoint_format}
 
 
 def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tuple[Eagle3Head, tuple[int, ...]]:
@@ -78,6 +83,17 @@ class Eagle3Speculator(Speculator):
         return f"eagle3:{spec.model}"
 
     @classmethod
+    def described(cls, spec: Eagle3SpeculatorConfig, target: str) -> Described:
+        """The head's config and the target's (no weights): its format, and the layers it reads."""
+        from calibrate.speculators.eagle3_head import check_fit, read_head_config
+
+        path = resolve(spec.model)
+        cfg = read_head_config(Path(path), spec.model)
+        aux = check_fit(cfg, model_config(target), spec.model, target)
+        return Described(cls.config_name(spec, target), _params(spec.model, aux, cfg.checkpoint_format), path,
+                         fingerprint(path))
+
+    @classmethod
     def check(cls, spec: Eagle3SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
         from calibrate.speculators.eagle3_head import check_fit, read_head_config
 
@@ -104,8 +120,7 @@ class Eagle3Speculator(Speculator):
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"model": self._name, "aux_layer_ids": list(self.aux_layer_ids), "drafting": "chain",
-                "format": self.head.cfg.checkpoint_format}
+        return _params(self._name, self.aux_layer_ids, self.head.cfg.checkpoint_format)
 
     @property
     def identity(self) -> tuple[str | None, str | None]:

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field, model_validator
 
 from calibrate.speculators.base import (
-    BuildContext, Proposal, Speculator, SpeculatorConfig, label,
+    BuildContext, Described, Proposal, Speculator, SpeculatorConfig, label,
 )
 
 
@@ -106,6 +106,10 @@ class NgramSpeculator(Speculator):
     @classmethod
     def config_name(cls, spec: NgramSpeculatorConfig, target: str) -> str:
         return label(cls.kind, _params(spec), cls.defaults)
+
+    @classmethod
+    def described(cls, spec: NgramSpeculatorConfig, target: str) -> Described:
+        return Described(cls.config_name(spec, target), _params(spec))
 
     def __init__(self, prompt_lookup_max: int = VLLM_DEFAULT_LOOKUP, prompt_lookup_min: int = VLLM_DEFAULT_LOOKUP):
         if not 1 <= prompt_lookup_min <= prompt_lookup_max:

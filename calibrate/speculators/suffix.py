@@ -33,7 +33,7 @@ import torch
 from pydantic import Field
 
 from calibrate.speculators.base import (
-    BuildContext, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, label,
+    BuildContext, Described, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, label,
     leading_matches, needs,
 )
 
@@ -242,6 +242,10 @@ class SuffixSpeculator(Speculator):
     @classmethod
     def config_name(cls, spec: SuffixSpeculatorConfig, target: str) -> str:
         return label(cls.kind, _params(spec), cls.defaults)
+
+    @classmethod
+    def described(cls, spec: SuffixSpeculatorConfig, target: str) -> Described:
+        return Described(cls.config_name(spec, target), _params(spec))
 
     def __init__(self, max_depth: int = 24, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
                  min_token_prob: float = 0.1, cache_size: int = 64):
