@@ -34,12 +34,12 @@ def run(
                                  help="Keep third-party progress bars, log lines and warnings (hidden by default)."),
 ) -> None:
     """Replay the dataset through every target + speculator pair and store acceptance counts (resumable)."""
-    from calibrate.config import load_config
+    from calibrate.plan import load_routed_config
     from calibrate.quiet import quiet_third_party
     from calibrate.runner import execute
 
     console = Console(file=sys.stderr)  # bound now: quiet_third_party sends sys.stderr itself to /dev/null
-    cfg = load_config(config, {"dataset": {"max_requests": max_requests}})
+    cfg = load_routed_config(config, {"dataset": {"max_requests": max_requests}})
     for warning in cfg.warnings():
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     with quiet_third_party(enabled=not verbose), terminate_as_interrupt():
