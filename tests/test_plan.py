@@ -1,7 +1,8 @@
 """The measurement plan (calibrate.plan): built from the config alone, before any model loads or server starts,
 it names every run a real run then stores, by the same run id, for every route: in-process replay and loop,
 plain-engine replay (EAGLE-3 and MTP hidden states from this process or from the engine), a speculating
-server, several samples, temperatures and thinking modes.
+server, several samples, temperatures and thinking modes. `calibrate run --plan` prints it, and what a store
+already holds of it, without loading a model or starting a server.
 
 The routes run on the tiny pair (tests/tiny_pair.py) and loopback stand-ins of the engines
 (tests/standin_engines.py); the identity the runner stored before the plan existed is pinned by the tests of
@@ -9,13 +10,18 @@ the runner, the engines and the server routes, which stay as they were."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import duckdb
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from calibrate.cli import app
 from calibrate.config import ConfigError, load_config
 from calibrate.plan import AT_LOAD, PlanMismatch, check_routes, load_routed_config, settle
 from calibrate.runner import execute, launched, plan, prepare
@@ -25,6 +31,9 @@ from tests.standin_engines import LLAMACPP_MODEL, StandIn, llamacpp_routes
 from tests.test_mtp_engine import LAYERS, full_target, hidden_server, plain_reply, vllm_standin
 from tests.test_mtp_engine import build as build_mtp_target
 from tests.tiny_pair import build_pair
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
@@ -211,3 +220,46 @@ def test_routes_that_cannot_run_are_refused_with_the_file_named(tmp_path, pair):
         load_routed_config(path)
     with pytest.raises(ConfigError, match="measures only the k it runs"):
         check_routes(load_config(path))
+
+
+# -- calibrate run --plan -------------------------------------------------------------------------------------
+
+def test_plan_prints_every_measurement_and_what_the_store_already_holds(tmp_path, pair, monkeypatch):
+    target, draft = pair
+    path = config(tmp_path, [{"target": target, "speculators": [{"kind": "draft", "model": draft}, {"kind": "ngram"}]}],
+                  temperature=[0.0, 0.7])
+    db = tmp_path / "p.duckdb"
+    cfg = load_routed_config(path)
+    first = cfg.model_copy(update={"sweep": cfg.sweep.model_copy(update={"temperature": [0.0]})})
+    execute(first, db)  # T = 0 measured; T = 0.7 not yet
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("--plan loaded a model or started a server")
+
+    for where in ("calibrate.engines.factory.load_model", "calibrate.speculators.draft_model.load_model",
+                  "calibrate.engines.server.launch"):
+        monkeypatch.setattr(where, refuse)
+    res = CliRunner().invoke(app, ["run", str(path), "--plan", "--db", str(db)])
+    assert res.exit_code == 0, res.output
+    lines = " ".join(res.output.split())
+    assert f"[1/2] {target} via in-process, replay of draft:{draft}, ngram at k=1,3 thinking=off T=0" in lines
+    assert "[2/2]" in lines and "T=0.7" in lines
+    assert f"stored: 8 of 8 rows in {db}: skipped" in lines and f"stored: 0 of 8 rows in {db}" in lines
+    assert "source: in-process; scorer: replay (stored as engine 'replay'); sampling: T=0.7 seed=0, 1 sample(s)" in lines
+
+
+def test_plan_needs_no_weights(tmp_path, pair):
+    """A target folder without weights (the tokenizer and config alone): --plan still prints the plan."""
+    target, _ = pair
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for file in Path(target).iterdir():
+        if not file.name.endswith((".safetensors", ".bin")):
+            (bare / file.name).write_bytes(file.read_bytes())
+    path = config(tmp_path, [{"target": bare, "speculators": [{"kind": "ngram"}, {"kind": "suffix"}]}])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", "from calibrate.cli import app; app()", "run", str(path), "--plan"],
+                         check=False, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "in-process, replay of ngram, suffix at k=1,3" in " ".join((out.stdout + out.stderr).split())
+    assert not (tmp_path / "tables").exists()  # nothing written
