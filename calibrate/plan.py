@@ -33,6 +33,7 @@ from typing import Any, Literal
 from calibrate.config import Config, ConfigError, PairConfig, load_config
 from calibrate.dtypes import DtypeChoice
 from calibrate.engines.base import Budget
+from calibrate.engines.factory import server_speculator
 from calibrate.engines.server_replay import served_dtype
 from calibrate.kernels.reference import Sampling
 from calibrate.models import AT_LOAD, fingerprint, load_fingerprint, resolve
@@ -398,15 +399,12 @@ def _scored(pair: PairConfig, i: int, target: str) -> PlannedSpeculator:
 
 
 def _served(pair: PairConfig, i: int) -> PlannedSpeculator:
-    """speculators[i], run by the serving engine (calibrate.engines.factory.server_speculator): named as the
-    in-process one, its config as its parameters, its weights' fingerprint as served."""
+    """speculators[i], run by the serving engine: as the factory names it (named as the in-process one, its
+    config as its parameters, its weights' fingerprint as served)."""
     spec = pair.speculators[i]
-    cls = KINDS[spec.kind]
-    weights = getattr(spec, "gguf", None) if pair.backend == "llama.cpp" else getattr(spec, "model", None)
-    params = {key: value for key, value in spec.model_dump().items() if key != "kind"}
-    draft_id, draft_hash = (resolve(weights), fingerprint(resolve(weights))) if weights else (None, None)
-    described = Described(cls.config_name(spec, pair.target), params, draft_id, draft_hash)
-    return PlannedSpeculator(i, spec.kind, described, cls.hidden_states is not None)
+    served = server_speculator(spec, pair)
+    return PlannedSpeculator(i, spec.kind, Described(served.name, served.params, *served.identity),
+                             KINDS[spec.kind].hidden_states is not None)
 
 
 def _measurement(config: Config, selected: Selected, provenance: Provenance, n: int, thinking: str,
