@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 export CALIBRATE_TEST_MODELS ?= $(HOME)/.cache/calibrate-test-models
 
-.PHONY: install llamacpp vllm quickstart-models models quickstart test test-fast clean oracle-env
+.PHONY: install llamacpp vllm quickstart-models models quickstart docs test test-fast clean oracle-env
 
 # torch first, pinned to the CPU build served locally; the project after it, so pip keeps that torch.
 $(VENV)/.installed: pyproject.toml
@@ -21,7 +21,7 @@ install: $(VENV)/.installed
 # wheel is built once per machine into a cache outside the repo (setuptools-scm cannot see the version in
 # an sdist, hence the pretend version) and installed from there. The sdist builds every llama.cpp tool;
 # make/llama-server-only.cmake leaves only llama-server (and what it links) in the build, for this CPU only
-# (GGML_NATIVE): about 8 min on 2 cores where the whole build took 13-21 min (README). AMX is left out: these
+# (GGML_NATIVE): about 8 min on 2 cores where the whole build took 13-21 min (docs/engines.md). AMX is left out: these
 # machines' CPUs report AMX tiles that their VMs do not grant, and ggml's AMX kernels then die of an illegal
 # instruction (tilezero) at the first matmul. The cache folder is keyed by the flags, so a change rebuilds.
 LLAMACPP_VERSION ?= 11434.0.0
@@ -94,10 +94,16 @@ oracle-env: .oracle/speculators/speculators-$(SPECULATORS_VERSION).dist-info
 quickstart: quickstart-models
 	time $(VENV)/bin/calibrate run examples/quickstart.toml --db tables/quickstart.duckdb
 
+# The manual (docs/, mkdocs.yml): --strict fails on a broken link or anchor, so CI does (`make test` builds it
+# first). Whether the generated configuration reference is current is tests/test_docs.py's to say.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 # The whole suite, as CI runs it: first everything its tests need (each cached once built), so nothing skips
 # for want of a fixture; a test that still cannot run is counted and named in pytest's summary (-ra). The
-# slowest tests are listed after it, so CI's log says where its time goes.
+# slowest tests are listed after it, so CI's log says where its time goes. The manual is built first.
 test: llamacpp vllm models oracle-env
+	$(MAKE) docs
 	$(PY) -m pytest -q --durations=25
 
 test-fast: install

@@ -10,7 +10,7 @@ target and the speculators saw), bins the requests by prompt length on a log2 sc
 doubling), and draws pooled AL per bin with a 95% bootstrap interval over conversations (none where a bin
 holds fewer than calibrate.tables.stats.MIN_CI_CONVERSATIONS of them), one panel per k, a line per speculator.
 `--compare` draws another store's pooled AL at each k as a dashed level per speculator (the 2,048-token
-reference table it replaces). It also prints AL per bin as a markdown table, for the README. A store of one
+reference table it replaces). It also prints AL per bin as a markdown table, for the manual. A store of one
 target and one generation setting is what it reads (the reference's): rows are keyed by speculator and k.
 """
 

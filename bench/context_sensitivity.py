@@ -33,7 +33,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
+from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model, load_tokenizer
 from calibrate.replay.responses import Response, generate_responses
 from calibrate.replay.scoring import score_replay
@@ -77,7 +77,7 @@ def main() -> None:
     ks = [int(k) for k in args.ks.split(",")]
     console = Console(width=160)
 
-    loaded = load_conversations(args.source, "mini-swe-agent")
+    loaded = load_conversations(SourceSpec(args.source, "mini-swe-agent"))
     requests, _ = select_requests(cut_turns(loaded.conversations), args.requests, seed=0)
     if args.responses == "recorded":
         requests = [r for r in requests if r.recorded is not None and r.recorded.content]

@@ -39,7 +39,7 @@ def peak_rss_mb() -> float:
 
 def child(mode: str, source: str, max_requests: int, seed: int, strategy: str) -> None:
     """One selection in this (fresh) process; prints a JSON line with its peak RSS."""
-    from calibrate.data import (cut_turns, dataset_fingerprint, load_conversations, select_from_source,
+    from calibrate.data import (SourceSpec, cut_turns, dataset_fingerprint, load_conversations, select_from_source,
                                 select_requests)
 
     baseline = peak_rss_mb()  # interpreter and imports, before any data
@@ -47,16 +47,17 @@ def child(mode: str, source: str, max_requests: int, seed: int, strategy: str) -
     if mode == "inspect":
         from calibrate.data.inspect import inspect_source
 
-        report = inspect_source(source, "mini-swe-agent", seed=seed)
+        report = inspect_source(SourceSpec(source, "mini-swe-agent"), seed=seed)
         print(json.dumps({"peak_mb": peak_rss_mb(), "seconds": time.perf_counter() - started,
                           "conversations": report.conversations}))
         return
     if mode == "all":
-        loaded = load_conversations(source, "mini-swe-agent")
+        loaded = load_conversations(SourceSpec(source, "mini-swe-agent"))
         _, provenance = select_requests(cut_turns(loaded.conversations), max_requests, seed, strategy=strategy)
         fingerprint, conversations = dataset_fingerprint(loaded), len(loaded.conversations)
     else:
-        picked = select_from_source(source, "mini-swe-agent", max_requests=max_requests, seed=seed, strategy=strategy)
+        picked = select_from_source(SourceSpec(source, "mini-swe-agent"), max_requests=max_requests, seed=seed,
+                                    strategy=strategy)
         provenance, fingerprint, conversations = picked.provenance, picked.fingerprint, picked.conversations
     print(json.dumps({"peak_mb": peak_rss_mb(), "baseline_mb": baseline, "seconds": time.perf_counter() - started,
                       "sha": provenance["request_ids_sha256"], "selected": provenance["selected_requests"],

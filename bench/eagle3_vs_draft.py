@@ -24,7 +24,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
+from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model
 from calibrate.replay.responses import generate_responses, target_features
 from calibrate.replay.scoring import score_replay
@@ -89,7 +89,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_conversations(args.source, "mini-swe-agent", limit=args.held_out)
+    loaded = load_conversations(SourceSpec(args.source, "mini-swe-agent", limit=args.held_out))
     requests, _ = select_requests(cut_turns(loaded.conversations), args.requests, seed=0)
 
     def draft_speculators(target):

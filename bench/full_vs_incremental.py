@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers import DynamicCache
 
-from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
+from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model
 from calibrate.replay.responses import generate_responses
 from calibrate.replay.scoring import score_replay
@@ -58,7 +58,7 @@ def main() -> None:
     for col in ("dtype", "positions", "argmax flips", "flip rate", "(request,k) hists differing",
                 "AL k=4 replay", "AL k=4 loop", "AL k=8 replay", "AL k=8 loop"):
         table.add_column(col, justify="right")
-    loaded = load_conversations(str(SAMPLE / "original"), "mini-swe-agent", limit=12)
+    loaded = load_conversations(SourceSpec(str(SAMPLE / "original"), "mini-swe-agent", limit=12))
     requests, _ = select_requests(cut_turns(loaded.conversations), args.requests, seed=1)
     for dtype in args.dtypes:
         target = load_model("qwen2.5-coder-1.5b-instruct", dtype, "cpu")

@@ -28,14 +28,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from calibrate.kernels.reference import Sampling  # noqa: E402
 from calibrate.models import load_model  # noqa: E402
-from calibrate.replay.loop import run_loops  # noqa: E402
-from calibrate.speculators.base import BuildContext, Proposal, Speculator  # noqa: E402
+from calibrate.replay.loop import LoopLayout, LoopSettings, LoopWatch, run_loops  # noqa: E402
+from calibrate.speculators.base import BuildContext, Proposal  # noqa: E402
 from calibrate.speculators.draft_model import DraftModelSpeculator  # noqa: E402
 from calibrate.speculators.ngram import NgramSpeculator  # noqa: E402
-from calibrate.speculators.registry import speculator_class  # noqa: E402
+from calibrate.speculators.per_loop import Proposer  # noqa: E402
+from calibrate.speculators.registry import speculator_kind  # noqa: E402
 from calibrate.speculators.suffix import SuffixSpeculator  # noqa: E402
+from calibrate.terms import Sampling  # noqa: E402
 from tests.conftest import tiny_llama  # noqa: E402
 
 MODELS = Path(os.environ.get("CALIBRATE_TEST_MODELS", Path.home() / ".cache" / "calibrate-test-models"))
@@ -47,7 +48,7 @@ TEXTS = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n", "ls -la /testbe
          "Fix the failing test in tests/test_io.py: the reader drops the last line."]
 
 
-class Sampler(Speculator):
+class Sampler(Proposer):
     """Drafts uniformly at random with the loop's generator and says so (q uniform)."""
 
     def __init__(self, vocab: int):
@@ -88,9 +89,9 @@ def outcome(result, k: int) -> dict:
 def run_set(name: str, target, specs, prompts, eos, out: dict, settings, max_new: int) -> None:
     for temperature, top_p, rule in settings:
         for rows in (1, 5):
-            results = run_loops(target, specs, prompts, ks=KS, sampling=Sampling(temperature, top_p, None, 7),
-                                max_new_tokens=max_new, eos_token_ids=eos, labeller=labeller, loop_rows=rows,
-                                request_keys=[100 + i for i in range(len(prompts))], verification=rule)
+            loop_settings = LoopSettings(Sampling(temperature, top_p, None, 7), max_new, eos, verification=rule)
+            layout = LoopLayout(KS, loop_rows=rows, request_keys=[100 + i for i in range(len(prompts))])
+            results = run_loops(target, specs, prompts, loop_settings, layout, LoopWatch(labeller=labeller))
             for spec, per_request in zip(specs, results, strict=True):
                 for i, result in enumerate(per_request):
                     for k in KS:
@@ -125,7 +126,7 @@ def collect() -> dict:
     for kind, target_name, head in (("eagle3", "smollm2-135m-instruct", "smollm2-135m-instruct-eagle3"),
                                     ("mtp", "tiny-deepseek-mtp", None)):
         target = smol if kind == "eagle3" else load_model(str(MODELS / target_name), "float32", "cpu")
-        cls = speculator_class(kind)
+        cls = speculator_kind(kind)
         spec = cls.config_model(kind=kind, **({"model": str(MODELS / head)} if head else {}))
         built = cls.build(spec, BuildContext(dtype="float32", device="cpu", batch_size=4, target=target))
         run_set(f"smol-{kind}" if kind == "eagle3" else kind, target.model, [built], prompts,

@@ -23,7 +23,7 @@ import torch
 import calibrate.kv_slots as kv_slots
 import calibrate.replay.loop as loop
 import calibrate.speculators.draft_model as draft_model
-from calibrate.kernels.reference import Sampling
+from calibrate.terms import Sampling
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.kernels import rng
 
@@ -96,9 +96,10 @@ def main() -> None:
         saved = instrument(clock, target.model, how)
         t0 = time.perf_counter()
         try:
-            res = loop.run_loops(target.model, [DraftModelSpeculator(draft)], prompts, ks=[args.k],
-                                 sampling=Sampling(args.temperature), max_new_tokens=args.max_new_tokens,
-                                 eos_token_ids=target.eos_token_ids, loop_rows=batch, verify_kernel="auto")[0]
+            settings = loop.LoopSettings(Sampling(args.temperature), args.max_new_tokens, target.eos_token_ids,
+                                         verify_kernel="auto")
+            res = loop.run_loops(target.model, [DraftModelSpeculator(draft)], prompts, settings,
+                                 loop.LoopLayout([args.k], loop_rows=batch))[0]
         finally:
             for owner, name, fn in reversed(saved):
                 setattr(owner, name, fn)

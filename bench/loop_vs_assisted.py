@@ -66,15 +66,16 @@ class ForwardClock:
 
 
 def run_ours(target, draft, prompts, batch_size: int, args) -> tuple:
-    from calibrate.kernels.reference import Sampling
-    from calibrate.replay.loop import run_loops
+    from calibrate.replay.loop import LoopLayout, LoopSettings, run_loops
     from calibrate.speculators.draft_model import DraftModelSpeculator
+    from calibrate.terms import Sampling
 
     clock = ForwardClock(target.model, draft.model)
     t0 = time.perf_counter()
-    res = run_loops(target.model, [DraftModelSpeculator(draft)], prompts, ks=[args.k],
-                    sampling=Sampling(args.temperature, seed=args.seed), max_new_tokens=args.max_new_tokens,
-                    eos_token_ids=target.eos_token_ids, loop_rows=batch_size, verify_kernel="auto")[0]
+    settings = LoopSettings(Sampling(args.temperature, seed=args.seed), args.max_new_tokens, target.eos_token_ids,
+                            verify_kernel="auto")
+    res = run_loops(target.model, [DraftModelSpeculator(draft)], prompts, settings,
+                    LoopLayout([args.k], loop_rows=batch_size))[0]
     dt = time.perf_counter() - t0
     clock.remove()
     counts = [r.counts[args.k] for r in res]

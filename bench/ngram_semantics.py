@@ -28,12 +28,13 @@ from calibrate.models import load_tokenizer
 from calibrate.replay.responses import Response
 from calibrate.replay.scoring import score_replay
 from calibrate.runner import prepare
-from calibrate.speculators.base import Proposal, Speculator
+from calibrate.speculators.base import Proposal
 from calibrate.speculators.ngram import NgramSpeculator
+from calibrate.speculators.per_loop import Proposer
 from calibrate.tables import stats
 
 
-class LatestOccurrenceNgram(Speculator):
+class LatestOccurrenceNgram(Proposer):
     """The rule `ngram` used before it took vLLM's: longest tail, but its LATEST earlier occurrence."""
 
     kind = "ngram-latest"

@@ -10,15 +10,17 @@ one) and off (every prompt prefilled whole). Prompts are cut only past the targe
 them. Prefill tokens are read back from the stores: a request's prompt tokens less those it took from a
 cache (`requests.cached_tokens`), once per request; wall time is each run's own (model loading included,
 the same on both sides). The two stores must hold the same counts: the bench says whether they do, and in
-how many (run, request) rows they differ where they do not (bf16: near-ties, README "Exactness").
+how many (run, request) rows they differ where they do not (bf16: near-ties, docs/validation.md, "Exactness").
 
 `--llamacpp` measures plain-engine replay through llama.cpp's llama-server instead (the target's GGUF, one
 slot per conversation): `cache_prompt` on each conversation's slot against no prompt cache, the prefill
 tokens and hit rate from the engine's own `timings.cache_n`.
 
-Defaults (seed 5: a 29-turn trajectory, 208k prompt tokens whole, 10k with reuse; the 0.5B Qwen in bf16,
-n-gram scored by replay, 16 new tokens a turn) finish in about N minutes on 2 CPU cores. The last line is
-`prefill tokens: reuse X, no reuse Y (Z x fewer); wall: A s vs B s`.
+Defaults (seed 5: a 29-turn trajectory, 208k prompt tokens whole, 10k with reuse; a random-weight model of
+the 0.5B Qwen's architecture, tokenizer and window, 4 layers x 256, in fp32, n-gram scored by replay, 16 new
+tokens a turn) took 6 minutes on 2 CPU cores (AMD EPYC, AVX2, with other jobs beside it: 103 s with reuse,
+264 s without, 2026-12-02). The last line is `prefill tokens: reuse X, no reuse Y (Z x fewer); wall: A s vs
+B s`.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
+from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model
 from calibrate.replay.responses import generate_responses
 from calibrate.replay.scoring import score_replay
@@ -45,7 +45,7 @@ def main() -> None:
 
     target = load_model("qwen2.5-coder-1.5b-instruct", args.dtype, "auto")
     draft = load_model("qwen2.5-coder-0.5b-instruct", args.dtype, "auto")
-    loaded = load_conversations(args.source, "mini-swe-agent", limit=8)
+    loaded = load_conversations(SourceSpec(args.source, "mini-swe-agent", limit=8))
     requests, _ = select_requests(cut_turns(loaded.conversations), args.requests, seed=0)
     prompts = [render_prompt(r, target.tokenizer, thinking="off", context_tokens=args.context_tokens,
                              model_name=target.name).ids for r in requests]

@@ -23,16 +23,16 @@ import torch
 
 from calibrate.config import load_config
 from calibrate.engines import PairEngines
-from calibrate.kernels.reference import Sampling
 from calibrate.plan import budget_of, in_process_scorer, scored_here
 from calibrate.runner import _labeller, _prompts, plan_units, prepare, request_key
 from calibrate.tables import stats
+from calibrate.terms import Sampling
 
 
 def measure(config, prepared, engine_name: str, seed: int):
     """Every unit through one in-process engine ("replay" or "loop"): per (speculator, k) the per-response
     histograms, and the wall seconds spent measuring."""
-    config = config.model_copy(update={"run": config.run.model_copy(update={"engine": engine_name})})
+    config = config.model_copy(update={"run": config.run.model_copy(update={"method": engine_name})})
     pair = config.pairs[0]
     tokenizer = prepared.tokenizers[pair.target]
     engines = PairEngines(config, pair, tokenizer, prepared.device, prepared.dtype.dtype, {},

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 import calibrate.replay.loop as loop
-from calibrate.kernels.reference import Sampling
-from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
+from calibrate.terms import Sampling
+from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_model
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "mini-swe-agent-gemini3pro-swebv"
@@ -98,14 +98,14 @@ def main() -> None:
 
     target = load_model(args.target, "float32", "cpu")
     specs = build_speculators(args.speculators.split(","), target, args)
-    loaded = load_conversations(args.source, "mini-swe-agent", limit=8)
+    loaded = load_conversations(SourceSpec(args.source, "mini-swe-agent", limit=8))
     requests, _ = select_requests(cut_turns(loaded.conversations), args.requests, seed=0)
     prompts = [render_prompt(r, target.tokenizer, thinking="off", context_tokens=args.context_tokens,
                              model_name=target.name).ids for r in requests]
     ks = list(range(1, 9))
     rows = [int(x) for x in args.loop_rows.split(",")] if args.loop_rows else [len(prompts), len(prompts) * len(ks)]
-    kw = dict(sampling=Sampling(args.temperature, top_p=0.95), max_new_tokens=args.max_new_tokens,
-              eos_token_ids=target.eos_token_ids, verify_kernel="reference")
+    settings = loop.LoopSettings(Sampling(args.temperature, top_p=0.95), args.max_new_tokens, target.eos_token_ids,
+                                 verify_kernel="reference")
     print(f"target {args.target}, speculators {[s.name for s in specs]}, k = 1..8, fp32 CPU "
           f"({torch.get_num_threads()} threads); {len(prompts)} mini-swe-agent requests of "
           f"{[len(p) for p in prompts]} prompt tokens, {args.max_new_tokens} new tokens, T={args.temperature}")
@@ -114,13 +114,14 @@ def main() -> None:
     if not args.skip_alone:
         clock = loop.prefill = PrefillClock()
         t0 = time.perf_counter()
-        reference = [outcome(loop.run_loops(target.model, [spec], prompts, ks=[k], loop_rows=len(prompts), **kw)[0], [k])
+        reference = [outcome(loop.run_loops(target.model, [spec], prompts, settings,
+                                            loop.LoopLayout([k], loop_rows=len(prompts)))[0], [k])
                      for spec in specs for k in ks]
         timings.append(("each loop alone", time.perf_counter() - t0, clock.seconds, True))
     for n in rows:
         clock = loop.prefill = PrefillClock()
         t0 = time.perf_counter()
-        swept = loop.run_loops(target.model, specs, prompts, ks=ks, loop_rows=n, **kw)
+        swept = loop.run_loops(target.model, specs, prompts, settings, loop.LoopLayout(ks, loop_rows=n))
         dt = time.perf_counter() - t0
         got = [outcome(results, [k]) for results in swept for k in ks]
         timings.append((f"sweep, {n} loops per batch", dt, clock.seconds, reference is None or got == reference))

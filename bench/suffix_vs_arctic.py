@@ -29,7 +29,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
+from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt, select_requests
 from calibrate.models import load_tokenizer
 from calibrate.replay.steps import walk_steps
 from calibrate.speculators.base import leading_matches
@@ -65,7 +65,7 @@ def main() -> None:
     console = Console()
 
     tokenizer = load_tokenizer("qwen2.5-coder-1.5b-instruct")
-    loaded = load_conversations(str(SAMPLE), format="mini-swe-agent")
+    loaded = load_conversations(SourceSpec(str(SAMPLE), format="mini-swe-agent"))
     requests, _ = select_requests(cut_turns(loaded.conversations), args.requests, 0)
     ours = SuffixSpeculator(max_depth=args.max_depth, max_spec_factor=args.max_spec_factor,
                             min_token_prob=args.min_token_prob)

@@ -2,7 +2,7 @@
 
     python bench/verification_rules.py [--requests 6] [--temperature 0.7] [--ks 1 2 4] [--dtype auto]
 
-Both rules keep the target's distribution but accept differently (README, "Verification rule"):
+Both rules keep the target's distribution but accept differently (docs/sampling.md, "Verification rule"):
 `probabilistic` samples drafts from the drafter's q and accepts with min(1, p/q) (Leviathan et al.);
 `target-only` drafts the drafter's argmax and accepts it with p_target(draft), as vLLM v1's model runner
 (draft_probs = None) and SGLang's EAGLE verify do. This runs the sampled loop once per rule on the same

@@ -33,7 +33,7 @@ from calibrate.models import built_models_dir, load_model
 from calibrate.replay.steps import StepSeries
 from calibrate.runner import _prompts, execute, prepare
 from calibrate.speculators.base import BuildContext
-from calibrate.speculators.registry import speculator_class
+from calibrate.speculators.registry import speculator_kind
 from vllm_vs_replay import SPECULATORS, write_config  # this folder: the speculators and sweep file the vLLM bench uses
 
 ARGS = ["--enforce-eager", "--max-num-batched-tokens", "8192"]
@@ -55,7 +55,7 @@ def measure(tmp: Path, args: argparse.Namespace, name: str, temperature: float) 
     shape = argparse.Namespace(requests=args.requests, context=512, max_new_tokens=args.max_new_tokens,
                                temperature=temperature)
     label = f"{name}-{temperature:g}{'-fixed' if args.fix_expand else ''}"
-    path = write_config(tmp, shape, target, spec, [args.k], label, server, engine="loop", seed=1)
+    path = write_config(tmp, shape, target, spec, [args.k], label, server, method="loop", seed=1)
     execute(load_config(path), path.with_suffix(".duckdb"))
     return path
 
@@ -67,7 +67,7 @@ def audit(path: Path, name: str, k: int) -> tuple[int, int, int, int | None]:
     prepared = prepare(cfg)
     prompts = {r.request_id: p for r, p in zip(prepared.requests, _prompts(
         cfg, pair, prepared, prepared.tokenizers[pair.target], "off"), strict=True)}
-    cls = speculator_class(pair.speculators[0].kind)
+    cls = speculator_kind(pair.speculators[0].kind)
     target = load_model(pair.server.model, "float32", "cpu") if cls.hidden_states else None
     speculator = cls.build(pair.speculators[0], BuildContext("float32", "cpu", 4, target, {}))
     twin = Twin(speculator, InProcessFeatures(target) if target is not None else None)

@@ -76,9 +76,9 @@ def toml_value(value) -> str:
 
 
 def write_config(tmp: Path, args: argparse.Namespace, target: str, spec: dict, ks: list[int], name: str,
-                 server: dict | None = None, engine: str = "auto", seed: int = 0) -> Path:
+                 server: dict | None = None, method: str = "auto", seed: int = 0) -> Path:
     """A sweep file over `args.requests` real turns (`args.context`, `args.max_new_tokens`,
-    `args.temperature`); on vLLM when `server` is given, measured by `engine`."""
+    `args.temperature`); on vLLM when `server` is given, measured by `method`."""
     backend = f'backend = "vllm"\nserver = {toml_value(server)}' if server else ""
     path = tmp / f"{name}.toml"
     path.write_text(f"""
@@ -95,7 +95,7 @@ max_new_tokens = {args.max_new_tokens}
 dtype = "float32"
 batch_size = 4
 verification = "target-only"
-engine = "{engine}"
+method = "{method}"
 
 [[pairs]]
 target = "{built_models_dir() / target}"
@@ -143,7 +143,7 @@ def plain_replay(tmp: Path, args: argparse.Namespace, name: str) -> tuple[Path, 
     server = {"mode": "launch", "model": model, "concurrency": 4, "args": CPU_ARGS + TARGET_ARGS.get(target, []),
               "env": CPU_ENV,
               "log_dir": str(tmp), "hidden_states": args.hidden_states}
-    path = write_config(tmp, args, target, spec, args.ks, f"plain-{name}", server, engine="replay")
+    path = write_config(tmp, args, target, spec, args.ks, f"plain-{name}", server, method="replay")
     db = tmp / f"plain-{name}.duckdb"
     started = time.perf_counter()
     execute(load_config(path), db)

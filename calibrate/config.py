@@ -1,7 +1,7 @@
 """The sweep a `calibrate run` measures: a TOML file plus CLI overrides, validated before any model loads.
 
     [dataset]   where the conversations come from and how requests are picked and sized
-    [run]       numerics and engine choice (dtype, device, batch size, engine)
+    [run]       numerics and how counts are made (dtype, device, batch size, method)
     [[pairs]]   a target and the speculators to measure against it
     [sweep]     draft lengths, thinking modes, sampling
 
@@ -21,10 +21,11 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from calibrate.data.loader import SourceSpec
 from calibrate.kernels import triton_unavailable
 from calibrate.limits import INT32_MAX, MAX_BATCH, MAX_SAMPLES, MAX_SEED, MAX_TIMEOUT_SECONDS, MAX_TOKENS
-from calibrate.replay.counts import check_k
-from calibrate.speculators.base import CONFIG_TABLE, ModelName
+from calibrate.terms import check_k
+from calibrate.speculators.configs import CONFIG_TABLE, ModelName
 from calibrate.speculators.registry import KINDS, SpeculatorConfigUnion
 
 if sys.version_info >= (3, 11):
@@ -38,24 +39,52 @@ class _Strict(BaseModel):
 
 
 class DatasetConfig(_Strict):
+    """Where the conversations come from, which assistant turns are replayed, and how each is sized."""
+
     source: str
-    name: str | None = None  # label in tables and exports; defaults to `source` as written in the file
+    """A .json / .jsonl / .parquet file, a folder of them, a Hugging Face dataset id (streamed), or a name from
+    calibrate/data/datasets.toml. A relative path that exists beside the config file is taken from there."""
+    name: str | None = None
+    """The dataset's label in tables and exports; defaults to `source` as written in the file, so tables carry
+    no machine-specific path."""
     format: str | None = None
+    """The rows' format (calibrate.data.formats.FORMATS, or an alias such as `swe-gym`); detected per file when
+    unset. A format named for data it cannot fully read is refused, naming the field it would drop."""
     split: str | None = None
+    """A hub dataset's split (`train`, `test`, ...)."""
     revision: str | None = None
+    """A hub dataset's revision (a branch, tag or commit)."""
     subset: str | None = None
+    """A hub dataset's subset (its config name, e.g. SPEED-Bench's `qualitative`)."""
     max_requests: int | None = Field(default=None, gt=0)
-    seed: int = Field(default=0, ge=0, le=MAX_SEED)  # 0..2^32 - 1: what every engine's seed takes (calibrate.limits)
+    """Assistant turns to replay, picked by `selection` from `seed`; unset: every turn the selection reaches."""
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    """Seeds the selection, and at temperature > 0 the sampled responses' random streams (part of a sampled
+    run's identity). 0..2^32 - 1: what every engine's seed takes (calibrate.limits)."""
     selection: Literal["stratified", "uniform", "first", "all"] = "stratified"
+    """How turns are picked: `stratified` (round robin over conversations in seeded order, each one's turns in
+    seeded order), `first` (the same, each conversation's first turns first), `uniform` (a seeded random
+    sample of all turns), `all` (every turn). Not part of a run's identity (calibrate.data.turns)."""
     turns_per_conversation: int | None = Field(default=None, gt=0)
-    # Whole trajectories: every turn of this many conversations (chosen in the order `selection` reaches
-    # them), measured in order within each conversation, conversations side by side (calibrate.data.turns).
+    """At most this many turns of each conversation, in the selection's order; unset: no cap."""
     conversations: int | None = Field(default=None, gt=0)
-    # only rows whose `category` field is this (SPEED-Bench, Spec-Bench: "coding", "math", ...)
+    """Whole trajectories: every turn of this many conversations (chosen in the order `selection` reaches
+    them), measured in order within each conversation, conversations side by side (calibrate.data.turns).
+    Does not combine with `max_requests`, `turns_per_conversation` or `selection = "all"`."""
     category: str | None = None
-    # each 1..2^24 (calibrate.limits.MAX_TOKENS): past every model's context, inside the store's INTEGER columns
+    """Only rows whose `category` field is this (SPEED-Bench, Spec-Bench: "coding", "math", ...); the rows of
+    other categories are counted in the run's selection provenance."""
     context_tokens: int = Field(default=8192, gt=0, le=MAX_TOKENS)
+    """Prompt budget: each prompt is left-truncated to its last `context_tokens` tokens (recorded per request).
+    1..2^24 (calibrate.limits.MAX_TOKENS): past every model's context, inside the store's INTEGER columns."""
     max_new_tokens: int = Field(default=256, gt=0, le=MAX_TOKENS)
+    """Tokens generated per response; a step this budget cuts while its drafts still matched is censored.
+    1..2^24 (calibrate.limits.MAX_TOKENS)."""
+
+    def source_spec(self) -> SourceSpec:
+        """Where the run reads its conversations: the source settings of this table, as one record."""
+        return SourceSpec(self.source, self.format, split=self.split, revision=self.revision, subset=self.subset,
+                          category=self.category)
 
     @model_validator(mode="after")
     def _all_means_all(self) -> DatasetConfig:
@@ -75,40 +104,51 @@ DEVICE_PATTERN = r"^(auto|cpu|mps|cuda(:[0-9]+)?)$"
 
 
 class RunConfig(_Strict):
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 where native, else fp32
-    device: str = Field(default="auto", pattern=DEVICE_PATTERN)  # availability is checked before models load
-    batch_size: int = Field(default=4, gt=0, le=MAX_BATCH)  # 1..4096 (calibrate.limits.MAX_BATCH)
-    # How the counts are made. "replay" scores every speculator and k from one response per request (greedy,
-    # or at T > 0 sampled, under the target-only rule), generated in this process or, on a server pair, by
-    # a plain engine; "loop" decodes each (speculator, k) step by step: in this process, or on a server pair
-    # the engine's own speculation, a launch per (speculator, k). "auto" picks replay wherever it is exact
-    # (T = 0, or the target-only rule) and the loop for the probabilistic rule, the MoE profile, engine-only
-    # kinds and a connected server that speculates (the routing rules: calibrate.plan).
-    engine: Literal["auto", "replay", "loop"] = "auto"
-    # "triton" is refused when read where it cannot run (no CUDA device, triton not importable): "auto" picks it
-    # wherever it runs (calibrate.kernels.resolve_kernel)
+    """Numerics and the method, shared by every pair of the sweep."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Compute dtype in this process. `auto`: bf16 only where the device computes it natively (Ampere or later,
+    a CPU with AVX-512 BF16, AMX or Arm BF16), fp32 elsewhere; the choice and its reason are stored with the
+    run (`runs.dtype`, part of its identity, and `runs.dtype_reason`)."""
+    device: str = Field(default="auto", pattern=DEVICE_PATTERN)
+    """`auto`, `cpu`, `mps`, `cuda` or `cuda:N`; availability is checked before any model loads."""
+    batch_size: int = Field(default=4, gt=0, le=MAX_BATCH)
+    """Requests decoded together in this process. 1..4096 (calibrate.limits.MAX_BATCH)."""
+    method: Literal["auto", "replay", "loop"] = "auto"
+    """How the counts are made (was `engine`, refused naming this key). `replay` scores every speculator and k
+    from one response per request (greedy, or at T > 0 sampled, under the target-only rule), generated in this
+    process or, on a server pair, by a plain engine; `loop` decodes each (speculator, k) step by step: in this
+    process, or on a server pair the engine's own speculation, a launch per (speculator, k). `auto` picks
+    replay wherever it is exact (T = 0, or the target-only rule) and the loop for the probabilistic rule, the
+    MoE profile, engine-only kinds and a connected server that speculates (the routing rules:
+    calibrate.plan)."""
     verify_kernel: Literal["auto", "triton", "reference"] = "auto"
-    # Verification rule at temperature > 0 (calibrate.replay.loop.VERIFICATION_RULES): "target-only" drafts
-    # greedily and accepts with p_target(draft) (vLLM v1's model runner, SGLang's EAGLE, llama.cpp: the
-    # engines the exports feed); "probabilistic" samples drafts from q and accepts with min(1, p/q)
-    # (transformers' assisted generation). Part of the run's identity.
+    """The loop's verification kernel: `auto` picks the fused Triton kernel wherever it runs (CUDA, triton
+    importable) and the torch reference elsewhere (calibrate.kernels.resolve_kernel); `triton` where it
+    cannot run is refused when the config is read."""
     verification: Literal["target-only", "probabilistic"] = "target-only"
-    # The MoE verify-cost profile (calibrate.replay.experts): distinct routed experts per layer touched by each
-    # verify pass, per request and for batches of each size in expert_batch_sizes (B requests of one engine
-    # batch decoded together). It needs the step-by-step loop, so it picks engine "loop" at T = 0 too.
+    """Verification rule at temperature > 0 (calibrate.replay.loop.VERIFICATION_RULES): `target-only` drafts
+    greedily and accepts with p_target(draft) (vLLM v1's model runner, SGLang's EAGLE, llama.cpp: the engines
+    the exports feed); `probabilistic` samples drafts from q and accepts with min(1, p/q) (transformers'
+    assisted generation), and needs the loop. Part of the run's identity."""
     experts: bool = False
+    """The MoE verify-cost profile (calibrate.replay.experts): distinct routed experts per layer touched by each
+    verify pass, per request and for batches of each size in `expert_batch_sizes`. It needs the step-by-step
+    loop, so it picks method `loop` at T = 0 too; a dense target is refused from its config."""
     expert_batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1)
-    # Whole trajectories (`[dataset] conversations`): a turn reuses the KV cache of its conversation's previous
-    # prompt (in-process), or the engine's prefix cache is on and each conversation's turns go in order (servers).
-    # false turns that off, for checks: it changes no count, so it is not part of a run's identity.
+    """With `experts = true`: the batch sizes B whose union of experts is profiled (B requests of one engine
+    batch decoded together), each 1..`batch_size`. Set without `experts`, it is refused."""
     prefix_reuse: bool = True
+    """Whole trajectories (`[dataset] conversations`): a turn reuses the KV cache of its conversation's previous
+    prompt (in-process), or the engine's prefix cache is on and each conversation's turns go in order
+    (servers). false turns that off, for checks: it changes no count, so it is not part of a run's identity."""
 
     @model_validator(mode="after")
     def _expert_batches(self) -> RunConfig:
         if not self.experts and "expert_batch_sizes" in self.model_fields_set:
             raise ValueError("expert_batch_sizes is read only with experts = true (the MoE verify-cost profile)")
-        if self.experts and self.engine == "replay":
-            raise ValueError("experts = true needs the step-by-step loop: set engine = \"loop\" or \"auto\"")
+        if self.experts and self.method == "replay":
+            raise ValueError("experts = true needs the step-by-step loop: set method = \"loop\" or \"auto\"")
         too_big = [b for b in self.expert_batch_sizes if not 1 <= b <= self.batch_size]
         if too_big:
             raise ValueError(f"expert_batch_sizes {too_big} outside 1..batch_size ({self.batch_size}): a batch of B "
@@ -133,33 +173,50 @@ class ServerConfig(_Strict):
     """
 
     mode: Literal["launch", "connect"] = "launch"
-    url: str | None = None  # connect
-    k: int | None = None  # connect: the k a speculating server was started with (none: a plain server)
-    model: ModelName | None = None  # launch
-    command: str | None = None  # launch: the engine executable (default: per backend)
-    args: list[str] = Field(default_factory=list)  # launch: extra engine arguments, passed as written
+    """`launch`: calibrate starts the engine (and stops its whole process group on every exit); `connect`: a
+    server you run, reached at `url`."""
+    url: str | None = None
+    """connect: the server's http:// or https:// URL with a host (no user:password@)."""
+    k: int | None = None
+    """connect: the k a speculating server was started with; unset: a plain server, measured by replay."""
+    model: ModelName | None = None
+    """launch: what the engine loads (a GGUF file for llama.cpp, a folder or hub id for vLLM / SGLang)."""
+    command: str | None = None
+    """launch: the engine executable; default per backend (the `[llamacpp]` extra's llama-server, the
+    `make vllm` install, `python -m sglang.launch_server`)."""
+    args: list[str] = Field(default_factory=list)
+    """launch: extra engine arguments, passed as written (`["--enforce-eager", "--dtype", "bfloat16"]`)."""
     host: str = "127.0.0.1"
-    port: int | None = Field(default=None, gt=0, lt=65536)  # launch: None picks a free port
-    # requests in flight where the engine counts per request: 1..4096 (calibrate.limits.MAX_BATCH)
+    """launch: the address the engine listens on."""
+    port: int | None = Field(default=None, gt=0, lt=65536)
+    """launch: the engine's port; unset picks a free one."""
     concurrency: int = Field(default=1, gt=0, le=MAX_BATCH)
-    startup_timeout: float = Field(default=600.0, gt=0, le=MAX_TIMEOUT_SECONDS)  # seconds, at most a week
+    """Requests in flight where the engine counts per request, as in production; vLLM's counter deltas need 1.
+    1..4096 (calibrate.limits.MAX_BATCH)."""
+    startup_timeout: float = Field(default=600.0, gt=0, le=MAX_TIMEOUT_SECONDS)
+    """launch: seconds a launched engine has to answer, at most a week."""
     request_timeout: float = Field(default=600.0, gt=0, le=MAX_TIMEOUT_SECONDS)
-    log_dir: str | None = None  # launch: where the engine's log goes (default: the temp folder)
-    env: dict[str, str] = Field(default_factory=dict)  # launch: environment variables for the engine, e.g.
-    # VLLM_CPU_KVCACHE_SPACE (GiB of KV cache for vLLM on CPU) or an SGLANG_* switch
-    # Plain-engine replay of EAGLE-3 / MTP: where the target's hidden states over prompt + response come from,
-    # a teacher-forced pass of `model` loaded in this process, or the engine's own (vLLM's
-    # extract_hidden_states: a second server, launched beside the plain one, or connected at
-    # hidden_states_url). calibrate.engines.hidden_states.
+    """Seconds one request may take, at most a week."""
+    log_dir: str | None = None
+    """launch: a writable folder for the engine's log (checked when the config is read); default: the temp
+    folder."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """launch: environment variables for the engine, e.g. VLLM_CPU_KVCACHE_SPACE (GiB of KV cache for vLLM on
+    CPU) or an SGLANG_* switch."""
     hidden_states: Literal["in-process", "engine"] = "in-process"
-    hidden_states_url: str | None = None  # connect, hidden_states = "engine"
-    # connect: the model the server serves where it is not `target` (a GGUF of it, another checkpoint): what
-    # the server must say it serves, and a condition of the run's rows (calibrate.engines.served_model)
+    """Plain-engine replay of EAGLE-3 / MTP: where the target's hidden states over prompt + response come from,
+    a teacher-forced pass of `model` loaded in this process, or the engine's own (vLLM's
+    extract_hidden_states: a second server, launched beside the plain one, or connected at
+    `hidden_states_url`). calibrate.engines.hidden_states."""
+    hidden_states_url: str | None = None
+    """connect, with `hidden_states = "engine"`: a vLLM started with the extract_hidden_states method."""
     served_model: str | None = Field(default=None, min_length=1)
-    # The engine audit at T > 0 (calibrate.engines.audit): each speculating server's per-step counts checked
-    # against its own tokens, with the speculator's in-process twin (loading it, and the target where it reads
-    # hidden states). false: not checked (rows then say nothing of it).
+    """connect: the model the server serves where it is not `target` (a GGUF of it, another checkpoint): what
+    the server must say it serves, and a condition of the run's rows (calibrate.engines.served_model)."""
     audit: bool = True
+    """The engine audit at T > 0 (calibrate.engines.audit): each speculating server's per-step counts checked
+    against its own tokens, with the speculator's in-process twin (loading it, and the target where it reads
+    hidden states). false: not checked (rows then say nothing of it)."""
 
     @field_validator("k")
     @classmethod
@@ -226,11 +283,20 @@ def is_server_url(url: str) -> bool:
 
 
 class PairConfig(_Strict):
+    """A target and the speculators measured against it (`[[pairs]]`, one table per target)."""
+
     target: str
+    """The target model: a hub id, a local folder, or a .gguf file. It always names the tokenizer and chat
+    template the prompts are rendered with, also where a server loads `server.model`."""
     speculators: list[SpeculatorConfigUnion] = Field(min_length=1)
+    """The speculators, one inline table each, chosen by `kind` (the kinds below); two with the same settings
+    are refused."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra arguments for the target's chat template (its thinking switch, where it is not detected)."""
     backend: Literal["transformers", "llama.cpp", "vllm", "sglang"] = "transformers"
+    """Where the target runs: `transformers` in this process, or a serving engine (needs `[pairs.server]`)."""
     server: ServerConfig | None = None
+    """`[pairs.server]`: how a server backend is launched or reached (below)."""
 
     @model_validator(mode="after")
     def _backend(self) -> PairConfig:
@@ -272,15 +338,23 @@ class PairConfig(_Strict):
 
 
 class SweepConfig(_Strict):
-    k: list[int] = Field(min_length=1)  # the draft lengths
+    """What is swept for every pair: draft lengths, thinking modes, sampling."""
+
+    k: list[int] = Field(min_length=1)
+    """The draft lengths, each 1..64 (calibrate.replay.counts.MAX_K); a k of at least `max_new_tokens` is
+    warned about."""
     thinking: list[Literal["on", "off"]] = Field(default_factory=lambda: ["off"], min_length=1)
+    """Thinking modes, rendered with the target's own switch; a mode its template cannot honour is refused."""
     temperature: list[float] = Field(default_factory=lambda: [0.0], min_length=1)
+    """Sampling temperatures (a number or a list), each >= 0; 0 is greedy."""
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, gt=0, le=INT32_MAX)  # the store's INTEGER column
-    # Responses sampled per request at each T > 0 (each its own keyed random stream; stored as rows of
-    # their own, clustered with their conversation). Not part of a run's identity: more samples later
-    # measure only the new ones. 1..1000 (calibrate.limits.MAX_SAMPLES).
+    """Nucleus sampling at T > 0, in (0, 1]; unset: off."""
+    top_k: int | None = Field(default=None, gt=0, le=INT32_MAX)
+    """Top-k sampling at T > 0, 1..2^31 - 1 (the store's INTEGER column); unset: off."""
     samples: int = Field(default=1, gt=0, le=MAX_SAMPLES, strict=True)
+    """Responses sampled per request at each T > 0 (each its own keyed random stream; stored as rows of their
+    own, clustered with their conversation). Not part of a run's identity: more samples later measure only
+    the new ones. 1..1000 (calibrate.limits.MAX_SAMPLES); above 1 every temperature must be > 0."""
 
     @field_validator("temperature", mode="before")
     @classmethod
@@ -309,10 +383,16 @@ class SweepConfig(_Strict):
 
 
 class Config(_Strict):
+    """A whole sweep file."""
+
     dataset: DatasetConfig
+    """`[dataset]`: the conversations and the requests cut from them."""
     run: RunConfig = Field(default_factory=RunConfig)
+    """`[run]`: numerics and the engine choice."""
     pairs: list[PairConfig] = Field(min_length=1)
+    """`[[pairs]]`: one table per target."""
     sweep: SweepConfig
+    """`[sweep]`: draft lengths, thinking modes, sampling."""
 
     @model_validator(mode="after")
     def _experts_in_process(self) -> Config:
@@ -350,8 +430,17 @@ def _where(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-# Keys earlier versions read, and what they are called now (one word per concept: k, the verify kernel).
-RENAMED = {"draft_lengths": "k", "draft_len": "k", "verify_backend": "verify_kernel"}
+# Keys earlier versions read, and what they are called now (one word per concept: k, the verify kernel, the
+# method that makes the counts); "table.key" where the old name is a word other tables may still use.
+RENAMED = {"draft_lengths": "k", "draft_len": "k", "verify_backend": "verify_kernel", "run.engine": "method"}
+
+
+def renamed(loc: tuple[Any, ...]) -> str | None:
+    """What the key at `loc` is called now, or None where it never had another name."""
+    if not loc:
+        return None
+    old = str(loc[-1])
+    return (RENAMED.get(f"{loc[0]}.{old}") if len(loc) == 2 else None) or RENAMED.get(old)
 
 
 def format_errors(path: str, exc: ValidationError) -> str:
@@ -359,8 +448,8 @@ def format_errors(path: str, exc: ValidationError) -> str:
     for err in exc.errors():
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            old = err["loc"][-1] if err["loc"] else None
-            msg = f"unknown key (now called `{RENAMED[old]}`)" if old in RENAMED else "unknown key"
+            now = renamed(tuple(err["loc"]))
+            msg = f"unknown key (now called `{now}`)" if now else "unknown key"
         elif err["type"] == "union_tag_invalid":
             msg = f"unknown speculator kind {err['input'].get('kind')!r} (known: {', '.join(KINDS)})" \
                 if isinstance(err.get("input"), dict) else msg

@@ -32,7 +32,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from calibrate.speculators.base import TargetFeatures, TargetNeeds, select_features
+from calibrate.target_features import TargetFeatures, TargetNeeds, select_features
 
 # Tokens fed per forward pass when a prompt is prefilled: bounds the attention mask and the hidden states a
 # pass holds (a chunk of C tokens over a cache of L keeps a C x (L + C) mask; every layer's C x H hidden

@@ -6,7 +6,7 @@ budget past its 32-bit INTEGER columns, a `MemoryError` an hour into a sweep for
 `OverflowError` from the socket layer for a timeout of 1e300 s, a Rust tokenizer aborting on a 50 MB line.
 So the config refuses them when it is read (calibrate.config, naming the key), the CLI refuses its options
 (`--bootstrap`, `--seed`), and the dataset readers turn an oversized or too deeply nested row into a problem
-record of its own (calibrate.data.sources, calibrate.data.loader). README "Bounds on inputs" lists them.
+record of its own (calibrate.data.sources, calibrate.data.loader). docs/configuration.md, "Bounds on inputs", lists them.
 """
 
 from __future__ import annotations

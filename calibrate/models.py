@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,33 +18,12 @@ import torch
 
 from calibrate.checkpoints import ReadRecord, open_checkpoint
 from calibrate.dtypes import choose_dtype
-from calibrate.hub import hub_reachable, looks_like_path
+from calibrate.hub import hub_reachable
+from calibrate.model_names import built_models_dir, check_written_path, resolve  # noqa: F401  (named here too)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 _SAMPLE = 1 << 20  # bytes hashed from the start, middle and end of each weight file
-
-
-def built_models_dir() -> Path:
-    """Where fetch-test-models.py builds the small real models (also the quickstart's models)."""
-    return Path(os.environ.get("CALIBRATE_TEST_MODELS", Path.home() / ".cache" / "calibrate-test-models"))
-
-
-def resolve(name: str) -> str:
-    """A name as configured -> what to load: an existing path, a built test model of that name, else a HF id."""
-    if Path(name).expanduser().exists():
-        return str(Path(name).expanduser().resolve())
-    local = built_models_dir() / name
-    if local.is_dir():
-        return str(local)
-    return name
-
-
-def check_written_path(name: str) -> None:
-    """A name written as a path (calibrate.hub.looks_like_path) that resolves to nothing fails at once, naming
-    it: it is never a hub id. Config tables check every model name so when the config is read."""
-    if looks_like_path(name) and resolve(name) == name and not Path(name).exists():
-        raise FileNotFoundError(f"model {name!r}: no such file or folder")
 
 
 def hub_access(name: str, where: str) -> dict[str, Any]:

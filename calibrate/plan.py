@@ -35,12 +35,12 @@ from calibrate.dtypes import DtypeChoice
 from calibrate.engines.base import Budget
 from calibrate.engines.factory import server_speculator
 from calibrate.engines.server_replay import served_dtype
-from calibrate.kernels.reference import Sampling
 from calibrate.models import AT_LOAD, fingerprint, load_fingerprint, resolve
 from calibrate.replay.steps import STEP_RULE_VERSION
-from calibrate.speculators.base import Described
-from calibrate.speculators.registry import KINDS
-from calibrate.tables.store import CONDITION, KEY, RunSpec, fields_of
+from calibrate.speculators.registry import KINDS, Described
+from calibrate.tables.records import KEY
+from calibrate.tables.store import CONDITION, RunSpec, fields_of
+from calibrate.terms import Sampling
 
 Source = Literal["in-process", "plain server", "speculating server"]
 Scorer = Literal["replay", "loop", "engine counts"]
@@ -51,31 +51,31 @@ IDENTITY_FIELDS = fields_of(KEY) + fields_of(CONDITION)
 # -- routing rules ----------------------------------------------------------------------------------------------
 
 def in_process_scorer(config: Config, temperature: float) -> Literal["replay", "loop"]:
-    """`[run] engine` resolved for one temperature of an in-process pair.
+    """`[run] method` resolved for one temperature of an in-process pair.
 
     auto picks replay wherever a response's tokens fix every step's outcome (T = 0, or T > 0 under the
     target-only rule): one generation then scores every speculator and k, and is exact in distribution. The
     loop stays for the probabilistic rule (the outcome depends on the drafter's draws) and for the MoE
     verify-cost profile (it reads the router during real verify passes)."""
     run = config.run
-    if run.engine == "loop" or run.experts:
+    if run.method == "loop" or run.experts:
         return "loop"
-    if run.engine == "auto" and temperature > 0 and run.verification != "target-only":
+    if run.method == "auto" and temperature > 0 and run.verification != "target-only":
         return "loop"
     return "replay"
 
 
-def server_split(pair: PairConfig, engine: str) -> tuple[list[int], list[int]]:
+def server_split(pair: PairConfig, method: str) -> tuple[list[int], list[int]]:
     """A server pair's speculators (indices): those plain-engine replay scores in this process from a plain
     server's responses, and those the engine runs itself (a launch per k, or the connected server's own).
 
-    engine "replay": all replayed; "loop": all run by the engine; "auto": the engine runs them where it is
+    method "replay": all replayed; "loop": all run by the engine; "auto": the engine runs them where it is
     the only way (a connected server that speculates, stated by server.k; an engine-only kind), and replay
     scores the rest, for one plain launch instead of one per (speculator, k)."""
     every = list(range(len(pair.speculators)))
-    if engine == "loop" or (engine == "auto" and pair.server.mode == "connect" and pair.server.k is not None):
+    if method == "loop" or (method == "auto" and pair.server.mode == "connect" and pair.server.k is not None):
         return [], every
-    if engine == "replay":
+    if method == "replay":
         return every, []
     replayed = [i for i in every if KINDS[pair.speculators[i].kind].in_process]
     return replayed, [i for i in every if i not in replayed]
@@ -86,7 +86,7 @@ def scored_here(config: Config, pair: PairConfig) -> list[int]:
     scores from a server's responses."""
     if pair.server is None:
         return list(range(len(pair.speculators)))
-    return server_split(pair, config.run.engine)[0]
+    return server_split(pair, config.run.method)[0]
 
 
 def check_routes(config: Config, where: str = "config") -> None:
@@ -96,15 +96,15 @@ def check_routes(config: Config, where: str = "config") -> None:
     for n, pair in enumerate(config.pairs):
         if pair.server is not None:
             try:
-                check_server_pair(pair, config.run.engine, config.sweep.k)
+                check_server_pair(pair, config.run.method, config.sweep.k)
             except ValueError as exc:
-                problems.append(f"pairs[{n}] (backend {pair.backend!r}, engine {config.run.engine!r}): {exc}")
+                problems.append(f"pairs[{n}] (backend {pair.backend!r}, method {config.run.method!r}): {exc}")
     sampled = [t for t in config.sweep.temperature if t > 0]
     in_process = any(p.server is None for p in config.pairs)  # a server replays target-only anyway
-    if config.run.engine == "replay" and sampled and config.run.verification == "probabilistic" and in_process:
-        problems.append(f"engine \"replay\" at temperature {sampled[0]:g} needs verification = \"target-only\": "
+    if config.run.method == "replay" and sampled and config.run.verification == "probabilistic" and in_process:
+        problems.append(f"method \"replay\" at temperature {sampled[0]:g} needs verification = \"target-only\": "
                         "under the probabilistic rule a step's outcome depends on the drafter's own draws, not on "
-                        "the response alone; use engine \"loop\" or \"auto\"")
+                        "the response alone; use method \"loop\" or \"auto\"")
     if problems:
         raise ConfigError("\n".join([f"{where}: invalid config", *(f"  {p}" for p in problems)]))
 
@@ -117,27 +117,27 @@ def load_routed_config(path: str | Path, overrides: dict[str, dict[str, Any]] | 
     return config
 
 
-def check_server_pair(pair: PairConfig, engine: str, ks: list[int]) -> None:
+def check_server_pair(pair: PairConfig, method: str, ks: list[int]) -> None:
     """Everything about a server pair that depends on which speculators the engine runs itself."""
     cfg = pair.server
-    replayed, served = server_split(pair, engine)
+    replayed, served = server_split(pair, method)
     for i in served:
         if cfg.mode == "launch":
             check_launch_method(pair, i)
     if served and cfg.mode == "connect":
         if len(pair.speculators) != 1:
             raise ValueError("a connected server runs one speculator: list exactly the one it was started with (or "
-                             "score several by replay against a plain server: engine = \"replay\")")
+                             "score several by replay against a plain server: method = \"replay\")")
         if cfg.k is None:
             raise ValueError("mode 'connect' with the engine's own speculation needs `k` (the k the server drafts); "
-                             "a plain server is measured by replay (engine = \"replay\" or \"auto\")")
+                             "a plain server is measured by replay (method = \"replay\" or \"auto\")")
         if ks != [cfg.k]:
             raise ValueError(f"sweep.k {ks}: a connected server measures only the k it runs (server.k = {cfg.k}): set "
                              f"sweep.k = [{cfg.k}], or score every k by replay against a plain server "
-                             "(engine = \"replay\", no server.k)")
+                             "(method = \"replay\", no server.k)")
     if replayed and cfg.mode == "connect" and cfg.k is not None:
         raise ValueError(f"server.k = {cfg.k} says the server speculates; replay needs a plain server's responses: "
-                         "drop server.k, or measure its own speculation with engine = \"loop\"")
+                         "drop server.k, or measure its own speculation with method = \"loop\"")
     for i in replayed:
         check_replayed(pair, i)
 
@@ -145,28 +145,28 @@ def check_server_pair(pair: PairConfig, engine: str, ks: list[int]) -> None:
 def check_launch_method(pair: PairConfig, i: int) -> None:
     """Refuse speculators[i] where the engine must run it itself (a launch per k) and cannot."""
     spec = pair.speculators[i]
-    cls = KINDS[spec.kind]
-    name = cls.config_name(spec, pair.target)
+    kind = KINDS[spec.kind]
+    name = kind.config_name(spec, pair.target)
     try:
-        method = cls.engine_method(spec, pair.backend, str)
+        method = kind.engine_method(spec, pair.backend, str)
     except ValueError as exc:
         raise ValueError(f"speculators[{i}] ({name}) cannot be launched on {pair.backend}: {exc}") from None
     if method is None:
-        runs_on = ", ".join(cls.engines) or "no engine"
+        runs_on = ", ".join(kind.engines) or "no engine"
         raise ValueError(f"speculators[{i}] ({name}) has no {pair.backend} method (this kind runs on: {runs_on}); "
-                         "score it by replay (engine = \"replay\" or \"auto\"), in-process or on another backend")
+                         "score it by replay (method = \"replay\" or \"auto\"), in-process or on another backend")
 
 
 def check_replayed(pair: PairConfig, i: int) -> None:
     """speculators[i], scored in this process from a server's responses: it must run here, and its hidden
     states must come from somewhere that has them."""
     spec, cfg = pair.speculators[i], pair.server
-    cls = KINDS[spec.kind]
-    name = cls.config_name(spec, pair.target)
-    if not cls.in_process:
+    kind = KINDS[spec.kind]
+    name = kind.config_name(spec, pair.target)
+    if not kind.in_process:
         raise ValueError(f"speculators[{i}] ({name}) runs only inside the engine: replay cannot score it (set "
-                         "engine = \"loop\" or \"auto\")")
-    if cls.hidden_states is None or cfg.hidden_states == "in-process":
+                         "method = \"loop\" or \"auto\")")
+    if kind.hidden_states is None or cfg.hidden_states == "in-process":
         return
     if pair.backend != "vllm":
         raise ValueError(f"speculators[{i}] ({name}): hidden_states = \"engine\" is vLLM's extract_hidden_states; "
@@ -354,7 +354,7 @@ def _in_process(config: Config, pair: PairConfig, temperature: float) -> list[_G
 
 def _through_server(config: Config, pair: PairConfig) -> list[_Group]:
     cfg = pair.server
-    replayed, served = server_split(pair, config.run.engine)
+    replayed, served = server_split(pair, config.run.method)
     target = _server_target(pair)
     out = []
     if replayed:
@@ -394,8 +394,8 @@ def _server_target(pair: PairConfig) -> _Target:
 def _scored(pair: PairConfig, i: int, target: str) -> PlannedSpeculator:
     """speculators[i], built in this process against the target loaded under `target`."""
     spec = pair.speculators[i]
-    cls = KINDS[spec.kind]
-    return PlannedSpeculator(i, spec.kind, cls.described(spec, target), cls.hidden_states is not None)
+    kind = KINDS[spec.kind]
+    return PlannedSpeculator(i, spec.kind, kind.described(spec, target), kind.hidden_states is not None)
 
 
 def _served(pair: PairConfig, i: int) -> PlannedSpeculator:

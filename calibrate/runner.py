@@ -27,13 +27,12 @@ from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
 from calibrate.engines import Engine, PairEngines
 from calibrate.errors import NothingUsable
+from calibrate.terms import RequestOutcome
 from calibrate.models import LoadedModel, load_tokenizer, resolve_device, skeleton
 from calibrate.plan import Launched, Measurement, Selected, build_plan, check_routes, scored_here, server_split, settle
 from calibrate.progress import RunProgress
-from calibrate.replay.counts import RequestOutcome
 from calibrate.replay.experts import NotMoE, find_routers
-from calibrate.speculators.base import Described
-from calibrate.speculators.registry import speculator_class
+from calibrate.speculators.registry import Described, speculator_kind
 from calibrate.tables.store import RunSpec, Store, connect, reading
 
 
@@ -67,10 +66,8 @@ def prepare(config: Config) -> Prepared:
     ds = config.dataset
     device = resolve_device(config.run.device)  # "cuda" on a machine without one fails now, not after the data
     picked = select_from_source(
-        ds.source, ds.format, split=ds.split, revision=ds.revision, subset=ds.subset,
-        max_requests=None if ds.selection == "all" else ds.max_requests, seed=ds.seed,
-        turns_per_conversation=ds.turns_per_conversation, strategy=ds.selection, category=ds.category,
-        conversations=ds.conversations,
+        ds.source_spec(), max_requests=None if ds.selection == "all" else ds.max_requests, seed=ds.seed,
+        turns_per_conversation=ds.turns_per_conversation, strategy=ds.selection, conversations=ds.conversations,
     )
     if not picked.conversations:
         shown = "; ".join(str(p) for p in picked.problems[:5]) or "no rows"
@@ -85,7 +82,7 @@ def prepare(config: Config) -> Prepared:
         tokenizer = tokenizers[pair.target]
         for i in scored_here(config, pair):  # a speculating server checks its own
             spec = pair.speculators[i]
-            speculator_class(spec.kind).check(spec, pair.target, tokenizer)  # e.g. a head's shapes, before weights
+            speculator_kind(spec.kind).check(spec, pair.target, tokenizer)  # e.g. a head's shapes, before weights
         for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
             render_prompt(requests[0], tokenizer, thinking=thinking, context_tokens=ds.context_tokens,
                           model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
@@ -179,7 +176,7 @@ def _run_pair(config: Config, pair: PairConfig, prepared: Prepared, drafts: dict
         console.print(f"loading the speculators that score {pair.backend}'s responses for {pair.target}",
                       highlight=False, soft_wrap=True)
     tokenizer = prepared.tokenizers[pair.target]
-    served = [] if pair.server is None else server_split(pair, config.run.engine)[1]
+    served = [] if pair.server is None else server_split(pair, config.run.method)[1]
     engines = PairEngines(config, pair, tokenizer, prepared.device, prepared.dtype.dtype, drafts, scored, served)
     prompts: dict[str, list[RenderedPrompt]] = {}
     for number, m in measurements:

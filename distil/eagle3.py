@@ -15,7 +15,7 @@ and the quickstart-sized tables need one made here. Recipe (EAGLE-3's, shortened
 - training-time test: every depth of the chain is trained (Eagle3Head.chain_logits, teacher-forced), with
   cross-entropy against the target's distribution over the draft vocabulary (EAGLE-3's soft labels: on the
   agentic sample they beat the target's greedy token as a hard label, 1.41 against 1.36 AL at k = 2 after
-  600 steps, README);
+  600 steps, docs/speculators.md);
 - a fixed number of steps (warmup then cosine decay), so that every machine, busy or not, builds the same head.
 
     python -m distil.eagle3 --target smollm2-135m-instruct \

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from calibrate.kernels.reference import Sampling
-from calibrate.replay.counts import StepCounts
-from calibrate.replay.loop import LoopResult, run_loops
+from calibrate.kv_slots import prefill
+from calibrate.replay.loop import LoopLayout, LoopResult, LoopSettings, LoopWatch, run_loops
 from calibrate.replay.responses import Response, target_features
 from calibrate.replay.scoring import score_replay
 from calibrate.speculators.draft_model import DraftModelSpeculator
+from calibrate.terms import Sampling, StepCounts
 
 
 def as_speculator(spec):
@@ -18,10 +18,14 @@ def as_speculator(spec):
 
 
 def sweep(target, speculators, prompts, *, temperature: float, top_p=None, top_k=None, seed: int = 0,
-          **rest) -> list[list[LoopResult]]:
+          max_new_tokens: int, eos_token_ids, verify_kernel="auto", verification="target-only", ks, loop_rows=8,
+          request_keys=None, prefill_with=prefill, labeller=None, experts=None,
+          progress=None) -> list[list[LoopResult]]:
     """run_loops over several speculators: one list of per-request results each."""
-    return run_loops(target, [as_speculator(s) for s in speculators], prompts,
-                     sampling=Sampling(temperature, top_p, top_k, seed), **rest)
+    settings = LoopSettings(Sampling(temperature, top_p, top_k, seed), max_new_tokens, eos_token_ids, verify_kernel,
+                            verification)
+    return run_loops(target, [as_speculator(s) for s in speculators], prompts, settings,
+                     LoopLayout(ks, loop_rows, request_keys, prefill_with), LoopWatch(labeller, experts, progress))
 
 
 def loop_results(target, speculator, prompts, **kw) -> list[LoopResult]:

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibrate.replay.counts import RequestOutcome, SegmentCounts, StepCounts
 from calibrate.tables import query
 from calibrate.tables.store import RunSpec, Store, connect
+from calibrate.terms import RequestOutcome, SegmentCounts, StepCounts
 
 
 def make_spec(

@@ -107,8 +107,8 @@ def test_exports_refuse_a_marked_row_unless_forced(marked, tmp_path):
 
 
 def test_lookup_refuses_a_marked_row_unless_forced(marked):
-    args = ["lookup", "--table", str(marked), "--model", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "--speculator", "ngram",
-            "--draft-len", "3", "--thinking", "off", "--temperature", "0.7", "--format", "value"]
+    args = ["lookup", "--db", str(marked), "--model", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "--speculator", "ngram",
+            "--k", "3", "--thinking", "off", "--temperature", "0.7", "--format", "value"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 1 and "3 steps of the engine's own counts contradict" in res.output, res.output
     forced = CliRunner().invoke(app, [*args, "--force"])
@@ -146,7 +146,7 @@ def test_an_engine_list_that_cannot_be_placed_is_refused_downstream(tmp_path):
     assert shown.exit_code == 0 and "3!" in shown.output, shown.output
     refused = CliRunner().invoke(app, ["export", "--to", "vllm", "--db", str(db), "--out", str(tmp_path / "v")])
     assert refused.exit_code == 1 and "9 steps of the engine's own counts contradict its own tokens" in refused.output
-    args = ["lookup", "--table", str(db), "--model", str(target), "--speculator", "ngram", "--draft-len", str(K),
+    args = ["lookup", "--db", str(db), "--model", str(target), "--speculator", "ngram", "--k", str(K),
             "--thinking", "off", "--temperature", "0", "--format", "value"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 1 and "9 steps of the engine's own counts contradict" in res.output, res.output

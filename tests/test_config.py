@@ -47,6 +47,16 @@ def test_good_config_normalises(tmp_path):
     assert cfg.run.dtype == "auto"  # bf16 only where the device computes it natively (calibrate.dtypes)
 
 
+def test_run_method_chooses_replay_or_loop(tmp_path):
+    """`[run] method` says how the counts are made; `engine` is another word here (a serving engine, the
+    engine-only kind), and a key of that name in another table is refused without a rename hint."""
+    cfg = load_config(write(tmp_path, GOOD.replace("[[pairs]]", '[run]\nmethod = "loop"\n\n[[pairs]]')))
+    assert cfg.run.method == "loop"
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, GOOD.replace("max_new_tokens = 16", "max_new_tokens = 16\nengine = 1")))
+    assert "dataset.engine: unknown key (got 1)" in str(err.value)
+
+
 def test_override_wins(tmp_path):
     cfg = load_config(write(tmp_path, GOOD), {"dataset": {"max_requests": 2, "seed": None}})
     assert cfg.dataset.max_requests == 2 and cfg.dataset.seed == 0
@@ -66,6 +76,7 @@ def test_override_wins(tmp_path):
         (("k = [4, 1, 2, 2]", "k = [0]"), "sweep.k: Value error, k must be 1..64 (calibrate's largest k), got 0"),
         (("k = [4, 1, 2, 2]", "k = [1, 100000]"), "sweep.k: Value error, k must be 1..64 (calibrate's largest k), got 100000"),
         (("k = [4, 1, 2, 2]", "draft_lengths = [4, 1, 2, 2]"), "sweep.draft_lengths: unknown key (now called `k`)"),
+        (("[[pairs]]", '[run]\nengine = "loop"\n\n[[pairs]]'), "run.engine: unknown key (now called `method`)"),
         (('target = "qwen2.5-coder-1.5b-instruct"\n', ""), "pairs[0].target: Field required"),
         (('model = "qwen2.5-coder-0.5b-instruct"', 'modle = "x"'), "pairs[0].speculators[0].modle: unknown key"),
     ],
@@ -207,8 +218,8 @@ def test_a_model_path_that_does_not_exist_fails_when_the_config_is_read(tmp_path
 
 
 def test_hub_ids_built_models_and_existing_paths_are_model_names(tmp_path, monkeypatch):
-    """Names resolve as the README says: an existing path, $CALIBRATE_TEST_MODELS/<name>, else a hub id; only a
-    name written as a path (README: `calibrate.hub.looks_like_path`) must exist."""
+    """Names resolve as docs/configuration.md says: an existing path, $CALIBRATE_TEST_MODELS/<name>, else a hub id; only a
+    name written as a path (`calibrate.hub.looks_like_path`) must exist."""
     built = tmp_path / "built"
     (built / "my-head").mkdir(parents=True)
     (tmp_path / "head").mkdir()
@@ -232,7 +243,7 @@ def test_a_log_dir_must_be_a_writable_folder_when_the_config_is_read(tmp_path, m
 
 
 def test_a_servers_k_has_the_same_bound(tmp_path):
-    """Issue 31 item 7: [pairs.server] k takes the bound [sweep] k does (calibrate.replay.counts.MAX_K)."""
+    """Issue 31 item 7: [pairs.server] k takes the bound [sweep] k does (calibrate.terms.MAX_K)."""
     text = SERVED.replace('mode = "launch", model = "MODEL"LOG', 'mode = "connect", url = "http://h:8000", k = 65')
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, text.replace("SPECULATOR", '{ kind = "ngram" }')))

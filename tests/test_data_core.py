@@ -11,6 +11,7 @@ import pytest
 from calibrate.data import (
     Conversation,
     Message,
+    SourceSpec,
     cut_turns,
     dataset_fingerprint,
     load_conversations,
@@ -114,7 +115,7 @@ def test_unusable_source_raises_naming_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="no .json"):
         load_conversations(str(tmp_path))
     with pytest.raises(ValueError, match="unknown dataset format"):
-        load_conversations(str(tmp_path), format="nope")
+        load_conversations(SourceSpec(str(tmp_path), format="nope"))
 
 
 # ------------------------------------------------------------------------------------------- selection

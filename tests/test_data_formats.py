@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calibrate.data import canonical_format, cut_turns, detect_format, load_conversations, load_manifest
+from calibrate.data import SourceSpec, canonical_format, cut_turns, detect_format, load_conversations, load_manifest
 from calibrate.data.formats import ADAPTERS, split_reasoning
 from calibrate.data.loader import convert_row
 from calibrate.data.manifests import DEFAULT_MANIFEST
@@ -41,7 +41,7 @@ def test_every_fixture_format_parses_to_expected_counts(fixtures_dir, name):
         key = "trajectory" if fmt == "nebius-swe-agent" else "messages"
         assert [len(c.messages) for c in result.conversations] == [len(r[key]) for r in raw]
     # naming the format gives the same result as detecting it
-    named = load_conversations(str(path), format=fmt)
+    named = load_conversations(SourceSpec(str(path), format=fmt))
     assert named.conversations == result.conversations
 
 
@@ -86,7 +86,7 @@ def test_toucan_merges_text_and_call_and_uses_available_tools(fixtures_dir):
 
 def test_openhands_text_calls_stay_in_content(fixtures_dir):
     path = fixtures_dir / "datasets" / "swe-smith" / "sample_raw.json"
-    c = load_conversations(str(path), format="swe-smith").conversations[0]
+    c = load_conversations(SourceSpec(str(path), format="swe-smith")).conversations[0]
     assert "<function=bash>" in c.messages[2].content and not c.messages[2].tool_calls
 
 
@@ -142,7 +142,7 @@ def test_malformed_rows_reported_with_row_and_reason_rest_load(tmp_path):
     ]
     path = tmp_path / "rows.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    result = load_conversations(str(path), format="openai")
+    result = load_conversations(SourceSpec(str(path), format="openai"))
     assert [c.id for c in result.conversations] == ["ok1", "ok2"]
     got = [(p.row, p.field, p.reason) for p in result.problems]
     assert got[0] == (1, "messages[0].role", "missing role")
@@ -224,11 +224,11 @@ def test_hub_path_through_datasets_on_local_layout(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     root = tmp_path / "org-name"
     _write_hub_layout(root)
-    result = load_conversations(f"hf:{root}", split="train", limit=3)
+    result = load_conversations(SourceSpec(f"hf:{root}", split="train", limit=3))
     assert [c.id for c in result.conversations] == ["r0", "r1", "r2"] and result.format == "openai"
-    assert [c.id for c in load_conversations(f"hf:{root}", subset="small").conversations] == ["r0", "r1"]
+    assert [c.id for c in load_conversations(SourceSpec(f"hf:{root}", subset="small")).conversations] == ["r0", "r1"]
     with pytest.raises(ValueError, match="nope"):
-        load_conversations(f"hf:{root}", split="nope")
+        load_conversations(SourceSpec(f"hf:{root}", split="nope"))
 
 
 def test_parquet_and_json_sources_agree(tmp_path):
@@ -242,7 +242,7 @@ def test_parquet_and_json_sources_agree(tmp_path):
     a = load_conversations(str(tmp_path / "rows.parquet"))
     b = load_conversations(str(tmp_path / "rows.json"))
     assert [c.messages for c in a.conversations] == [c.messages for c in b.conversations]
-    assert len(load_conversations(str(tmp_path / "rows.parquet"), limit=2).conversations) == 2
+    assert len(load_conversations(SourceSpec(str(tmp_path / "rows.parquet"), limit=2)).conversations) == 2
 
 
 def test_manifest_names_resolve_and_are_valid(tmp_path, monkeypatch):
@@ -258,7 +258,7 @@ def test_manifest_names_resolve_and_are_valid(tmp_path, monkeypatch):
     manifest.write_text(f'[mine]\nhf_id = "{root}"\nformat = "openai"\nsplit = "train"\nlicence = "MIT"\n'
                         'has_reasoning = false\nnotes = "test"\nsubset = "small"\n')
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    result = load_conversations("mine", manifest=manifest)
+    result = load_conversations(SourceSpec("mine", manifest=manifest))
     assert [c.id for c in result.conversations] == ["r0", "r1"] and result.format == "openai"
     bad = tmp_path / "bad.toml"
     bad.write_text('[x]\nhf_id = "a/b"\nformat = "nope"\nsplit = "t"\nlicence = ""\nhas_reasoning = false\nnotes = ""\n')
@@ -333,7 +333,7 @@ def test_speed_bench_rows_become_one_first_turn_request_each(tmp_path):
     got = {(p.row, p.field): p.reason for p in result.problems}
     assert got[(3, "turns[0]")].startswith("unresolved placeholder: prepare the data first (NeMo-Skills")
     assert got[(5, "turns")] == "no turns"
-    assert load_conversations(str(path), format="speed_bench").conversations == result.conversations
+    assert load_conversations(SourceSpec(str(path), format="speed_bench")).conversations == result.conversations
     assert canonical_format("spec-bench") == "speed-bench"  # hemingkx/Spec-Bench question.jsonl: same fields
 
 
@@ -342,7 +342,7 @@ def test_speed_bench_malformed_turns_are_named(tmp_path):
             {"question_id": "b", "category": "coding", "turns": [None]},
             {"question_id": "c", "category": "coding", "turns": ["   "]},
             {"question_id": "d", "category": "coding"}]
-    result = load_conversations(str(_write_jsonl(tmp_path / "bad.jsonl", rows)), format="speed-bench")
+    result = load_conversations(SourceSpec(str(_write_jsonl(tmp_path / "bad.jsonl", rows)), format="speed-bench"))
     assert result.conversations == []
     assert [(p.row, p.field, p.reason) for p in result.problems] == [
         (0, "turns", "expected a list of user turns, got str"), (1, "turns[0]", "turn is a NoneType, not text"),
@@ -353,16 +353,16 @@ def test_a_category_keeps_its_rows_only_and_says_how_many_it_left_out(tmp_path):
     from calibrate.data import select_from_source
 
     path = _write_jsonl(tmp_path / "speed.jsonl", _speed_rows())
-    coding = load_conversations(str(path), category="coding")
+    coding = load_conversations(SourceSpec(str(path), category="coding"))
     assert [c.id for c in coding.conversations] == ["coding-0", "coding-1", "coding-3"]
     assert [p.row for p in coding.problems] == [3]  # the other categories' rows are neither read nor problems
-    picked = select_from_source(str(path), max_requests=None, seed=0, strategy="all", category="coding")
+    picked = select_from_source(SourceSpec(str(path), category="coding"), max_requests=None, seed=0, strategy="all")
     assert picked.provenance["category"] == "coding" and picked.provenance["other_category_rows"] == 2
     assert picked.fingerprint != select_from_source(str(path), max_requests=None, seed=0, strategy="all").fingerprint
     assert "category" not in select_from_source(str(path), max_requests=None, seed=0, strategy="all").provenance
     from calibrate.data.inspect import inspect_source
 
-    report = inspect_source(str(path), category="coding")
+    report = inspect_source(SourceSpec(str(path), category="coding"))
     assert (report.conversations, len(report.problems)) == (3, 1)  # what a run of that category will read
 
 
@@ -372,10 +372,10 @@ def test_speed_bench_parquet_and_the_manifest_entry(tmp_path, monkeypatch):
 
     rows = _speed_rows()[:3]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "test.parquet")  # what prepare_data.py writes
-    from_parquet = load_conversations(str(tmp_path / "test.parquet"), category="coding")
+    from_parquet = load_conversations(SourceSpec(str(tmp_path / "test.parquet"), category="coding"))
     assert [c.messages for c in from_parquet.conversations] == [
-        c.messages for c in load_conversations(str(_write_jsonl(tmp_path / "s.jsonl", rows)),
-                                               category="coding").conversations]
+        c.messages for c in load_conversations(SourceSpec(str(_write_jsonl(tmp_path / "s.jsonl", rows)),
+                                                          category="coding")).conversations]
     entry = load_manifest()["speed-bench-coding"]
     assert (entry.hf_id, entry.subset, entry.split, entry.category, entry.format) == (
         "nvidia/SPEED-Bench", "qualitative", "test", "coding", "speed-bench")
@@ -389,9 +389,10 @@ def test_speed_bench_parquet_and_the_manifest_entry(tmp_path, monkeypatch):
     manifest.write_text(f'[sb]\nhf_id = "{root}"\nformat = "speed-bench"\nsplit = "test"\nsubset = "qualitative"\n'
                         'category = "coding"\nlicence = "x"\nhas_reasoning = false\nnotes = "test"\n')
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert [c.id for c in load_conversations("sb", manifest=manifest).conversations] == ["coding-0", "coding-1"]
+    picked = load_conversations(SourceSpec("sb", manifest=manifest))
+    assert [c.id for c in picked.conversations] == ["coding-0", "coding-1"]
     with pytest.raises(ValueError, match="is the 'coding' category of .*not 'math'"):
-        load_conversations("sb", manifest=manifest, category="math")
+        load_conversations(SourceSpec("sb", manifest=manifest, category="math"))
 
 
 def _as_nemo_skills(row: dict) -> dict:
@@ -409,7 +410,7 @@ def test_the_prepared_jsonl_vllm_bench_reads_gives_the_same_requests(tmp_path):
     assert [(c.id, c.messages) for c in nemo.conversations] == [(c.id, c.messages) for c in hub.conversations]
     # vLLM's loader takes messages[0]["content"]: a row not starting with the user's prompt is refused
     odd = {**_as_nemo_skills(resolved[0]), "messages": [{"role": "system", "content": "s"}]}
-    result = load_conversations(str(_write_jsonl(tmp_path / "odd.jsonl", [odd])), format="speed-bench")
+    result = load_conversations(SourceSpec(str(_write_jsonl(tmp_path / "odd.jsonl", [odd])), format="speed-bench"))
     assert [(p.field, p.reason) for p in result.problems] == [
         ("messages[0].role", "the first message is 'system', not the user's prompt")]
     # a recorded conversation that happens to carry question_id and category stays an OpenAI conversation

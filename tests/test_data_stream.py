@@ -22,6 +22,7 @@ from calibrate.data import (
     Conversation,
     Message,
     Selector,
+    SourceSpec,
     cut_turns,
     dataset_fingerprint,
     load_conversations,
@@ -107,7 +108,7 @@ def test_streaming_selection_equals_brute_force(rows, strategy, max_requests, se
 @pytest.fixture(scope="module")
 def real_sample(mini_swe_dir):
     source = str(mini_swe_dir / "original")
-    loaded = load_conversations(source, "mini-swe-agent")
+    loaded = load_conversations(SourceSpec(source, "mini-swe-agent"))
     return source, loaded, cut_turns(loaded.conversations)
 
 
@@ -124,7 +125,7 @@ def test_real_sample_selection_equals_brute_force(real_sample, strategy, max_req
 
 def test_real_sample_streams_the_reference_selection_and_fingerprint(real_sample):
     source, loaded, requests = real_sample
-    picked = select_from_source(source, "mini-swe-agent", max_requests=24, seed=0, strategy="stratified")
+    picked = select_from_source(SourceSpec(source, "mini-swe-agent"), max_requests=24, seed=0, strategy="stratified")
     assert picked.requests == brute_force(requests, 24, 0, None, "stratified")  # message for message
     assert picked.provenance == select_requests(requests, 24, 0)[1]
     assert picked.provenance["request_ids_sha256"] == REFERENCE_SELECTION_SHA256
@@ -171,8 +172,8 @@ def test_bad_rows_are_reported_as_when_loading_everything(tmp_path):
         "{not json",
         json.dumps({"id": "b", "messages": [{"role": "user", "content": "q"}, {"role": "wizard", "content": "r"}]}),
     ]) + "\n")
-    picked = select_from_source(str(path), "openai", max_requests=2, seed=0)
-    assert picked.problems == load_conversations(str(path), "openai").problems
+    picked = select_from_source(SourceSpec(str(path), "openai"), max_requests=2, seed=0)
+    assert picked.problems == load_conversations(SourceSpec(str(path), "openai")).problems
     assert [(p.row, p.field) for p in picked.problems] == [(1, "messages[0].role"), (2, None), (3, "messages[1].role")]
     assert all(p.source == str(path) for p in picked.problems) and len(picked.requests) == 2
 
@@ -209,7 +210,7 @@ def test_inspect_streams_the_same_counts_and_sample_as_the_whole_list(real_sampl
     from calibrate.data.inspect import inspect_source, prompt_lengths
 
     source, loaded, requests = real_sample
-    report = inspect_source(source, "mini-swe-agent", sample=50, seed=3)
+    report = inspect_source(SourceSpec(source, "mini-swe-agent"), sample=50, seed=3)
     convs = loaded.conversations
     assistants = [m for c in convs for m in c.messages if m.role == "assistant"]
     assert (report.conversations, report.messages, report.assistant_turns, report.requests) == (

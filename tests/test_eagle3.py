@@ -16,6 +16,7 @@ from calibrate.replay.responses import generate_responses, target_features  # no
 from calibrate.replay.scoring import score_replay  # noqa: E402
 from tests.loop_runs import loop_results, replay_the_loops_responses, three_segments  # noqa: E402
 from calibrate.speculators.base import leading_matches  # noqa: E402
+from calibrate.speculators.configs import Eagle3SpeculatorConfig  # noqa: E402
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head  # noqa: E402
 from calibrate.speculators.eagle3_head import new_head, save_head  # noqa: E402
 from distil.eagle3 import target_pass, train_head  # noqa: E402
@@ -223,13 +224,13 @@ def test_name_params_and_needs(spec):
 
 def test_config_kind_and_check_before_weights(target, tmp_path):
     from calibrate.config import ConfigError, load_config
-    from calibrate.speculators.registry import KINDS
+    from calibrate.speculators.registry import speculator_class
 
-    assert KINDS["eagle3"] is Eagle3Speculator
+    assert speculator_class("eagle3") is Eagle3Speculator
     head, aux = _head(target)
     save_head(head, tmp_path / "head", aux)
     tiny_llama(layers=4, hidden=48).save_pretrained(tmp_path / "wide")
-    spec_cfg = Eagle3Speculator.config_model(kind="eagle3", model=str(tmp_path / "head"))
+    spec_cfg = Eagle3SpeculatorConfig(kind="eagle3", model=str(tmp_path / "head"))
     with pytest.raises(ValueError, match="hidden size 48"):  # from the two config.json files alone
         Eagle3Speculator.check(spec_cfg, str(tmp_path / "wide"), None)
     toml = tmp_path / "c.toml"
@@ -269,7 +270,7 @@ max_new_tokens = 32
 dtype = "float32"
 device = "cpu"
 batch_size = 4
-engine = "auto"
+method = "auto"
 [[pairs]]
 target = "{smollm}"
 speculators = [{{ kind = "eagle3", model = "{head}" }}]

@@ -29,7 +29,7 @@ from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.speculators.eagle3 import Eagle3Speculator
 from calibrate.speculators.mtp import MtpSpeculator
 from calibrate.speculators.ngram import NgramSpeculator
-from calibrate.speculators.registry import speculator_class
+from calibrate.speculators.registry import speculator_kind
 from calibrate.speculators.suffix import SuffixSpeculator
 
 BUDGET = Budget(context_tokens=1000, max_new_tokens=24, seed=7)
@@ -134,17 +134,17 @@ def test_llamacpp_runs_a_gguf_draft_at_fixed_k(tmp_path):
     ("vllm", {"kind": "suffix", "max_spec_offset": 1.0}, "cannot be launched on vllm: vLLM has no max_spec_offset"),
 ])
 def test_a_kind_an_engine_cannot_run_is_refused_when_read(backend, spec, message):
-    """Where the engine must run the kind itself (engine = "loop": a launch per k). Under "auto" (and
+    """Where the engine must run the kind itself (method = "loop": a launch per k). Under "auto" (and
     "replay") such a kind is scored by replay of a plain server's responses instead, which needs no
     engine spelling (an in-process kind)."""
     server = None if backend == "transformers" else {"mode": "launch", "model": "m"}
     pair = {"target": "t", "backend": backend, "speculators": [spec], **({"server": server} if server else {})}
     with pytest.raises((ValidationError, ConfigError), match=message):  # the schema's, or the routes'
-        check_routes(Config.model_validate({"dataset": {"source": "x"}, "run": {"engine": "loop"}, "pairs": [pair],
+        check_routes(Config.model_validate({"dataset": {"source": "x"}, "run": {"method": "loop"}, "pairs": [pair],
                                             "sweep": {"k": [2]}}))
     if backend != "transformers":
         replayed = Config.model_validate({"dataset": {"source": "x"}, "pairs": [pair], "sweep": {"k": [2]}})
-        assert server_split(replayed.pairs[0], replayed.run.engine) == ([0], [])
+        assert server_split(replayed.pairs[0], replayed.run.method) == ([0], [])
 
 
 def test_a_connected_server_runs_what_it_was_started_with():
@@ -165,7 +165,7 @@ def test_one_name_per_speculator_in_process_and_served():
     ]
     for raw, built in cases:
         spec = PairConfig(target="/models/target", speculators=[raw]).speculators[0]
-        assert speculator_class(spec.kind).config_name(spec, "/models/target") == built.name
+        assert speculator_kind(spec.kind).config_name(spec, "/models/target") == built.name
         if spec.kind in ("ngram", "suffix", "mtp"):
             pair = _pair("vllm", raw)
             assert server_speculator(pair.speculators[0], pair).name == built.name

@@ -13,8 +13,8 @@ from calibrate.engines.replies import Asked, Fields
 from calibrate.engines.server import EngineError, check_port_free, http_json, launch
 from calibrate.engines.sglang import SGLangBackend, parse_meta
 from calibrate.engines.vllm import VLLMBackend, counts_from_request, read_counters
-from calibrate.kernels.reference import Sampling
 from calibrate.tables import stats
+from calibrate.terms import Sampling
 from tests.standin_engines import StandIn, VLLMCounters, llamacpp_routes
 
 GREEDY = Sampling(0.0, None, None, 0)
@@ -244,12 +244,12 @@ def test_config_backend_needs_server_table_and_connect_needs_url_and_k(tmp_path)
         _pair_config(tmp_path, 'server = { mode = "launch", model = "m" }')
     ok = _pair_config(tmp_path, 'backend = "vllm"\nserver = { mode = "connect", url = "http://h:1", k = 2 }')
     assert ok.pairs[0].backend == "vllm" and ok.pairs[0].server.k == 2
-    assert server_split(ok.pairs[0], ok.run.engine) == ([], [0])  # a server that speculates: its own counts
+    assert server_split(ok.pairs[0], ok.run.method) == ([], [0])  # a server that speculates: its own counts
     plain = _pair_config(tmp_path, 'backend = "vllm"\nserver = { mode = "connect", url = "http://h:1" }')
-    assert server_split(plain.pairs[0], plain.run.engine) == ([0], [])  # no k: a plain server, replayed
+    assert server_split(plain.pairs[0], plain.run.method) == ([0], [])  # no k: a plain server, replayed
     with pytest.raises(ConfigError, match="the engine's own speculation needs `k`"):
         _pair_config(tmp_path, 'backend = "vllm"\nserver = { mode = "connect", url = "http://h:1" }',
-                     run='engine = "loop"')
+                     run='method = "loop"')
 
 
 def test_vllm_learns_from_its_first_reply_whether_it_counts_per_request(standin):

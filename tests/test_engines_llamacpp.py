@@ -48,7 +48,7 @@ def llamacpp_config(tmp_path: Path, tokenizer: Path, draft_tok: Path, source: Pa
         tmp_path / "llamacpp.toml",
         dataset={"source": source, "format": "mini-swe-agent", "max_requests": requests, "seed": 3,
                  "context_tokens": 384, "max_new_tokens": new_tokens},
-        run={"batch_size": 2, "engine": "loop"},  # llama-server's own speculation, a launch per k
+        run={"batch_size": 2, "method": "loop"},  # llama-server's own speculation, a launch per k
         pairs=[{"target": tokenizer, "backend": "llama.cpp",
                 "speculators": [{"kind": "draft", "model": draft_tok, **({"gguf": draft_gguf} if draft_gguf else {})}],
                 "server": server}],

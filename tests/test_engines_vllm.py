@@ -58,7 +58,7 @@ def vllm_config(tmp_path: Path, source: Path, target: Path, speculators: list[di
         tmp_path / name,
         dataset={"source": source, "format": "mini-swe-agent", "max_requests": requests, "turns_per_conversation": 1,
                  "seed": 1, "context_tokens": 512, "max_new_tokens": TOKENS},
-        run={"batch_size": 4, "dtype": "float32", "engine": engine},
+        run={"batch_size": 4, "dtype": "float32", "method": engine},
         pairs=[{"target": target, "backend": backend, "speculators": speculators,
                 **({"server": server} if server else {})}],
         sweep={"k": list(ks)},

@@ -115,7 +115,7 @@ def test_dense_target_and_replay_engine_refused(tmp_path):
                                      "--db", str(tmp_path / "d.duckdb"), "--no-show"])
     assert dense.exit_code == 2 and "not a mixture-of-experts" in dense.output
     assert "loading" not in dense.output  # refused from the config, before any weights load
-    replay = CliRunner().invoke(app, ["run", str(_config(tmp_path, tmp_path / "x", "experts = true\nengine = \"replay\"")),
+    replay = CliRunner().invoke(app, ["run", str(_config(tmp_path, tmp_path / "x", "experts = true\nmethod = \"replay\"")),
                                       "--db", str(tmp_path / "r.duckdb")])
     assert replay.exit_code == 2 and "needs the step-by-step loop" in replay.output
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from calibrate.cli import app
-from calibrate.replay.counts import MAX_K
+from calibrate.terms import MAX_K
 from tests.tables_support import basic_store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,7 +152,7 @@ def test_corrupt_exported_tables(tmp_path: Path, exported: dict, fuzz_seed: int 
         before = digest(table)
         target = record.get("target") if isinstance(record.get("target"), str) else "Qwen/Qwen2.5-Coder-1.5B-Instruct"
         k = record.get("draft_len") if type(record.get("draft_len")) is int and record["draft_len"] > 0 else 1
-        result = runner.invoke(app, ["lookup", "--table", str(table), "--model", target, "-k", str(k),
+        result = runner.invoke(app, ["lookup", "--db", str(table), "--model", target, "-k", str(k),
                                      "--thinking", "off", "--speculator", "ngram"])
         assert_clean_failure(result, (str(table),))
         if result.exit_code == 0:
@@ -230,13 +230,13 @@ def test_corrupt_dataset_rows(tmp_path: Path, rows: list, forced: str | None) ->
                                              ("verifications", [{}]), ("draft_len", MAX_K + 1)])
 def test_exported_table_fields_hypothesis_broke(tmp_path: Path, exported: dict, name: str, value: object) -> None:
     """Cases the fuzz test found: fields added after the validator was written were not checked; a k past
-    calibrate's largest was named as `--draft-len`, not as the table's (the table is read first now)."""
+    calibrate's largest was named as `--k`, not as the table's (the table is read first now)."""
     doc = json.loads(json.dumps(exported))
     record = next(r for r in doc["records"] if r["speculator"] == "ngram")
     record[name] = value
     table = tmp_path / "bad.json"
     table.write_text(json.dumps(doc))
-    result = runner.invoke(app, ["lookup", "--table", str(table), "--model", record["target"], "-k",
+    result = runner.invoke(app, ["lookup", "--db", str(table), "--model", record["target"], "-k",
                                  str(record["draft_len"]), "--thinking", record["thinking"], "--speculator", "ngram"])
     assert result.exit_code == 2 and name in result.output and str(table) in result.output, result.output
 

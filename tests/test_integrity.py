@@ -186,7 +186,7 @@ def test_exported_tables_are_validated_when_read(tmp_path: Path) -> None:
         path = tmp_path / "broken.json"
         path.write_text(json.dumps(broken))
         record = broken["records"][k1] if isinstance(broken, dict) and "records" in broken else {}
-        res = invoke("lookup", "--table", str(path), "--model", record.get("target", Q), "-k", "1",
+        res = invoke("lookup", "--db", str(path), "--model", record.get("target", Q), "-k", "1",
                      "--thinking", record.get("thinking", "off"))
         assert res.exit_code == ExitCode.BAD_INPUT, res.output
         assert str(path) in res.output and "Traceback" not in res.output
@@ -199,7 +199,7 @@ def test_exported_tables_are_validated_when_read(tmp_path: Path) -> None:
     assert "schema" in lookup_with(lambda d: d.update(schema="something-else"))
     text = tmp_path / "notes.txt"
     text.write_text("not a table")
-    res = invoke("lookup", "--table", str(text), "--model", "x", "-k", "1", "--thinking", "off")
+    res = invoke("lookup", "--db", str(text), "--model", "x", "-k", "1", "--thinking", "off")
     assert res.exit_code == ExitCode.BAD_INPUT and str(text) in res.output
 
 
@@ -208,9 +208,9 @@ def test_segment_and_argument_types_are_checked(tmp_path: Path) -> None:
     from tests.tables_support import basic_store
 
     db = basic_store(tmp_path / "a.duckdb")
-    res = invoke("lookup", "--table", str(db), "--model", Q, "-k", "1", "--thinking", "off", "--segment", "bogus")
+    res = invoke("lookup", "--db", str(db), "--model", Q, "-k", "1", "--thinking", "off", "--segment", "bogus")
     assert res.exit_code == ExitCode.BAD_INPUT and "unknown segment 'bogus'" in res.output
-    with pytest.raises(TypeError, match="draft_len must be an int"):
+    with pytest.raises(TypeError, match="lookup: k must be an int"):
         lookup(Q, "ngram", "3", "off", table=db)
     with pytest.raises(TypeError, match="model must be a str"):
         lookup(None, "ngram", 3, "off", table=db)
@@ -604,7 +604,7 @@ def test_extrapolation_keeps_the_model_free_basis(tmp_path: Path) -> None:
     assert r.drafted_acceptance_length == pytest.approx(1 + sum(r.unconditional_rates) / r.proposal_rate)
     cut = lookup(Q, "suffix", 3, "off", table=db, extrapolate=True)  # the k=4 curve, cut: between 2 and 4
     assert lookup(Q, "suffix", 2, "off", table=db).al <= cut.al <= measured.al
-    common = ("lookup", "--table", str(db), "--model", Q, "--speculator", "suffix", "--thinking", "off",
+    common = ("lookup", "--db", str(db), "--model", Q, "--speculator", "suffix", "--thinking", "off",
               "--extrapolate", "-k", "5")
     value = invoke(*common)
     assert value.exit_code == 0 and float(value.stdout) == r.al
@@ -616,7 +616,7 @@ def test_extrapolation_keeps_the_model_free_basis(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, says", [
-    (("-k", "9"), "matches --draft-len 9; measured: draft_len 1, 2, 3"),
+    (("-k", "9"), "matches --k 9; measured: draft_len 1, 2, 3"),
     (("--where", "max_new_tokens=12", "--thinking", "on"), "measured: thinking off, on; max_new_tokens 256"),
 ])
 def test_show_of_nothing_that_matches_says_what_exists(hand_store: Path, args: tuple, says: str) -> None:

@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 from calibrate.replay.responses import generate_responses, target_features  # noqa: E402
 from calibrate.replay.scoring import score_replay  # noqa: E402
 from tests.loop_runs import loop_results, replay_the_loops_responses, three_segments  # noqa: E402
+from calibrate.speculators.configs import MtpSpeculatorConfig  # noqa: E402
 from calibrate.speculators.mtp import DEPTH_RULE, MtpSpeculator, load_mtp, mtp_prefixes  # noqa: E402
 from distil.mtp import new_model, save_with_mtp, tiny_config, train_mtp  # noqa: E402
 
@@ -212,7 +213,7 @@ def test_checkpoints_without_usable_mtp_layers_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"mtp: cannot load the MTP layers of target 'block': .*o_proj"):
         load_mtp(_load(block), "block")
     # refused from the config alone, before any weights load (the runner calls `check` first)
-    spec = MtpSpeculator.config_model(kind="mtp")
+    spec = MtpSpeculatorConfig(kind="mtp")
     MtpSpeculator.check(spec, str(ok), None)
     with pytest.raises(ValueError, match="has no MTP layers"):
         MtpSpeculator.check(spec, str(zero), None)
@@ -248,9 +249,9 @@ def test_the_checkpoint_carries_the_head_that_vllm_reads(tmp_path, tied):
 
 def test_config_name_and_provenance(tmp_path):
     from calibrate.config import ConfigError, load_config
-    from calibrate.speculators.registry import KINDS
+    from calibrate.speculators.registry import speculator_class
 
-    assert KINDS["mtp"] is MtpSpeculator
+    assert speculator_class("mtp") is MtpSpeculator
     target = _load(_build(tmp_path / "t", 2))
     spec = MtpSpeculator(load_mtp(target, "tiny"), name="tiny", model_id="/m/tiny", model_hash="abc")
     assert spec.name == "mtp:tiny" and spec.identity == ("/m/tiny", "abc")

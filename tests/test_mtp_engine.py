@@ -26,7 +26,8 @@ from calibrate.engines.vllm import VLLMBackend
 from calibrate.replay.responses import Response, target_features
 from calibrate.replay.scoring import score_replay
 from calibrate.runner import _prompts, plan_units, prepare
-from calibrate.speculators.base import TargetNeeds
+from calibrate.speculators.configs import MtpSpeculatorConfig
+from calibrate.target_features import TargetNeeds
 from calibrate.speculators.mtp import MtpSpeculator, load_mtp, mtp_layer_count
 from calibrate.speculators.mtp_alone import final_norm, load_mtp_target
 from calibrate.speculators.mtp_archs import LAYOUTS, REFUSED, layout
@@ -107,7 +108,7 @@ def config(tmp_path: Path, target: Path, url: str, hidden_url: str, speculators=
         tmp_path / "mtp.toml",
         dataset={"source": QUICKSTART, "format": "openai", "max_requests": 3, "context_tokens": 128,
                  "max_new_tokens": 16},
-        run={"device": "cpu", "dtype": "float32", "batch_size": 2, "engine": "replay"},
+        run={"device": "cpu", "dtype": "float32", "batch_size": 2, "method": "replay"},
         pairs=[{"target": target, "backend": "vllm", "speculators": speculators or [{"kind": "mtp"}],
                 "server": {"mode": "connect", "url": url, "concurrency": 2, "hidden_states": "engine",
                            "hidden_states_url": hidden_url}}],
@@ -190,7 +191,7 @@ def test_targets_the_mtp_head_cannot_be_read_alone_from_are_refused_by_name(tmp_
     with pytest.raises(FileNotFoundError, match=r"^model '.*bin': no safetensors checkpoint .* cannot be read alone"):
         load_mtp_target(str(binary), "float32", "cpu")
     with pytest.raises(FileNotFoundError, match=r"no safetensors checkpoint"):  # the in-process path, before weights
-        MtpSpeculator.check(MtpSpeculator.config_model(kind="mtp"), str(binary), None)
+        MtpSpeculator.check(MtpSpeculatorConfig(kind="mtp"), str(binary), None)
     other = AutoConfig.for_model("bailing_hybrid")  # MTP layers transformers builds, in a layout not listed here
     with pytest.raises(ValueError, match=r"target 'b' \(bailing_hybrid\): no checkpoint layout for its MTP layers"):
         layout(other, "b")

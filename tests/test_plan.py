@@ -133,7 +133,7 @@ def test_plain_engine_replay_with_mtp_hidden_states_from_the_engine(tmp_path):
     try:
         path = config(tmp_path, [{"target": tiny, "backend": "vllm", "speculators": [{"kind": "mtp"}],
                                   "server": {"mode": "connect", "url": plain.url, "hidden_states": "engine",
-                                             "hidden_states_url": hidden.url}}], run={"engine": "replay"})
+                                             "hidden_states_url": hidden.url}}], run={"method": "replay"})
         cfg = load_routed_config(path)
         [m] = plan(cfg, prepare(cfg))
         assert [s.role for s in m.servers] == ["plain", "hidden states"]

@@ -27,15 +27,15 @@ from typer.testing import CliRunner  # noqa: E402
 
 from calibrate.cli import app  # noqa: E402
 from calibrate.config import ConfigError, load_config  # noqa: E402
-from calibrate.data import RenderedPrompt, cut_turns, load_conversations, select_requests  # noqa: E402
+from calibrate.data import RenderedPrompt, SourceSpec, cut_turns, load_conversations, select_requests  # noqa: E402
 from calibrate.data.conversation import ReplayRequest  # noqa: E402
 from calibrate.engines.in_process import LoopEngine, ReplayEngine  # noqa: E402
-from calibrate.kernels.reference import Sampling  # noqa: E402
+from calibrate.terms import Sampling  # noqa: E402
 from calibrate.kv_slots import ConversationCache, common_prefix, prefill  # noqa: E402
 from calibrate.models import LoadedModel  # noqa: E402
 from calibrate.replay.responses import target_features  # noqa: E402
 from calibrate.runner import Unit, conversation_waves, execute  # noqa: E402
-from calibrate.speculators.base import TargetNeeds  # noqa: E402
+from calibrate.target_features import TargetNeeds  # noqa: E402
 from calibrate.speculators.draft_model import DraftModelSpeculator  # noqa: E402
 from calibrate.speculators.eagle3 import Eagle3Speculator  # noqa: E402
 from calibrate.speculators.eagle3_head import new_head  # noqa: E402
@@ -334,7 +334,7 @@ COUNTS = "SELECT run_id, request_id, segment, accepted, steps FROM accept_counts
 
 
 def test_conversations_selects_whole_trajectories_the_way_selection_orders_them():
-    requests = cut_turns(load_conversations(str(QUICKSTART), "openai").conversations)
+    requests = cut_turns(load_conversations(SourceSpec(str(QUICKSTART), "openai")).conversations)
     for strategy in ("stratified", "first", "uniform"):
         chosen, provenance = select_requests(requests, None, 7, strategy=strategy, conversations=2)
         picked = list(dict.fromkeys(r.conversation_id for r in chosen))
@@ -374,7 +374,7 @@ def test_whole_trajectories_through_the_runner_count_as_without_reuse(tmp_path, 
     stored = rows(reuse, "SELECT DISTINCT conversation_id, turn, turn_depth, prompt_tokens, cached_tokens FROM requests "
                          "ORDER BY 1, 2")
     conversations = {c for c, *_ in stored}
-    everything = cut_turns(load_conversations(str(QUICKSTART), "openai").conversations)
+    everything = cut_turns(load_conversations(SourceSpec(str(QUICKSTART), "openai")).conversations)
     assert len(conversations) == 3 and len(stored) == sum(r.conversation_id in conversations for r in everything)
     for (c, _, depth, _, cached), previous in zip(stored, [None, *stored]):
         if depth == 1:
@@ -506,13 +506,13 @@ def test_real_turns_count_the_same_with_reuse(smollm, mini_swe_dir):
     prefix reuse each turn prefills only what it adds (a few hundred of ~2,000 tokens), and n-gram, suffix,
     the distilled EAGLE-3 head and the model drafting for itself count exactly as without it, greedy and
     sampled, in replay and (sampled) in the loop."""
-    from calibrate.data import render_prompt, select_from_source
+    from calibrate.data import SourceSpec, render_prompt, select_from_source
     from calibrate.models import load_model, load_tokenizer
     from calibrate.speculators.eagle3 import load_head
     from tests.conftest import real_model
 
-    picked = select_from_source(str(mini_swe_dir / "original"), "mini-swe-agent", max_requests=None, seed=5,
-                                conversations=1)
+    picked = select_from_source(SourceSpec(str(mini_swe_dir / "original"), "mini-swe-agent"), max_requests=None,
+                                seed=5, conversations=1)
     tokenizer = load_tokenizer(str(smollm))
     turns = [render_prompt(r, tokenizer, thinking="off", context_tokens=8000, model_name="smollm")
              for r in picked.requests[:3]]

@@ -145,9 +145,9 @@ def test_greedy_generation_cuts_at_eos():
 
 
 def test_replay_refuses_a_k_beyond_the_bound():
-    """Issue 31 item 7: one bound on k (calibrate.replay.counts.MAX_K) for every engine's arguments."""
-    from calibrate.replay.counts import MAX_K
+    """Issue 31 item 7: one bound on k (calibrate.terms.MAX_K) for every engine's arguments."""
     from calibrate.speculators.ngram import NgramSpeculator
+    from calibrate.terms import MAX_K
 
     with pytest.raises(ValueError, match=rf"k must be 1\.\.{MAX_K} .*got {MAX_K + 1}$"):
         score_replay(NgramSpeculator(), [[1, 2, 3]], [], [1, MAX_K + 1])

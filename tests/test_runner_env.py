@@ -140,7 +140,7 @@ def lookup_from_env(db: Path, env: dict[str, str | None], *args: str):
     from calibrate.cli import app
 
     variables = {v: env.get(v) for v in runner_env.ENV_VARIABLES}  # anything not given is unset
-    return CliRunner().invoke(app, ["lookup", "--from-env", "--table", str(db), *args], env=variables)
+    return CliRunner().invoke(app, ["lookup", "--from-env", "--db", str(db), *args], env=variables)
 
 
 @pytest.mark.parametrize(("values", "unset"), UNSET_FAILURES)

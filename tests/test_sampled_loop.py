@@ -15,7 +15,8 @@ from scipy import stats  # noqa: E402
 from transformers import GenerationConfig  # noqa: E402
 
 from calibrate.replay.loop import LoopResult, record_step  # noqa: E402
-from calibrate.speculators.base import Proposal, Speculator  # noqa: E402
+from calibrate.speculators.base import Proposal  # noqa: E402
+from calibrate.speculators.per_loop import Proposer  # noqa: E402
 from tests.loop_runs import loop_results  # noqa: E402
 
 EOS = 96  # tiny_llama's eos_token_id (vocab_size - 1)
@@ -184,7 +185,7 @@ def test_top_k_one_is_greedy(target, near_draft):
         assert res.tokens[2] == greedy_reference(target, prompt, 12)
 
 
-class _ProbSpeculator(Speculator):
+class _ProbSpeculator(Proposer):
     """A model-free speculator that reports a uniform q: exercises the generic propose() path with probs."""
 
     @property

@@ -22,7 +22,7 @@ import pytest  # noqa: E402
 
 from calibrate.data import RenderedPrompt  # noqa: E402
 from calibrate.engines.in_process import LoopEngine, ReplayEngine  # noqa: E402
-from calibrate.kernels.reference import Sampling  # noqa: E402
+from calibrate.terms import Sampling  # noqa: E402
 from calibrate.models import LoadedModel  # noqa: E402
 from calibrate.replay.responses import generate_responses  # noqa: E402
 from calibrate.speculators.draft_model import DraftModelSpeculator  # noqa: E402

@@ -21,14 +21,14 @@ import torch
 if not torch.cuda.is_available():  # the loop imports Triton: its interpreter mode must be set first
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from calibrate.data import render_prompt, select_from_source  # noqa: E402
-from calibrate.kernels.reference import Sampling  # noqa: E402
+from calibrate.data import SourceSpec, render_prompt, select_from_source  # noqa: E402
 from calibrate.models import load_model  # noqa: E402
-from calibrate.replay.loop import run_loops  # noqa: E402
+from calibrate.replay.loop import LoopLayout, LoopSettings, run_loops  # noqa: E402
 from calibrate.replay.responses import generate_responses  # noqa: E402
 from calibrate.replay.scoring import score_replay  # noqa: E402
 from calibrate.speculators.draft_model import DraftModelSpeculator  # noqa: E402
 from calibrate.tables import stats  # noqa: E402
+from calibrate.terms import Sampling  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -43,8 +43,8 @@ def setup(smollm, mini_swe_dir):
     with torch.no_grad():  # a draft that agrees with the target often, not always
         w = draft.lm_head.weight = torch.nn.Parameter(draft.lm_head.weight.clone())
         w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(0)) * w.std() * 0.5)
-    picked = select_from_source(str(mini_swe_dir / "original"), "mini-swe-agent", max_requests=REQUESTS, seed=2,
-                                turns_per_conversation=1)
+    picked = select_from_source(SourceSpec(str(mini_swe_dir / "original"), "mini-swe-agent"),
+                                max_requests=REQUESTS, seed=2, turns_per_conversation=1)
     prompts = [render_prompt(r, target.tokenizer, thinking="off", context_tokens=128, model_name="smollm").ids
                for r in picked.requests]
     assert len(prompts) == REQUESTS
@@ -65,8 +65,8 @@ def replayed(target, spec, units, sampling):
 
 
 def looped(target, spec, units, sampling, verification):
-    results = run_loops(target.model, [spec], units, ks=KS, sampling=sampling, max_new_tokens=TOKENS,
-                        eos_token_ids=target.eos_token_ids, loop_rows=60, verification=verification)[0]
+    settings = LoopSettings(sampling, TOKENS, target.eos_token_ids, verification=verification)
+    results = run_loops(target.model, [spec], units, settings, LoopLayout(KS, loop_rows=60))[0]
     return {k: np.stack([r.counts[k].hist for r in results]) for k in KS}
 
 

@@ -77,8 +77,8 @@ def test_auto_keeps_the_loop_for_the_probabilistic_rule(tmp_path, pair):
     ({"samples": 0}, r"sweep.samples: Input should be greater than 0"),
     ({"samples": "2"}, r"sweep.samples: Input should be a valid integer"),
     ({"samples": 2, "temperature": [0.0, 0.8]}, r"samples = 2 needs every temperature > 0"),
-    ({"run": {"engine": "replay", "verification": "probabilistic"}},
-     r'engine "replay" at temperature 0.9 needs verification = "target-only"'),
+    ({"run": {"method": "replay", "verification": "probabilistic"}},
+     r'method "replay" at temperature 0.9 needs verification = "target-only"'),
 ])
 def test_configs_that_would_not_measure_a_sampled_row_are_refused(tmp_path, pair, sweep, message):
     with pytest.raises(ConfigError, match=message):

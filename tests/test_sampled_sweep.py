@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from calibrate.engines.in_process import LoopEngine
-from calibrate.kernels.reference import Sampling
 from calibrate.kv_slots import SlotCache, prefill
-from calibrate.speculators.base import Proposal, Speculator
+from calibrate.speculators.base import Proposal
 from calibrate.speculators.ngram import NgramSpeculator
+from calibrate.speculators.per_loop import Proposer
 from calibrate.speculators.suffix import SuffixSpeculator
+from calibrate.terms import Sampling
 from tests.loop_runs import loop_results, sweep
 
 EOS = 96
@@ -24,7 +25,7 @@ def draft(near_draft):  # target and near_draft: conftest.py
     return near_draft
 
 
-class _Sampler(Speculator):
+class _Sampler(Proposer):
     """A model-free speculator that samples its drafts with the loop's torch generator (as EAGLE-3 does)."""
 
     @property

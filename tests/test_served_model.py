@@ -160,7 +160,7 @@ def test_the_hidden_state_server_must_serve_the_same_model(tmp_path, target):
     from calibrate.engines.hidden_states import EngineFeatures
     from calibrate.engines.server_replay import ServerReplayEngine
     from calibrate.engines.vllm import VLLMBackend
-    from calibrate.kernels.reference import Sampling
+    from calibrate.terms import Sampling
     from tests.configs import QUICKSTART, write_config
 
     plain, hidden = FakeEngine("vllm", str(target)), FakeEngine("vllm", "org/other-model")

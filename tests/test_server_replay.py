@@ -28,10 +28,10 @@ from calibrate.models import load_model
 from calibrate.replay.responses import Response
 from calibrate.replay.scoring import score_replay
 from calibrate.runner import _prompts, execute, plan_units, prepare
-from calibrate.speculators.base import TargetNeeds
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.speculators.ngram import NgramSpeculator
 from calibrate.speculators.suffix import SuffixSpeculator
+from calibrate.target_features import TargetNeeds
 from tests.configs import QUICKSTART, write_config
 from tests.standin_engines import LLAMACPP_MODEL, StandIn, VLLMCounters, llamacpp_routes
 from tests.tiny_pair import build_pair

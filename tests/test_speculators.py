@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calibrate.speculators.base import Speculator, leading_matches
+from calibrate.speculators.base import leading_matches
 from calibrate.speculators.draft_model import run_lengths
 from calibrate.speculators.ngram import NgramSpeculator, ngram_proposal
+from calibrate.speculators.per_loop import Proposer
 
 
 def brute_force_ngram(context: list[int], k: int, lookup_max: int, lookup_min: int) -> list[int]:
@@ -107,12 +108,12 @@ def test_ngram_replay_scorer_counts_leading_matches():
     spec = NgramSpeculator(prompt_lookup_max=2, prompt_lookup_min=1)
     prompt = [1, 2, 3, 4, 1, 2]
     response = [3, 4, 9, 9]
-    (run_at,) = Speculator.replay_scorers(spec, [prompt], [response], 4)
+    (run_at,) = Proposer.replay_scorers(spec, [prompt], [response], 4)
     assert run_at(0, 4) == (2, 4)  # proposes [3, 4, 1, 2]: matches 3, 4 then 1 != 9
     assert run_at(0, 1) == (1, 1)
     assert run_at(2, 4) == (0, 4)  # tail [3, 4] -> proposes [1, 2, 3, 4]; the response goes on 9, 9
     assert run_at(3, 4) == (0, 0)  # tail [9] never seen before: an empty proposal
-    (run_at,) = Speculator.replay_scorers(spec, [prompt], [[3, 4]], 4)
+    (run_at,) = Proposer.replay_scorers(spec, [prompt], [[3, 4]], 4)
     assert run_at(0, 4) == (2, 4)  # the proposal outruns the response: matches count up to its end
 
 

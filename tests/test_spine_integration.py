@@ -13,12 +13,12 @@ from typer.testing import CliRunner
 
 from calibrate.cli import app
 from calibrate.config import load_config
-from calibrate.data import cut_turns, load_conversations, render_prompt, select_requests
-from calibrate.kernels.reference import Sampling
+from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt, select_requests
+from calibrate.terms import Sampling
 from calibrate.models import load_model
 from calibrate.replay.responses import generate_responses
 from calibrate.replay.scoring import score_replay
-from calibrate.replay.loop import run_loops
+from calibrate.replay.loop import LoopLayout, LoopSettings, run_loops
 from calibrate.runner import execute, prepare
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.tables import stats
@@ -47,15 +47,15 @@ def test_replay_once_equals_stepwise_loop_on_qwen_pair(qwen_target, qwen_draft, 
     real greedy speculative decoder), fp32, k = 1..8: the same response and the same histogram."""
     target = load_model(str(qwen_target), "float32", "cpu")
     draft = load_model(str(qwen_draft), "float32", "cpu")
-    loaded = load_conversations(str(mini_swe_dir / "original"), "mini-swe-agent", limit=4)
+    loaded = load_conversations(SourceSpec(str(mini_swe_dir / "original"), "mini-swe-agent", limit=4))
     requests, _ = select_requests(cut_turns(loaded.conversations), 2, seed=0)
     prompts = [render_prompt(r, target.tokenizer, thinking="off", context_tokens=384, model_name="qwen").ids
                for r in requests]
     responses = generate_responses(target.model, prompts, max_new_tokens=24, eos_token_ids=target.eos_token_ids)
     ks = list(range(1, 9))
     fast = score_replay(DraftModelSpeculator(draft, batch_size=2), prompts, responses, ks)
-    (looped,) = run_loops(target.model, [DraftModelSpeculator(draft)], prompts, ks=ks, sampling=Sampling(0.0),
-                          max_new_tokens=24, eos_token_ids=target.eos_token_ids, loop_rows=len(prompts) * len(ks))
+    (looped,) = run_loops(target.model, [DraftModelSpeculator(draft)], prompts,
+                          LoopSettings(Sampling(0.0), 24, target.eos_token_ids), LoopLayout(ks, len(prompts) * len(ks)))
     for i, (response, loop) in enumerate(zip(responses, looped, strict=True)):
         for k in ks:
             assert loop.tokens[k] == response.tokens, f"request {i} k={k}"
@@ -189,12 +189,12 @@ k = [2]
 
 
 def test_loop_engine_at_temperature_zero_stores_what_replay_stores(tmp_path, smollm, mini_swe_dir):
-    """Through the runner: engine = "loop" at T=0 writes exactly the greedy replay-once counts (fp32)."""
+    """Through the runner: method = "loop" at T=0 writes exactly the greedy replay-once counts (fp32)."""
     text = sweep_config(tmp_path, smollm, mini_swe_dir / "original", 2).read_text()
     replay_cfg = tmp_path / "replay.toml"
     replay_cfg.write_text(text)
     loop_cfg = tmp_path / "loop.toml"
-    loop_cfg.write_text(text.replace('device = "cpu"', 'device = "cpu"\nengine = "loop"'))
+    loop_cfg.write_text(text.replace('device = "cpu"', 'device = "cpu"\nmethod = "loop"'))
     execute(load_config(replay_cfg), tmp_path / "replay.duckdb")
     execute(load_config(loop_cfg), tmp_path / "loop.duckdb")
     assert totals(tmp_path / "loop.duckdb") == totals(tmp_path / "replay.duckdb")
@@ -211,7 +211,7 @@ def test_sampled_loop_run_records_expected_acceptance(tmp_path, smollm, mini_swe
     text = sweep_config(tmp_path, smollm, mini_swe_dir / "original", 2).read_text()
     path = tmp_path / "sampled.toml"
     path.write_text(text.replace("k = [1, 3]", "k = [2]\ntemperature = [0.8]\ntop_p = 0.95")
-                    .replace('device = "cpu"', 'device = "cpu"\nengine = "loop"'))
+                    .replace('device = "cpu"', 'device = "cpu"\nmethod = "loop"'))
     db = tmp_path / "sampled.duckdb"
     result = CliRunner().invoke(app, ["run", str(path), "--db", str(db), "--no-show"])
     assert result.exit_code == 0, result.output

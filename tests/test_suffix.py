@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calibrate.config import ConfigError, load_config
-from calibrate.speculators.base import Speculator
 from calibrate.speculators.ngram import NgramSpeculator
+from calibrate.speculators.per_loop import Proposer
 from calibrate.speculators.suffix import SuffixIndex, SuffixSpeculator
 
 
@@ -141,7 +141,7 @@ def test_replay_scorer_equals_stepwise_propose():
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 3, 1, 4, 1, 5]
     response = [9, 2, 6, 5, 3, 1, 4, 1, 5, 9, 2, 6, 0, 3, 1, 4]
     (fast,) = spec.replay_scorers([prompt], [response], 6)
-    (slow,) = Speculator.replay_scorers(spec, [prompt], [response], 6)
+    (slow,) = Proposer.replay_scorers(spec, [prompt], [response], 6)
     for t in range(len(response)):
         for limit in range(1, 7):
             assert fast(t, limit) == slow(t, limit)
@@ -179,7 +179,7 @@ k = [4]
 
 
 def test_names_carry_non_default_parameters():
-    from calibrate.speculators.base import label
+    from calibrate.speculators.registry import label
 
     assert SuffixSpeculator().name == "suffix" and NgramSpeculator().name == "ngram"
     assert SuffixSpeculator(max_depth=32, max_spec_factor=2.0).name == "suffix:max_depth=32,max_spec_factor=2"

@@ -241,7 +241,7 @@ def test_export_and_lookup_select_a_context_bucket(app, store_path, tmp_path: Pa
 
     path, _ = store_path
     bucket = next(r for r in _bucketed(path, "context") if r.bucket == "context=16k-32k")
-    res = _invoke(app, "lookup", "--table", str(path), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
+    res = _invoke(app, "lookup", "--db", str(path), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
                   "--thinking", "off", "--context", "20k")
     assert res.exit_code == 0, res.output
     assert res.stdout.strip() == bucket.value() and "context=16k-32k only" in res.stderr
@@ -251,11 +251,11 @@ def test_export_and_lookup_select_a_context_bucket(app, store_path, tmp_path: Pa
     rows = json.loads(out.read_text())["records"]
     assert {row["bucket"] for row in rows} == {"context=16k-32k"}
     # the export answers for its bucket, and only for it
-    res = _invoke(app, "lookup", "--table", str(out), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
+    res = _invoke(app, "lookup", "--db", str(out), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
                   "--thinking", "off", "--context", "16k-32k", "--format", "json")
     assert res.exit_code == 0 and json.loads(res.stdout)["acceptance_length"] == pytest.approx(
         bucket.acceptance_length)
-    res = _invoke(app, "lookup", "--table", str(out), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
+    res = _invoke(app, "lookup", "--db", str(out), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
                   "--thinking", "off")
     assert res.exit_code == 1 and "holds context=16k-32k" in res.output
     res = _invoke(app, "export", "--to", "sglang", "--db", str(path), "--context", "8k-16k", "--force")  # n-gram
@@ -294,7 +294,7 @@ def test_every_consumer_exports_a_context_bucket_and_names_it(app, store_path, t
     profile = json.loads(next((tmp_path / "specdec-profile").glob("*/speculation_profile.json")).read_text())
     assert profile["measurement_conditions"]["bucket"] == "context=16k-32k"
     assert profile["mean_accept_length"] == round(bucket.acceptance_length, 6)
-    res = _invoke(app, "lookup", "--table", str(path), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
+    res = _invoke(app, "lookup", "--db", str(path), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
                   "--thinking", "off", "--context", "20k", "--format", "sglang-env", "--force")
     assert res.exit_code == 0, res.output
     assert "| requests context=16k-32k" in res.stdout.splitlines()[0]
@@ -311,7 +311,7 @@ def test_an_empty_or_unknown_bucket_is_one_line_naming_what_exists(app, tmp_path
     res = _invoke(app, "export", "--to", "vllm", "--db", str(path), "--context", ">1M")
     assert res.exit_code == 1 and res.output.count("\n") == 1
     assert "no measured request" in res.output and "context=>1M" in res.output and "<1k (1)" in res.output
-    res = _invoke(app, "lookup", "--table", str(path), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
+    res = _invoke(app, "lookup", "--db", str(path), "--model", "qwen2.5-coder-1.5b-instruct", "-k", str(K),
                   "--thinking", "off", "--context", "16k-32k")
     assert res.exit_code == 1 and "no counts for segment 'all' in context=16k-32k" in res.output
     assert "<1k (1)" in res.output

@@ -104,7 +104,7 @@ def test_export_commands(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     res = invoke(app, "export", "--to", "sglang", "--db", str(db), "--mode", "rates")
     assert res.exit_code == 2 and "sglang has no --mode rates (modes: length)" in res.output
     res = invoke(app, "export", "--to", "vllm", "--db", str(db), "--vllm-mode", "rates", "--model", "qwen2.5-coder-1.5b-instruct",
-                 "--speculator", "ngram", "--draft-len", "3", "--thinking", "off")
+                 "--speculator", "ngram", "--k", "3", "--thinking", "off")
     (row,) = json.loads(res.stdout)
     assert row["speculative_config"]["synthetic_acceptance_rates"] == [0.6, 0.4667, 0.3333]
     res = invoke(app, "export", "--to", "parquet", "--db", str(db), "--out", str(tmp_path / "t.parquet"))
@@ -119,7 +119,7 @@ def test_export_commands(app: typer.Typer, db: Path, tmp_path: Path) -> None:
 
 def test_lookup_formats(app: typer.Typer, db: Path) -> None:
     base = ["lookup", "--model", "qwen2.5-coder-1.5b-instruct", "--speculator", "ngram", "-k", "3",
-            "--thinking", "off", "--table", str(db)]
+            "--thinking", "off", "--db", str(db)]
     assert invoke(app, *base).stdout == "2.40\n"
     assert "warning: ngram k=3: exported AL 2.40 is over drafted steps" in invoke(app, *base).stderr
     assert json.loads(invoke(app, *base, "--format", "json").stdout)["histogram"] == [6, 2, 2, 5]
@@ -134,7 +134,7 @@ def test_lookup_formats(app: typer.Typer, db: Path) -> None:
 
 
 def test_lookup_sglang_env_can_be_evaled_or_used_as_env_file(app: typer.Typer, db: Path, tmp_path: Path) -> None:
-    base = ["lookup", "--model", Q, "--speculator", "ngram", "-k", "3", "--thinking", "on", "--table", str(db),
+    base = ["lookup", "--model", Q, "--speculator", "ngram", "-k", "3", "--thinking", "on", "--db", str(db),
             "--format", "sglang-env", "--force"]  # SGLang's NGRAM is not our n-gram: forced
     env_file = invoke(app, *base).stdout
     lines = [line for line in env_file.splitlines() if not line.startswith("#")]
@@ -149,15 +149,15 @@ def test_lookup_sglang_env_can_be_evaled_or_used_as_env_file(app: typer.Typer, d
 
 
 def test_lookup_failures_exit_nonzero_with_what_exists(app: typer.Typer, db: Path, tmp_path: Path) -> None:
-    res = invoke(app, "lookup", "--model", Q, "--speculator", "ngram", "-k", "4", "--thinking", "off", "--table", str(db))
+    res = invoke(app, "lookup", "--model", Q, "--speculator", "ngram", "-k", "4", "--thinking", "off", "--db", str(db))
     assert res.exit_code == 1 and "measured k: 1, 3" in res.output
-    res = invoke(app, "lookup", "--model", Q, "--speculator", "ngram", "-k", "4", "--thinking", "off", "--table", str(db),
+    res = invoke(app, "lookup", "--model", Q, "--speculator", "ngram", "-k", "4", "--thinking", "off", "--db", str(db),
                  "--extrapolate", "--format", "sglang-env", "--force")
     assert res.exit_code == 0 and "EXTRAPOLATED" in res.output and "note: k=4 is extrapolated" in res.output
-    res = invoke(app, "lookup", "--model", Q, "-k", "3", "--thinking", "off", "--table", str(tmp_path / "none.duckdb"))
+    res = invoke(app, "lookup", "--model", Q, "-k", "3", "--thinking", "off", "--db", str(tmp_path / "none.duckdb"))
     assert res.exit_code == 2 and "no acceptance database" in res.output
-    res = invoke(app, "lookup", "--model", Q, "--table", str(db))
-    assert res.exit_code == 2 and "missing --draft-len, --thinking" in res.output
+    res = invoke(app, "lookup", "--model", Q, "--db", str(db))
+    assert res.exit_code == 2 and "missing --k, --thinking" in res.output
 
 
 def test_export_help_names_both_curve_folders_and_their_versions() -> None:
@@ -203,7 +203,7 @@ def test_engine_export_and_lookup_refuse_another_algorithm_unless_forced(app: ty
     res = invoke(app, *export, "--force")
     assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=2.40" in out.read_text(), res.output
     assert "warning: ngram k=3: sglang does not run it as measured here" in res.stderr
-    lookup = ("lookup", "--model", Q, "--speculator", "ngram", "-k", "3", "--thinking", "off", "--table", str(db))
+    lookup = ("lookup", "--model", Q, "--speculator", "ngram", "-k", "3", "--thinking", "off", "--db", str(db))
     for form, engine in (("sglang-env", "sglang"), ("trtllm-env", "trtllm"), ("atom-args", "atom"),
                          ("llamacpp-args", "llama.cpp")):
         res = invoke(app, *lookup, "--format", form)
@@ -220,7 +220,7 @@ def test_engine_export_and_lookup_refuse_another_algorithm_unless_forced(app: ty
     from calibrate.consumers import FRAMEWORKS
 
     for framework, consumer in FRAMEWORKS.items():  # a runner's question: the same answer for every FRAMEWORK
-        res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "FRAMEWORK": framework})
+        res = invoke(app, "lookup", "--from-env", "--db", str(db), env={**env, "FRAMEWORK": framework})
         if consumer.forces == "vllm":
             assert res.exit_code == 0, (framework, res.output)
         else:
@@ -233,32 +233,32 @@ def test_lookup_from_runner_environment(app: typer.Typer, db: Path) -> None:
     env = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "NUM_SPEC_TOKENS": "3", "THINKING_MODE": "thinking_off",
            "FRAMEWORK": "dynamo-sglang", "IS_AGENTIC": "1", "EVAL_ONLY": "false", "SPEC_DECODING": "mtp"}
     forced = ("--force",)  # SGLang, TensorRT-LLM and ATOM run no n-gram of ours (test_lookup_refuses_...)
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), *forced, env=env)
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--db", str(db), *forced, env=env)
     assert res.exit_code == 0, res.output
     assert "SGLANG_SIMULATE_ACC_LEN=2.40\n" in res.output
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), *forced,
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--db", str(db), *forced,
                  env={**env, "FRAMEWORK": "trt"})
     assert "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.4\n" in res.stdout
     for framework in ("vllm", "llmd-vllm", "vllm-disagg"):
-        res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+        res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--db", str(db),
                      env={**env, "FRAMEWORK": framework})
         assert json.loads(res.stdout)["num_speculative_tokens"] == 3
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), *forced,
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--db", str(db), *forced,
                  env={**env, "FRAMEWORK": "sglang-disagg"})
     assert "SGLANG_SIMULATE_ACC_LEN=2.40\n" in res.stdout
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), *forced,
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--db", str(db), *forced,
                  env={**env, "FRAMEWORK": "atom-disagg"})
     assert res.stdout.startswith("--num-speculative-tokens 3 --spec-decode-acceptance-length 2.40")
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--db", str(db),
                  env={**env, "MODEL_PREFIX": "smollm2"})
     assert res.exit_code == 1 and "k=3 not measured for smollm2-135m-instruct with ngram" in res.output
     assert "measured k: 2" in res.output
-    res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "MODEL_PREFIX": "qwen2.5"})
+    res = invoke(app, "lookup", "--from-env", "--db", str(db), env={**env, "MODEL_PREFIX": "qwen2.5"})
     assert res.exit_code == 1 and "speculator 'mtp' not measured" in res.output  # SPEC_DECODING names it
-    res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "FRAMEWORK": "tgi"})
+    res = invoke(app, "lookup", "--from-env", "--db", str(db), env={**env, "FRAMEWORK": "tgi"})
     assert res.exit_code == 2 and "FRAMEWORK='tgi'" in res.output and "dynamo-sglang" in res.output
-    res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**env, "NUM_SPEC_TOKENS": ""})
-    assert res.exit_code == 2 and "needs k: --draft-len, --recipe" in res.output and "NUM_SPEC_TOKENS" in res.output
+    res = invoke(app, "lookup", "--from-env", "--db", str(db), env={**env, "NUM_SPEC_TOKENS": ""})
+    assert res.exit_code == 2 and "needs k: --k, --recipe" in res.output and "NUM_SPEC_TOKENS" in res.output
 
 
 # The newest InferenceX runners (infx/srt_slurm/synthetic_acceptance.py build_overrides / spec_parameters, newest in
@@ -295,7 +295,7 @@ def test_lookup_from_the_newest_runner_reads_k_and_method_from_the_recipe(app: t
     path.write_text(yaml.safe_dump(recipe))
     env = {**NEW_ENV, "FRAMEWORK": framework, "SPEC_DECODING": "mtp"}  # the recipe's method wins over the hint
     forced = ("--force",) if "ngram" in yaml.safe_dump(recipe).lower() else ()  # n-gram: only vLLM runs ours
-    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db), *forced, env=env)
+    res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--db", str(db), *forced, env=env)
     assert res.exit_code == 0, res.output
     assert expected in res.stdout
 
@@ -307,7 +307,7 @@ def test_lookup_from_env_speaks_every_runner_framework(app: typer.Typer, db: Pat
             "dynamo-vllm", "dynamo-sglang", "trt"} <= set(FRAMEWORKS)
     for framework, consumer in FRAMEWORKS.items():
         env = {**NEW_ENV, "FRAMEWORK": framework, "NUM_SPEC_TOKENS": "3"}
-        res = invoke(app, "lookup", "--from-env", "--table", str(db), "--force", env=env)
+        res = invoke(app, "lookup", "--from-env", "--db", str(db), "--force", env=env)
         if consumer.name == "tilert":  # TileRT runs MTP only: an n-gram AL is refused, not written, forced or not
             assert res.exit_code == 2 and "tilert runs speculator kinds mtp only" in res.output
         else:
@@ -320,12 +320,12 @@ def test_lookup_from_env_says_why_a_run_forces_nothing(app: typer.Typer, db: Pat
     for variable, value, reason in (("IS_AGENTIC", "0", "IS_AGENTIC=0: InferenceX forces acceptance only in agentic"),
                                     ("SPEC_DECODING", "none", "SPEC_DECODING=none"),
                                     ("EVAL_ONLY", "true", "EVAL_ONLY=true: accuracy runs verify drafts for real")):
-        res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**base, variable: value})
+        res = invoke(app, "lookup", "--from-env", "--db", str(db), env={**base, variable: value})
         assert res.exit_code == 1 and reason in res.output and res.stdout == ""
     # THINKING_MODE unset: build_overrides reads environment["THINKING_MODE"] and fails (issue 31, item 14)
-    res = invoke(app, "lookup", "--from-env", "--table", str(db), env={**base, "THINKING_MODE": None})
+    res = invoke(app, "lookup", "--from-env", "--db", str(db), env={**base, "THINKING_MODE": None})
     assert res.exit_code == 2 and "THINKING_MODE unset: InferenceX's build_overrides" in res.output
-    res = invoke(app, "lookup", "--from-env", "--thinking", "on", "--table", str(db), "--force",
+    res = invoke(app, "lookup", "--from-env", "--thinking", "on", "--db", str(db), "--force",
                  env={**base, "THINKING_MODE": None})
     assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=2.24\n" in res.stdout  # asked for explicitly
 
@@ -341,9 +341,9 @@ def test_lookup_recipe_errors_are_one_line(app: typer.Typer, db: Path, tmp_path:
                                                                 "speculative-num-steps": "3"}}}}))
     for path, code, reason in ((override, 2, "override-format recipe"), (none, 1, "runs no speculative decoding"),
                                (bad_k, 2, "the draft length is '3', not a positive integer")):
-        res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--table", str(db), env=env)
+        res = invoke(app, "lookup", "--from-env", "--recipe", str(path), "--db", str(db), env=env)
         assert res.exit_code == code and reason in res.output and res.output.count("\n") == 1, res.output
-    res = invoke(app, "lookup", "--model", Q, "-k", "3", "--thinking", "off", "--recipe", str(none), "--table", str(db))
+    res = invoke(app, "lookup", "--model", Q, "-k", "3", "--thinking", "off", "--recipe", str(none), "--db", str(db))
     assert res.exit_code == 2 and "--recipe is read with --from-env" in res.output
 
 
@@ -506,7 +506,7 @@ RECIPES_ENV = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "SYNTHETIC_ACCEPTANCE": "tr
     ("dynamo-vllm", ['"num_speculative_tokens": 3'])])
 def test_lookup_from_the_recipes_launcher_environment(app: typer.Typer, db: Path, framework: str,
                                                       expected: list[str]) -> None:
-    res = invoke(app, "lookup", "--from-env", "--model", Q, "--speculator", "ngram", "--table", str(db), "--force",
+    res = invoke(app, "lookup", "--from-env", "--model", Q, "--speculator", "ngram", "--db", str(db), "--force",
                  env={**RECIPES_ENV, "FRAMEWORK": framework})  # forced: only vLLM runs our n-gram
     assert res.exit_code == 0, res.output
     assert all(e in res.stdout for e in expected), res.stdout
@@ -521,7 +521,7 @@ def test_lookup_from_the_recipes_launcher_reads_k_its_way(app: typer.Typer, db: 
     path.write_text(yaml.safe_dump({"roles": {
         "prefill": {"args": {"speculative-algorithm": "NGRAM", "speculative-num-steps": 3}},
         "decode": {"args": {"speculative-algorithm": "NGRAM", "speculative-num-steps": 1}}}}, sort_keys=False))
-    lookup = ("lookup", "--from-env", "--model", Q, "--recipe", str(path), "--table", str(db), "--force")
+    lookup = ("lookup", "--from-env", "--model", Q, "--recipe", str(path), "--db", str(db), "--force")
     res = invoke(app, *lookup, env={**env, "NUM_SPEC_TOKENS": "1"})  # forced: SGLang's NGRAM is not our n-gram
     assert res.exit_code == 0 and "SGLANG_SIMULATE_ACC_LEN=1.45\n" in res.stdout, res.output
     res = invoke(app, *lookup, env={**env, "NUM_SPEC_TOKENS": None})
@@ -538,17 +538,17 @@ def test_lookup_from_the_recipes_launcher_gate_and_override(app: typer.Typer, db
     env = {**RECIPES_ENV, "FRAMEWORK": "trt"}
     for variable, value, reason in (("SYNTHETIC_ACCEPTANCE", "false", "SYNTHETIC_ACCEPTANCE=false"),
                                     ("EVAL_ONLY", "true", "EVAL_ONLY=true")):
-        res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+        res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--db", str(db),
                      env={**env, variable: value})
         assert res.exit_code == 1 and reason in res.output and res.stdout == ""
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--db", str(db),
                  env={**env, "FRAMEWORK": "atom"})
     assert res.exit_code == 2 and "no synthetic-acceptance backend" in res.output and "dynamo-trt" in res.output
-    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db), "--force",
+    res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--db", str(db), "--force",
                  env={**env, "SYNTHETIC_ACCEPTANCE_LENGTH": "2.5"})
     assert res.exit_code == 0 and "SYNTHETIC_ACCEPTANCE_LENGTH=2.5 is set" in res.stderr and "=1.4\n" in res.stdout
     for bad in ("0.5", "nan", "x"):
-        res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--table", str(db),
+        res = invoke(app, "lookup", "--from-env", "--speculator", "ngram", "--db", str(db),
                      env={**env, "SYNTHETIC_ACCEPTANCE_LENGTH": bad})
         assert res.exit_code == 2 and "InferenceX refuses it" in res.output and res.output.count("\n") == 1
 
@@ -561,7 +561,7 @@ def test_lookup_from_the_recipes_launcher_gate_and_override(app: typer.Typer, db
 # synthetic_acceptance.py at 18385430d628) looks the AL up at NUM_SPEC_TOKENS and writes it into the recipe's
 # speculative config, whose num_speculative_tokens it keeps.
 def test_lookup_from_env_refuses_what_inferencex_refuses(app: typer.Typer, db: Path, tmp_path: Path) -> None:
-    table = ("lookup", "--from-env", "--speculator", "ngram", "--table", str(db))
+    table = ("lookup", "--from-env", "--speculator", "ngram", "--db", str(db))
     bare = {"MODEL_PREFIX": "qwen2.5-coder-1.5b", "THINKING_MODE": "thinking_off", "NUM_SPEC_TOKENS": "3",
             "FRAMEWORK": "sglang"}
     res = invoke(app, *table, env=bare)
@@ -578,10 +578,10 @@ def test_lookup_from_env_refuses_what_inferencex_refuses(app: typer.Typer, db: P
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({"roles": {"agg": {"args": {"speculative-config": json.dumps(
         {"method": "ngram", "num_speculative_tokens": 3})}}}}))
-    res = invoke(app, "lookup", "--from-env", "--model", Q, "--recipe", str(recipe), "--table", str(db),
+    res = invoke(app, "lookup", "--from-env", "--model", Q, "--recipe", str(recipe), "--db", str(db),
                  env={**RECIPES_ENV, "FRAMEWORK": "vllm", "NUM_SPEC_TOKENS": "4"})
     assert res.exit_code == 2 and "NUM_SPEC_TOKENS=4 but the generation role of" in res.output and res.stdout == ""
-    res = invoke(app, "lookup", "--from-env", "--recipe", str(recipe), "--table", str(db),
+    res = invoke(app, "lookup", "--from-env", "--recipe", str(recipe), "--db", str(db),
                  env={**full, "FRAMEWORK": "vllm", "NUM_SPEC_TOKENS": "4"})  # the newest launchers read the recipe
     assert res.exit_code == 0 and json.loads(res.stdout)["num_speculative_tokens"] == 3
     assert "note: NUM_SPEC_TOKENS=4 is not read by InferenceX's newest launchers: k is the recipe's, 3" in res.stderr
@@ -598,7 +598,7 @@ def test_lookup_from_env_resolves_dsv4_through_model_keys(app: typer.Typer, tmp_
               "IS_AGENTIC": "1", "EVAL_ONLY": "false", "SPEC_DECODING": "mtp"}
     reference = {"MODEL_PREFIX": "dsv4", "SYNTHETIC_ACCEPTANCE": "true", "NUM_SPEC_TOKENS": "3", "FRAMEWORK": "vllm"}
     for env in (golden, reference):
-        res = invoke(app, "lookup", "--from-env", "--table", str(path), env=env)
+        res = invoke(app, "lookup", "--from-env", "--db", str(path), env=env)
         assert res.exit_code == 0, res.output
         assert json.loads(res.stdout)["synthetic_acceptance_length"] == 3.0  # 18 tokens / 6 steps
 
@@ -665,23 +665,23 @@ def test_export_inferencex_reference_refuses_a_block_it_cannot_read(app: typer.T
 
 
 @pytest.mark.parametrize("args", [
-    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--draft-len", "100000000", "--extrapolate"),
-    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--draft-len", "99999999999999999999"),
-    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--draft-len", "65"),
-    ("lookup", "--from-env", "--format", "value", "--draft-len", "0"),
+    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--k", "100000000", "--extrapolate"),
+    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--k", "99999999999999999999"),
+    ("lookup", "--model", Q, "--speculator", "ngram", "--thinking", "off", "--k", "65"),
+    ("lookup", "--from-env", "--format", "value", "--k", "0"),
     ("show", "-k", "1", "-k", "65"),
-    ("export", "--to", "json", "--draft-len", "99999999999999999999"),
+    ("export", "--to", "json", "--k", "99999999999999999999"),
 ])
 def test_draft_len_options_take_the_one_bound_on_k(app: typer.Typer, db: Path, args: tuple) -> None:
-    """Issue 31 item 7: `lookup --draft-len 100000000 --extrapolate` took 35 s and 7 GB before answering, and
-    99999999999999999999 said "Maximum allowed size exceeded"; every --draft-len is 1..MAX_K, one line, exit 2."""
-    from calibrate.replay.counts import MAX_K
+    """Issue 31 item 7: `lookup --k 100000000 --extrapolate` took 35 s and 7 GB before answering, and
+    99999999999999999999 said "Maximum allowed size exceeded"; every --k is 1..MAX_K, one line, exit 2."""
+    from calibrate.terms import MAX_K
 
-    flag = "--table" if args[0] == "lookup" else "--db"
+    flag = "--db" if args[0] == "lookup" else "--db"
     res = invoke(app, *args, flag, str(db))
     assert res.exit_code == 2, res.output
     bad = next(a for a in reversed(args) if a.isdigit() and not 1 <= int(a) <= MAX_K)
-    assert res.stderr.splitlines() == [f"error: --draft-len must be 1..{MAX_K} (calibrate's largest k), got {bad}"]
+    assert res.stderr.splitlines() == [f"error: --k must be 1..{MAX_K} (calibrate's largest k), got {bad}"]
 
 
 def test_lookup_on_a_damaged_store_names_the_file(app: typer.Typer, db: Path, tmp_path: Path) -> None:
@@ -693,7 +693,7 @@ def test_lookup_on_a_damaged_store_names_the_file(app: typer.Typer, db: Path, tm
     copy = tmp_path / "acceptance.duckdb"
     copy.write_bytes(db.read_bytes())
     bad = damage_a_used_block(copy)
-    res = invoke(app, "lookup", "--table", str(bad), "--model", Q, "--speculator", "ngram", "-k", "3", "--thinking", "off")
+    res = invoke(app, "lookup", "--db", str(bad), "--model", Q, "--speculator", "ngram", "-k", "3", "--thinking", "off")
     assert res.exit_code == 2, res.output
     (line,) = res.stderr.splitlines()
     assert line.startswith(f"error: {bad}: cannot read the store (Corrupt database file"), line

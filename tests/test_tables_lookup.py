@@ -218,8 +218,43 @@ def _lookup_cli(table: Path, k: int = 3):
 
     from calibrate.cli import app
 
-    return CliRunner().invoke(app, ["lookup", "--table", str(table), "--model", Q, "--speculator", "ngram",
+    return CliRunner().invoke(app, ["lookup", "--db", str(table), "--model", Q, "--speculator", "ngram",
                                     "-k", str(k), "--thinking", "off"])
+
+
+def test_k_is_k_and_draft_len_is_read_for_one_release_with_a_warning(tables: dict[str, Path]) -> None:
+    """`lookup(k=...)` and `--k`; the earlier `draft_len=` / `--draft-len` give the same answer and one
+    warning line; two different ks are refused."""
+    from typer.testing import CliRunner
+
+    from calibrate.cli import app
+
+    db = tables["duckdb"]
+    asked = lookup(Q, "ngram", 3, "on", table=db)
+    assert lookup(Q, "ngram", k=3, thinking="on", table=db) == asked
+    with pytest.warns(FutureWarning, match=r"lookup\(draft_len=\.\.\.\) is deprecated .*: pass k="):
+        assert lookup(Q, "ngram", thinking="on", draft_len=3, table=db) == asked
+    with pytest.raises(TypeError, match="give k once"):
+        lookup(Q, "ngram", 2, "on", draft_len=3, table=db)
+    base = ["lookup", "--db", str(db), "--model", Q, "--speculator", "ngram", "--thinking", "on"]
+    new, old = (CliRunner().invoke(app, [*base, *k]) for k in (("--k", "3"), ("--draft-len", "3")))
+    assert new.exit_code == old.exit_code == 0 and new.stdout == old.stdout
+    assert old.stderr == "warning: --draft-len is deprecated and will be removed: use --k\n" + new.stderr
+    shown = [CliRunner().invoke(app, ["show", "--db", str(db), "--format", "csv", *k]) for k in (("-k", "3"),
+                                                                                                  ("--draft-len", "3"))]
+    assert shown[0].exit_code == shown[1].exit_code == 0 and shown[0].stdout == shown[1].stdout
+
+
+def test_lookup_reads_its_store_from_db_as_every_command_does_and_from_table_as_before(
+        tables: dict[str, Path]) -> None:
+    """`--db` names the store on every command; lookup's earlier `--table` is the same option."""
+    from typer.testing import CliRunner
+
+    from calibrate.cli import app
+
+    answers = [CliRunner().invoke(app, ["lookup", option, str(tables["duckdb"]), "--model", Q, "--speculator", "ngram",
+                                        "-k", "3", "--thinking", "off"]) for option in ("--db", "--table")]
+    assert [a.exit_code for a in answers] == [0, 0] and answers[0].output == answers[1].output != ""
 
 
 @pytest.mark.parametrize(("field", "value", "says"), [

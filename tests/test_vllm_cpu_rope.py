@@ -7,7 +7,7 @@ build `RotaryEmbedding.forward_cpu` (`rotary_embedding/base.py`) hands that view
 most models hand it): every position past the first attends with a mis-rotated query, so the served model is
 not the checkpoint's (only its first position is right: it attends to itself alone, whatever its query). `forward_native` is right, and vLLM runs it when the custom op is switched off:
 `--compilation-config '{"custom_ops": ["-rotary_embedding"]}'`, which the DeepSeek launches of the tests and
-benches pass. When a release fixes the op, the first test fails, and those flags and the README's account must
+benches pass. When a release fixes the op, the first test fails, and those flags and the manual's account must
 change with it.
 """
 

@@ -212,23 +212,23 @@ def test_nothing_is_exported_half_weighted(short_store: Path, tmp_path: Path) ->
 # ---- lookup ----------------------------------------------------------------------------------------------------
 
 def test_lookup_cli_answers_weighted_with_its_ci_coverage_and_digest(store: Path, tmp_path: Path) -> None:
-    res = _invoke("lookup", "--table", store, "--model", MODEL, "-k", K, "--thinking", "on", "--workload", FIXTURE)
+    res = _invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "on", "--workload", FIXTURE)
     assert res.exit_code == 0, res.output
     record = lookup(MODEL, None, K, "on", table=store, workload=FIXTURE)
     assert res.stdout.strip() == record.value()
     assert f"note: weighted to workload cc_traces_workload.jsonl ({DIGEST}): AL {record.value()}" in res.stderr
     assert "95% CI" in res.stderr and "coverage 100.0%" in res.stderr
-    res = _invoke("lookup", "--table", store, "--model", MODEL, "-k", K, "--thinking", "on", "--workload", FIXTURE,
+    res = _invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "on", "--workload", FIXTURE,
                   "--format", "json")
     doc = json.loads(res.stdout)
     assert (doc["workload_digest"], doc["coverage"], doc["acceptance_length"]) == (DIGEST, 1.0, record.acceptance_length)
-    res = _invoke("lookup", "--table", store, "--model", MODEL, "-k", K, "--thinking", "on", "--workload", FIXTURE,
+    res = _invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "on", "--workload", FIXTURE,
                   "--format", "sglang-env", "--force")
     assert DIGEST in res.stdout.splitlines()[0] and f"SGLANG_SIMULATE_ACC_LEN={record.value()}" in res.stdout
 
 
 def test_lookup_cli_spellings(short_store: Path) -> None:
-    args = ("lookup", "--table", short_store, "--model", MODEL, "-k", K, "--thinking", "off", "--workload", FIXTURE)
+    args = ("lookup", "--db", short_store, "--model", MODEL, "-k", K, "--thinking", "off", "--workload", FIXTURE)
     res = _invoke(*args)
     assert res.exit_code == 1 and res.output.count("\n") == 1 and "pass --uncovered nearest" in res.output
     res = _invoke(*args, "--uncovered", "nearest", "--strata", "context", "--buckets", "1k,2k,4k,8k")
@@ -236,7 +236,7 @@ def test_lookup_cli_spellings(short_store: Path) -> None:
     filled = lookup(MODEL, None, K, "off", table=short_store, workload=FIXTURE, uncovered="nearest", buckets="1k,2k,4k,8k")
     assert res.stdout.strip() == filled.value() and "filled from the nearest measured stratum" in res.stderr
     assert filled.strata == "context at 1k,2k,4k,8k + thinking"
-    res = _invoke("lookup", "--table", short_store, "--model", MODEL, "-k", K, "--thinking", "off", "--uncovered",
+    res = _invoke("lookup", "--db", short_store, "--model", MODEL, "-k", K, "--thinking", "off", "--uncovered",
                   "nearest")
     assert res.exit_code == 2 and "give --workload FILE" in res.output
 
@@ -277,7 +277,7 @@ def test_the_weighted_value_is_the_by_hand_harmonic_mean(store: Path, tmp_path: 
     from tests.workload_support import requests as written_requests
 
     reqs = written_requests((500, 1500, 3000, 6000, 12000, 50000, 70000), 12, seed=11, prefix="off-")
-    res = _invoke("lookup", "--table", store, "--model", MODEL, "-k", K, "--thinking", "off", "--workload", one,
+    res = _invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "off", "--workload", one,
                   "--format", "json")
     assert json.loads(res.stdout)["acceptance_length"] == pytest.approx(bucket_al(reqs, 1)[0], rel=1e-14)
 
@@ -289,10 +289,10 @@ def test_context_buckets_of_other_edges_export_and_read_back(store: Path, tmp_pa
     out = tmp_path / "b.json"
     assert _invoke("export", "--to", "json", "--db", store, "--context", "3000", "--buckets", "2k,8k", "--out", out,
                    *BOOT).exit_code == 0
-    res = _invoke("lookup", "--table", out, "--model", MODEL, "-k", K, "--thinking", "off", "--context", "2k-8k",
+    res = _invoke("lookup", "--db", out, "--model", MODEL, "-k", K, "--thinking", "off", "--context", "2k-8k",
                   "--buckets", "2k,8k", "--format", "json")
     assert res.exit_code == 0 and json.loads(res.stdout)["bucket"] == "context=2k-8k"
-    for command in (("export", "--to", "vllm", "--db", store), ("lookup", "--table", store, "--model", MODEL, "-k", K,
+    for command in (("export", "--to", "vllm", "--db", store), ("lookup", "--db", store, "--model", MODEL, "-k", K,
                                                                 "--thinking", "off")):
         res = _invoke(*command, "--buckets", "2k,8k")
         assert res.exit_code == 2 and "give --context or --workload with it" in res.output

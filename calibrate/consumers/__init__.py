@@ -11,7 +11,7 @@ This package is who reads the tables, and this registry its index; beside it a c
 own has its module (`inferencex`, `reference_al`, `specdec_profile`), `exports` is what every export shares,
 `lookup` answers one question from the store or an exported table (`exported_table` reads one, strictly),
 `runner_env` reads what an InferenceX runner asks, and `commands` is `calibrate export` / `lookup`. What was measured is `calibrate.tables`, which
-imports nothing from here. See README.md beside this file.
+imports nothing from here. The manual's page is docs/exports.md.
 """
 
 from __future__ import annotations

@@ -19,10 +19,11 @@ from calibrate.consumers import exports, inferencex, runner_env
 from calibrate.consumers.inferencex import Naming
 from calibrate.consumers.lookup import lookup as lookup_record, open_table
 from calibrate.errors import cli_errors
-from calibrate.replay.counts import check_k
 from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
-from calibrate.tables.commands import (BOOT_OPT, DATASET_OPT, DB_OPT, K_OPT, MODEL_OPT, SEED_OPT, SPEC_OPT, TEMP_OPT,
-                                       THINKING_OPT, WHERE_OPT, load_selection)
+from calibrate.tables.commands import (BOOT_OPT, DATASET_OPT, DB_OPT, DRAFT_LEN_OPT, K_OPT, MODEL_OPT, SEED_OPT, SPEC_OPT,
+                                       TEMP_OPT, THINKING_OPT, WHERE_OPT, given_k, load_selection)
+from calibrate.tables.query import FilterOptions
+from calibrate.terms import check_k
 from calibrate.workload.commands import (BUCKETS_OPT, STRATA_OPT, UNCOVERED_OPT, WORKLOAD_OPT, check_workload_options,
                                          edges_of, load_weighting, weighted_selection)
 
@@ -76,7 +77,8 @@ def export(
         None, "--draft-model", help="inferencex: the recipe's draft model path (default: the measured draft)."),
     model: Optional[str] = MODEL_OPT,
     speculator: Optional[list[str]] = SPEC_OPT,
-    draft_len: Optional[list[int]] = K_OPT,
+    k: Optional[list[int]] = K_OPT,
+    draft_len: Optional[list[int]] = DRAFT_LEN_OPT,
     thinking: Optional[str] = THINKING_OPT,
     dataset: Optional[list[str]] = DATASET_OPT,
     temperature: Optional[list[float]] = TEMP_OPT,
@@ -92,15 +94,15 @@ def export(
 ) -> None:
     """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
     target = consumers.consumer(to)
-    filters_args = (model, speculator, draft_len, thinking, dataset, temperature, where)
+    filters = FilterOptions(model, speculator, given_k(k, draft_len), thinking, dataset, temperature, where)
     check_workload_options(workload, strata, uncovered, buckets, context)
     if workload is not None:
         if context is not None:
             raise ValueError("--context picks one bucket; --workload weights over all of them: give one of the two")
-        records = weighted_selection(db, filters_args, load_weighting(workload, buckets, strata, uncovered),
+        records = weighted_selection(db, filters, load_weighting(workload, buckets, strata, uncovered),
                                      bootstrap, seed)
     else:
-        records = load_selection(db, filters_args, target.segments, bootstrap, seed,
+        records = load_selection(db, filters, target.segments, bootstrap, seed,
                                  bucket=context_bucket(context, edges_of(buckets)))
     naming = Naming(model_prefix=model_prefix, method=method, engine=engine.value,
                     draft_sample_method=draft_sample_method.value if draft_sample_method else None,
@@ -126,9 +128,11 @@ def export(
 def lookup(
     model: Optional[str] = typer.Option(None, "--model", help="Target as users write it (HF id or its last part)."),
     speculator: Optional[str] = typer.Option(None, "--speculator", help="Speculator label; omit if only one."),
-    draft_len: Optional[int] = typer.Option(None, "--draft-len", "-k", help="Draft length k."),
+    k: Optional[int] = typer.Option(None, "--k", "-k", help="k, drafts per verify step."),
+    draft_len: Optional[int] = typer.Option(None, "--draft-len", hidden=True, help="Deprecated: --k."),
     thinking: Optional[str] = typer.Option(None, "--thinking", help="on / off."),
-    table: Optional[Path] = typer.Option(None, "--table", help="A .duckdb store or an exported .json/.parquet."),
+    db: Optional[Path] = typer.Option(None, "--db", "--table",
+                                      help="A .duckdb store or an exported .json/.parquet (--table: the same)."),
     format: Optional[str] = typer.Option(None, "--format", help=f"Output form: {_LOOKUP_HELP} (default value)."),
     dataset: Optional[str] = typer.Option(None, "--dataset"),
     temperature: Optional[float] = typer.Option(None, "--temperature"),
@@ -153,16 +157,17 @@ def lookup(
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
     # The table is read (an export strictly) before anything else: a malformed one is named, whatever else is wrong.
-    source = open_table(table) if table is not None else None
-    if draft_len is not None:
-        check_k([draft_len], "--draft-len")
+    source = open_table(db) if db is not None else None
+    k = given_k(k, draft_len)
+    if k is not None:
+        check_k([k], "--k")
     match_prefix = False
     if from_env:
         asked = runner_env.question(runner_env.environment(), model=model, speculator=speculator,
-                                    draft_len=draft_len, thinking=thinking, recipe=recipe,
+                                    draft_len=k, thinking=thinking, recipe=recipe,
                                     dialect_of={fw: d for c in consumers.CONSUMERS.values()
                                                 for fw, d in c.frameworks.items()})
-        model, speculator, draft_len, thinking, match_prefix = (asked.model, asked.speculator, asked.draft_len,
+        model, speculator, k, thinking, match_prefix = (asked.model, asked.speculator, asked.draft_len,
                                                                 asked.thinking, asked.prefix)
         if format is None:
             format = _framework_format(asked.framework)
@@ -177,7 +182,7 @@ def lookup(
             typer.echo(f"note: {note}", err=True)
     elif recipe is not None:
         raise ValueError("--recipe is read with --from-env (it needs the runner's FRAMEWORK)")
-    missing_opts = [name for name, v in (("--model", model), ("--draft-len", draft_len), ("--thinking", thinking))
+    missing_opts = [name for name, v in (("--model", model), ("--k", k), ("--thinking", thinking))
                     if v is None]
     if missing_opts:
         raise ValueError(f"missing {', '.join(missing_opts)} (or use --from-env)")
@@ -185,7 +190,7 @@ def lookup(
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
     check_workload_options(workload, strata, uncovered, buckets, context)
     record = lookup_record(
-        model, speculator, draft_len, thinking, table=source, dataset=dataset, temperature=temperature,
+        model, speculator, k, thinking, table=source, dataset=dataset, temperature=temperature,
         extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context, force=force,
         workload=workload, buckets=buckets, strata=strata, uncovered=uncovered,
     )

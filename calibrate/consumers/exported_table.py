@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from calibrate.replay.counts import MAX_K
 from calibrate.tables import query, stats
 from calibrate.tables.buckets import from_name
 from calibrate.tables.records import AcceptanceRecord
+from calibrate.terms import MAX_K
 
 EXPORT_SCHEMA = "spec-calibrate/acceptance-table"
 

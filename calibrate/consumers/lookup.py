@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -19,7 +20,7 @@ import duckdb
 from calibrate.consumers.exported_table import read_exported
 from calibrate.consumers.inferencex import MODEL_PREFIXES
 from calibrate.errors import NothingUsable
-from calibrate.replay.counts import check_k
+from calibrate.terms import check_k
 from calibrate.tables import query
 from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, parse_edges
 from calibrate.tables.names import AmbiguousMatch, NotMeasured, match_speculator, match_target, normalize_thinking
@@ -119,7 +120,7 @@ def open_table(table: str | Path | None = None) -> Table:
     if path.suffix in (".json", ".parquet"):
         return ExportedTable(path)
     if not path.exists():
-        raise FileNotFoundError(f"no acceptance database at {path} (pass --table / table= a .duckdb or an export)")
+        raise FileNotFoundError(f"no acceptance database at {path} (pass --db / table= a .duckdb or an export)")
     return DuckDBTable(path)
 
 
@@ -137,7 +138,7 @@ def resolve(
     entries: Sequence[CatalogEntry],
     model: str,
     speculator: str | None,
-    draft_len: int,
+    k: int,
     thinking: str,
     *,
     dataset: str | None = None,
@@ -149,7 +150,7 @@ def resolve(
 
     Each narrowing step fails with what exists one level up, so the message says what to ask instead.
     """
-    check_k([draft_len], "draft length k")
+    check_k([k], "k")
     mode = normalize_thinking(thinking)
     target = match_target(model, entries, prefix=match_prefix, aliases=MODEL_PREFIX_ALIASES)
     rows = [e for e in entries if e.target == target]
@@ -187,24 +188,24 @@ def resolve(
         rows = found
     populations = sorted({(e.dataset, e.temperature, e.top_p, e.top_k) for e in rows}, key=str)
     if len(populations) > 1:
-        listed = "; ".join(f"dataset={d} temperature={t:g} top_p={p} top_k={k}" for d, t, p, k in populations)
+        listed = "; ".join(f"dataset={d} temperature={t:g} top_p={p} top_k={tk}" for d, t, p, tk in populations)
         raise AmbiguousMatch(f"{what} was measured on several datasets / samplings: {listed}. "
                              "Choose with dataset= / temperature= (--dataset / --temperature)")
     measured = sorted(e.draft_len for e in rows)
-    exact = [e for e in rows if e.draft_len == draft_len]
+    exact = [e for e in rows if e.draft_len == k]
     if exact:
         return exact[0], None
     if not extrapolate:
         raise NotMeasured(
-            f"k={draft_len} not measured for {what}; measured k: {', '.join(map(str, measured))} "
+            f"k={k} not measured for {what}; measured k: {', '.join(map(str, measured))} "
             "(--extrapolate models it from the measured per-position curve, flagged as extrapolated)"
         )
-    longer = [k for k in measured if k > draft_len]
+    longer = [m for m in measured if m > k]
     base_k = min(longer) if longer else max(measured)
-    return next(e for e in rows if e.draft_len == base_k), draft_len
+    return next(e for e in rows if e.draft_len == base_k), k
 
 
-def _check_arguments(model: object, speculator: object, draft_len: object, thinking: object, dataset: object,
+def _check_arguments(model: object, speculator: object, k: object, thinking: object, dataset: object,
                      temperature: object, segment: object, table: object, context: object = None) -> None:
     """Python callers get a TypeError naming the argument, not a failure deep inside (or a wrong match)."""
     for name, value, allowed, what in (
@@ -214,8 +215,8 @@ def _check_arguments(model: object, speculator: object, draft_len: object, think
     ):
         if not isinstance(value, allowed):
             raise TypeError(f"lookup: {name} must be {what}, got {type(value).__name__} {value!r}")
-    if isinstance(draft_len, bool) or not isinstance(draft_len, int):
-        raise TypeError(f"lookup: draft_len must be an int, got {type(draft_len).__name__} {draft_len!r}")
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"lookup: k must be an int, got {type(k).__name__} {k!r}")
     if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
         raise TypeError(f"lookup: temperature must be a number or None, got {type(temperature).__name__}")
     if table is not None and not hasattr(table, "catalog") and not isinstance(table, (str, os.PathLike)):
@@ -227,9 +228,10 @@ def _check_arguments(model: object, speculator: object, draft_len: object, think
 def lookup(
     model: str,
     speculator: str | None,
-    draft_len: int,
-    thinking: str,
+    k: int | None = None,
+    thinking: str | None = None,
     *,
+    draft_len: int | None = None,
     table: str | Path | Table | None = None,
     dataset: str | None = None,
     temperature: float | None = None,
@@ -258,13 +260,16 @@ def lookup(
     or "context,turn"); a stratum measured with too few conversations raises (a LookupError naming it and its
     share of the workload's output tokens) unless `uncovered="nearest"`. The answer's `workload`,
     `workload_digest`, `coverage`, `filled`, `ci_low` / `ci_high` say what it is.
+
+    `draft_len=` is k's earlier name, read for one release with a FutureWarning (shown to users by default).
     """
-    _check_arguments(model, speculator, draft_len, thinking, dataset, temperature, segment, table, context)
+    k = _k_argument(k, draft_len)
+    _check_arguments(model, speculator, k, thinking, dataset, temperature, segment, table, context)
     edges = parse_edges(buckets) if isinstance(buckets, str) else buckets
     bucket = context_bucket(context, edges)
     source = table if hasattr(table, "catalog") else open_table(table)  # type: ignore[arg-type]
     entry, target_k = resolve(
-        source.catalog(), model, speculator, draft_len, thinking, dataset=dataset, temperature=temperature,
+        source.catalog(), model, speculator, k, thinking, dataset=dataset, temperature=temperature,
         extrapolate=extrapolate, match_prefix=match_prefix,
     )
     if workload is not None:
@@ -278,6 +283,19 @@ def lookup(
                           f"thinking={entry.thinking} in {source.source}: {source.held(entry)}")
     record = _unless_contradicted(record, force)
     return record if target_k is None else extrapolate_record(record, target_k)
+
+
+def _k_argument(k: int | None, draft_len: int | None) -> int:
+    """k as given, or from `draft_len=` (its earlier name) with one warning line."""
+    if draft_len is not None:
+        if k is not None:
+            raise TypeError("lookup: give k once (k= or its deprecated name draft_len=, not both)")
+        warnings.warn("lookup(draft_len=...) is deprecated and will be removed: pass k=...", FutureWarning,
+                      stacklevel=3)
+        return draft_len
+    if k is None:
+        raise TypeError("lookup: missing k (the number of drafts per verify step)")
+    return k
 
 
 def _unless_contradicted(record: AcceptanceRecord, force: bool) -> AcceptanceRecord:

@@ -25,7 +25,7 @@ file holds no key for, is refused; NUM_SPEC_TOKENS disagreeing with the recipe's
 without it, k is the generation role's (decode's in a disaggregated recipe, as the newest launcher reads it),
 with a note where the recipes launcher would read another role's. The newest launchers do not read
 NUM_SPEC_TOKENS at all when a recipe gives k (a note says so). An option given on the command line (--model,
---thinking, --draft-len) stands in for its variable.
+--thinking, --k) stands in for its variable.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def _generation_role(recipe: Mapping[str, Any], source: str) -> tuple[str, Mappi
     """The generation role's name and args: decode, else agg (prefill may run another depth)."""
     if "base" in recipe:
         raise ValueError(f"{source}: an override-format recipe (base / override_*) is expanded by srtctl: pass one "
-                         "expanded variant, or --draft-len and --speculator")
+                         "expanded variant, or --k and --speculator")
     roles = _mapping(recipe.get("roles"), "roles", source)
     name = "decode" if "decode" in roles else "agg"
     role = _mapping(roles.get(name), f"roles.{name}", source)
@@ -305,7 +305,7 @@ def reference_draft_len(recipe: Mapping[str, Any], engine: str, source: str = "t
     max_draft_len (else num_nextn_predict_layers) is set and not 0; None when none is (it then runs k = 2)."""
     if "base" in recipe:
         raise ValueError(f"{source}: an override-format recipe (base / override_*) is expanded by srtctl: pass one "
-                         "expanded variant, or --draft-len")
+                         "expanded variant, or --k")
     roles = _mapping(recipe.get("roles"), "roles", source)
     for name, role in roles.items():
         if name not in ("agg", "prefill", "decode"):
@@ -368,14 +368,14 @@ def _reference_question(env: Mapping[str, str], *, model: str | None, speculator
         elif draft_len is None and spec is not None and spec.draft_len and str(spec.draft_len) != str(k):
             raise ValueError(f"NUM_SPEC_TOKENS={k} but the generation role of {recipe} runs k={spec.draft_len}: "
                              f"InferenceX's synthetic_acceptance.py would force the k={k} AL on it (it keeps the "
-                             "recipe's k); make them agree, or give --draft-len")
+                             "recipe's k); make them agree, or give --k")
         if spec is None and REFERENCE_ENGINES[framework] == "vllm":
             raise ValueError(f"{recipe}: no role has a speculative-config, so InferenceX refuses SYNTHETIC_ACCEPTANCE")
         if speculator is None and spec is not None and spec.method:
             kind = speculator_of(spec.method, prefix)
             speculator = f"{kind}:{spec.draft_model}" if kind == "draft" and spec.draft_model else kind
     if k is None:
-        raise ValueError("--from-env needs k: --draft-len, NUM_SPEC_TOKENS, or --recipe (the engine recipe holds it)")
+        raise ValueError("--from-env needs k: --k, NUM_SPEC_TOKENS, or --recipe (the engine recipe holds it)")
     spec_decoding = (env.get("SPEC_DECODING") or "").strip()
     if speculator is None and spec_decoding and spec_decoding.lower() != "none":
         speculator = speculator_of(spec_decoding, prefix)
@@ -463,7 +463,7 @@ def question(env: Mapping[str, str], *, model: str | None, speculator: str | Non
     if k is None and env.get("NUM_SPEC_TOKENS", "").strip():
         k = _integer_k(env["NUM_SPEC_TOKENS"].strip(), "NUM_SPEC_TOKENS")
     if k is None:
-        raise ValueError("--from-env needs k: --draft-len, --recipe (the engine recipe holds it), or NUM_SPEC_TOKENS")
+        raise ValueError("--from-env needs k: --k, --recipe (the engine recipe holds it), or NUM_SPEC_TOKENS")
     spec_decoding = (env.get("SPEC_DECODING") or "").strip()
     if speculator is None and spec_decoding:
         speculator = speculator_of(spec_decoding, prefix)

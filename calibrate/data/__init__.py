@@ -16,7 +16,7 @@ from calibrate.data.conversation import (
     parse_arguments,
 )
 from calibrate.data.formats import ALIASES, FORMATS, canonical_format, detect_format
-from calibrate.data.loader import ConversationStream, load_conversations, open_conversations
+from calibrate.data.loader import ConversationStream, SourceSpec, load_conversations, open_conversations
 from calibrate.data.manifests import DatasetEntry, load_manifest
 from calibrate.data.render import (
     THINKING_MODES,
@@ -35,7 +35,7 @@ from calibrate.data.turns import (
 __all__ = [
     "ALIASES", "FORMATS", "STRATEGIES", "THINKING_MODES",
     "Conversation", "ConversationStream", "DatasetEntry", "Fingerprint", "LoadResult", "Message", "Problem",
-    "RenderedPrompt", "ReplayRequest", "Selection", "Selector", "ThinkingSwitch", "ToolCall",
+    "RenderedPrompt", "ReplayRequest", "Selection", "Selector", "SourceSpec", "ThinkingSwitch", "ToolCall",
     "canonical_format", "conversation_requests", "cut_turns", "dataset_fingerprint", "detect_format",
     "detect_thinking_switch", "generation_opens_thinking", "label_segments", "label_text", "load_conversations",
     "load_manifest", "open_conversations", "parse_arguments", "render_prompt", "select_from_source",

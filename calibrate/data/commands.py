@@ -36,6 +36,7 @@ def inspect_command(
 ) -> None:
     """Detected format, conversations, assistant turns, prompt lengths, tool calls, reasoning, problems."""
     from calibrate.data.inspect import inspect_source, print_report
+    from calibrate.data.loader import SourceSpec
 
     console = Console()
     tok = None
@@ -44,9 +45,8 @@ def inspect_command(
 
         tok = load_tokenizer(tokenizer)
     name = Path(tokenizer).name if tokenizer else "tokenizer"
-    report = inspect_source(source, format, limit=limit, tokenizer=tok, tokenizer_name=name,
-                            split=split, revision=revision, subset=subset, sample=sample, seed=seed,
-                            category=category)
+    spec = SourceSpec(source, format, split=split, revision=revision, subset=subset, limit=limit, category=category)
+    report = inspect_source(spec, tokenizer=tok, tokenizer_name=name, sample=sample, seed=seed)
     print_report(report, console)
     if not report.usable:
         raise typer.Exit(1)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibrate.data.conversation import Conversation, Problem, ReplayRequest
-from calibrate.data.loader import open_conversations
+from calibrate.data.loader import SourceSpec, as_spec, open_conversations
 from calibrate.data.prompt_tokens import count_tokens
 from calibrate.data.render import (
     chat_template_source,
@@ -157,24 +157,22 @@ def build_report(source: str, tally: Tally, sample: list[ReplayRequest], problem
     )
 
 
-def inspect_source(source: str, format: str | None = None, *, limit: int | None = None, tokenizer: Any = None,
-                   tokenizer_name: str = "tokenizer", split: str | None = None, revision: str | None = None,
-                   subset: str | None = None, sample: int = 200, seed: int = 0,
-                   category: str | None = None) -> DatasetReport:
-    """Read `source` once (same rules as `open_conversations`) and report on it.
+def inspect_source(spec: SourceSpec | str, *, tokenizer: Any = None, tokenizer_name: str = "tokenizer", sample: int = 200,
+                   seed: int = 0) -> DatasetReport:
+    """Read the source once (same rules as `open_conversations`) and report on it.
 
     `sample` requests, chosen as a run's stratified selection with `seed` would choose them, have their
     prompt lengths measured; nothing else of a conversation is kept once it is counted.
     """
-    stream = open_conversations(source, format, split=split, revision=revision, subset=subset, limit=limit,
-                                category=category)
+    spec = as_spec(spec)
+    stream = open_conversations(spec)
     tally, sampler = Tally(), Selector(sample, seed)
     for conv in stream:
         requests = conversation_requests(conv)
         tally.add(conv, len(requests))
         sampler.add(conv.id, requests)
     chosen, _ = sampler.result()
-    return build_report(source, tally, chosen, stream.problems, stream.format, tokenizer=tokenizer,
+    return build_report(spec.source, tally, chosen, stream.problems, stream.format, tokenizer=tokenizer,
                         tokenizer_name=tokenizer_name)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.data.bounds import TOO_DEEP, message_problem
@@ -93,57 +94,59 @@ class ConversationStream:
         return group_fmt, group_rows
 
 
-def open_conversations(
-    source: str,
-    format: str | None = None,
-    *,
-    split: str | None = None,
-    revision: str | None = None,
-    subset: str | None = None,
-    limit: int | None = None,
-    manifest: str | Path | None = None,
-    category: str | None = None,
-) -> ConversationStream:
-    """Open `source` for streaming: the source is resolved now (a missing path or unknown format raises
-    here; a hub dataset that cannot be opened raises when reading starts), rows are read only as the
-    returned stream is iterated.
+@dataclass(frozen=True)
+class SourceSpec:
+    """Where conversations come from and which of them to read: the source half of a run's `[dataset]`
+    table (calibrate.config.DatasetConfig.source_spec), or a command's options.
 
-    `source` is a file (.json, .jsonl, .parquet), a folder of them, a name from calibrate/data/datasets.toml, or a
-    Hugging Face dataset id (org/name; `split`, `revision`, `subset` apply; streamed). A `hf:` prefix sends a
-    path through `datasets.load_dataset` even when it is local (a folder in the hub's layout). `format` names
-    the adapter (or an alias); otherwise it is detected per file. `limit` caps the conversations read, and
-    reading stops as soon as it is reached. A `.json` file is parsed whole (one row or a list of rows); JSONL,
-    Parquet and hub datasets are read row by row. `category` (or a manifest entry's) keeps only the rows whose
-    `category` field is that value (SPEED-Bench and Spec-Bench rows carry one: `coding`, `math`, ...).
+    `source` is a file (.json, .jsonl, .parquet), a folder of them, a name from calibrate/data/datasets.toml
+    (looked up in `manifest`, default that file), or a Hugging Face dataset id (org/name; `split`,
+    `revision`, `subset` apply; streamed). A `hf:` prefix sends a path through `datasets.load_dataset` even
+    when it is local (a folder in the hub's layout). `format` names the adapter (or an alias); otherwise it
+    is detected per file. `limit` caps the conversations read. `category` (or a manifest entry's) keeps only
+    the rows whose `category` field is that value (SPEED-Bench and Spec-Bench rows carry one: `coding`,
+    `math`, ...)."""
+
+    source: str
+    format: str | None = None
+    split: str | None = None
+    revision: str | None = None
+    subset: str | None = None
+    limit: int | None = None
+    manifest: str | Path | None = None
+    category: str | None = None
+
+
+def as_spec(spec: SourceSpec | str) -> SourceSpec:
+    """A bare string is the source alone, every other setting left out."""
+    return SourceSpec(spec) if isinstance(spec, str) else spec
+
+
+def open_conversations(spec: SourceSpec | str) -> ConversationStream:
+    """Open a source for streaming. The source is resolved now (a missing path or unknown format raises here; a hub dataset that cannot be opened
+    raises when reading starts), rows are read only as the returned stream is iterated, and reading stops
+    as soon as `limit` is reached. A `.json` file is parsed whole (one row or a list of rows); JSONL,
+    Parquet and hub datasets are read row by row.
     """
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
-    fmt = canonical_format(format) if format else None
-    groups, entry = _resolve(source, split=split, revision=revision, subset=subset, manifest=manifest)
+    spec = as_spec(spec)
+    if spec.limit is not None and spec.limit < 0:
+        raise ValueError(f"limit must be >= 0, got {spec.limit}")
+    fmt = canonical_format(spec.format) if spec.format else None
+    groups, entry = _resolve(spec)
+    category = spec.category
     if entry is not None and category is not None and entry.category not in (None, category):
-        raise ValueError(f"dataset {source!r} is the {entry.category!r} category of {entry.hf_id} "
+        raise ValueError(f"dataset {spec.source!r} is the {entry.category!r} category of {entry.hf_id} "
                          f"(calibrate/data/datasets.toml), not {category!r}: name the hub id with category instead")
-    return ConversationStream(groups, fmt or (entry.format if entry else None), limit,
+    return ConversationStream(groups, fmt or (entry.format if entry else None), spec.limit,
                               category or (entry.category if entry else None))
 
 
-def load_conversations(
-    source: str,
-    format: str | None = None,
-    *,
-    split: str | None = None,
-    revision: str | None = None,
-    subset: str | None = None,
-    limit: int | None = None,
-    manifest: str | Path | None = None,
-    category: str | None = None,
-) -> LoadResult:
-    """Every conversation of `source` in a list (same arguments as `open_conversations`).
+def load_conversations(spec: SourceSpec | str) -> LoadResult:
+    """Every conversation of a source in a list (as `open_conversations` reads it).
 
     For sources that fit in memory; a run selects from a stream instead (`calibrate.data.stream`).
     """
-    stream = open_conversations(source, format, split=split, revision=revision, subset=subset, limit=limit,
-                                manifest=manifest, category=category)
+    stream = open_conversations(spec)
     conversations = list(stream)
     return LoadResult(conversations=conversations, problems=stream.problems, format=stream.format)
 
@@ -244,10 +247,10 @@ def _undetected_reason(head: list[RawRow]) -> str:
     return f"no known conversation format (row keys: {', '.join(map(str, keys))})"
 
 
-def _resolve(source: str, *, split: str | None, revision: str | None, subset: str | None,
-             manifest: str | Path | None) -> tuple[list[RowGroup] | Iterator[RowGroup], DatasetEntry | None]:
-    """Turn a source string into row groups (one per file, or one for a hub dataset) and the manifest entry
-    it names (its format and category apply), if any."""
+def _resolve(spec: SourceSpec) -> tuple[list[RowGroup] | Iterator[RowGroup], DatasetEntry | None]:
+    """Turn a source into row groups (one per file, or one for a hub dataset) and the manifest entry it
+    names (its format and category apply), if any."""
+    source, split, revision, subset = spec.source, spec.split, spec.revision, spec.subset
     if source.startswith(HUB_PREFIX):
         dataset_id = source[len(HUB_PREFIX):]
         return [_hub_group(dataset_id, split, revision, subset)], None
@@ -259,7 +262,7 @@ def _resolve(source: str, *, split: str | None, revision: str | None, subset: st
         if not files:
             raise FileNotFoundError(f"{path}: folder holds no .json, .jsonl or .parquet files")
         return _folder_groups(files), None
-    entry = find_manifest_entry(source, manifest)
+    entry = find_manifest_entry(source, spec.manifest)
     if entry is not None:
         # as for a hub id: no ~25 s of third-party retries before the same failure (a local folder in the
         # hub's layout needs no hub)

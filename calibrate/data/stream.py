@@ -3,18 +3,17 @@
 This is how a run reads its data. Conversations are parsed one at a time; each is offered to the
 `Selector` (a bounded heap of the requests with the smallest seeded keys), added to the `Fingerprint`
 (32 bytes) and dropped, so memory holds the selection, not the dataset. The result is the same as
-`select_requests(cut_turns(load_conversations(...).conversations), ...)` and `dataset_fingerprint` of the
+`select_requests(cut_turns(load_conversations(spec).conversations), ...)` and `dataset_fingerprint` of the
 whole list, which is what the tests check it against.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from calibrate.data.conversation import Problem, ReplayRequest
-from calibrate.data.loader import open_conversations
+from calibrate.data.loader import SourceSpec, open_conversations
 from calibrate.data.turns import Fingerprint, Selector
 
 
@@ -31,29 +30,21 @@ class Selection:
 
 
 def select_from_source(
-    source: str,
-    format: str | None = None,
+    spec: SourceSpec | str,
     *,
     max_requests: int | None,
     seed: int,
     turns_per_conversation: int | None = None,
     strategy: str = "stratified",
-    split: str | None = None,
-    revision: str | None = None,
-    subset: str | None = None,
-    limit: int | None = None,
-    manifest: str | Path | None = None,
-    category: str | None = None,
     conversations: int | None = None,
 ) -> Selection:
-    """Read `source` once (rules of `open_conversations`) and select its requests (rules of `Selector`; with
+    """Read the source once (rules of `open_conversations`) and select its requests (rules of `Selector`; with
     `conversations`, every turn of that many whole conversations); the provenance says which category was
     kept and how many rows of others were left out."""
     selector = Selector(max_requests, seed, turns_per_conversation=turns_per_conversation, strategy=strategy,
                         conversations=conversations)
     fingerprint = Fingerprint()
-    stream = open_conversations(source, format, split=split, revision=revision, subset=subset, limit=limit,
-                                manifest=manifest, category=category)
+    stream = open_conversations(spec)
     for conv in stream:
         selector.add_conversation(conv)
         fingerprint.add(conv)

@@ -1,10 +1,24 @@
 """The engines: what measures a pair, in this process (replay, loop) or through a server (llama.cpp, vLLM,
-SGLang), all behind one protocol (base.Engine) and made by one factory (factory.PairEngines)."""
+SGLang), all behind one protocol (base.Engine) and made by one factory (factory.PairEngines).
 
-from calibrate.engines.base import Budget, Engine, Measured, TargetIdentity
-from calibrate.engines.factory import BACKENDS, PairEngines, server_speculator
-from calibrate.engines.server import EngineError
-from calibrate.engines.server_engine import Served, ServerEngine
+The names below are imported on first use: the HTTP clients (calibrate.engines.vllm, ...) live in this
+package and must import without the in-process engines' torch (calibrate.terms)."""
 
-__all__ = ["BACKENDS", "Budget", "Engine", "EngineError", "Measured", "PairEngines", "Served", "ServerEngine",
-           "TargetIdentity", "server_speculator"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "Budget": "base", "Engine": "base", "Measured": "base", "TargetIdentity": "base",
+    "BACKENDS": "factory", "PairEngines": "factory", "server_speculator": "factory",
+    "EngineError": "server", "Served": "server_engine", "ServerEngine": "server_engine",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'calibrate.engines' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"calibrate.engines.{_HOMES[name]}"), name)

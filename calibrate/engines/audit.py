@@ -18,10 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from calibrate.replay.counts import StepCounts
 from calibrate.replay.steps import StepSeries, walk_steps
-from calibrate.speculators.base import ReplayScorer, Speculator, TargetNeeds
+from calibrate.terms import StepCounts
+
+if TYPE_CHECKING:  # a twin is built in-process (torch); the HTTP clients that import this module are not
+    from calibrate.speculators.base import ReplayScorer, Speculator
+    from calibrate.target_features import TargetNeeds
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from calibrate.data import RenderedPrompt
 from calibrate.progress import TokenProgress
-from calibrate.replay.counts import StepCounts, TotalCounts
-from calibrate.replay.experts import ExpertRow
+from calibrate.terms import StepCounts, TotalCounts
+
+if TYPE_CHECKING:  # the MoE rows come from the in-process loop (torch); a server engine has none
+    from calibrate.replay.experts import ExpertRow
 
 
 @dataclass(frozen=True)

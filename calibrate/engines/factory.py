@@ -28,11 +28,11 @@ from calibrate.engines.server_engine import Backend, Served, ServerEngine, Serve
 from calibrate.engines.server_replay import FeatureSource, ServerReplayEngine
 from calibrate.engines.sglang import SGLangBackend
 from calibrate.engines.vllm import VLLMBackend
-from calibrate.kernels.reference import Sampling
+from calibrate.terms import Sampling
 from calibrate.models import LoadedModel, fingerprint, load_embeddings, load_model, resolve
 from calibrate.speculators.base import BuildContext, Speculator
 from calibrate.speculators.mtp_alone import final_norm, load_mtp_target
-from calibrate.speculators.registry import speculator_class
+from calibrate.speculators.registry import speculator_kind
 
 # pair.backend -> how that serving engine is launched, asked and read ("transformers" runs in this process)
 BACKENDS: dict[str, type] = {"llama.cpp": LlamaCppBackend, "vllm": VLLMBackend, "sglang": SGLangBackend}
@@ -57,9 +57,9 @@ class PairEngines:
             self.target = self._scoring_target(specs + twinned, dtype, device)
         ctx = BuildContext(dtype=dtype, device=device, batch_size=config.run.batch_size, target=self.target,
                            loaded=loaded)
-        self.speculators = [speculator_class(spec.kind).build(spec, ctx) for spec in specs]
+        self.speculators = [speculator_kind(spec.kind).build(spec, ctx) for spec in specs]
         for spec in twinned:
-            twin = speculator_class(spec.kind).build(spec, ctx)
+            twin = speculator_kind(spec.kind).build(spec, ctx)
             self.twins[twin.name] = Twin(twin, InProcessFeatures(self.target) if twin.needs.any else None)
 
     def _twinned(self) -> list[int]:
@@ -69,7 +69,7 @@ class PairEngines:
         loaded here."""
         cfg = self.pair.server
         audit = cfg.audit and any(t > 0 for t in self.config.sweep.temperature)
-        kinds = {i: speculator_class(self.pair.speculators[i].kind) for i in self.served}
+        kinds = {i: speculator_kind(self.pair.speculators[i].kind) for i in self.served}
         return [i for i, cls in kinds.items() if cls.in_process and (
             not cls.drafts_every_step or audit and (cls.hidden_states is None or cfg.hidden_states == "in-process"))]
 
@@ -78,7 +78,7 @@ class PairEngines:
         with the engine's hidden states, the MTP head's view of it (its MTP layers, embedding, final norm and
         head, read alone: calibrate.speculators.mtp_alone) where an MTP scorer reads the final state, else its
         embedding table alone (all an EAGLE-3 head takes); nothing for scorers that read no hidden state."""
-        readers = [speculator_class(spec.kind).hidden_states for spec in specs]
+        readers = [speculator_kind(spec.kind).hidden_states for spec in specs]
         if not any(readers):
             return None
         model = self.pair.server.model or self.pair.target
@@ -136,7 +136,7 @@ class PairEngines:
 def server_speculator(spec: Any, pair: Any) -> ServerSpeculator:
     """The speculator a server runs, named exactly as the in-process speculator of the same config (the
     kind's `config_name`), so the rows share a key whatever the engine; its engine spelling from the kind."""
-    cls = speculator_class(spec.kind)
+    cls = speculator_kind(spec.kind)
     # A launch needs the engine's spelling (the config validator has refused a kind without one); a
     # connected server runs what it was started with.
     method = cls.engine_method(spec, pair.backend, resolve) if pair.server.mode == "launch" else None

@@ -48,7 +48,7 @@ from calibrate.engines.inflight import concurrently
 from calibrate.engines.server import EngineError, Server, http_json
 from calibrate.models import LoadedModel
 from calibrate.replay.responses import target_features
-from calibrate.speculators.base import TargetFeatures, TargetNeeds
+from calibrate.target_features import TargetFeatures, TargetNeeds
 
 CONNECTOR_DIR = Path(__file__).resolve().parent / "vllm_side"  # on the launched vLLM's PYTHONPATH
 CONNECTOR_MODULE, CONNECTOR_CLASS = "calibrate_hidden_states", "CalibrateHiddenStatesConnector"

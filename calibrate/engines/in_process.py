@@ -17,15 +17,16 @@ import torch
 
 from calibrate.data import RenderedPrompt
 from calibrate.engines.base import BatchResult, Labeller, Measured
-from calibrate.kernels.reference import Sampling
+from calibrate.terms import Sampling
 from calibrate.kv_slots import ConversationCaches, Prefix, prefill
 from calibrate.models import LoadedModel
 from calibrate.progress import TokenProgress
 from calibrate.replay.experts import ExpertRecorder, ExpertRow, find_routers, profile_rows
 from calibrate.replay.responses import Response, generate_responses, target_features
 from calibrate.replay.scoring import Prefixes, score_replay
-from calibrate.replay.loop import LoopResult, LoopSettings, plain_decode, run_loops
-from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds
+from calibrate.replay.loop import LoopLayout, LoopResult, LoopSettings, LoopWatch, plain_decode, run_loops
+from calibrate.speculators.base import Speculator
+from calibrate.target_features import TargetFeatures, TargetNeeds
 
 
 def needs_of(speculators: Sequence[Speculator]) -> TargetNeeds:
@@ -211,10 +212,8 @@ class LoopEngine:
     def _sweep(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int], rows: int, opens_thinking: bool,
                recorder: ExpertRecorder | None, progress: TokenProgress | None,
                prefill_with: Callable[..., Prefix]) -> list[list[LoopResult]]:
-        return run_loops(
-            self.target.model, self.speculators, [p.ids for p in prompts], ks=self.ks, sampling=self.sampling,
-            max_new_tokens=self.max_new_tokens, eos_token_ids=self.target.eos_token_ids,
-            labeller=lambda tokens: self.labeller(tokens, opens_thinking), verify_kernel=self.verify_kernel,
-            loop_rows=rows, request_keys=keys, verification=self.verification, experts=recorder, progress=progress,
-            prefill_with=prefill_with,
-        )
+        settings = LoopSettings(self.sampling, self.max_new_tokens, self.target.eos_token_ids, self.verify_kernel,
+                                self.verification)
+        return run_loops(self.target.model, self.speculators, [p.ids for p in prompts], settings,
+                         LoopLayout(self.ks, rows, keys, prefill_with),
+                         LoopWatch(lambda tokens: self.labeller(tokens, opens_thinking), recorder, progress))

@@ -29,9 +29,8 @@ from calibrate.engines.base import Budget
 from calibrate.engines.replies import Asked, Fields, FinishReasons
 from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json
-from calibrate.models import resolve
-from calibrate.replay.counts import TotalCounts
-from calibrate.kernels.reference import Sampling
+from calibrate.model_names import resolve
+from calibrate.terms import Sampling, TotalCounts
 
 STOP_TYPES: FinishReasons = {"eos": "eos", "limit": "length", "word": None, "none": None}
 ENABLING_FLAGS = ("--spec-type draft-simple --spec-draft-model/-md DRAFT.gguf --spec-draft-n-max k "

@@ -15,7 +15,7 @@ import contextlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from calibrate.data import RenderedPrompt
 from calibrate.engines.audit import Placement, Twin, disagreeing_steps, place_steps, reconciled_counts
@@ -23,11 +23,13 @@ from calibrate.engines.base import BatchResult, Budget, Labeller, Measured, Targ
 from calibrate.engines.inflight import concurrently
 from calibrate.engines.replies import Asked
 from calibrate.engines.server import EngineError, Server
-from calibrate.kernels.reference import Sampling
+from calibrate.terms import Sampling, StepCounts, TotalCounts
 from calibrate.progress import TokenProgress
-from calibrate.replay.counts import StepCounts, TotalCounts
 from calibrate.replay.steps import StepSeries, drafted_steps_counts, walk_engine_steps
-from calibrate.speculators.base import EngineMethod, ReplayScorer
+from calibrate.speculators.registry import EngineMethod
+
+if TYPE_CHECKING:
+    from calibrate.speculators.base import ReplayScorer
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,11 @@ from calibrate.engines.replies import Asked
 from calibrate.kv_slots import ConversationCaches
 from calibrate.engines.server import EngineError, Server
 from calibrate.engines.server_engine import Backend, ConversationSlots, request_sampling, slots_for
-from calibrate.kernels.reference import Sampling
+from calibrate.terms import Sampling
 from calibrate.progress import TokenProgress
 from calibrate.replay.responses import Response
-from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds
+from calibrate.speculators.base import Speculator
+from calibrate.target_features import TargetFeatures, TargetNeeds
 
 
 class FeatureSource(Protocol):

@@ -25,9 +25,8 @@ from calibrate.engines.base import Budget
 from calibrate.engines.replies import Asked, Fields, FinishReasons
 from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json
-from calibrate.models import resolve
-from calibrate.replay.counts import TotalCounts
-from calibrate.kernels.reference import Sampling
+from calibrate.model_names import resolve
+from calibrate.terms import Sampling, TotalCounts
 
 ACCEPTED = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
 PROPOSED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")

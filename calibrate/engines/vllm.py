@@ -34,11 +34,10 @@ from calibrate.engines.base import Budget
 from calibrate.engines.replies import Asked, Fields, FinishReasons
 from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json
-from calibrate.models import resolve
-from calibrate.replay.counts import TotalCounts
-from calibrate.kernels.reference import Sampling
+from calibrate.model_names import resolve
+from calibrate.terms import Sampling, TotalCounts
 from calibrate.replay.steps import StepSeries
-from calibrate.speculators.base import EngineMethod
+from calibrate.speculators.registry import EngineMethod
 
 PREFIX = "vllm:spec_decode_"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")

@@ -8,11 +8,12 @@ needs TRITON_INTERPRET=1 set before triton is first imported: tests only, it is 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads with the first verify call, not with the package: the config imports
+    import torch   # `triton_unavailable` and must stay free of torch (calibrate.terms)
 
-from calibrate.kernels import reference
-from calibrate.kernels.reference import VerifyOutput
+    from calibrate.kernels.reference import VerifyOutput
 
 KERNELS = ("auto", "triton", "reference")  # the verify kernel: `[run] verify_kernel`
 
@@ -44,6 +45,8 @@ def triton_unavailable(device: str) -> str | None:
     interpret = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter: tests only, slow
     if not interpret and device in ("cpu", "mps"):
         return f"device {device!r}, and Triton's kernels run on CUDA devices"
+    import torch
+
     if not interpret and not torch.cuda.is_available():
         return "torch sees no CUDA device, and Triton's kernels run on CUDA devices"
     try:
@@ -57,6 +60,8 @@ def verify_greedy(logits: torch.Tensor, draft_tokens, drafted, *, kernel: str = 
     """Greedy verification of a ragged batch; see calibrate.kernels.reference for the layout."""
     if resolve_kernel(kernel, logits.device) == "triton":
         return _triton_module().greedy_verify(logits, draft_tokens, drafted)
+    from calibrate.kernels import reference
+
     return reference.greedy_verify(logits, draft_tokens, drafted)
 
 
@@ -65,7 +70,9 @@ def verify_rejection(logits: torch.Tensor, draft_tokens, drafted, *, kernel: str
     """Rejection-sampling verification of a ragged batch; keyword arguments as reference.rejection_verify."""
     if resolve_kernel(kernel, logits.device) == "triton":
         return _triton_module().rejection_verify(logits, draft_tokens, drafted, **kwargs)
+    from calibrate.kernels import reference
+
     return reference.rejection_verify(logits, draft_tokens, drafted, **kwargs)
 
 
-__all__ = ["KERNELS", "VerifyOutput", "resolve_kernel", "triton_unavailable", "verify_greedy", "verify_rejection"]
+__all__ = ["KERNELS", "resolve_kernel", "triton_unavailable", "verify_greedy", "verify_rejection"]

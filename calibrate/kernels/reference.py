@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from calibrate.kernels import rng
+from calibrate.terms import Sampling
 
 
 @dataclass
@@ -180,17 +181,6 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, floor: torch.T
     torch.softmax so the arithmetic is the one the kernel does.
     """
     return probs_of_scaled(masked_scaled(logits, temperature, floor), logits, temperature)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How a request samples: what the target's p is warped by, and the seed its random streams are keyed by.
-    The one record of it, for the in-process loop, the drafters and the server engines' request bodies."""
-
-    temperature: float
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int = 0
 
 
 def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int | None = None,

@@ -10,8 +10,8 @@ the histograms mean what the greedy replay-once engine's mean. It also records t
 acceptance of each step (running product of min(1, p/q), computed by the verification kernel): same mean
 as the realised counts, lower variance.
 
-    results = run_loops(target_model, [spec_a, spec_b], prompts, ks=[1, 3, 5], sampling=Sampling(0.7, 0.95),
-                        max_new_tokens=1024, eos_token_ids={eos}, labeller=labeller, loop_rows=8)
+    results = run_loops(target_model, [spec_a, spec_b], prompts, LoopSettings(Sampling(0.7, 0.95), 1024, {eos}),
+                        LoopLayout(ks=[1, 3, 5], loop_rows=8), LoopWatch(labeller=labeller))
     results[s][i].counts[k]         -> StepCounts of request i at k under speculator s
     results[s][i].tokens[k]         -> the token ids that loop generated (EOS included when it ended)
     results[s][i].finish_reason[k]  -> "eos" | "length"
@@ -20,13 +20,13 @@ Each (speculator, k, request) is its own loop (at temperature > 0 the responses 
 pays for each prompt once: the target and each draft model prefill it once (calibrate.kv_slots.prefill),
 its first token is drawn once, and every loop starts from a copy of its row. A speculator's loops run
 `loop_rows` at a time as one batch, ordered by (k, request), so loops of one request at neighbouring k share
-a batch: each row drafts its own k and verifies 1 + k positions. A speculator is
-- a draft model (calibrate.speculators.draft_model): it drafts the whole batch at once with its own KV
-  cache (`draft_batch`), sampling from its q warped as the target's p, and hands q to the verifier;
-- any other Speculator (n-gram, suffix, EAGLE-3, MTP): per loop `start` with the prompt, `extend` with the
-  first token, then `draft` per step, `extend` with each verified block and `finish`; the target's hidden
-  states of the positions each pass verified come along where it declares `needs`. Its `probs` are used
-  when given, else q = one-hot. Proposals may be shorter than k.
+a batch: each row drafts its own k and verifies 1 + k positions. For each batch the loop asks the speculator
+for its side of it (`Speculator.loop_drafts`, one protocol for every kind: calibrate.speculators.base.
+LoopDrafts), which drafts for the batch each step and sees what the target verified, with the target's
+hidden states of the positions each pass verified where it declares `needs`. Its q is used when given,
+else q = one-hot. Proposals may be shorter than k. The loop names no kind: a draft model drafts the batch
+at once with its own KV cache (calibrate.speculators.draft_model), the others per loop
+(calibrate.speculators.per_loop).
 
 Randomness is counter-based (calibrate.kernels.rng), keyed by (seed, request key (`request_keys`, default
 the index in `prompts`), position in the response, purpose) for the draft samples and the verification, so
@@ -44,14 +44,14 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from calibrate.kernels import verify_greedy, verify_rejection
-from calibrate.kernels.reference import Sampling, VerifyOutput
+from calibrate.terms import Sampling, StepCounts, check_k
+from calibrate.kernels.reference import VerifyOutput
 from calibrate.kv_slots import Prefill, Prefix, SlotCache, prefill
 from calibrate.progress import TokenProgress
-from calibrate.replay.counts import StepCounts, check_k
 from calibrate.replay.experts import ExpertRecorder, ExpertTrace
 from calibrate.replay.steps import step_accepted
-from calibrate.speculators.base import Speculator, TargetFeatures, TargetNeeds, select_features
-from calibrate.speculators.draft_model import DraftModelSpeculator
+from calibrate.speculators.base import DraftBatch, LoopDrafts, Speculator
+from calibrate.target_features import TargetNeeds
 
 # Verification rules at temperature > 0. Both emit exactly target-distributed tokens; they differ in AL.
 # - "target-only" (the default: the rule of the engines the exports feed): greedy (argmax) drafts, accepted
@@ -75,6 +75,9 @@ class LoopSettings:
     eos_token_ids: frozenset[int]
     verify_kernel: str = "auto"  # calibrate.kernels.KERNELS
     verification: str = "target-only"  # one of VERIFICATION_RULES
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "eos_token_ids", frozenset(self.eos_token_ids))  # any set of ids will do
 
     @property
     def draft_temperature(self) -> float:
@@ -177,7 +180,7 @@ class Loop:
 # -- the step ---------------------------------------------------------------------------------------------
 
 @torch.inference_mode()
-def decode(target: Prefix, drafter: ModelDrafts | SpeculatorDrafts, loops: list[Loop], first: Sequence[int],
+def decode(target: Prefix, drafter: LoopDrafts, loops: list[Loop], first: Sequence[int],
            s: LoopSettings, experts: ExpertRecorder | None = None, progress: TokenProgress | None = None) -> None:
     """Run the loops (any mix of requests and k) as one batch of speculative decoders until each ends.
 
@@ -262,86 +265,7 @@ def first_tokens(prefix: Prefix, keys: Sequence[int], s: LoopSettings) -> list[i
     return out.tokens[:, 0].tolist()
 
 
-# -- the two ways a batch drafts ----------------------------------------------------------------------------
-
-class ModelDrafts:
-    """A draft model's side of one batch: its KV cache rows, copied from its prefix of the prompts."""
-
-    needs = TargetNeeds()
-
-    def __init__(self, speculator: DraftModelSpeculator, prefix: Prefix, s: LoopSettings, vocab: int):
-        self.speculator, self.prefix, self.s, self.vocab = speculator, prefix, s, vocab
-        self.cache: SlotCache | None = None
-
-    def begin(self, active: Sequence[Loop], rows: torch.Tensor) -> None:
-        self.cache = self.prefix.start(rows)
-
-    def draft(self, active: Sequence[Loop], keys: torch.Tensor,
-              positions: torch.Tensor) -> tuple[list[list[int]], torch.Tensor | None]:
-        return self.speculator.draft_batch(self.cache, [r.context for r in active], [r.k for r in active],
-                                           self.s.sampling, self.s.draft_temperature, keys, positions, self.vocab)
-
-    def verified(self, active: Sequence[Loop], going: Sequence[bool], target_cache: SlotCache) -> None:
-        self.speculator.roll_back(self.cache, [len(r.context) - 1 for r in active])
-
-    def select(self, rows: list[int]) -> None:
-        self.cache.select(torch.tensor(rows, dtype=torch.int64))
-
-
-class SpeculatorDrafts:
-    """Any other speculator's side of one batch: per loop `start` / `draft` / `extend` / `finish`, with the
-    target's features of the positions each pass ran where the speculator `needs` them."""
-
-    def __init__(self, speculator: Speculator, prefix: Prefix, s: LoopSettings, vocab: int):
-        self.speculator, self.prefix, self.s, self.vocab = speculator, prefix, s, vocab
-        self.needs = speculator.needs
-
-    def begin(self, active: Sequence[Loop], rows: torch.Tensor) -> None:
-        for r in active:  # the prompt but its last token, then that token and the first response token
-            features = self.prefix.hidden[r.request] if self.needs.any else None
-            n = len(r.prompt)
-            self.speculator.start(r.loop_id, r.prompt, None if features is None else features.rows(0, n - 1))
-            self.speculator.extend(r.loop_id, r.generated, None if features is None else features.rows(n - 1, n))
-
-    def draft(self, active: Sequence[Loop], keys: torch.Tensor,
-              positions: torch.Tensor) -> tuple[list[list[int]], torch.Tensor | None]:
-        """Up to k_r drafts per loop; q (B, max k, V) when any proposal carries probs (one-hot rows for
-        those that do not), else None."""
-        drafts, q_list = [], []
-        for r in active:
-            proposal = self.speculator.draft(r.loop_id, r.k, self.s.draft_temperature, r.generator,
-                                             top_k=self.s.sampling.top_k, top_p=self.s.sampling.top_p)
-            drafts.append([int(t) for t in proposal.tokens[:r.k]])
-            q_list.append(proposal.probs)
-        if self.s.draft_temperature <= 0 or all(q is None for q in q_list):
-            return drafts, None
-        probs = torch.zeros((len(active), max(r.k for r in active), self.vocab), dtype=torch.float32)
-        for j, (q, d) in enumerate(zip(q_list, drafts)):
-            if q is None:
-                probs[j, torch.arange(len(d)), torch.tensor(d, dtype=torch.int64)] = 1.0
-            else:
-                n = min(q.shape[-1], self.vocab)
-                probs[j, :len(d), :n] = q[:len(d), :n].float()
-        return drafts, probs
-
-    def verified(self, active: Sequence[Loop], going: Sequence[bool], target_cache: SlotCache) -> None:
-        """A going loop's speculator sees the block the target ran (pending + the accepted drafts)."""
-        for j, (r, on) in enumerate(zip(active, going)):
-            if on:
-                new = r.last_step_tokens
-                self.speculator.extend(r.loop_id, new, self._features(target_cache, j, len(new)))
-            else:
-                self.speculator.finish(r.loop_id)
-
-    def select(self, rows: list[int]) -> None:
-        pass  # the speculator keeps its state per loop id
-
-    def _features(self, cache: SlotCache, row: int, n: int) -> TargetFeatures | None:
-        """The first n positions of batch row `row` of the target's last feed, as the speculator needs them."""
-        if not self.needs.any or cache.hidden is None:
-            return None
-        return select_features(cache.hidden, self.needs, row).rows(0, n)
-
+# -- no speculation ----------------------------------------------------------------------------------------
 
 class PlainDrafts:
     """No speculation: each pass verifies its pending token alone (plain decoding), so a loop's response is
@@ -378,63 +302,67 @@ def plain_decode(target: Prefix, prompts: Sequence[Sequence[int]], keys: Sequenc
 
 # -- the entry point ----------------------------------------------------------------------------------------
 
-def run_loops(
-    target_model: torch.nn.Module,
-    speculators: Sequence[Speculator],
-    prompts: Sequence[Sequence[int]],
-    *,
-    ks: Sequence[int],
-    sampling: Sampling,
-    max_new_tokens: int,
-    eos_token_ids: set[int],
-    labeller: Callable[[list[int]], list[str]] | None = None,
-    verify_kernel: str = "auto",
-    loop_rows: int = 8,
-    request_keys: Sequence[int] | None = None,
-    verification: str = "target-only",
-    experts: ExpertRecorder | None = None,
-    progress: TokenProgress | None = None,
-    prefill_with: Prefill = prefill,
-) -> list[list[LoopResult]]:
+@dataclass(frozen=True)
+class LoopLayout:
+    """How a run lays out its loops: the k values (one loop per (request, k)), the loops per batch, each
+    request's random-stream key, and how the prompts' caches are made.
+
+    `request_keys` (default: the index in the prompts) key each request's random streams; callers that split
+    one run over several calls pass globally distinct, stable keys (the runner: a hash of the request id),
+    or requests of different calls would share draws. `prefill_with` makes the prompts' caches in the
+    target and in each draft model (default `prefill`; a batch of whole-trajectory turns: its
+    conversations' caches, calibrate.kv_slots.ConversationCaches)."""
+
+    ks: Sequence[int]
+    loop_rows: int = 8
+    request_keys: Sequence[int] | None = None
+    prefill_with: Prefill = prefill
+
+
+@dataclass(frozen=True)
+class LoopWatch:
+    """What a run records besides the counts, and who watches it go.
+
+    `labeller(tokens)` labels each generated token (thinking / answer / tool_call); a step belongs to the
+    segment of its first emitted token; without it everything is "answer". With an ExpertRecorder on the
+    target, each result also carries every k's ExpertTrace (calibrate.replay.experts): the experts its
+    verify passes touched. `progress` is told of the tokens each step adds."""
+
+    labeller: Callable[[list[int]], list[str]] | None = None
+    experts: ExpertRecorder | None = None
+    progress: TokenProgress | None = None
+
+
+def run_loops(target_model: torch.nn.Module, speculators: Sequence[Speculator], prompts: Sequence[Sequence[int]],
+              settings: LoopSettings, layout: LoopLayout, watch: LoopWatch = LoopWatch()) -> list[list[LoopResult]]:
     """Every (speculator, k) loop over every prompt, each prompt prefilled once; see the module docstring.
 
-    Returns, per speculator, one LoopResult per prompt. `labeller(tokens)` labels each generated token
-    (thinking / answer / tool_call); a step belongs to the segment of its first emitted token; without it
-    everything is "answer". `request_keys` (default: the index in `prompts`) key each request's random
-    streams; callers that split one run over several calls pass globally distinct, stable keys (the
-    runner: a hash of the request id), or requests of different calls would share draws. The counts equal
-    those of each loop run alone, for a fixed seed. With an ExpertRecorder on the target, each result also
-    carries every k's ExpertTrace (calibrate.replay.experts): the experts its verify passes touched.
-    `prefill_with` makes the prompts' caches in the target and in each draft model (default `prefill`; a
-    batch of whole-trajectory turns: its conversations' caches, calibrate.kv_slots.ConversationCaches).
+    Returns, per speculator, one LoopResult per prompt. The counts equal those of each loop run alone, for
+    a fixed seed.
     """
-    keys = _check(speculators, prompts, ks, sampling, verification, request_keys, loop_rows)
-    s = LoopSettings(sampling, max_new_tokens, frozenset(eos_token_ids), verify_kernel, verification)
-    free = [spec for spec in speculators if not isinstance(spec, DraftModelSpeculator)]
-    needs = TargetNeeds(layers=tuple(sorted({i for spec in free for i in spec.needs.layers})),
-                        last=any(spec.needs.last for spec in free))
-    target = prefill_with(target_model, prompts, needs if needs.any else None)
+    s, ks, loop_rows = settings, layout.ks, layout.loop_rows
+    keys = _check(speculators, prompts, s, layout)
+    needs = TargetNeeds(layers=tuple(sorted({i for spec in speculators for i in spec.needs.layers})),
+                        last=any(spec.needs.last for spec in speculators))
+    target = layout.prefill_with(target_model, prompts, needs if needs.any else None)
     first = first_tokens(target, keys, s)
     vocab = int(target_model.get_output_embeddings().weight.shape[0])  # width of the target's logits
-    prefixes = {id(target_model): target}  # a draft model prefills once, whatever number of its speculators
+    made = {id(target_model): target}  # a draft model prefills once, whatever number of its speculators
+
+    def prefixes(model: torch.nn.Module) -> Prefix:
+        if id(model) not in made:
+            made[id(model)] = layout.prefill_with(model, prompts, None)
+        return made[id(model)]
+
+    batch = DraftBatch(target, s.sampling, s.draft_temperature, vocab, prefixes)
     out = []
     for spec in speculators:
-        loops = _plan(prompts, keys, ks, sampling.seed)
+        loops = _plan(prompts, keys, ks, s.sampling.seed)
         for start in range(0, len(loops), loop_rows):
-            drafter = _drafter(spec, prefixes, prompts, target, s, vocab, prefill_with)
-            decode(target, drafter, loops[start:start + loop_rows], first, s, experts, progress)
-        out.append(_results(loops, len(prompts), labeller, experts))
+            decode(target, spec.loop_drafts(batch), loops[start:start + loop_rows], first, s, watch.experts,
+                   watch.progress)
+        out.append(_results(loops, len(prompts), watch.labeller, watch.experts))
     return out
-
-
-def _drafter(spec: Speculator, prefixes: dict[int, Prefix], prompts: Sequence[Sequence[int]], target: Prefix,
-             s: LoopSettings, vocab: int, prefill_with: Prefill) -> ModelDrafts | SpeculatorDrafts:
-    if not isinstance(spec, DraftModelSpeculator):
-        return SpeculatorDrafts(spec, target, s, vocab)
-    model = spec.draft.model
-    if id(model) not in prefixes:
-        prefixes[id(model)] = prefill_with(model, prompts, None)
-    return ModelDrafts(spec, prefixes[id(model)], s, vocab)
 
 
 def _results(loops: Sequence[Loop], requests: int, labeller: Callable[[list[int]], list[str]] | None,
@@ -463,24 +391,25 @@ def _counts(loop: Loop, labeller: Callable[[list[int]], list[str]] | None) -> St
     return counts
 
 
-def _check(speculators: Sequence[Speculator], prompts: Sequence[Sequence[int]], ks: Sequence[int],
-           sampling: Sampling, verification: str, request_keys: Sequence[int] | None, loop_rows: int) -> list[int]:
+def _check(speculators: Sequence[Speculator], prompts: Sequence[Sequence[int]], s: LoopSettings,
+           layout: LoopLayout) -> list[int]:
     """Refuse bad arguments before any forward pass; returns the request keys."""
-    if sampling.temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {sampling.temperature}")
-    if verification not in VERIFICATION_RULES:
-        raise ValueError(f"unknown verification rule {verification!r} (known: {', '.join(VERIFICATION_RULES)})")
-    check_k(ks)
-    if loop_rows < 1:
-        raise ValueError(f"loop_rows must be >= 1, got {loop_rows}")
+    if s.sampling.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {s.sampling.temperature}")
+    if s.verification not in VERIFICATION_RULES:
+        raise ValueError(f"unknown verification rule {s.verification!r} (known: {', '.join(VERIFICATION_RULES)})")
+    check_k(layout.ks)
+    if layout.loop_rows < 1:
+        raise ValueError(f"loop_rows must be >= 1, got {layout.loop_rows}")
     if any(len(p) < 1 for p in prompts):
         raise ValueError("every prompt needs at least one token")
+    request_keys = layout.request_keys
     keys = list(range(len(prompts))) if request_keys is None else [int(x) for x in request_keys]
     if len(keys) != len(prompts) or len(set(keys)) != len(keys) or min(keys, default=0) < 0:
         raise ValueError("request_keys must be distinct non-negative integers, one per prompt")
     for spec in speculators:
         if not isinstance(spec, Speculator):
-            raise TypeError(f"speculator must be a Speculator (a bare model: DraftModelSpeculator.of_model), "
+            raise TypeError(f"speculator must be a Speculator (a bare model drafts as a draft model's), "
                             f"got {type(spec).__name__}")
     return keys
 

@@ -23,9 +23,9 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from calibrate.kernels import verify_rejection
-from calibrate.kernels.reference import Sampling
+from calibrate.terms import Sampling
 from calibrate.progress import TokenProgress
-from calibrate.speculators.base import TargetFeatures, TargetNeeds, select_features
+from calibrate.target_features import TargetFeatures, TargetNeeds, select_features
 
 @dataclass(frozen=True)
 class Response:

@@ -11,19 +11,13 @@ and with the loop's coupled verification the loop's own response walks to the lo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-import torch
-
-from calibrate.kv_slots import Prefix
-from calibrate.replay.counts import StepCounts, check_k
 from calibrate.replay.responses import Response
 from calibrate.replay.steps import walk_steps
-from calibrate.speculators.base import Speculator, TargetFeatures
-from calibrate.speculators.draft_model import DraftModelSpeculator
-
-# model -> the prompts' caches in it (a whole trajectory's turns: their conversations', calibrate.kv_slots)
-Prefixes = Callable[[torch.nn.Module], Prefix]
+from calibrate.speculators.base import Prefixes, Speculator
+from calibrate.target_features import TargetFeatures
+from calibrate.terms import StepCounts, check_k
 
 
 def score_replay(
@@ -37,17 +31,13 @@ def score_replay(
 ) -> list[dict[int, StepCounts]]:
     """Step counts per request and per k, for one speculator, from fixed responses. `features` (from
     `target_features`, covering at least what the speculator needs) is required when it needs any;
-    `prefixes` gives a draft model its cached prompts, so its teacher-forced pass feeds the responses alone."""
+    `prefixes` gives a speculator with a model of its own (a draft model) the prompts' caches in it, so its
+    teacher-forced pass feeds the responses alone."""
     check_k(ks)
     tokens = [r.tokens for r in responses]
-    if prefixes is not None and isinstance(speculator, DraftModelSpeculator):
-        scorers = speculator.replay_scorers(prompts, tokens, max(ks), prefix=prefixes(speculator.draft.model))
-    elif speculator.needs.any:
-        if features is None:
-            raise ValueError(f"speculator {speculator.name!r} needs the target's hidden states; pass features")
-        scorers = speculator.replay_scorers(prompts, tokens, max(ks), features)
-    else:
-        scorers = speculator.replay_scorers(prompts, tokens, max(ks))
+    if speculator.needs.any and features is None:
+        raise ValueError(f"speculator {speculator.name!r} needs the target's hidden states; pass features")
+    scorers = speculator.replay_scorers(prompts, tokens, max(ks), features, prefixes)
     results = []
     for i, (response, run_at) in enumerate(zip(responses, scorers)):
         labels = segments[i] if segments is not None else None

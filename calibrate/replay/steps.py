@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calibrate.replay.counts import StepCounts, TotalCounts
+from calibrate.terms import StepCounts, TotalCounts
 
 # Version of this rule, recorded with every run (a run's counts mean what the rule of its version says).
 # 1: the prefill's token was a step; 2: it is a token, not a step (decode-step AL).

@@ -4,31 +4,28 @@ Two ways to use it:
 - `replay_scorers`: at temperature 0 with a fixed target response, the draft's proposal at a prefix that
   matches the target is its teacher-forced argmax, so ONE forward pass over prompt + response scores every
   step at every k. This is what makes greedy replay-once cheap.
-- `draft_batch` / `roll_back`: the loop's step (calibrate.replay.loop). The draft model drafts for a whole
-  batch of loops at once with its own batched KV cache (calibrate.kv_slots), each row its own k, and
-  keeps what the target accepted, as a serving engine's draft model does.
+- `loop_drafts` (`ModelDrafts`: `draft_batch` / `roll_back`): the loop's step (calibrate.replay.loop). The
+  draft model drafts for a whole batch of loops at once with its own batched KV cache (calibrate.kv_slots),
+  copied from its prefix of the prompts, each row its own k, and keeps what the target accepted, as a
+  serving engine's draft model does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
-from calibrate.kernels.reference import Sampling, sample_drafts
+from calibrate.terms import Sampling
+from calibrate.kernels.reference import sample_drafts
 from calibrate.kv_slots import Prefix, SlotCache
 from calibrate.models import LoadedModel, check_same_tokenizer, load_fingerprint, load_model, load_tokenizer, resolve
-from calibrate.speculators.base import (
-    BuildContext, Described, ModelName, ReplayScorer, Speculator, SpeculatorConfig, needs,
-)
-
-
-class DraftSpeculatorConfig(SpeculatorConfig):
-    kind: Literal["draft"]
-    model: ModelName
-    gguf: ModelName | None = None  # llama.cpp backend: the draft's GGUF file (`model` still names its tokenizer)
+from calibrate.speculators.base import BuildContext, DraftBatch, LoopView, Prefixes, ReplayScorer, Speculator
+from calibrate.speculators.configs import DraftSpeculatorConfig
+from calibrate.speculators.registry import Described, speculator_kind
+from calibrate.target_features import TargetFeatures, TargetNeeds
 
 
 def run_lengths(match: np.ndarray) -> np.ndarray:
@@ -43,15 +40,6 @@ class DraftModelSpeculator(Speculator):
     """A smaller model of the target's family proposing k tokens autoregressively."""
 
     kind = "draft"
-    config_model = DraftSpeculatorConfig
-    drafts_every_step = True
-    # llama.cpp loads the draft as a GGUF file (`gguf`), the others as a model folder or hub id.
-    engines = {
-        "vllm": ("draft_model", lambda spec, weights: {"model": weights(spec.model)}),
-        "sglang": ("STANDALONE", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
-        "llama.cpp": ("draft-simple", lambda spec, weights: needs(spec.gguf, "llama.cpp loads a draft from a GGUF "
-                      "file: set `gguf`") or {"spec-draft-model": weights(spec.gguf)}),
-    }
 
     @classmethod
     def check(cls, spec: DraftSpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
@@ -64,13 +52,9 @@ class DraftModelSpeculator(Speculator):
         return cls(ctx.loaded[spec.model], batch_size=ctx.batch_size)
 
     @classmethod
-    def config_name(cls, spec: DraftSpeculatorConfig, target: str) -> str:
-        return f"draft:{spec.model}"
-
-    @classmethod
     def described(cls, spec: DraftSpeculatorConfig, target: str) -> Described:
-        return Described(cls.config_name(spec, target), {"model": spec.model}, resolve(spec.model),
-                         load_fingerprint(spec.model))
+        return Described(speculator_kind(cls.kind).config_name(spec, target), {"model": spec.model},
+                         resolve(spec.model), load_fingerprint(spec.model))
 
     def __init__(self, draft: LoadedModel, batch_size: int = 4):
         self.draft = draft
@@ -148,8 +132,10 @@ class DraftModelSpeculator(Speculator):
 
     def replay_scorers(
         self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
-        prefix: Prefix | None = None,
+        features: Sequence[TargetFeatures] | None = None, prefixes: Prefixes | None = None,
     ) -> list[ReplayScorer]:
+        """One teacher-forced pass over the responses (from the draft's cached prompts, given `prefixes`)."""
+        prefix = None if prefixes is None else prefixes(self.draft.model)
         scorers: list[ReplayScorer] = []
         for argmax, response in zip(self.teacher_forced_argmax(prompts, responses, prefix), responses):
             runs = run_lengths(argmax == np.asarray(response, dtype=np.int64))
@@ -161,6 +147,9 @@ class DraftModelSpeculator(Speculator):
         return scorers
 
     # -- the loop's step ------------------------------------------------------------------------------
+
+    def loop_drafts(self, batch: DraftBatch) -> ModelDrafts:
+        return ModelDrafts(self, batch)
 
     @torch.inference_mode()
     def draft_batch(self, cache: SlotCache, contexts: Sequence[Sequence[int]], ks: Sequence[int],
@@ -206,3 +195,30 @@ class DraftModelSpeculator(Speculator):
         (`kept[r]`: the row's verified context but its last token, which the target has not run either)."""
         fed = cache.lengths.tolist()
         cache.truncate(cache.lengths.new_tensor([min(int(f), n) for f, n in zip(fed, kept)]))
+
+
+class ModelDrafts:
+    """A draft model's side of one batch of loops: its KV cache rows, copied from its prefix of the prompts
+    (prefilled once per run, whatever number of batches and speculators share the model)."""
+
+    needs = TargetNeeds()
+
+    def __init__(self, speculator: DraftModelSpeculator, batch: DraftBatch):
+        self.speculator, self.batch = speculator, batch
+        self.prefix = batch.prefixes(speculator.draft.model)
+        self.cache: SlotCache | None = None
+
+    def begin(self, active: Sequence[LoopView], rows: torch.Tensor) -> None:
+        self.cache = self.prefix.start(rows)
+
+    def draft(self, active: Sequence[LoopView], keys: torch.Tensor,
+              positions: torch.Tensor) -> tuple[list[list[int]], torch.Tensor | None]:
+        b = self.batch
+        return self.speculator.draft_batch(self.cache, [r.context for r in active], [r.k for r in active],
+                                           b.sampling, b.draft_temperature, keys, positions, b.vocab)
+
+    def verified(self, active: Sequence[LoopView], going: Sequence[bool], target_cache: SlotCache) -> None:
+        self.speculator.roll_back(self.cache, [len(r.context) - 1 for r in active])
+
+    def select(self, rows: list[int]) -> None:
+        self.cache.select(torch.tensor(rows, dtype=torch.int64))

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,17 +26,15 @@ import torch
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import fingerprint, model_config, resolve, resolve_dtype
 from calibrate.speculators.base import (
-    BuildContext, Described, ModelName, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures,
-    TargetNeeds, chain_replay_scorers,
+    BuildContext, Prefixes, Proposal, ReplayScorer, chain_replay_scorers,
 )
+from calibrate.speculators.configs import Eagle3SpeculatorConfig
+from calibrate.speculators.per_loop import PerLoopSpeculator
+from calibrate.speculators.registry import Described, speculator_kind
+from calibrate.target_features import TargetFeatures, TargetNeeds
 
 if TYPE_CHECKING:  # the head's module imports transformers' Llama layers (and Triton): only when a head loads
     from calibrate.speculators.eagle3_head import Eagle3Head
-
-
-class Eagle3SpeculatorConfig(SpeculatorConfig):
-    kind: Literal["eagle3"]
-    model: ModelName  # a head folder in either checkpoint format, or a built test model's name
 
 
 @dataclass
@@ -68,19 +66,8 @@ def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tup
     return head.to(dtype=resolve_dtype(dtype), device=device).eval(), aux
 
 
-class Eagle3Speculator(Speculator):
+class Eagle3Speculator(PerLoopSpeculator):
     kind = "eagle3"
-    config_model = Eagle3SpeculatorConfig
-    drafts_every_step = True
-    hidden_states = "layers"
-    engines = {
-        "vllm": ("eagle3", lambda spec, weights: {"model": weights(spec.model)}),
-        "sglang": ("EAGLE3", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
-    }
-
-    @classmethod
-    def config_name(cls, spec: Eagle3SpeculatorConfig, target: str) -> str:
-        return f"eagle3:{spec.model}"
 
     @classmethod
     def described(cls, spec: Eagle3SpeculatorConfig, target: str) -> Described:
@@ -90,8 +77,8 @@ class Eagle3Speculator(Speculator):
         path = resolve(spec.model)
         cfg = read_head_config(Path(path), spec.model)
         aux = check_fit(cfg, model_config(target), spec.model, target)
-        return Described(cls.config_name(spec, target), _params(spec.model, aux, cfg.checkpoint_format), path,
-                         fingerprint(path))
+        return Described(speculator_kind(cls.kind).config_name(spec, target),
+                         _params(spec.model, aux, cfg.checkpoint_format), path, fingerprint(path))
 
     @classmethod
     def check(cls, spec: Eagle3SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
@@ -133,10 +120,6 @@ class Eagle3Speculator(Speculator):
     def _aux(self, features: TargetFeatures) -> list[torch.Tensor]:
         return [features.layers[i].to(self._device, self.head.fc.weight.dtype) for i in self.aux_layer_ids]
 
-    def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
-                generator: torch.Generator | None = None) -> Proposal:
-        raise TypeError("eagle3 drafts from the target's hidden states: engines call start/extend/draft")
-
     # -- greedy replay-once ---------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -157,20 +140,20 @@ class Eagle3Speculator(Speculator):
 
     def replay_scorers(
         self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
-        features: Sequence[TargetFeatures] | None = None,
+        features: Sequence[TargetFeatures] | None = None, prefixes: Prefixes | None = None,
     ) -> list[ReplayScorer]:
         return chain_replay_scorers(self.name, self.chain_drafts, prompts, responses, max_k, features)
 
     # -- loops -----------------------------------------------------------------------------------------
 
-    def start(self, request_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
+    def start(self, loop_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
         shape = (0, self.head.kv_heads, self.head.head_dim)
         empty = torch.zeros(shape, dtype=self.head.fc.weight.dtype, device=self._device)
-        self._requests[request_id] = _RequestState(tokens=list(prompt), keys=empty, values=empty.clone())
-        self._add_rows(self._requests[request_id], features)
+        self._requests[loop_id] = _RequestState(tokens=list(prompt), keys=empty, values=empty.clone())
+        self._add_rows(self._requests[loop_id], features)
 
-    def extend(self, request_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
-        state = self._requests[request_id]
+    def extend(self, loop_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
+        state = self._requests[loop_id]
         state.tokens.extend(int(t) for t in tokens)
         self._add_rows(state, features)
 
@@ -193,13 +176,13 @@ class Eagle3Speculator(Speculator):
         state.anchor = (q[-1:], residual[-1:])
 
     @torch.inference_mode()
-    def draft(self, request_id: int, k: int, temperature: float = 0.0,
+    def draft(self, loop_id: int, k: int, temperature: float = 0.0,
               generator: torch.Generator | None = None, *, top_k: int | None = None,
               top_p: float | None = None) -> Proposal:
         """k chain drafts from the last verified position; the round's deeper rows are dropped afterwards.
         At T > 0 the head samples from its softmax warped by the target's top-k / top-p (over the draft
-        vocabulary), as Speculator.draft says."""
-        state, head = self._requests[request_id], self.head
+        vocabulary), as PerLoopSpeculator.draft says."""
+        state, head = self._requests[loop_id], self.head
         if state.anchor is None:
             return Proposal(tokens=[])
         a = state.keys.shape[0] - 1  # the anchor's position
@@ -224,5 +207,5 @@ class Eagle3Speculator(Speculator):
                 h = head.finish(head.attend(q, state.keys, state.values, None, k_own, v_own), residual)
         return Proposal(tokens=tokens, probs=torch.stack(probs) if probs else None)
 
-    def finish(self, request_id: int) -> None:
-        self._requests.pop(request_id, None)
+    def finish(self, loop_id: int) -> None:
+        self._requests.pop(loop_id, None)

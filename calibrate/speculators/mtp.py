@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,20 +38,17 @@ from calibrate.checkpoints import open_checkpoint
 from calibrate.kernels.reference import sampling_probs
 from calibrate.models import load_fingerprint, model_config, resolve
 from calibrate.speculators.base import (
-    BuildContext, Described, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, TargetNeeds,
-    chain_replay_scorers, no_settings,
+    BuildContext, Prefixes, Proposal, ReplayScorer, chain_replay_scorers,
 )
+from calibrate.speculators.configs import MtpSpeculatorConfig
+from calibrate.speculators.per_loop import PerLoopSpeculator
 from calibrate.speculators.mtp_archs import DEEPSEEK, layer_prefixes, refusal
+from calibrate.speculators.registry import Described, speculator_kind
+from calibrate.target_features import TargetFeatures, TargetNeeds
 
 # What the name and provenance say about depths beyond the checkpoint's layers.
 DEPTH_RULE = ("depth d uses MTP layer d % num_mtp_layers (vLLM spec_step_idx % num_mtp_layers); "
               "k > num_mtp_layers reuses layers autoregressively, fed the previous depth's pre-norm hidden")
-
-
-class MtpSpeculatorConfig(SpeculatorConfig):
-    """`{ kind = "mtp" }`: the MTP layers come from the pair's target checkpoint; nothing else to set."""
-
-    kind: Literal["mtp"]
 
 
 # -- the checkpoint: what it must hold, read before any weights load ------------------------------------------
@@ -229,19 +226,9 @@ class _RequestState:
     last: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
 
 
-class MtpSpeculator(Speculator):
+class MtpSpeculator(PerLoopSpeculator):
     kind = "mtp"
-    config_model = MtpSpeculatorConfig
     needs = TargetNeeds(last=True)
-    drafts_every_step = True
-    hidden_states = "last"
-    # The target's own MTP layers: vLLM `mtp` (any model type it has MTP for); SGLang's EAGLE, which NEXTN
-    # aliases and which loads the DeepSeek / GLM family's draft from the target checkpoint by default.
-    engines = {"vllm": ("mtp", no_settings), "sglang": ("EAGLE", no_settings)}
-
-    @classmethod
-    def config_name(cls, spec: MtpSpeculatorConfig, target: str) -> str:
-        return f"mtp:{target}"
 
     @classmethod
     def check(cls, spec: MtpSpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
@@ -257,7 +244,8 @@ class MtpSpeculator(Speculator):
     def described(cls, spec: MtpSpeculatorConfig, target: str) -> Described:
         """The target's config alone says how many MTP layers it has; the head is the target's own."""
         layers = mtp_layer_count(model_config(target), target)
-        return Described(f"mtp:{target}", _params(target, layers), resolve(target), load_fingerprint(target))
+        return Described(speculator_kind(cls.kind).config_name(spec, target), _params(target, layers),
+                         resolve(target), load_fingerprint(target))
 
     @classmethod
     def build(cls, spec: MtpSpeculatorConfig, ctx: BuildContext) -> MtpSpeculator:
@@ -293,10 +281,6 @@ class MtpSpeculator(Speculator):
 
     def _ids(self, tokens: Sequence[int]) -> torch.Tensor:
         return torch.tensor(list(tokens), dtype=torch.long, device=self._device)
-
-    def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
-                generator: torch.Generator | None = None) -> Proposal:
-        raise TypeError("mtp drafts from the target's hidden states: engines call start/extend/draft")
 
     # -- greedy replay-once ---------------------------------------------------------------------------
 
@@ -335,19 +319,19 @@ class MtpSpeculator(Speculator):
 
     def replay_scorers(
         self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
-        features: Sequence[TargetFeatures] | None = None,
+        features: Sequence[TargetFeatures] | None = None, prefixes: Prefixes | None = None,
     ) -> list[ReplayScorer]:
         return chain_replay_scorers(self.name, self.chain_drafts, prompts, responses, max_k, features)
 
     # -- loops -----------------------------------------------------------------------------------------
 
-    def start(self, request_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
-        self._requests[request_id] = _RequestState(tokens=list(prompt), cache=new_cache(self.mtp),
+    def start(self, loop_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
+        self._requests[loop_id] = _RequestState(tokens=list(prompt), cache=new_cache(self.mtp),
                                                    done=[0] * self.layers, last=[None] * self.layers)
-        self._add_rows(self._requests[request_id], features)
+        self._add_rows(self._requests[loop_id], features)
 
-    def extend(self, request_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
-        state = self._requests[request_id]
+    def extend(self, loop_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
+        state = self._requests[loop_id]
         state.tokens.extend(int(t) for t in tokens)
         self._add_rows(state, features)
 
@@ -377,12 +361,12 @@ class MtpSpeculator(Speculator):
                 else (post[:-1], begin)
 
     @torch.inference_mode()
-    def draft(self, request_id: int, k: int, temperature: float = 0.0,
+    def draft(self, loop_id: int, k: int, temperature: float = 0.0,
               generator: torch.Generator | None = None, *, top_k: int | None = None,
               top_p: float | None = None) -> Proposal:
         """k chain drafts from the last verified position; the round's rows are cropped away afterwards.
         At T > 0 each draft is sampled from the MTP softmax warped by the target's top-k / top-p."""
-        state = self._requests[request_id]
+        state = self._requests[loop_id]
         count = len(state.tokens)
         if state.last[0] is None or state.done[0] != count:
             return Proposal(tokens=[])
@@ -427,5 +411,5 @@ class MtpSpeculator(Speculator):
         chain.append(torch.cat([verified, post]))
         return post, block[-1:]
 
-    def finish(self, request_id: int) -> None:
-        self._requests.pop(request_id, None)
+    def finish(self, loop_id: int) -> None:
+        self._requests.pop(loop_id, None)

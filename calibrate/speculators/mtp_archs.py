@@ -1,6 +1,6 @@
 """Which targets' MTP layers this toolkit runs, where each family keeps what they read in its checkpoint, and
 which families are refused and why: the one place for these facts (calibrate.speculators.mtp reads them for
-every MTP scorer, calibrate.speculators.mtp_alone to read the MTP head alone, the README lists them).
+every MTP scorer, calibrate.speculators.mtp_alone to read the MTP head alone, docs/speculators.md lists them).
 
 MTP layers run through transformers' own `MtpModel` (calibrate.speculators.mtp), so a family is served where
 transformers builds one for it (its config declares `num_mtp_layers`) and its checkpoint keeps the layers

@@ -17,50 +17,15 @@ replayed request reaches here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
 
-from calibrate.speculators.base import (
-    BuildContext, Described, Proposal, Speculator, SpeculatorConfig, label,
-)
-
-
-VLLM_DEFAULT_LOOKUP = 5  # vLLM SpeculativeConfig: prompt_lookup_min = prompt_lookup_max = 5 when both unset
-
-
-def _params(spec: Any) -> dict[str, Any]:
-    """The settings that make two n-gram configs different drafters, in vLLM's spelling."""
-    return {"prompt_lookup_max": spec.prompt_lookup_max, "prompt_lookup_min": spec.prompt_lookup_min}
-
-
-class NgramSpeculatorConfig(SpeculatorConfig):
-    """vLLM's n-gram proposer; keys and defaults as vLLM's speculative config spells them (both lengths 5
-    when neither is given, one copies the other when only one is)."""
-
-    kind: Literal["ngram"]
-    prompt_lookup_max: int = Field(gt=0)
-    prompt_lookup_min: int = Field(gt=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _vllm_defaults(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        if {"max_n", "min_n"} & data.keys():
-            raise ValueError("ngram's keys are vLLM's prompt_lookup_max / prompt_lookup_min (max_n / min_n were "
-                             "renamed when n-gram took vLLM's semantics)")
-        given = data.get("prompt_lookup_max", data.get("prompt_lookup_min", VLLM_DEFAULT_LOOKUP))
-        return {"prompt_lookup_max": given, "prompt_lookup_min": given, **data}
-
-    @model_validator(mode="after")
-    def _order(self) -> NgramSpeculatorConfig:
-        if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
-                             f"prompt_lookup_max ({self.prompt_lookup_max})")
-        return self
+from calibrate.speculators.base import BuildContext, Proposal
+from calibrate.speculators.configs import NGRAM_DEFAULTS, VLLM_DEFAULT_LOOKUP, NgramSpeculatorConfig, ngram_params
+from calibrate.speculators.per_loop import Proposer
+from calibrate.speculators.registry import Described, label
 
 
 def ngram_proposal(context: Sequence[int], k: int, prompt_lookup_max: int, prompt_lookup_min: int) -> list[int]:
@@ -88,28 +53,18 @@ def ngram_proposal(context: Sequence[int], k: int, prompt_lookup_max: int, promp
     return seq[start:start + k].tolist()
 
 
-class NgramSpeculator(Speculator):
+class NgramSpeculator(Proposer):
     """Prompt-lookup decoding exactly as vLLM's `method: "ngram"` proposes (see the module docstring)."""
 
     kind = "ngram"
-    defaults = {"prompt_lookup_max": VLLM_DEFAULT_LOOKUP, "prompt_lookup_min": VLLM_DEFAULT_LOOKUP}
-    config_model = NgramSpeculatorConfig
-    # vLLM's prompt lookup only: SGLang's NGRAM is another algorithm (a trie of earlier tokens searched
-    # breadth-first, `--speculative-ngram-*`), measured there as an engine-only kind, never as this one; so is
-    # TensorRT-LLM's NGram (a pool of patterns updated as it decodes): no other engine runs this kind.
-    engines = {"vllm": ("ngram", lambda spec, weights: _params(spec))}
 
     @classmethod
     def build(cls, spec: NgramSpeculatorConfig, ctx: BuildContext) -> NgramSpeculator:
         return cls(prompt_lookup_max=spec.prompt_lookup_max, prompt_lookup_min=spec.prompt_lookup_min)
 
     @classmethod
-    def config_name(cls, spec: NgramSpeculatorConfig, target: str) -> str:
-        return label(cls.kind, _params(spec), cls.defaults)
-
-    @classmethod
     def described(cls, spec: NgramSpeculatorConfig, target: str) -> Described:
-        return Described(cls.config_name(spec, target), _params(spec))
+        return Described(label(cls.kind, ngram_params(spec), NGRAM_DEFAULTS), ngram_params(spec))
 
     def __init__(self, prompt_lookup_max: int = VLLM_DEFAULT_LOOKUP, prompt_lookup_min: int = VLLM_DEFAULT_LOOKUP):
         if not 1 <= prompt_lookup_min <= prompt_lookup_max:
@@ -120,11 +75,11 @@ class NgramSpeculator(Speculator):
 
     @property
     def name(self) -> str:
-        return label(self.kind, self.params, self.defaults)
+        return label(self.kind, self.params, NGRAM_DEFAULTS)
 
     @property
     def params(self) -> dict[str, Any]:
-        return _params(self)
+        return ngram_params(self)
 
     def propose(self, context: Sequence[int], k: int, temperature: float = 0.0,
                 generator: torch.Generator | None = None) -> Proposal:

@@ -1,35 +1,228 @@
-"""The one list of speculator kinds: the config's `kind` values, its validation and the runner's factory.
+"""The one list of speculator kinds, and every fact about each that needs no model: its config table, the name
+it measures under, how each serving engine runs it, where its hidden states come from. Imports no torch.
 
-Adding a kind = one module with its Speculator subclass (which declares `kind`, `config_model`, `build` and
-optionally `check`) plus one line here.
+The config, the engine backends and the runner read a kind's facts here (`speculator_kind`); its
+implementation (calibrate.speculators.<kind>: the drafter, with torch) is imported only when a run checks or
+builds one (`Kind.check`, `Kind.build`). Adding a kind = its config table (calibrate.speculators.configs),
+its implementation module, and one entry here.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import Field
 
-from calibrate.speculators.base import Speculator
-from calibrate.speculators.draft_model import DraftModelSpeculator
-from calibrate.speculators.eagle3 import Eagle3Speculator
-from calibrate.speculators.engine_only import EngineOnlySpeculator
-from calibrate.speculators.mtp import MtpSpeculator
-from calibrate.speculators.ngram import NgramSpeculator
-from calibrate.speculators.suffix import SuffixSpeculator
+from calibrate.speculators.configs import (
+    NGRAM_DEFAULTS, SUFFIX_DEFAULTS, DraftSpeculatorConfig, Eagle3SpeculatorConfig, EngineSpeculatorConfig,
+    MtpSpeculatorConfig, NgramSpeculatorConfig, SpeculatorConfig, SuffixSpeculatorConfig, ngram_params,
+    suffix_params,
+)
+from calibrate.speculators.runs_on import RUNS_ON
 
-KINDS: dict[str, type[Speculator]] = {
-    cls.kind: cls for cls in (DraftModelSpeculator, NgramSpeculator, SuffixSpeculator, Eagle3Speculator,
-                           MtpSpeculator, EngineOnlySpeculator)
-}
+if TYPE_CHECKING:
+    from calibrate.speculators.base import BuildContext, Speculator
+
+
+@dataclass(frozen=True)
+class EngineMethod:
+    """How one serving engine names a speculator kind and spells its settings, k aside (each engine spells
+    k its own way: calibrate.engines.<engine>). Model names in `settings` are already resolved to what
+    the engine loads (a local folder, or a hub id as written)."""
+
+    method: str  # vLLM speculative-config `method`, SGLang `--speculative-algorithm`, llama.cpp `--spec-type`
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Described:
+    """A speculator as its runs record it (Speculator.name, .params, .identity), known before it is built;
+    `draft_hash` is calibrate.models.AT_LOAD where only loading says (a hub id's revision)."""
+
+    name: str
+    params: dict[str, Any]
+    draft_id: str | None = None
+    draft_hash: str | None = None
+
+
+# (spec, weights) -> an engine method's settings; a ValueError says why this config cannot run there.
+Settings = Callable[[Any, Callable[[str], str]], dict[str, Any]]
+
+
+def needs(condition: bool, reason: str) -> None:
+    """In a Settings function: refuse a config an engine cannot run, saying why."""
+    if not condition:
+        raise ValueError(reason)
+
+
+def no_settings(spec: Any, weights: Callable[[str], str]) -> dict[str, Any]:
+    return {}
+
+
+def label(kind: str, params: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
+    """A model-free speculator's name: its kind, plus each parameter that differs from its default.
+
+    Names key runs and table rows, so two configurations must never share one ('ngram' with prompt_lookup_max 3 and
+    with 5 would otherwise pool into one AL); the default configuration keeps the bare kind.
+    """
+    changed = [f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+               for key, value in params.items() if value != defaults[key]]
+    return kind + (":" + ",".join(changed) if changed else "")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One speculator kind's facts. `name_rule` says the name a config's speculator measures under, in-process and
+    through every engine alike, so their rows share a key (`target` is the pair's target as written: MTP is
+    named after it); the built drafter's `name` says the same (tests/test_engine_methods.py)."""
+
+    kind: str
+    config_model: type[SpeculatorConfig]
+    name_rule: Callable[[Any, str], str]
+    # "module:Class" of the drafter this process runs; None: only a serving engine runs the kind.
+    implementation: str | None = None
+    # True for a model drafter: every verify step drafts k, so an engine that lists only drafted steps
+    # (vLLM) lists them all; model-free drafters propose nothing at some steps.
+    drafts_every_step: bool = False
+    # What of the target's hidden states the kind drafts from, known before any instance (its `needs` say
+    # which layers): None, "layers" (the inputs of given layers: EAGLE-3, what vLLM's extract_hidden_states
+    # captures) or "last" (the final hidden state: MTP).
+    hidden_states: str | None = None
+    # How each serving engine runs a config of this kind: engine -> (its method name, (spec, weights) -> the
+    # method's settings, raising ValueError with the reason where this config cannot run there). The one
+    # place a kind's engine spellings live: the engine backends read them and hold no list of kinds.
+    engines: Mapping[str, tuple[str, Settings]] = field(default_factory=dict)
+    # A kind whose method name is in its config (engine-only): (spec, engine, weights) -> its EngineMethod.
+    spelled_by_config: Callable[[Any, str, Callable[[str], str]], EngineMethod | None] | None = None
+
+    @property
+    def in_process(self) -> bool:
+        """False: the kind runs only inside a serving engine."""
+        return self.implementation is not None
+
+    def runs_on(self) -> frozenset[str]:
+        """Every engine that runs this kind as it is measured here: those it launches on, and those it never
+        launches whose method for it is the same algorithm (calibrate.speculators.runs_on, the one table of it,
+        which the exports and lookup read without importing the kinds)."""
+        return RUNS_ON.get(self.kind, frozenset())
+
+    def config_name(self, spec: SpeculatorConfig, target: str) -> str:
+        return self.name_rule(spec, target)
+
+    def engine_method(self, spec: SpeculatorConfig, engine: str,
+                      weights: Callable[[str], str]) -> EngineMethod | None:
+        """How `engine` ("vllm", "sglang", "llama.cpp") runs this speculator, or None where it has no such
+        method; a ValueError says why this config cannot run there. `weights(name)` resolves a model name
+        to what the engine should load."""
+        if self.spelled_by_config is not None:
+            return self.spelled_by_config(spec, engine, weights)
+        if engine not in self.engines:
+            return None
+        method, settings = self.engines[engine]
+        return EngineMethod(method, settings(spec, weights))
+
+    def drafter(self) -> type[Speculator]:
+        """The kind's implementation, imported now (torch, transformers): only when a run checks or builds."""
+        if self.implementation is None:
+            raise ValueError(f"speculator kind {self.kind!r} runs only inside a serving engine")
+        module, cls = self.implementation.split(":")
+        return getattr(importlib.import_module(module), cls)
+
+    def check(self, spec: SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
+        """Refuse a config that cannot work with this target, before any weights load (the drafter's check)."""
+        if self.implementation is not None:
+            self.drafter().check(spec, target_name, target_tokenizer)
+
+    def described(self, spec: SpeculatorConfig, target: str) -> Described:
+        """What the drafter built from `spec` will record (its name, params, model id and hash), from its config
+        and config files alone (the drafter's `described`): no weights load. Engine-only kinds have none."""
+        return self.drafter().described(spec, target)
+
+    def build(self, spec: SpeculatorConfig, ctx: BuildContext) -> Speculator:
+        return self.drafter().build(spec, ctx)
+
+
+# Where each engine takes an engine-only method's weights: vLLM's speculative-config key, SGLang's and
+# llama.cpp's flag.
+MODEL_KEY = {"vllm": "model", "sglang": "speculative-draft-model-path", "llama.cpp": "spec-draft-model"}
+
+
+def _engine_only_name(spec: EngineSpeculatorConfig, target: str) -> str:
+    """The method in lower case (vLLM spells `dflash` where SGLang spells `DFLASH`: one speculator, one name),
+    then the model and each setting, so two configurations never share a key."""
+    parts = ([f"model={spec.model}"] if spec.model else []) + [f"{k}={v}" for k, v in sorted(spec.settings.items())]
+    return spec.method.lower() + (":" + ",".join(parts) if parts else "")
+
+
+def _engine_only_method(spec: EngineSpeculatorConfig, engine: str,
+                        weights: Callable[[str], str]) -> EngineMethod | None:
+    """The method name and its settings passed to the engine as written, so any method it has can be measured."""
+    if engine not in MODEL_KEY:
+        return None
+    model = {MODEL_KEY[engine]: weights(spec.model)} if spec.model else {}
+    return EngineMethod(spec.method, {**model, **spec.settings})
+
+
+_KINDS = (
+    # An autoregressive draft model. llama.cpp loads the draft as a GGUF file (`gguf`), the others as a model
+    # folder or hub id.
+    Kind("draft", DraftSpeculatorConfig, lambda spec, target: f"draft:{spec.model}",
+         "calibrate.speculators.draft_model:DraftModelSpeculator", drafts_every_step=True, engines={
+             "vllm": ("draft_model", lambda spec, weights: {"model": weights(spec.model)}),
+             "sglang": ("STANDALONE", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
+             "llama.cpp": ("draft-simple", lambda spec, weights: needs(spec.gguf, "llama.cpp loads a draft from a "
+                           "GGUF file: set `gguf`") or {"spec-draft-model": weights(spec.gguf)}),
+         }),
+    # vLLM's prompt lookup only: SGLang's NGRAM is another algorithm (a trie of earlier tokens searched
+    # breadth-first, `--speculative-ngram-*`), measured there as an engine-only kind, never as this one; so is
+    # TensorRT-LLM's NGram (a pool of patterns updated as it decodes): no other engine runs this kind.
+    Kind("ngram", NgramSpeculatorConfig, lambda spec, target: label("ngram", ngram_params(spec), NGRAM_DEFAULTS),
+         "calibrate.speculators.ngram:NgramSpeculator",
+         engines={"vllm": ("ngram", lambda spec, weights: ngram_params(spec))}),
+    # vLLM's `method: suffix` (ArcticInference inside the engine, with the cross-request cache the module
+    # docstring of calibrate.speculators.suffix leaves out); vLLM has no offset option (its offset is 0). No
+    # other engine has suffix decoding.
+    Kind("suffix", SuffixSpeculatorConfig,
+         lambda spec, target: label("suffix", suffix_params(spec), SUFFIX_DEFAULTS),
+         "calibrate.speculators.suffix:SuffixSpeculator", engines={"vllm": ("suffix", lambda spec, weights: needs(
+             not spec.max_spec_offset, "vLLM has no max_spec_offset option (its offset is 0)") or {
+             "suffix_decoding_max_tree_depth": spec.max_depth,
+             "suffix_decoding_max_spec_factor": spec.max_spec_factor,
+             "suffix_decoding_min_token_prob": spec.min_token_prob})}),
+    Kind("eagle3", Eagle3SpeculatorConfig, lambda spec, target: f"eagle3:{spec.model}",
+         "calibrate.speculators.eagle3:Eagle3Speculator", drafts_every_step=True, hidden_states="layers", engines={
+             "vllm": ("eagle3", lambda spec, weights: {"model": weights(spec.model)}),
+             "sglang": ("EAGLE3", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
+         }),
+    # The target's own MTP layers: vLLM `mtp` (any model type it has MTP for); SGLang's EAGLE, which NEXTN
+    # aliases and which loads the DeepSeek / GLM family's draft from the target checkpoint by default.
+    Kind("mtp", MtpSpeculatorConfig, lambda spec, target: f"mtp:{target}", "calibrate.speculators.mtp:MtpSpeculator",
+         drafts_every_step=True, hidden_states="last",
+         engines={"vllm": ("mtp", no_settings), "sglang": ("EAGLE", no_settings)}),
+    # Methods only a serving engine runs (vLLM `dflash`, `dspark`, `eagle`, `medusa`, `ngram_gpu`, `mtp` of a
+    # model type transformers has no MTP for; SGLang `DFLASH`, `DSPARK`, `FROZEN_KV_MTP`, its trie `NGRAM`):
+    # the method and its settings go to the engine as written, and the engine's own counts are the rows. No
+    # drafter here: in-process it is refused when the config is read.
+    Kind("engine", EngineSpeculatorConfig, _engine_only_name, spelled_by_config=_engine_only_method),
+)
+
+KINDS: dict[str, Kind] = {k.kind: k for k in _KINDS}
 
 # The `[[pairs]].speculators` entry: one of the kinds' config models, chosen by `kind`.
-SpeculatorConfigUnion = Annotated[Union[tuple(cls.config_model for cls in KINDS.values())],  # noqa: UP007
+SpeculatorConfigUnion = Annotated[Union[tuple(k.config_model for k in KINDS.values())],  # noqa: UP007
                                   Field(discriminator="kind")]
 
 
-def speculator_class(kind: str) -> type[Speculator]:
+def speculator_kind(kind: str) -> Kind:
     try:
         return KINDS[kind]
     except KeyError:
         raise ValueError(f"unknown speculator kind {kind!r} (known: {', '.join(KINDS)})") from None
+
+
+def speculator_class(kind: str) -> type[Speculator]:
+    """The drafter class of `kind`, imported now."""
+    return speculator_kind(kind).drafter()

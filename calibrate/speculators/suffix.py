@@ -27,34 +27,19 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
 from calibrate.speculators.base import (
-    BuildContext, Described, Proposal, ReplayScorer, Speculator, SpeculatorConfig, TargetFeatures, label,
-    leading_matches, needs,
+    BuildContext, Prefixes, Proposal, ReplayScorer, leading_matches,
 )
-
-
-class SuffixSpeculatorConfig(SpeculatorConfig):
-    """Suffix decoding; the keys are vLLM's `suffix_decoding_*` options, with their defaults."""
-
-    kind: Literal["suffix"]
-    max_depth: int = Field(default=24, gt=0)
-    max_spec_factor: float = Field(default=1.0, ge=0)
-    max_spec_offset: float = 0.0
-    min_token_prob: float = Field(default=0.1, ge=0, le=1)
-
+from calibrate.speculators.configs import SUFFIX_DEFAULTS, SuffixSpeculatorConfig, suffix_params
+from calibrate.speculators.per_loop import Proposer
+from calibrate.speculators.registry import Described, label
+from calibrate.target_features import TargetFeatures
 
 EPS = 1e-9
-
-
-def _params(spec: Any) -> dict[str, Any]:
-    """The settings that make two suffix configs different drafters (a config or a built speculator)."""
-    return {"max_depth": spec.max_depth, "max_spec_factor": spec.max_spec_factor,
-            "max_spec_offset": spec.max_spec_offset, "min_token_prob": spec.min_token_prob}
 
 
 @dataclass(frozen=True)
@@ -220,18 +205,10 @@ def choose(candidates: Sequence[SuffixCandidate], k: int, max_spec_factor: float
     return best
 
 
-class SuffixSpeculator(Speculator):
+class SuffixSpeculator(Proposer):
     """Suffix decoding over the request's own tokens; parameters as vLLM's `suffix_decoding_*`."""
 
     kind = "suffix"
-    defaults = {"max_depth": 24, "max_spec_factor": 1.0, "max_spec_offset": 0.0, "min_token_prob": 0.1}
-    # vLLM's `method: suffix` (ArcticInference inside the engine, with the cross-request cache the module
-    # docstring leaves out); vLLM has no offset option (its offset is 0). No other engine has suffix decoding.
-    engines = {"vllm": ("suffix", lambda spec, weights: needs(
-        not spec.max_spec_offset, "vLLM has no max_spec_offset option (its offset is 0)") or {
-        "suffix_decoding_max_tree_depth": spec.max_depth, "suffix_decoding_max_spec_factor": spec.max_spec_factor,
-        "suffix_decoding_min_token_prob": spec.min_token_prob})}
-    config_model = SuffixSpeculatorConfig
 
     @classmethod
     def build(cls, spec: SuffixSpeculatorConfig, ctx: BuildContext) -> SuffixSpeculator:
@@ -240,12 +217,8 @@ class SuffixSpeculator(Speculator):
                    cache_size=max(64, ctx.batch_size))
 
     @classmethod
-    def config_name(cls, spec: SuffixSpeculatorConfig, target: str) -> str:
-        return label(cls.kind, _params(spec), cls.defaults)
-
-    @classmethod
     def described(cls, spec: SuffixSpeculatorConfig, target: str) -> Described:
-        return Described(cls.config_name(spec, target), _params(spec))
+        return Described(label(cls.kind, suffix_params(spec), SUFFIX_DEFAULTS), suffix_params(spec))
 
     def __init__(self, max_depth: int = 24, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
                  min_token_prob: float = 0.1, cache_size: int = 64):
@@ -263,15 +236,15 @@ class SuffixSpeculator(Speculator):
         # makes a step cost the new tokens, not the whole context. Keep one per request of a batch.
         self._indexes: list[SuffixIndex] = []
         self._cache_size = cache_size
-        self._by_request: dict[int, SuffixIndex] = {}  # loops: one index per request id
+        self._by_request: dict[int, SuffixIndex] = {}  # loops: one index per loop id
 
     @property
     def name(self) -> str:
-        return label(self.kind, self.params, self.defaults)
+        return label(self.kind, self.params, SUFFIX_DEFAULTS)
 
     @property
     def params(self) -> dict[str, Any]:
-        return _params(self)
+        return suffix_params(self)
 
     def best_at(self, index: SuffixIndex, at: int, k: int) -> SuffixCandidate:
         """The winning candidate (tokens, their probabilities, match length) as of tokens[:at]."""
@@ -296,23 +269,24 @@ class SuffixSpeculator(Speculator):
         index = self.index_for(context)
         return Proposal(tokens=list(self.best_at(index, len(index.tokens), k).tokens))
 
-    def start(self, request_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
-        self._by_request[request_id] = SuffixIndex(self.max_depth, list(prompt))
+    def start(self, loop_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
+        self._by_request[loop_id] = SuffixIndex(self.max_depth, list(prompt))
 
-    def extend(self, request_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
-        self._by_request[request_id].extend(tokens)
+    def extend(self, loop_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
+        self._by_request[loop_id].extend(tokens)
 
-    def draft(self, request_id: int, k: int, temperature: float = 0.0,
+    def draft(self, loop_id: int, k: int, temperature: float = 0.0,
               generator: torch.Generator | None = None, *, top_k: int | None = None,
               top_p: float | None = None) -> Proposal:
-        index = self._by_request[request_id]
+        index = self._by_request[loop_id]
         return Proposal(tokens=list(self.best_at(index, len(index.tokens), k).tokens))
 
-    def finish(self, request_id: int) -> None:
-        self._by_request.pop(request_id, None)
+    def finish(self, loop_id: int) -> None:
+        self._by_request.pop(loop_id, None)
 
     def replay_scorers(
-        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
+        features: Sequence[TargetFeatures] | None = None, prefixes: Prefixes | None = None,
     ) -> list[ReplayScorer]:
         """One index over prompt + response per request; a step at response position t asks it as of
         len(prompt) + t, so the response's future is never seen. Candidates are cached per position because

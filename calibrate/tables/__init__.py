@@ -2,5 +2,5 @@
 request buckets, the MoE verify-cost records, `show` and `report`. Who reads it (exports, lookup) is
 `calibrate.consumers`; nothing here imports it.
 
-See README.md beside this file for the definitions every output uses.
+The definitions every output uses are in docs/concepts.md; the modules in docs/development.md.
 """

@@ -21,7 +21,7 @@ import typer
 
 from calibrate.errors import NothingUsable, cli_errors
 from calibrate.limits import MAX_BOOTSTRAP, MAX_SEED
-from calibrate.replay.counts import check_k
+from calibrate.terms import check_k
 from calibrate.tables import query, stats
 from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, Bucket, Dimension, bucket_labels, dimension,
                                      from_name, parse_edges)
@@ -44,12 +44,12 @@ class ShowFormat(str, Enum):
 ByDimension = Enum("ByDimension", {name: name for name in DIMENSIONS}, type=str)
 
 
-def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_len: list[int] | None,
-             thinking: str | None, dataset: list[str] | None, temperature: list[float] | None,
-             where: list[str] | None = None) -> query.Filters:
+def _filters(con: Any, options: query.FilterOptions) -> query.Filters:
     """CLI filter options -> Filters; model and speculator names are resolved like lookup resolves them."""
-    if draft_len:
-        check_k(draft_len, "--draft-len")
+    model, speculator, k = options.model, options.speculator, options.k
+    thinking, dataset, temperature = options.thinking, options.dataset, options.temperature
+    if k:
+        check_k(k, "--k")
     entries = query.catalog(con)
     targets = None
     if model is not None:
@@ -67,11 +67,11 @@ def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_le
     return query.Filters(
         targets=targets,
         speculators=tuple(labels) if labels else None,
-        ks=tuple(draft_len) if draft_len else None,
+        ks=tuple(k) if k else None,
         thinking=(normalize_thinking(thinking),) if thinking else None,
         temperatures=tuple(temperature) if temperature else None,
         datasets=tuple(dataset) if dataset else None,
-        where_fields=query.parse_where(where),
+        where_fields=query.parse_where(options.where),
     )
 
 
@@ -79,7 +79,7 @@ def _filters(con: Any, model: str | None, speculator: list[str] | None, draft_le
 Load = Callable[[Any, query.Filters], list[AcceptanceRecord]]
 
 
-def load_selection(db: Path, filters_args: tuple, segments: bool, n_boot: int, seed: int, *,
+def load_selection(db: Path, options: query.FilterOptions, segments: bool, n_boot: int, seed: int, *,
                    bucket: Bucket | None = None, by: Dimension | None = None,
                    load: Load | None = None) -> list[AcceptanceRecord]:
     """The records the filters ask for: of the requests in `bucket` only, or one per bucket of `by`, or what
@@ -89,7 +89,7 @@ def load_selection(db: Path, filters_args: tuple, segments: bool, n_boot: int, s
     con = connect(db, read_only=True)
     try:
         with reading(db):
-            filters = replace(_filters(con, *filters_args), bucket=bucket)
+            filters = replace(_filters(con, options), bucket=bucket)
             if load is not None:
                 records = load(con, filters)
             elif by is not None:
@@ -116,7 +116,7 @@ def _empty_bucket(con: Any, filters: query.Filters, bucket: Bucket, db: Path) ->
 
 # Filters -> (the runs column, the option that set it), for saying what was asked and what exists.
 FILTER_OPTIONS = (("targets", "target", "--model"), ("speculators", "speculator", "--speculator"),
-                  ("ks", "draft_len", "--draft-len"), ("thinking", "thinking", "--thinking"),
+                  ("ks", "draft_len", "--k"), ("thinking", "thinking", "--thinking"),
                   ("temperatures", "temperature", "--temperature"), ("datasets", "dataset", "--dataset"))
 
 
@@ -315,7 +315,7 @@ def truncation_warnings(records: Sequence[AcceptanceRecord]) -> list[str]:
             worst[pair] = max(worst.get(pair, (0, 1)), (cut, total), key=lambda t: t[0] / t[1])
     return [f"{target} on {dataset}: {cut} of {total} requests with a verify step (those AL counts) had their "
             "prompt left-truncated to the context budget; model-free speculators (n-gram, suffix) match against the "
-            "context, so their AL is understated (README: how much the prompt budget moves AL)"
+            "context, so their AL is understated (docs/validation.md: how much the prompt budget moves AL)"
             for (target, dataset), (cut, total) in sorted(worst.items())]
 
 
@@ -356,7 +356,21 @@ def _csv_text(rows: list[dict[str, Any]]) -> str:
 DB_OPT = typer.Option(DEFAULT_TABLE, "--db", help="DuckDB store written by `calibrate run`.")
 MODEL_OPT = typer.Option(None, "--model", help="Target as users write it (HF id or its last part).")
 SPEC_OPT = typer.Option(None, "--speculator", help="Speculator label (repeatable).")
-K_OPT = typer.Option(None, "--draft-len", "-k", help="Draft length k (repeatable).")
+K_OPT = typer.Option(None, "--k", "-k", help="k, drafts per verify step (repeatable).")
+# k's option before it was --k, read for one release with one line saying so (`given_k`).
+DRAFT_LEN_OPT = typer.Option(None, "--draft-len", hidden=True, help="Deprecated: --k.")
+
+
+def given_k(k: Any, draft_len: Any) -> Any:
+    """k from --k, or from the deprecated --draft-len (one warning line); for a repeatable option, both."""
+    if draft_len is None or draft_len == []:
+        return k
+    typer.echo("warning: --draft-len is deprecated and will be removed: use --k", err=True)
+    if isinstance(draft_len, list):
+        return [*(k or []), *draft_len]
+    if k is not None and k != draft_len:
+        raise ValueError(f"--k {k} and --draft-len {draft_len} disagree: give --k once")
+    return draft_len
 THINKING_OPT = typer.Option(None, "--thinking", help="on / off.")
 DATASET_OPT = typer.Option(None, "--dataset", help="Dataset name (repeatable).")
 TEMP_OPT = typer.Option(None, "--temperature", help="Sampling temperature (repeatable).")
@@ -376,7 +390,8 @@ def show(
                                   help="Also one row per segment (thinking/answer/tool_call)."),
     model: Optional[str] = MODEL_OPT,
     speculator: Optional[list[str]] = SPEC_OPT,
-    draft_len: Optional[list[int]] = K_OPT,
+    k: Optional[list[int]] = K_OPT,
+    draft_len: Optional[list[int]] = DRAFT_LEN_OPT,
     thinking: Optional[str] = THINKING_OPT,
     dataset: Optional[list[str]] = DATASET_OPT,
     temperature: Optional[list[float]] = TEMP_OPT,
@@ -401,22 +416,22 @@ def show(
                                   "10 conversations, or fill it from the nearest measured one (nearest)."),
 ) -> None:
     """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
-    filters_args = (model, speculator, draft_len, thinking, dataset, temperature, where)
+    options = query.FilterOptions(model, speculator, given_k(k, draft_len), thinking, dataset, temperature, where)
     if experts:
         if by is not None or segments or workload is not None:
             raise ValueError(f"--experts is the verify-cost profile per key: it does not combine with "
                              f"{'--by' if by is not None else '--segments' if segments else '--workload'}")
-        _show_experts(db, filters_args, format, bootstrap, seed, wide)
+        _show_experts(db, options, format, bootstrap, seed, wide)
         return
     if workload is not None or strata != "context" or uncovered != "refuse":
         if by is not None or segments:
             raise ValueError(f"--workload gives one weighted row per key: it does not combine with "
                              f"{'--by' if by is not None else '--segments'}")
-        _show_weighted(db, filters_args, workload, buckets, strata, uncovered, format.value, bootstrap, seed)
+        _show_weighted(db, options, workload, buckets, strata, uncovered, format.value, bootstrap, seed)
         return
     if buckets is not None and (by is None or by.value != CONTEXT.name):
         raise ValueError("--buckets sets context edges: give --by context or --workload with it")
-    records = load_selection(db, filters_args, segments, bootstrap, seed,
+    records = load_selection(db, options, segments, bootstrap, seed,
                              by=dimension(by.value, parse_edges(buckets) if buckets else None) if by else None)
     if not records:  # no answer, as export and report say it of an empty store
         raise NothingUsable(f"nothing to show: no measurements in {db}")
@@ -445,24 +460,24 @@ def _hit_rates(db: Path, records: Sequence[AcceptanceRecord]) -> list[HitRate]:
         con.close()
 
 
-def _show_weighted(db: Path, filters_args: tuple, workload: Path | None, buckets: str | None, strata: str,
-                   uncovered: str, fmt: str, n_boot: int, seed: int) -> None:
+def _show_weighted(db: Path, options: query.FilterOptions, workload: Path | None, buckets: str | None,
+                   strata: str, uncovered: str, fmt: str, n_boot: int, seed: int) -> None:
     """`show --workload`: the weighting lives in calibrate.workload, which reads this package (imported here,
     when asked for, so the tables never depend on it)."""
     from calibrate.workload.commands import check_workload_options, load_weighting, render_weighted, weighted_selection
 
     check_workload_options(workload, strata, uncovered)
-    records = weighted_selection(db, filters_args, load_weighting(workload, buckets, strata, uncovered), n_boot, seed)
+    records = weighted_selection(db, options, load_weighting(workload, buckets, strata, uncovered), n_boot, seed)
     if not records:
         raise NothingUsable(f"nothing to show: no measurements in {db}")
     render_weighted(records, fmt)
 
 
-def _load_experts(db: Path, filters_args: tuple, n_boot: int, seed: int) -> list[ExpertRecord]:
+def _load_experts(db: Path, options: query.FilterOptions, n_boot: int, seed: int) -> list[ExpertRecord]:
     con = connect(db, read_only=True)
     try:
         with reading(db):
-            filters = _filters(con, *filters_args)
+            filters = _filters(con, options)
             records = load_expert_records(con, filters, n_boot=n_boot, seed=seed)
             if not records:
                 raise _no_match(con, filters, db)
@@ -471,8 +486,9 @@ def _load_experts(db: Path, filters_args: tuple, n_boot: int, seed: int) -> list
         con.close()
 
 
-def _show_experts(db: Path, filters_args: tuple, fmt: ShowFormat, n_boot: int, seed: int, wide: bool) -> None:
-    records = _load_experts(db, filters_args, n_boot, seed)
+def _show_experts(db: Path, options: query.FilterOptions, fmt: ShowFormat, n_boot: int, seed: int,
+                  wide: bool) -> None:
+    records = _load_experts(db, options, n_boot, seed)
     if fmt is ShowFormat.json:
         typer.echo(json.dumps([r.row() for r in records], indent=2))
     elif fmt is ShowFormat.csv:
@@ -571,12 +587,12 @@ def report(
     length (prompt tokens the target saw, after truncation) per speculator (PNG); or, with --experts, the MoE verify cost."""
     from calibrate.tables.report import plot, plot_experts
 
-    filters_args = (model, speculator, None, thinking, dataset, temperature, where)
+    options = query.FilterOptions(model, speculator, None, thinking, dataset, temperature, where)
     if experts:
-        paths = [plot_experts(_load_experts(db, filters_args, bootstrap, seed), out, force=force)]
+        paths = [plot_experts(_load_experts(db, options, bootstrap, seed), out, force=force)]
     else:
-        records = load_selection(db, filters_args, False, bootstrap, seed)
-        by_context = load_selection(db, filters_args, False, bootstrap, seed, by=CONTEXT)
+        records = load_selection(db, options, False, bootstrap, seed)
+        by_context = load_selection(db, options, False, bootstrap, seed, by=CONTEXT)
         paths = plot(records, out, force=force, by_context=by_context)
     for path in paths:  # as export names its files
         typer.echo(f"wrote {path}", err=True)

@@ -19,11 +19,12 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from calibrate.replay.counts import SEGMENTS, UNSEGMENTED
+from calibrate.data.segments import SEGMENTS
 from calibrate.tables import stats
 from calibrate.tables.buckets import DIMENSIONS, Bucket, Dimension
-from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
+from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord, RunKey
 from calibrate.tables.store import CONDITION_FIELDS, RunSpec
+from calibrate.terms import UNSEGMENTED
 
 SEGMENT_ORDER = (SEGMENT_ALL, *SEGMENTS, UNSEGMENTED)  # unsegmented: server engines' whole-response counts
 
@@ -161,22 +162,24 @@ def _columns(con: duckdb.DuckDBPyConnection, table: str) -> set[str]:
 
 
 @dataclass(frozen=True)
-class CatalogEntry:
+class FilterOptions:
+    """The filter options `show`, `export` and `report` share, as the user typed them (None: not given);
+    calibrate.tables.commands resolves their names into `Filters`."""
+
+    model: str | None = None
+    speculator: list[str] | None = None
+    k: list[int] | None = None
+    thinking: str | None = None
+    dataset: list[str] | None = None
+    temperature: list[float] | None = None
+    where: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class CatalogEntry(RunKey):
     """A key that has runs, with every name its target goes by (for matching names as users write them)."""
 
-    target: str
-    speculator: str
-    draft_len: int
-    thinking: str
-    temperature: float
-    top_p: float | None
-    top_k: int | None
-    dataset: str
     target_ids: tuple[str, ...]
-
-    @property
-    def key(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, f) for f in KEY_FIELDS)
 
 
 _KEY_COLS = ", ".join(KEY_FIELDS)

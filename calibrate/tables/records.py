@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -26,11 +26,39 @@ RATE_DIGITS = 4
 SEGMENT_ALL = "all"
 
 # Model-free drafters (no model: they propose only where the context has a match). Engine exports carry
-# their drafted AL, with the proposal rate beside it (calibrate/consumers/README.md says why).
+# their drafted AL, with the proposal rate beside it (docs/exports.md, "Model-free speculators", says why).
 MODEL_FREE_KINDS = ("ngram", "suffix")
 
-# Fields of the key a record answers for, in display order.
-KEY_FIELDS = ("target", "speculator", "draft_len", "thinking", "temperature", "top_p", "top_k", "dataset")
+# The role of a RunKey field in the store's run identity (calibrate.tables.store.RunSpec): what a row is named by.
+KEY = "key"
+
+
+def _key(sql: str) -> Any:
+    return field(metadata={"role": KEY, "sql": sql})
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """What a measurement is named by: the one declaration of the run key, which a stored run (RunSpec), a
+    record (AcceptanceRecord) and a catalog entry (calibrate.tables.query.CatalogEntry) each begin with.
+    `sql` is the store's column type."""
+
+    target: str = _key("VARCHAR")
+    speculator: str = _key("VARCHAR")
+    draft_len: int = _key("INTEGER")
+    thinking: str = _key("VARCHAR")
+    temperature: float = _key("DOUBLE")
+    top_p: float | None = _key("DOUBLE")
+    top_k: int | None = _key("INTEGER")
+    dataset: str = _key("VARCHAR")
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f) for f in KEY_FIELDS)
+
+
+# Fields of the key, in display order.
+KEY_FIELDS = tuple(f.name for f in fields(RunKey))
 
 
 def fmt(value: float, digits: int) -> str:
@@ -40,7 +68,7 @@ def fmt(value: float, digits: int) -> str:
 
 
 @dataclass(frozen=True)
-class AcceptanceRecord:
+class AcceptanceRecord(RunKey):
     """Statistics and provenance of one key and segment; immutable so a lookup answer cannot drift.
 
     Measured records carry the pooled histogram and bootstrap CIs. An extrapolated record (only ever made
@@ -48,15 +76,7 @@ class AcceptanceRecord:
     the measured curve, not a measurement.
     """
 
-    # key
-    target: str
-    speculator: str
-    draft_len: int
-    thinking: str
-    temperature: float
-    top_p: float | None
-    top_k: int | None
-    dataset: str
+    # the key: RunKey's fields, then the segment
     segment: str
     # sample
     requests: int
@@ -137,10 +157,6 @@ class AcceptanceRecord:
     drafted_ci_high: float | None = None
 
     # ---- values -------------------------------------------------------------------------------------
-    @property
-    def key(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, f) for f in KEY_FIELDS)
-
     @property
     def kind(self) -> str | None:
         """The speculator kind measured (`draft`, `ngram`, ...: calibrate.speculators), the label's part before

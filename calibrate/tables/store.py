@@ -65,9 +65,10 @@ import duckdb
 
 from calibrate.data.conversation import Problem
 from calibrate.errors import StoreBusy, StoreError
-from calibrate.replay.counts import UNSEGMENTED, RequestOutcome, StepCounts, TotalCounts
 from calibrate.replay.steps import STEP_RULE_VERSION
+from calibrate.tables.records import RunKey
 from calibrate.tables.stats import accepted_drafts
+from calibrate.terms import UNSEGMENTED, RequestOutcome, StepCounts, TotalCounts
 from calibrate.version import __version__
 
 if TYPE_CHECKING:  # the store is read where torch is not imported (lookup): the expert types are only annotations
@@ -76,7 +77,7 @@ if TYPE_CHECKING:  # the store is read where torch is not imported (lookup): the
 # The store `show`, `export`, `report` and `lookup` read unless given another (`calibrate run --db`: the same).
 DEFAULT_TABLE = Path("tables") / "acceptance.duckdb"
 IDENTITY_VERSION = "2"
-KEY, CONDITION, PROVENANCE = "key", "condition", "provenance"
+CONDITION, PROVENANCE = "condition", "provenance"  # and records.KEY
 TABLES = ("runs", "requests", "segment_counts", "accept_counts", "problems")
 
 SCHEMA = """
@@ -180,10 +181,6 @@ CREATE TABLE IF NOT EXISTS problems (
 """
 
 
-def _key(sql: str) -> Any:
-    return field(metadata={"role": KEY, "sql": sql})
-
-
 def _condition(sql: str, omit_none: bool = False, **default: Any) -> Any:
     """A condition of the run's identity. `omit_none`: a condition added after runs were stored, left out of
     the identity while it is None, so every earlier run keeps its id (and is resumed, not measured again)."""
@@ -195,18 +192,10 @@ def _provenance(sql: str, **default: Any) -> Any:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunSpec:
+class RunSpec(RunKey):
     """A run's identity (key + conditions, hashed into run_id) and its provenance; see the module docstring."""
 
-    # key: what a table row is named by
-    target: str = _key("VARCHAR")
-    speculator: str = _key("VARCHAR")
-    draft_len: int = _key("INTEGER")
-    thinking: str = _key("VARCHAR")
-    temperature: float = _key("DOUBLE")
-    top_p: float | None = _key("DOUBLE")
-    top_k: int | None = _key("INTEGER")
-    dataset: str = _key("VARCHAR")
+    # key: RunKey's fields, what a table row is named by
     # conditions: everything else that can change a count
     target_hash: str | None = _condition("VARCHAR")
     speculator_params: dict[str, Any] = _condition("JSON")

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from calibrate.errors import cli_errors
 from calibrate.tables.buckets import DEFAULT_CONTEXT_EDGES, parse_edges, tokens_text
+from calibrate.tables.query import FilterOptions
 from calibrate.tables.records import AcceptanceRecord
 from calibrate.workload.profile import WorkloadProfile, read_profile
 from calibrate.workload.weighting import STRATA, Weighting, parse_strata, weighted_records
@@ -80,13 +81,13 @@ def check_workload_options(workload: Path | None, strata: str, uncovered: str, b
         raise ValueError("--buckets sets context edges: give --context or --workload with it")
 
 
-def weighted_selection(db: Path, filters_args: tuple, weighting: Weighting, n_boot: int, seed: int
+def weighted_selection(db: Path, options: FilterOptions, weighting: Weighting, n_boot: int, seed: int
                        ) -> list[AcceptanceRecord]:
     """The filtered keys of the store, weighted to the workload (all of them, or an error), read as `show`
     reads its selection."""
     from calibrate.tables.commands import load_selection
 
-    return load_selection(db, filters_args, False, n_boot, seed,
+    return load_selection(db, options, False, n_boot, seed,
                           load=lambda con, filters: weighted_records(con, filters, weighting, n_boot=n_boot, seed=seed))
 
 
