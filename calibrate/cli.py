@@ -32,16 +32,25 @@ def run(
     show: bool = typer.Option(True, "--show/--no-show", help="Print the acceptance table when done."),
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="Keep third-party progress bars, log lines and warnings (hidden by default)."),
+    plan: bool = typer.Option(False, "--plan", help="Print what the run would measure (and what --db already "
+                              "holds of it) without loading a model or starting a server."),
 ) -> None:
     """Replay the dataset through every target + speculator pair and store acceptance counts (resumable)."""
-    from calibrate.config import load_config
+    from calibrate.plan import load_routed_config
     from calibrate.quiet import quiet_third_party
     from calibrate.runner import execute
 
     console = Console(file=sys.stderr)  # bound now: quiet_third_party sends sys.stderr itself to /dev/null
-    cfg = load_config(config, {"dataset": {"max_requests": max_requests}})
+    cfg = load_routed_config(config, {"dataset": {"max_requests": max_requests}})
     for warning in cfg.warnings():
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+    if plan:
+        from calibrate.plan_view import print_plan
+        from calibrate.runner import preview
+
+        with quiet_third_party(enabled=not verbose):
+            print_plan(Console(), preview(cfg, db), db)
+        return
     with quiet_third_party(enabled=not verbose), terminate_as_interrupt():
         summary = execute(cfg, db, console=console)
     console.print(

@@ -120,8 +120,8 @@ class RunConfig(_Strict):
     process or, on a server pair, by a plain engine; `loop` decodes each (speculator, k) step by step: in this
     process, or on a server pair the engine's own speculation, a launch per (speculator, k). `auto` picks
     replay wherever it is exact (T = 0, or the target-only rule) and the loop for the probabilistic rule, the
-    MoE profile, engine-only kinds and a connected server that speculates (calibrate.engines.factory.
-    in_process_engine, server_split)."""
+    MoE profile, engine-only kinds and a connected server that speculates (the routing rules:
+    calibrate.plan)."""
     verify_kernel: Literal["auto", "triton", "reference"] = "auto"
     """The loop's verification kernel: `auto` picks the fused Triton kernel wherever it runs (CUDA, triton
     importable) and the torch reference elsewhere (calibrate.kernels.resolve_kernel); `triton` where it
@@ -312,20 +312,6 @@ class PairConfig(_Strict):
                                  "[pairs.server] table")
         return self
 
-    def launch_method(self, i: int) -> None:
-        """Refuse speculators[i] where the engine must run it itself (a launch per k) and cannot."""
-        spec = self.speculators[i]
-        cls = KINDS[spec.kind]
-        name = cls.config_name(spec, self.target)
-        try:
-            method = cls.engine_method(spec, self.backend, str)
-        except ValueError as exc:
-            raise ValueError(f"speculators[{i}] ({name}) cannot be launched on {self.backend}: {exc}") from None
-        if method is None:
-            runs_on = ", ".join(cls.engines) or "no engine"
-            raise ValueError(f"speculators[{i}] ({name}) has no {self.backend} method (this kind runs on: {runs_on}); "
-                             "score it by replay (method = \"replay\" or \"auto\"), in-process or on another backend")
-
     @field_validator("server")
     @classmethod
     def _url(cls, server: ServerConfig | None, info: ValidationInfo) -> ServerConfig | None:
@@ -415,26 +401,6 @@ class Config(_Strict):
             raise ValueError(f"run.experts = true reads the router in process: pairs {served} use a server backend")
         return self
 
-    @model_validator(mode="after")
-    def _servers(self) -> Config:
-        for n, pair in enumerate(self.pairs):
-            if pair.server is not None:
-                try:
-                    check_server_pair(pair, self.run.method, self.sweep.k)
-                except ValueError as exc:
-                    raise ValueError(f"pairs[{n}] (backend {pair.backend!r}, method {self.run.method!r}): {exc}") from None
-        return self
-
-    @model_validator(mode="after")
-    def _replay_needs_target_only(self) -> Config:
-        sampled = [t for t in self.sweep.temperature if t > 0]
-        in_process = any(p.backend == "transformers" for p in self.pairs)  # a server replays target-only anyway
-        if self.run.method == "replay" and sampled and self.run.verification == "probabilistic" and in_process:
-            raise ValueError(f"method \"replay\" at temperature {sampled[0]:g} needs verification = \"target-only\": "
-                             "under the probabilistic rule a step's outcome depends on the drafter's own draws, "
-                             "not on the response alone; use method \"loop\" or \"auto\"")
-        return self
-
     def warnings(self) -> list[str]:
         """Settings that run but probably do not measure what was meant (printed before the run starts)."""
         out = []
@@ -443,66 +409,6 @@ class Config(_Strict):
             out.append(f"sweep.k {too_long} >= dataset.max_new_tokens ({self.dataset.max_new_tokens}): "
                        "no step can check all k drafts before the budget ends, so those steps are censored")
         return out
-
-
-def server_split(pair: PairConfig, method: str) -> tuple[list[int], list[int]]:
-    """A server pair's speculators (indices): those plain-engine replay scores in this process from a plain
-    server's responses, and those the engine runs itself (a launch per k, or the connected server's own).
-
-    method "replay": all replayed; "loop": all run by the engine; "auto": the engine runs them where it is
-    the only way (a connected server that speculates, stated by server.k; an engine-only kind), and replay
-    scores the rest, for one plain launch instead of one per (speculator, k)."""
-    every = list(range(len(pair.speculators)))
-    if method == "loop" or (method == "auto" and pair.server.mode == "connect" and pair.server.k is not None):
-        return [], every
-    if method == "replay":
-        return every, []
-    replayed = [i for i in every if KINDS[pair.speculators[i].kind].in_process]
-    return replayed, [i for i in every if i not in replayed]
-
-
-def check_server_pair(pair: PairConfig, method: str, ks: list[int]) -> None:
-    """Everything about a server pair that depends on which speculators the engine runs itself."""
-    cfg = pair.server
-    replayed, served = server_split(pair, method)
-    for i in served:
-        if cfg.mode == "launch":
-            pair.launch_method(i)
-    if served and cfg.mode == "connect":
-        if len(pair.speculators) != 1:
-            raise ValueError("a connected server runs one speculator: list exactly the one it was started with (or "
-                             "score several by replay against a plain server: method = \"replay\")")
-        if cfg.k is None:
-            raise ValueError("mode 'connect' with the engine's own speculation needs `k` (the k the server drafts); "
-                             "a plain server is measured by replay (method = \"replay\" or \"auto\")")
-        if ks != [cfg.k]:
-            raise ValueError(f"sweep.k {ks}: a connected server measures only the k it runs (server.k = {cfg.k}): set "
-                             f"sweep.k = [{cfg.k}], or score every k by replay against a plain server "
-                             "(method = \"replay\", no server.k)")
-    if replayed and cfg.mode == "connect" and cfg.k is not None:
-        raise ValueError(f"server.k = {cfg.k} says the server speculates; replay needs a plain server's responses: "
-                         "drop server.k, or measure its own speculation with method = \"loop\"")
-    for i in replayed:
-        check_replayed(pair, i)
-
-
-def check_replayed(pair: PairConfig, i: int) -> None:
-    """speculators[i], scored in this process from a server's responses: it must run here, and its hidden
-    states must come from somewhere that has them."""
-    spec, cfg = pair.speculators[i], pair.server
-    cls = KINDS[spec.kind]
-    name = cls.config_name(spec, pair.target)
-    if not cls.in_process:
-        raise ValueError(f"speculators[{i}] ({name}) runs only inside the engine: replay cannot score it (set "
-                         "method = \"loop\" or \"auto\")")
-    if cls.hidden_states is None or cfg.hidden_states == "in-process":
-        return
-    if pair.backend != "vllm":
-        raise ValueError(f"speculators[{i}] ({name}): hidden_states = \"engine\" is vLLM's extract_hidden_states; "
-                         f"{pair.backend} has none: use hidden_states = \"in-process\"")
-    if cfg.mode == "connect" and not cfg.hidden_states_url:
-        raise ValueError(f"speculators[{i}] ({name}) with hidden_states = \"engine\" on a connected server needs "
-                         "server.hidden_states_url (a vLLM started with the extract_hidden_states method)")
 
 
 TABLES = ("dataset", "run", "sweep")  # the single tables ([[pairs]] is a list of them)

@@ -117,6 +117,18 @@ def fingerprint(source: str) -> str:
     return h.hexdigest()[:16]
 
 
+# A fingerprint that is not known before the model loads: a hub id's, whose revision comes with the download.
+AT_LOAD = "(known at load)"
+
+
+def load_fingerprint(name: str) -> str:
+    """The fingerprint `load_model(name)` will record, known before any weights load for a local folder or
+    file (its content hash); AT_LOAD for a hub id, whose revision is read at load (calibrate.plan)."""
+    model_id = resolve(name)
+    fp = fingerprint(model_id)
+    return AT_LOAD if fp == model_id else fp
+
+
 def check_safetensors(path: Path, owner: str) -> None:
     """Read a safetensors file's header (cheap: no weights are read): a truncated or damaged file is one
     ValueError naming it, where transformers would end in a SafetensorError traceback naming no file."""

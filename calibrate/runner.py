@@ -1,41 +1,39 @@
-"""Execute a validated config: data -> requests -> rendered prompts -> engine -> DuckDB, resumably.
+"""Execute a validated config: data -> requests -> plan -> rendered prompts -> engine -> DuckDB, resumably.
 
-Order matters for the user: everything that can be checked cheaply (config, dataset, tokenizers, chat
-templates, thinking switches, draft/target vocabularies) is checked before any weights load, and every
-finished batch of requests is committed at once for all the runs it feeds, so an interrupted sweep loses
-at most one batch and a re-run picks up where it stopped.
+Order matters for the user: everything that can be checked cheaply (config, routes, dataset, tokenizers, chat
+templates, thinking switches, draft/target vocabularies) is checked before any weights load; the measurement
+plan (calibrate.plan) says what each engine measures and under which run ids; and every finished batch of
+requests is committed at once for all the runs it feeds, so an interrupted sweep loses at most one batch and
+a re-run picks up where it stopped.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import platform
-import subprocess
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import duckdb
 from rich.console import Console
 
-from calibrate.config import Config, PairConfig, server_split
+from calibrate.config import Config, PairConfig
 from calibrate.data import RenderedPrompt, label_segments, render_prompt, select_from_source
 from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
 from calibrate.engines import Engine, PairEngines
 from calibrate.errors import NothingUsable
-from calibrate.terms import RequestOutcome, Sampling
+from calibrate.terms import RequestOutcome
 from calibrate.models import LoadedModel, load_tokenizer, resolve_device, skeleton
+from calibrate.plan import Launched, Measurement, Selected, build_plan, check_routes, scored_here, server_split, settle
 from calibrate.progress import RunProgress
 from calibrate.replay.experts import NotMoE, find_routers
-from calibrate.replay.steps import STEP_RULE_VERSION
-from calibrate.speculators.registry import speculator_kind
-from calibrate.tables.store import RunSpec, Store
+from calibrate.speculators.registry import Described, speculator_kind
+from calibrate.tables.store import RunSpec, Store, connect, reading
 
 
 @dataclass
@@ -62,25 +60,6 @@ class RunSummary:
     problems: list[Problem] = field(default_factory=list)
 
 
-def package_versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for dist in ("spec-calibrate", "torch", "transformers", "datasets", "duckdb", "triton"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
-
-
 def prepare(config: Config) -> Prepared:
     """Select the requests in one streaming pass over the dataset, and check every target's template can
     render them. Only the selected requests stay in memory, so a dataset need not fit in it."""
@@ -101,7 +80,8 @@ def prepare(config: Config) -> Prepared:
         if pair.target not in tokenizers:  # two pairs of one target read its tokenizer once
             tokenizers[pair.target] = load_tokenizer(pair.target)
         tokenizer = tokenizers[pair.target]
-        for spec in scored_here(config, pair):  # a speculating server checks its own
+        for i in scored_here(config, pair):  # a speculating server checks its own
+            spec = pair.speculators[i]
             speculator_kind(spec.kind).check(spec, pair.target, tokenizer)  # e.g. a head's shapes, before weights
         for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
             render_prompt(requests[0], tokenizer, thinking=thinking, context_tokens=ds.context_tokens,
@@ -113,14 +93,6 @@ def prepare(config: Config) -> Prepared:
                     tokenizers=tokenizers, problems=picked.problems)
 
 
-def scored_here(config: Config, pair: PairConfig) -> list[Any]:
-    """The pair's speculators that run in this process: all of an in-process pair, and those replay scores from
-    a server's responses."""
-    if pair.backend == "transformers":
-        return list(pair.speculators)
-    return [pair.speculators[i] for i in server_split(pair, config.run.method)[0]]
-
-
 def check_moe(target: str) -> None:
     """`[run] experts = true` on a dense target: refused from its config alone, before any weights load."""
     try:
@@ -129,46 +101,55 @@ def check_moe(target: str) -> None:
         raise NotMoE(f"target {target!r}: {exc}") from None
 
 
-def run_specs(config: Config, prepared: Prepared, engine: Engine, thinking: str,
-              temperature: float) -> dict[tuple[str, int], RunSpec]:
-    """The RunSpec of every (speculator, k) the engine serves at one generation setting (identity rules:
-    tables.store).
+def plan(config: Config, prepared: Prepared) -> list[Measurement]:
+    """The config's measurement plan, over the requests `prepare` selected."""
+    return build_plan(config, Selected(prepared.fingerprint, prepared.dataset_format, prepared.selection,
+                                       prepared.device, prepared.dtype))
 
-    The dataset seed picks the requests (provenance only); at temperature > 0 it also keys the loop's random
-    streams, so there it is the condition `sampling_seed` too. A server engine records its own dtype and its
-    provenance (command line, version, log); its verification rule is the engine's own.
-    """
-    ds, versions, commit = config.dataset, package_versions(), git_commit()
-    target = engine.target
-    out = {}
-    for spec in engine.speculators:
-        draft_id, draft_hash = spec.identity
-        for k in engine.ks:
-            out[(spec.name, k)] = RunSpec(
-                target=target.name, speculator=spec.name, draft_len=k, thinking=thinking,
-                temperature=temperature, top_p=config.sweep.top_p if temperature > 0 else None,
-                top_k=config.sweep.top_k if temperature > 0 else None, dataset=ds.name or ds.source,
-                target_hash=target.fingerprint, speculator_params=spec.params, draft_hash=draft_hash,
-                dataset_fingerprint=prepared.fingerprint, context_tokens=ds.context_tokens,
-                max_new_tokens=ds.max_new_tokens, dtype=engine.dtype or prepared.dtype.dtype, engine=engine.name,
-                step_rule=STEP_RULE_VERSION, sampling_seed=ds.seed if temperature > 0 else None,
-                verification=engine.verification if temperature > 0 else None,
-                responses_from=engine.responses_from, responses_dtype=engine.responses_dtype,
-                features_from=engine.features_from if engine.features_from and spec.needs.any else None,
-                served_model=engine.served_model,
-                target_id=target.model_id, speculator_kind=spec.kind, draft_id=draft_id,
-                dataset_format=prepared.dataset_format, selection=prepared.selection, device=target.device,
-                seed=ds.seed, versions=versions, git_commit=commit,
-                dtype_reason=prepared.dtype.reason if engine.dtype is None else None,
-                server=dict(engine.provenance or {}),
-            )
+
+@dataclass(frozen=True)
+class Previewed:
+    """A planned measurement and what a store already holds of it (rows: responses x runs)."""
+
+    measurement: Measurement
+    rows: int  # the rows it writes: every response to measure, for each of its runs
+    stored: int | None  # of those, already in the store (skipped by a run); None: run ids known only at launch
+
+
+def preview(config: Config, db: str | Path | None = None) -> list[Previewed]:
+    """The plan, and what the store at `db` (if it exists) holds of it: read from the config, the dataset and
+    the tokenizers alone; no model loads, no server starts, nothing is written."""
+    check_routes(config)
+    prepared = prepare(config)
+    done = _stored_requests(Path(db)) if db is not None and Path(db).exists() else {}
+    out = []
+    for m in plan(config, prepared):
+        units = [u.id for u in plan_units(prepared.requests, m.samples)]
+        ids = [run.run_id for run in m.runs]
+        stored = None if None in ids else sum(len(done.get(run_id, set()) & set(units)) for run_id in ids)
+        out.append(Previewed(m, len(units) * len(ids), stored))
     return out
 
 
+def _stored_requests(db: Path) -> dict[str, set[str]]:
+    """run id -> the response ids a store holds for it."""
+    con = connect(db, read_only=True)
+    try:
+        with reading(db):
+            out: dict[str, set[str]] = {}
+            for run_id, request_id in con.execute("SELECT run_id, request_id FROM requests").fetchall():
+                out.setdefault(run_id, set()).add(request_id)
+            return out
+    finally:
+        con.close()
+
+
 def execute(config: Config, db: str | Path, console: Console | None = None) -> RunSummary:
-    """Run every (pair, thinking, temperature) of the sweep into the store at `db`."""
+    """Run every measurement of the config's plan into the store at `db`."""
     console = console or Console(stderr=True)
+    check_routes(config)  # before the data is read
     prepared = prepare(config)
+    measurements = plan(config, prepared)
     if any(pair.backend == "transformers" for pair in config.pairs):
         _announce_dtype(prepared.dtype, prepared.device, console)
     summary = RunSummary(problems=prepared.problems)
@@ -177,33 +158,46 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
     with open_store(db) as store:
         recorder = _Recorder(store, prepared, config.run.batch_size, summary, console,
                              whole=config.dataset.conversations is not None)
-        for pair in config.pairs:
-            _run_pair(config, pair, prepared, drafts, recorder, console)
+        for n, pair in enumerate(config.pairs):
+            _run_pair(config, pair, prepared, drafts, recorder, console,
+                      [(i, m) for i, m in enumerate(measurements, 1) if m.pair == n], len(measurements))
     summary.seconds = time.perf_counter() - started
     return summary
 
 
 def _run_pair(config: Config, pair: PairConfig, prepared: Prepared, drafts: dict[str, LoadedModel],
-              recorder: _Recorder, console: Console) -> None:
-    """Every generation setting of one pair, through the engines the factory makes for it."""
+              recorder: _Recorder, console: Console, measurements: list[tuple[int, Measurement]], total: int) -> None:
+    """The planned measurements of one pair (numbered in the whole plan), through the engines the factory
+    makes for it."""
+    scored = scored_here(config, pair)
     if pair.backend == "transformers":
         console.print(f"loading {pair.target} and its speculators", highlight=False, soft_wrap=True)
-    elif scored_here(config, pair):
+    elif scored:
         console.print(f"loading the speculators that score {pair.backend}'s responses for {pair.target}",
                       highlight=False, soft_wrap=True)
     tokenizer = prepared.tokenizers[pair.target]
-    engines = PairEngines(config, pair, tokenizer, prepared.device, prepared.dtype.dtype, drafts)
-    sweep = config.sweep
-    for thinking in sweep.thinking:
-        prompts = _prompts(config, pair, prepared, tokenizer, thinking)
-        labeller = _labeller(tokenizer, thinking)
-        for temperature in sweep.temperature:
-            sampling = Sampling(temperature, sweep.top_p, sweep.top_k, config.dataset.seed)
-            for opening in engines.engines(labeller, sampling):
-                with opening as engine:
-                    specs = run_specs(config, prepared, engine, thinking, temperature)
-                    recorder.run_group(specs, engine, prompts, _label(pair, engine, thinking, temperature),
-                                       samples=sweep.samples if temperature > 0 else 1, lanes=lanes(config, pair))
+    served = [] if pair.server is None else server_split(pair, config.run.method)[1]
+    engines = PairEngines(config, pair, tokenizer, prepared.device, prepared.dtype.dtype, drafts, scored, served)
+    prompts: dict[str, list[RenderedPrompt]] = {}
+    for number, m in measurements:
+        if m.thinking not in prompts:
+            prompts = {m.thinking: _prompts(config, pair, prepared, tokenizer, m.thinking)}
+        with engines.open(m.scorer, m.sampling, _labeller(tokenizer, m.thinking), m.budget, m.served) as engine:
+            facts = launched(engine)
+            specs = {(run.speculator, run.k): settle(run, facts) for run in m.runs}
+            recorder.run_group(specs, engine, prompts[m.thinking], f"[{number}/{total}] {m.label}",
+                               samples=m.samples, lanes=lanes(config, pair))
+
+
+def launched(engine: Engine) -> Launched:
+    """What an engine reports of itself once its models are loaded and its servers up (calibrate.plan.settle)."""
+    target = engine.target
+    return Launched(engine=engine.name, target_id=target.model_id, target_fingerprint=target.fingerprint,
+                    served_model=engine.served_model,
+                    speculators={s.name: Described(s.name, s.params, *s.identity) for s in engine.speculators},
+                    dtype=engine.dtype, verification=engine.verification, responses_from=engine.responses_from,
+                    responses_dtype=engine.responses_dtype, features_from=engine.features_from,
+                    server=dict(engine.provenance or {}))
 
 
 @contextlib.contextmanager
@@ -252,17 +246,6 @@ def _labeller(tokenizer: Any, thinking: str):
     def label(tokens: list[int], opens_thinking: bool) -> list[str]:
         return label_segments(tokens, tokenizer, thinking=thinking, starts_in_thinking=opens_thinking)
     return label
-
-
-def _label(pair: PairConfig, engine: Engine, thinking: str, temperature: float) -> str:
-    """The progress line's name of one group."""
-    if engine.provenance is None:
-        return f"{engine.target.name} thinking={thinking} T={temperature:g}"
-    if engine.responses_from is not None:
-        return (f"{pair.target} via {engine.responses_from} (plain), replay of {len(engine.speculators)} "
-                f"speculator(s) at k={engine.ks} thinking={thinking} T={temperature:g}")
-    return (f"{pair.target} via {engine.name} {engine.speculators[0].name} k={engine.ks} "
-            f"thinking={thinking} T={temperature:g}")
 
 
 class _Recorder:

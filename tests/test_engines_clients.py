@@ -226,15 +226,16 @@ def test_launch_command_that_exits_quotes_its_log(tmp_path):
 # -- config -----------------------------------------------------------------------------------------------
 
 def _pair_config(tmp_path, pair: str, run: str = ""):
-    from calibrate.config import load_config
+    from calibrate.plan import load_routed_config
     path = tmp_path / "c.toml"
     path.write_text(f'[dataset]\nsource = "x.jsonl"\n[run]\n{run}\n[[pairs]]\ntarget = "t"\n'
                     f'speculators = [{{ kind = "draft", model = "d" }}]\n{pair}\n[sweep]\nk = [2]\n')
-    return load_config(path)
+    return load_routed_config(path)
 
 
 def test_config_backend_needs_server_table_and_connect_needs_url_and_k(tmp_path):
-    from calibrate.config import ConfigError, server_split
+    from calibrate.config import ConfigError
+    from calibrate.plan import server_split
     with pytest.raises(ConfigError, match=r"backend 'vllm' needs a \[pairs.server\] table"):
         _pair_config(tmp_path, 'backend = "vllm"')
     with pytest.raises(ConfigError, match="mode 'connect' needs `url`"):

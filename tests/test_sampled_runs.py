@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from calibrate.cli import app
 from calibrate.config import ConfigError, load_config
+from calibrate.plan import load_routed_config
 from calibrate.runner import execute, request_key, response_id
 from tests.configs import QUICKSTART, write_config
 from tests.tiny_pair import build_pair
@@ -81,4 +82,4 @@ def test_auto_keeps_the_loop_for_the_probabilistic_rule(tmp_path, pair):
 ])
 def test_configs_that_would_not_measure_a_sampled_row_are_refused(tmp_path, pair, sweep, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(sampled_config(tmp_path / "c.toml", *pair, **sweep))
+        load_routed_config(sampled_config(tmp_path / "c.toml", *pair, **sweep))

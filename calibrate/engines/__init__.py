@@ -11,7 +11,7 @@ from typing import Any
 
 _HOMES = {
     "Budget": "base", "Engine": "base", "Measured": "base", "TargetIdentity": "base",
-    "BACKENDS": "factory", "PairEngines": "factory", "plan_servers": "factory", "server_speculator": "factory",
+    "BACKENDS": "factory", "PairEngines": "factory", "server_speculator": "factory",
     "EngineError": "server", "Served": "server_engine", "ServerEngine": "server_engine",
 }
 

@@ -1,23 +1,23 @@
 """One factory for every pair: the engines that measure it, in this process or through servers alike.
 
-`PairEngines(config, pair, ...)` loads what the pair needs up front: for `backend = "transformers"` the
-target and its speculators; for a server backend, the scorers plain-engine replay runs here (the
-speculators `config.server_split` gives it, and the target itself where their hidden states come from an
-in-process pass), nothing for those the engine runs itself. Then `engines(labeller, sampling)` yields, for
-one generation setting, a context manager per engine: one in-process engine (replay-once or the loop); or,
-for a server pair, one plain server whose responses replay scores at every k, and one speculating server
-per (speculator, k) the engine runs itself (one connected server at the k it states). The runner measures
-through each the same way; a launched server is stopped when its context ends.
+What measures what is decided by the measurement plan (calibrate.plan); this module makes the engines it
+names. `PairEngines(config, pair, ..., scored, served)` loads what the pair needs up front: for
+`backend = "transformers"` the target and its speculators; for a server backend, the scorers plain-engine
+replay runs here (the speculators at `scored`, and the target itself where their hidden states come from an
+in-process pass), nothing for those the engine runs itself (`served`) but their in-process twins. Then
+`open(scorer, ...)` makes one measurement's engine, as a context manager: an in-process engine (replay-once
+or the loop); a plain server whose responses replay scores at every k; or one speculating server at one
+(speculator, k). The runner measures through each the same way; a launched server is stopped when its
+context ends.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from calibrate.config import server_split
 from calibrate.engines.audit import Twin
 from calibrate.engines.base import Budget, Engine, Labeller, TargetIdentity
 from calibrate.engines.hidden_states import EngineFeatures, FinalState, InProcessFeatures
@@ -42,19 +42,18 @@ class PairEngines:
     """The engines of one pair, made from its config; `tokenizer` renders the pair's prompts."""
 
     def __init__(self, config: Any, pair: Any, tokenizer: Any, device: str, dtype: str,
-                 loaded: dict[str, LoadedModel]):
+                 loaded: dict[str, LoadedModel], scored: Sequence[int], served: Sequence[int] = ()):
         self.config, self.pair, self.tokenizer = config, pair, tokenizer
         self.target: LoadedModel | None = None  # in this process: the pair's target, or the scorers' view of it
         self.speculators: list[Speculator] = []  # built here: the in-process engine's, or replay's scorers
-        self.served: list[int] = []  # a server pair's speculators the engine runs itself
+        self.served = list(served)  # a server pair's speculators the engine runs itself
         self.twins: dict[str, Twin] = {}  # their in-process twins, by name (calibrate.engines.audit)
         specs, twinned = list(pair.speculators), []
         if pair.backend == "transformers":
             self.target = load_model(pair.target, dtype, device, tokenizer=tokenizer)
         else:
-            replayed, self.served = server_split(pair, config.run.method)
             twinned = [specs[i] for i in self._twinned()]
-            specs = [specs[i] for i in replayed]
+            specs = [specs[i] for i in scored]
             self.target = self._scoring_target(specs + twinned, dtype, device)
         ctx = BuildContext(dtype=dtype, device=device, batch_size=config.run.batch_size, target=self.target,
                            loaded=loaded)
@@ -89,29 +88,30 @@ class PairEngines:
             return load_mtp_target(model, dtype, device, tokenizer=self.tokenizer)
         return load_embeddings(model, dtype, device, tokenizer=self.tokenizer)
 
-    def engines(self, labeller: Labeller, sampling: Sampling) -> Iterator[AbstractContextManager[Engine]]:
-        """Every engine of one generation setting, each as a context manager (a server's lifetime)."""
+    def open(self, scorer: str, sampling: Sampling, labeller: Labeller, budget: Budget,
+             served: tuple[int, int] | None = None) -> AbstractContextManager[Engine]:
+        """The engine of one planned measurement (calibrate.plan.Measurement): in this process, replay-once or
+        the loop (`scorer`); for a server pair, the plain server replay scores, or the speculating server of
+        `served` (speculator index, k)."""
         if self.pair.backend == "transformers":
-            yield contextlib.nullcontext(self._in_process(labeller, sampling))
-            return
-        if self.speculators:
-            yield self._server_replay(labeller, sampling)
-        for served in plan_servers(self.config, self.pair, self.served):
-            yield open_server(served, self.config, sampling, labeller, len(self.tokenizer),
-                              self.twins.get(served.speculator.name))
+            return contextlib.nullcontext(self._in_process(scorer, labeller, sampling))
+        if served is None:
+            return self._server_replay(labeller, sampling, budget)
+        speculator = server_speculator(self.pair.speculators[served[0]], self.pair)
+        return open_server(Served(speculator, served[1], self.pair), budget, sampling, labeller, len(self.tokenizer),
+                           self.twins.get(speculator.name))
 
-    def _in_process(self, labeller: Labeller, sampling: Sampling) -> Engine:
+    def _in_process(self, scorer: str, labeller: Labeller, sampling: Sampling) -> Engine:
         run, ds = self.config.run, self.config.dataset
         common = dict(ks=self.config.sweep.k, max_new_tokens=ds.max_new_tokens, labeller=labeller,
                       sampling=sampling, verify_kernel=run.verify_kernel, prefix_reuse=run.prefix_reuse)
-        if in_process_engine(run, sampling.temperature) == "replay":
+        if scorer == "replay":
             return ReplayEngine(self.target, self.speculators, **common)
         experts = ExpertProfile(tuple(sorted({1, *run.expert_batch_sizes}))) if run.experts else None
         return LoopEngine(self.target, self.speculators, verification=run.verification, experts=experts, **common)
 
-    def _server_replay(self, labeller: Labeller, sampling: Sampling) -> ServerReplayEngine:
+    def _server_replay(self, labeller: Labeller, sampling: Sampling, budget: Budget) -> ServerReplayEngine:
         backend: Backend = BACKENDS[self.pair.backend]()
-        budget = budget_of(self.config)
         return ServerReplayEngine(backend, self.pair, budget, sampling, labeller, self.speculators,
                                   self.config.sweep.k, target_of=_target, vocab=len(self.tokenizer),
                                   features=self._features(backend, budget))
@@ -131,23 +131,6 @@ class PairEngines:
                               loaded=self.target.loaded)
 
 
-def in_process_engine(run: Any, temperature: float) -> str:
-    """`[run] method` resolved for one temperature: "replay" or "loop".
-
-    auto picks replay wherever a response's tokens fix every step's outcome (T = 0, or T > 0 under the
-    target-only rule): one generation then scores every speculator and k, and is exact in distribution.
-    The loop stays for the probabilistic rule (the outcome depends on the drafter's draws) and for the MoE
-    verify-cost profile (it reads the router during real verify passes)."""
-    if run.method == "replay" and temperature > 0 and run.verification != "target-only":
-        raise ValueError("engine 'replay' at temperature > 0 needs verification 'target-only'; use engine 'loop' "
-                         "or 'auto'")
-    if run.method == "loop" or run.experts:
-        return "loop"
-    if temperature > 0 and run.verification != "target-only":
-        return "loop"
-    return "replay"
-
-
 # -- servers ------------------------------------------------------------------------------------------------
 
 def server_speculator(spec: Any, pair: Any) -> ServerSpeculator:
@@ -164,18 +147,6 @@ def server_speculator(spec: Any, pair: Any) -> ServerSpeculator:
                             identity=identity, method=method, drafts_every_step=cls.drafts_every_step)
 
 
-def plan_servers(config: Any, pair: Any, served: list[int] | None = None) -> list[Served]:
-    """The speculating servers of the speculators at `served` (default: all): launch, one per (speculator,
-    k); connect, the one server, at the k the config states."""
-    specs = [pair.speculators[i] for i in (range(len(pair.speculators)) if served is None else served)]
-    cfg = pair.server
-    if not specs:
-        return []
-    if cfg.mode == "connect":
-        return [Served(server_speculator(specs[0], pair), cfg.k, pair)]
-    return [Served(server_speculator(spec, pair), k, pair) for spec in specs for k in config.sweep.k]
-
-
 def _target(pair: Any, url: str, info: dict[str, Any]) -> TargetIdentity:
     """What a run records of a server's target, once the model it serves is checked (served_model)."""
     cfg = pair.server
@@ -187,17 +158,10 @@ def _target(pair: Any, url: str, info: dict[str, Any]) -> TargetIdentity:
     return TargetIdentity(pair.target, str(served), None, "server", served_model=served_model)
 
 
-def budget_of(config: Any) -> Budget:
-    """What a server is sized for and each request asks: the run's [dataset] budget, not the config."""
-    ds = config.dataset
-    return Budget(context_tokens=ds.context_tokens, max_new_tokens=ds.max_new_tokens, seed=ds.seed,
-                  prefix_cache=ds.conversations is not None and config.run.prefix_reuse)
-
-
-def open_server(served: Served, config: Any, sampling: Sampling, labeller: Labeller, vocab: int,
+def open_server(served: Served, budget: Budget, sampling: Sampling, labeller: Labeller, vocab: int,
                 twin: Twin | None = None) -> ServerEngine:
     """An engine for one (speculator, k) on its speculating server (with the speculator's twin, where built);
     `vocab` is the target tokenizer's length, which every reply's token ids must fall within."""
     backend: Backend = BACKENDS[served.pair.backend]()
-    return ServerEngine(backend, served, budget_of(config), sampling, labeller, target_of=_target, vocab=vocab,
+    return ServerEngine(backend, served, budget, sampling, labeller, target_of=_target, vocab=vocab,
                         twin=twin)

@@ -33,6 +33,7 @@ import torch
 
 from calibrate.kv_slots import Prefix, SlotCache
 from calibrate.speculators.configs import SpeculatorConfig
+from calibrate.speculators.registry import Described
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
 if TYPE_CHECKING:  # only annotations
@@ -94,6 +95,14 @@ class Speculator(ABC):
     @classmethod
     def check(cls, spec: SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
         """Refuse a config that cannot work with this target, before any weights load (default: nothing)."""
+
+    @classmethod
+    def described(cls, spec: SpeculatorConfig, target: str) -> Described:
+        """What a speculator built from `spec` says of itself (its `name`, `params` and `identity`), read from
+        its config and config files alone: the measurement plan (calibrate.plan) names its runs with it before
+        any weights load. `target` is the name the target is loaded under. Every kind that runs in this
+        process overrides it."""
+        raise NotImplementedError(f"speculator kind {cls.kind!r} does not describe itself")
 
     @classmethod
     def build(cls, spec: SpeculatorConfig, ctx: BuildContext) -> Speculator:

@@ -30,6 +30,7 @@ from calibrate.speculators.base import (
 )
 from calibrate.speculators.configs import Eagle3SpeculatorConfig
 from calibrate.speculators.per_loop import PerLoopSpeculator
+from calibrate.speculators.registry import Described, speculator_kind
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
 if TYPE_CHECKING:  # the head's module imports transformers' Llama layers (and Triton): only when a head loads
@@ -47,6 +48,11 @@ class _RequestState:
     anchor: tuple[torch.Tensor, torch.Tensor] | None = None  # (q (1, Hq, d), residual (1, H))
 
 
+def _params(model: str, aux_layer_ids: Sequence[int], checkpoint_format: str) -> dict[str, Any]:
+    """What a head's runs record of it: its name, the target layers it reads, how it drafts, its format."""
+    return {"model": model, "aux_layer_ids": list(aux_layer_ids), "drafting": "chain", "format": checkpoint_format}
+
+
 def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tuple[Eagle3Head, tuple[int, ...]]:
     """Read, check against the target (before any forward pass) and load a head in either format."""
     from calibrate.speculators.eagle3_head import Eagle3Head, check_fit, read_head_config, read_head_weights
@@ -62,6 +68,17 @@ def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tup
 
 class Eagle3Speculator(PerLoopSpeculator):
     kind = "eagle3"
+
+    @classmethod
+    def described(cls, spec: Eagle3SpeculatorConfig, target: str) -> Described:
+        """The head's config and the target's (no weights): its format, and the layers it reads."""
+        from calibrate.speculators.eagle3_head import check_fit, read_head_config
+
+        path = resolve(spec.model)
+        cfg = read_head_config(Path(path), spec.model)
+        aux = check_fit(cfg, model_config(target), spec.model, target)
+        return Described(speculator_kind(cls.kind).config_name(spec, target),
+                         _params(spec.model, aux, cfg.checkpoint_format), path, fingerprint(path))
 
     @classmethod
     def check(cls, spec: Eagle3SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
@@ -90,8 +107,7 @@ class Eagle3Speculator(PerLoopSpeculator):
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"model": self._name, "aux_layer_ids": list(self.aux_layer_ids), "drafting": "chain",
-                "format": self.head.cfg.checkpoint_format}
+        return _params(self._name, self.aux_layer_ids, self.head.cfg.checkpoint_format)
 
     @property
     def identity(self) -> tuple[str | None, str | None]:

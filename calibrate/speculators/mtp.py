@@ -36,13 +36,14 @@ import torch
 
 from calibrate.checkpoints import open_checkpoint
 from calibrate.kernels.reference import sampling_probs
-from calibrate.models import resolve
+from calibrate.models import load_fingerprint, model_config, resolve
 from calibrate.speculators.base import (
     BuildContext, Prefixes, Proposal, ReplayScorer, chain_replay_scorers,
 )
 from calibrate.speculators.configs import MtpSpeculatorConfig
 from calibrate.speculators.per_loop import PerLoopSpeculator
 from calibrate.speculators.mtp_archs import DEEPSEEK, layer_prefixes, refusal
+from calibrate.speculators.registry import Described, speculator_kind
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
 # What the name and provenance say about depths beyond the checkpoint's layers.
@@ -98,6 +99,12 @@ def check_checkpoint(path: Path, config: Any, target_name: str) -> None:
             if got != shape:
                 raise ValueError(f"mtp: target {target_name!r}: {prefix}{key} has shape {got}, but the target's "
                                  f"hidden size {h} and vocabulary {v} imply {shape}")
+
+
+def _params(target: str, layers: int) -> dict[str, Any]:
+    """What an MTP head's runs record of it: its target, its layers, how it drafts and with what."""
+    return {"model": target, "num_mtp_layers": layers, "drafting": "chain", "depths": DEPTH_RULE,
+            "implementation": "transformers MtpModel"}
 
 
 def load_mtp(target_model: Any, target_name: str) -> Any:
@@ -234,6 +241,13 @@ class MtpSpeculator(PerLoopSpeculator):
             check_checkpoint(Path(path), config, target_name)
 
     @classmethod
+    def described(cls, spec: MtpSpeculatorConfig, target: str) -> Described:
+        """The target's config alone says how many MTP layers it has; the head is the target's own."""
+        layers = mtp_layer_count(model_config(target), target)
+        return Described(speculator_kind(cls.kind).config_name(spec, target), _params(target, layers),
+                         resolve(target), load_fingerprint(target))
+
+    @classmethod
     def build(cls, spec: MtpSpeculatorConfig, ctx: BuildContext) -> MtpSpeculator:
         target = ctx.target
         return cls(load_mtp(target.model, target.name), name=target.name, model_id=target.model_id,
@@ -251,8 +265,7 @@ class MtpSpeculator(PerLoopSpeculator):
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"model": self._name, "num_mtp_layers": self.layers, "drafting": "chain", "depths": DEPTH_RULE,
-                "implementation": "transformers MtpModel"}
+        return _params(self._name, self.layers)
 
     @property
     def identity(self) -> tuple[str | None, str | None]:

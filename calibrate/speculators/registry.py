@@ -37,6 +37,17 @@ class EngineMethod:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Described:
+    """A speculator as its runs record it (Speculator.name, .params, .identity), known before it is built;
+    `draft_hash` is calibrate.models.AT_LOAD where only loading says (a hub id's revision)."""
+
+    name: str
+    params: dict[str, Any]
+    draft_id: str | None = None
+    draft_hash: str | None = None
+
+
 # (spec, weights) -> an engine method's settings; a ValueError says why this config cannot run there.
 Settings = Callable[[Any, Callable[[str], str]], dict[str, Any]]
 
@@ -124,6 +135,11 @@ class Kind:
         """Refuse a config that cannot work with this target, before any weights load (the drafter's check)."""
         if self.implementation is not None:
             self.drafter().check(spec, target_name, target_tokenizer)
+
+    def described(self, spec: SpeculatorConfig, target: str) -> Described:
+        """What the drafter built from `spec` will record (its name, params, model id and hash), from its config
+        and config files alone (the drafter's `described`): no weights load. Engine-only kinds have none."""
+        return self.drafter().described(spec, target)
 
     def build(self, spec: SpeculatorConfig, ctx: BuildContext) -> Speculator:
         return self.drafter().build(spec, ctx)

@@ -1,0 +1,265 @@
+"""The measurement plan (calibrate.plan): built from the config alone, before any model loads or server starts,
+it names every run a real run then stores, by the same run id, for every route: in-process replay and loop,
+plain-engine replay (EAGLE-3 and MTP hidden states from this process or from the engine), a speculating
+server, several samples, temperatures and thinking modes. `calibrate run --plan` prints it, and what a store
+already holds of it, without loading a model or starting a server.
+
+The routes run on the tiny pair (tests/tiny_pair.py) and loopback stand-ins of the engines
+(tests/standin_engines.py); the identity the runner stored before the plan existed is pinned by the tests of
+the runner, the engines and the server routes, which stay as they were."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import duckdb
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from calibrate.cli import app
+from calibrate.config import ConfigError, load_config
+from calibrate.plan import AT_LOAD, PlanMismatch, check_routes, load_routed_config, settle
+from calibrate.runner import execute, launched, plan, prepare
+from calibrate.speculators.eagle3_head import new_head, save_head
+from tests.configs import QUICKSTART, write_config
+from tests.standin_engines import LLAMACPP_MODEL, StandIn, llamacpp_routes
+from tests.test_mtp_engine import LAYERS, full_target, hidden_server, plain_reply, vllm_standin
+from tests.test_mtp_engine import build as build_mtp_target
+from tests.tiny_pair import build_pair
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return build_pair(tmp_path_factory.mktemp("pair"))
+
+
+@pytest.fixture(scope="module")
+def head(pair, tmp_path_factory) -> Path:
+    """A random EAGLE-3 head for the tiny target, saved in the speculators format."""
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32)
+    torch.manual_seed(0)
+    made, aux = new_head(target.config, target.get_input_embeddings(), draft_vocab_size=64, aux_layer_ids=(0, 1, 2))
+    path = tmp_path_factory.mktemp("head")
+    save_head(made, path, aux)
+    return path
+
+
+def echo(body):
+    """A plain llama-server's reply: the prompt's last 12 tokens, twice over."""
+    tail = body["prompt"][-12:]
+    return {"tokens": (tail + tail)[:min(16, body["n_predict"])], "stop_type": "limit"}
+
+
+def speculating(body):
+    """A llama-server drafting at k = 2: six tokens of the prompt, two verify steps accepting 3 drafts of 4."""
+    return {"tokens": body["prompt"][-6:], "draft_n": 4, "draft_n_accepted": 3}
+
+
+def config(tmp_path: Path, pairs: list[dict], *, run: dict | None = None, **sweep) -> Path:
+    return write_config(
+        tmp_path / "plan.toml",
+        dataset={"source": QUICKSTART, "name": "quickstart", "format": "openai", "max_requests": 2,
+                 "context_tokens": 128, "max_new_tokens": 12},
+        run={"device": "cpu", "dtype": "float32", "batch_size": 2, **(run or {})},
+        pairs=pairs, sweep={"k": [1, 3], **sweep})
+
+
+def planned_then_stored(path: Path, db: Path) -> list[str]:
+    """The plan's run ids (each known before anything loads), checked equal to those the run then stores."""
+    cfg = load_routed_config(path)
+    measurements = plan(cfg, prepare(cfg))
+    ids = [run.run_id for m in measurements for run in m.runs]
+    assert None not in ids and len(set(ids)) == len(ids)
+    summary = execute(cfg, db)
+    con = duckdb.connect(str(db), read_only=True)
+    stored = [r for (r,) in con.execute("SELECT run_id FROM runs").fetchall()]
+    con.close()
+    assert sorted(stored) == sorted(ids) == sorted(summary.run_ids)
+    return ids
+
+
+def test_in_process_replay_at_two_temperatures_and_thinking_modes(tmp_path, pair):
+    target, draft = pair
+    path = config(tmp_path, [{"target": target, "chat_template_kwargs": {"on": {}, "off": {}},
+                              "speculators": [{"kind": "draft", "model": draft}, {"kind": "ngram"}, {"kind": "suffix"}]}],
+                  thinking=["on", "off"], temperature=[0.0, 0.7])
+    ids = planned_then_stored(path, tmp_path / "a.duckdb")
+    assert len(ids) == 2 * 2 * 3 * 2  # thinking x temperature x speculator x k
+
+
+def test_the_loop_with_several_samples(tmp_path, pair):
+    target, draft = pair
+    path = config(tmp_path, [{"target": target, "speculators": [{"kind": "draft", "model": draft}, {"kind": "ngram"}]}],
+                  run={"verification": "probabilistic"}, temperature=[0.6, 0.9], samples=2, k=[2])
+    cfg = load_routed_config(path)
+    measurements = plan(cfg, prepare(cfg))
+    assert {(m.scorer, m.engine, m.samples) for m in measurements} == {("loop", "loop", 2)}
+    planned_then_stored(path, tmp_path / "l.duckdb")
+
+
+def test_plain_engine_replay_with_eagle3_hidden_states_from_this_process(tmp_path, pair, head):
+    target, draft = pair
+    plain = StandIn(llamacpp_routes(echo))
+    try:
+        path = config(tmp_path, [{"target": target, "backend": "llama.cpp",
+                                  "server": {"mode": "connect", "url": plain.url, "served_model": LLAMACPP_MODEL},
+                                  "speculators": [{"kind": "ngram"}, {"kind": "draft", "model": draft},
+                                                  {"kind": "eagle3", "model": head}]}],
+                      temperature=[0.0, 0.8])
+        cfg = load_routed_config(path)
+        [m, _] = plan(cfg, prepare(cfg))
+        assert (m.source, m.scorer, m.engine) == ("plain server", "replay", "replay")
+        assert [(s.mode, s.role, s.url) for s in m.servers] == [("connect", "plain", plain.url)]
+        features = {run.speculator: run.spec.features_from for run in m.runs}
+        assert features[f"eagle3:{head}"] == "in-process" and features["ngram"] is None
+        planned_then_stored(path, tmp_path / "e.duckdb")
+    finally:
+        plain.close()
+
+
+def test_plain_engine_replay_with_mtp_hidden_states_from_the_engine(tmp_path):
+    tiny = build_mtp_target(tmp_path / "mtp-target")
+    full = full_target(tiny)
+    plain, hidden = vllm_standin(plain_reply, tiny), hidden_server(full, tiny, tmp_path, [LAYERS])
+    try:
+        path = config(tmp_path, [{"target": tiny, "backend": "vllm", "speculators": [{"kind": "mtp"}],
+                                  "server": {"mode": "connect", "url": plain.url, "hidden_states": "engine",
+                                             "hidden_states_url": hidden.url}}], run={"method": "replay"})
+        cfg = load_routed_config(path)
+        [m] = plan(cfg, prepare(cfg))
+        assert [s.role for s in m.servers] == ["plain", "hidden states"]
+        assert {run.spec.features_from for run in m.runs} == {"vllm"}
+        planned_then_stored(path, tmp_path / "m.duckdb")
+    finally:
+        plain.close()
+        hidden.close()
+
+
+def test_a_speculating_server_measured_by_its_own_counts(tmp_path, pair):
+    target, draft = pair
+    drafting = StandIn(llamacpp_routes(speculating))
+    try:
+        path = config(tmp_path, [{"target": target, "backend": "llama.cpp", "speculators": [{"kind": "draft",
+                                                                                              "model": draft}],
+                                  "server": {"mode": "connect", "url": drafting.url, "k": 2,
+                                             "served_model": LLAMACPP_MODEL}}], k=[2])
+        cfg = load_routed_config(path)
+        [m] = plan(cfg, prepare(cfg))
+        assert (m.source, m.scorer, m.engine, m.ks, m.served) == ("speculating server", "engine counts",
+                                                                  "llama.cpp", (2,), (0, 2))
+        [run] = m.runs
+        assert run.spec.dtype == "as served" and run.spec.served_model == LLAMACPP_MODEL
+        planned_then_stored(path, tmp_path / "s.duckdb")
+    finally:
+        drafting.close()
+
+
+def test_auto_splits_a_launched_pair_into_one_plain_launch_and_a_launch_per_k(tmp_path, pair):
+    """Nothing is launched to plan: one plain server for the kinds replay scores, one per k for an
+    engine-only kind, with the launched weights' fingerprint known from the file."""
+    target, draft = pair
+    weights = tmp_path / "target.gguf"
+    weights.write_bytes(b"GGUF" + bytes(64))
+    path = config(tmp_path, [{"target": target, "backend": "vllm", "server": {"mode": "launch", "model": weights},
+                              "speculators": [{"kind": "ngram"}, {"kind": "engine", "method": "dflash",
+                                                                   "model": draft}]}])
+    cfg = load_routed_config(path)
+    measurements = plan(cfg, prepare(cfg))
+    assert [(m.source, m.ks) for m in measurements] == [("plain server", (1, 3)), ("speculating server", (1,)),
+                                                        ("speculating server", (3,))]
+    assert [s.describe() for s in measurements[1].servers] == [
+        f"vllm speculating (launch {weights}, dflash:model={draft} at k=1)"]
+    assert all(run.run_id is not None and run.spec.target_hash not in (None, AT_LOAD)
+               for m in measurements for run in m.runs)
+
+
+def test_a_hub_target_s_identity_is_known_at_load(tmp_path, pair):
+    """A hub id's revision comes with the download: the plan says so instead of guessing, and the run settles
+    it from the loaded model."""
+    target, _ = pair
+    cfg = load_config(config(tmp_path, [{"target": target, "speculators": [{"kind": "ngram"}]}]))
+    hub = cfg.model_copy(update={"pairs": [cfg.pairs[0].model_copy(update={"target": "someone/some-model"})]})
+    prepared = prepare(cfg)
+    [m, *_] = plan(hub, prepared)
+    run = m.runs[0]
+    assert run.spec.target_hash == AT_LOAD and run.pending == ("target_hash",) and run.run_id is None
+
+
+def test_an_engine_that_measures_otherwise_than_planned_is_refused(tmp_path, pair):
+    """settle: the plan names the rows; an engine reporting another identity stops the run."""
+    target, _ = pair
+    cfg = load_routed_config(config(tmp_path, [{"target": target, "speculators": [{"kind": "ngram"}]}]))
+    [m] = plan(cfg, prepare(cfg))
+
+    run = m.runs[0]
+    engine = SimpleNamespace(name="loop", dtype=None, verification=None, served_model=None, provenance=None,
+                             responses_from=None, responses_dtype=None, features_from=None,
+                             target=SimpleNamespace(model_id=str(target), fingerprint=run.spec.target_hash),
+                             speculators=[SimpleNamespace(name="ngram", params=run.spec.speculator_params,
+                                                          identity=(None, None))])
+    assert settle(run, launched(SimpleNamespace(**{**vars(engine), "name": "replay"}))).run_id == run.run_id
+    with pytest.raises(PlanMismatch, match="the plan says engine = 'replay', the engine measures 'loop'"):
+        settle(run, launched(engine))
+
+
+def test_routes_that_cannot_run_are_refused_with_the_file_named(tmp_path, pair):
+    target, _ = pair
+    path = config(tmp_path, [{"target": target, "backend": "vllm", "speculators": [{"kind": "ngram"}],
+                              "server": {"mode": "connect", "url": "http://h:1", "k": 2}}])
+    load_config(path)  # the schema holds
+    with pytest.raises(ConfigError, match=rf"{path}: invalid config\n  pairs\[0\] .*measures only the k it runs"):
+        load_routed_config(path)
+    with pytest.raises(ConfigError, match="measures only the k it runs"):
+        check_routes(load_config(path))
+
+
+# -- calibrate run --plan -------------------------------------------------------------------------------------
+
+def test_plan_prints_every_measurement_and_what_the_store_already_holds(tmp_path, pair, monkeypatch):
+    target, draft = pair
+    path = config(tmp_path, [{"target": target, "speculators": [{"kind": "draft", "model": draft}, {"kind": "ngram"}]}],
+                  temperature=[0.0, 0.7])
+    db = tmp_path / "p.duckdb"
+    cfg = load_routed_config(path)
+    first = cfg.model_copy(update={"sweep": cfg.sweep.model_copy(update={"temperature": [0.0]})})
+    execute(first, db)  # T = 0 measured; T = 0.7 not yet
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("--plan loaded a model or started a server")
+
+    for where in ("calibrate.engines.factory.load_model", "calibrate.speculators.draft_model.load_model",
+                  "calibrate.engines.server.launch"):
+        monkeypatch.setattr(where, refuse)
+    res = CliRunner().invoke(app, ["run", str(path), "--plan", "--db", str(db)])
+    assert res.exit_code == 0, res.output
+    lines = " ".join(res.output.split())
+    assert f"[1/2] {target} via in-process, replay of draft:{draft}, ngram at k=1,3 thinking=off T=0" in lines
+    assert "[2/2]" in lines and "T=0.7" in lines
+    assert f"stored: 8 of 8 rows in {db}: skipped" in lines and f"stored: 0 of 8 rows in {db}" in lines
+    assert "source: in-process; scorer: replay (stored as engine 'replay'); sampling: T=0.7 seed=0, 1 sample(s)" in lines
+
+
+def test_plan_needs_no_weights(tmp_path, pair):
+    """A target folder without weights (the tokenizer and config alone): --plan still prints the plan."""
+    target, _ = pair
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for file in Path(target).iterdir():
+        if not file.name.endswith((".safetensors", ".bin")):
+            (bare / file.name).write_bytes(file.read_bytes())
+    path = config(tmp_path, [{"target": bare, "speculators": [{"kind": "ngram"}, {"kind": "suffix"}]}])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", "from calibrate.cli import app; app()", "run", str(path), "--plan"],
+                         check=False, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "in-process, replay of ngram, suffix at k=1,3" in " ".join((out.stdout + out.stderr).split())
+    assert not (tmp_path / "tables").exists()  # nothing written
