@@ -37,7 +37,8 @@ from calibrate.engines.factory import server_speculator
 from calibrate.engines.server_replay import served_dtype
 from calibrate.models import AT_LOAD, fingerprint, load_fingerprint, resolve
 from calibrate.replay.steps import STEP_RULE_VERSION
-from calibrate.speculators.registry import KINDS, Described
+from calibrate.speculators.configs import Described
+from calibrate.speculators.registry import KINDS
 from calibrate.tables.records import KEY
 from calibrate.tables.store import CONDITION, RunSpec, fields_of
 from calibrate.terms import Sampling

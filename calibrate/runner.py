@@ -32,7 +32,8 @@ from calibrate.models import LoadedModel, load_tokenizer, resolve_device, skelet
 from calibrate.plan import Launched, Measurement, Selected, build_plan, check_routes, scored_here, server_split, settle
 from calibrate.progress import RunProgress
 from calibrate.replay.experts import NotMoE, find_routers
-from calibrate.speculators.registry import Described, speculator_kind
+from calibrate.speculators.configs import Described
+from calibrate.speculators.registry import speculator_kind
 from calibrate.tables.store import RunSpec, Store, connect, reading
 
 

@@ -33,7 +33,7 @@ import torch
 
 from calibrate.kv_slots import Prefix, SlotCache
 from calibrate.speculators.configs import SpeculatorConfig
-from calibrate.speculators.registry import Described
+from calibrate.speculators.configs import Described
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
 if TYPE_CHECKING:  # only annotations

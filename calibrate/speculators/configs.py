@@ -7,6 +7,7 @@ whose.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -163,3 +164,14 @@ class EngineSpeculatorConfig(SpeculatorConfig):
     settings: dict[str, Any] = Field(default_factory=dict)
     """Further keys of the method, passed as written (vLLM speculative-config keys, SGLang / llama.cpp flags
     without their leading dashes)."""
+
+
+@dataclass(frozen=True)
+class Described:
+    """A speculator as its runs record it (Speculator.name, .params, .identity), known before it is built;
+    `draft_hash` is calibrate.models.AT_LOAD where only loading says (a hub id's revision)."""
+
+    name: str
+    params: dict[str, Any]
+    draft_id: str | None = None
+    draft_hash: str | None = None

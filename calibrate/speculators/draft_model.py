@@ -24,7 +24,8 @@ from calibrate.kv_slots import Prefix, SlotCache
 from calibrate.models import LoadedModel, check_same_tokenizer, load_fingerprint, load_model, load_tokenizer, resolve
 from calibrate.speculators.base import BuildContext, DraftBatch, LoopView, Prefixes, ReplayScorer, Speculator
 from calibrate.speculators.configs import DraftSpeculatorConfig
-from calibrate.speculators.registry import Described, speculator_kind
+from calibrate.speculators.configs import Described
+from calibrate.speculators.registry import speculator_kind
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
 

@@ -30,7 +30,8 @@ from calibrate.speculators.base import (
 )
 from calibrate.speculators.configs import Eagle3SpeculatorConfig
 from calibrate.speculators.per_loop import PerLoopSpeculator
-from calibrate.speculators.registry import Described, speculator_kind
+from calibrate.speculators.configs import Described
+from calibrate.speculators.registry import speculator_kind
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
 if TYPE_CHECKING:  # the head's module imports transformers' Llama layers (and Triton): only when a head loads

@@ -43,7 +43,8 @@ from calibrate.speculators.base import (
 from calibrate.speculators.configs import MtpSpeculatorConfig
 from calibrate.speculators.per_loop import PerLoopSpeculator
 from calibrate.speculators.mtp_archs import DEEPSEEK, layer_prefixes, refusal
-from calibrate.speculators.registry import Described, speculator_kind
+from calibrate.speculators.configs import Described
+from calibrate.speculators.registry import speculator_kind
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
 # What the name and provenance say about depths beyond the checkpoint's layers.

@@ -25,7 +25,8 @@ import torch
 from calibrate.speculators.base import BuildContext, Proposal
 from calibrate.speculators.configs import NGRAM_DEFAULTS, VLLM_DEFAULT_LOOKUP, NgramSpeculatorConfig, ngram_params
 from calibrate.speculators.per_loop import Proposer
-from calibrate.speculators.registry import Described, label
+from calibrate.speculators.configs import Described
+from calibrate.speculators.registry import label
 
 
 def ngram_proposal(context: Sequence[int], k: int, prompt_lookup_max: int, prompt_lookup_min: int) -> list[int]:

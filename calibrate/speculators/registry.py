@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 from pydantic import Field
 
 from calibrate.speculators.configs import (
-    NGRAM_DEFAULTS, SUFFIX_DEFAULTS, DraftSpeculatorConfig, Eagle3SpeculatorConfig, EngineSpeculatorConfig,
+    NGRAM_DEFAULTS, SUFFIX_DEFAULTS, Described, DraftSpeculatorConfig, Eagle3SpeculatorConfig, EngineSpeculatorConfig,
     MtpSpeculatorConfig, NgramSpeculatorConfig, SpeculatorConfig, SuffixSpeculatorConfig, ngram_params,
     suffix_params,
 )
@@ -35,17 +35,6 @@ class EngineMethod:
 
     method: str  # vLLM speculative-config `method`, SGLang `--speculative-algorithm`, llama.cpp `--spec-type`
     settings: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Described:
-    """A speculator as its runs record it (Speculator.name, .params, .identity), known before it is built;
-    `draft_hash` is calibrate.models.AT_LOAD where only loading says (a hub id's revision)."""
-
-    name: str
-    params: dict[str, Any]
-    draft_id: str | None = None
-    draft_hash: str | None = None
 
 
 # (spec, weights) -> an engine method's settings; a ValueError says why this config cannot run there.

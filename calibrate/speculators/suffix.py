@@ -36,7 +36,8 @@ from calibrate.speculators.base import (
 )
 from calibrate.speculators.configs import SUFFIX_DEFAULTS, SuffixSpeculatorConfig, suffix_params
 from calibrate.speculators.per_loop import Proposer
-from calibrate.speculators.registry import Described, label
+from calibrate.speculators.configs import Described
+from calibrate.speculators.registry import label
 from calibrate.target_features import TargetFeatures
 
 EPS = 1e-9
