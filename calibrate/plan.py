@@ -426,7 +426,7 @@ def _run_spec(config: Config, selected: Selected, provenance: Provenance, pair: 
     top-k and the verification rule. A server's counts are at its own precision ("as served")."""
     ds, sampled, target = config.dataset, sampling.temperature > 0, group.target
     return RunSpec(
-        target=pair.target, speculator=spec.name, draft_len=k, thinking=thinking, temperature=sampling.temperature,
+        target=pair.target, speculator=spec.name, k=k, thinking=thinking, temperature=sampling.temperature,
         top_p=sampling.top_p if sampled else None, top_k=sampling.top_k if sampled else None,
         dataset=ds.name or ds.source, target_hash=target.fingerprint, speculator_params=spec.described.params,
         draft_hash=spec.described.draft_hash, dataset_fingerprint=selected.dataset_fingerprint,

@@ -100,11 +100,11 @@ def speculated(tmp_path_factory, mini_swe_dir) -> Path:
 def rows(db: Path) -> dict[tuple[str, int, str], dict]:
     """(speculator, k, request) -> its histogram, empty and censored steps, tokens and raw reply."""
     con = duckdb.connect(str(db), read_only=True)
-    hist = con.execute("""SELECT speculator, draft_len, request_id, accepted, sum(a.steps) FROM accept_counts a
+    hist = con.execute("""SELECT speculator, k, request_id, accepted, sum(a.steps) FROM accept_counts a
                           JOIN runs USING (run_id) GROUP BY ALL""").fetchall()
-    seg = con.execute("""SELECT speculator, draft_len, request_id, sum(empty_steps), sum(censored_steps)
+    seg = con.execute("""SELECT speculator, k, request_id, sum(empty_steps), sum(censored_steps)
                          FROM segment_counts JOIN runs USING (run_id) GROUP BY ALL""").fetchall()
-    raw = con.execute("""SELECT speculator, draft_len, request_id, response FROM engine_responses
+    raw = con.execute("""SELECT speculator, k, request_id, response FROM engine_responses
                          JOIN runs USING (run_id)""").fetchall()
     con.close()
     out: dict[tuple[str, int, str], dict] = {}

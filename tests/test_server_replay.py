@@ -73,7 +73,7 @@ def config(tmp_path: Path, target: Path, draft: Path, url: str, **server) -> Pat
 
 def stored(db: Path) -> dict[tuple[str, int], list[int]]:
     con = duckdb.connect(str(db), read_only=True)
-    rows = con.execute("""SELECT speculator, draft_len, request_id, accepted, sum(steps) FROM accept_counts
+    rows = con.execute("""SELECT speculator, k, request_id, accepted, sum(steps) FROM accept_counts
                           JOIN runs USING (run_id) GROUP BY ALL""").fetchall()
     con.close()
     out: dict[tuple[str, int], dict[str, list[int]]] = {}

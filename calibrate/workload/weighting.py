@@ -118,7 +118,7 @@ class Uncovered(NotMeasured):
 
 def _named(key: Sequence[Any]) -> str:
     named = dict(zip(KEY_FIELDS, key))
-    return f"{named['target']} | {named['speculator']} | k={named['draft_len']} | thinking={named['thinking']}"
+    return f"{named['target']} | {named['speculator']} | k={named['k']} | thinking={named['thinking']}"
 
 
 def _stratum_name(weighting: Weighting, mode: str, where: tuple[int, int | None]) -> str:
