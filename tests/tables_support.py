@@ -31,7 +31,7 @@ def make_spec(
         speculator_kind=speculator.split(":")[0], speculator_params={"n": 3}, draft_id=None, draft_hash=None,
         k=k, thinking=thinking, temperature=temperature, top_p=None, top_k=None,
         dataset=dataset, dataset_format="mini-swe-agent", dataset_fingerprint="fp-" + dataset,
-        selection={"limit": 10}, context_tokens=4096, max_new_tokens=256, engine="greedy", dtype="float32",
+        selection={"limit": 10}, context_tokens=4096, max_new_tokens=256, method="greedy", dtype="float32",
         device="cpu", seed=seed, sampling_seed=seed if temperature > 0 else None,
         versions={"spec-calibrate": "0.1.0"}, git_commit="abc123",
     )

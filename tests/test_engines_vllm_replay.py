@@ -119,7 +119,7 @@ def rows(db: Path) -> dict[tuple[str, int, str], dict]:
 
 def test_runs_name_what_generated_and_what_scored(replayed):
     con = duckdb.connect(str(replayed), read_only=True)
-    runs = con.execute("SELECT speculator, engine, responses_from, responses_dtype, features_from, dtype, server "
+    runs = con.execute("SELECT speculator, method, responses_from, responses_dtype, features_from, dtype, server "
                        "FROM runs").fetchall()
     con.close()
     assert len(runs) == len(SPECULATORS) * len(KS)
@@ -330,7 +330,7 @@ def test_vllms_own_mtp_row_is_what_a_benchmark_reads(mtp_speculated, tmp_path):
     assert res.exit_code == 0, res.output
     assert (out / "tiny_mtp.yaml").exists(), sorted(p.name for p in out.iterdir())
     record = lookup(MTP_TARGET, f"mtp:{MTP_TARGET}", 3, "off", table=mtp_speculated)
-    assert 1 < record.acceptance_length <= 4 and record.engines == ("vllm",)
+    assert 1 < record.acceptance_length <= 4 and record.methods == ("vllm",)
 
 
 def test_the_mtp_run_records_its_tap_and_that_the_targets_layers_were_not_read(mtp_replayed):

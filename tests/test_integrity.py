@@ -104,7 +104,7 @@ def test_sampling_seed_is_a_condition_only_when_sampling() -> None:
 
     assert make_spec(seed=1).run_id == make_spec(seed=2).run_id
     assert make_spec(temperature=0.5, seed=1).run_id != make_spec(temperature=0.5, seed=2).run_id
-    assert set(RunSpec.__dataclass_fields__) >= {"max_new_tokens", "context_tokens", "dtype", "engine", "step_rule"}
+    assert set(RunSpec.__dataclass_fields__) >= {"max_new_tokens", "context_tokens", "dtype", "method", "step_rule"}
 
 
 # -- items 4, 5, 9: errors and refused values ---------------------------------------------------------------

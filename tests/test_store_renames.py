@@ -1,4 +1,4 @@
-"""Issue 39's renames in the store: k (was draft_len). Run ids do not change, a store written in the earlier
+"""Issue 39's renames in the store: k (was draft_len) and method (was engine: it holds how the counts were made). Run ids do not change, a store written in the earlier
 layout opens (migrated when writable, read through views when read-only) and shows, exports and looks up
 exactly as one written now, and exported files keep the names their readers read."""
 
@@ -25,8 +25,8 @@ Q = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 GOLDEN_IDS = [
     ({}, "bc00e7b1dc8d1351"),
     ({"temperature": 0.7, "seed": 5, "top_p": 0.9, "top_k": 20, "verification": "probabilistic", "k": 5,
-      "engine": "vllm", "responses_from": "vllm", "served_model": "org/m"}, "48921c186412f6e8"),
-    ({"engine": "loop+experts", "k": 1, "speculator": "eagle3"}, "649952c1ffea9425"),
+      "method": "vllm", "responses_from": "vllm", "served_model": "org/m"}, "48921c186412f6e8"),
+    ({"method": "loop+experts", "k": 1, "speculator": "eagle3"}, "649952c1ffea9425"),
 ]
 
 
@@ -63,7 +63,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("renames")
     new = basic_store(folder / "new.duckdb")
     old = _old_layout(new, folder / "old.duckdb")
-    assert "draft_len" in _columns(old, "runs") and "k" not in _columns(old, "runs")
+    assert {"draft_len", "engine"} <= _columns(old, "runs") and not {"k", "method"} & _columns(old, "runs")
     con = duckdb.connect(str(new))
     con.execute("INSERT INTO expert_counts VALUES ('run', 'r0', 3, 0, 1, 'router', 4, 16, 9, '[\"r0\"]')")
     con.close()
@@ -130,14 +130,14 @@ def test_exported_tables_keep_the_column_name_their_readers_read(app: typer.Type
     new, _ = stores
     res = CliRunner().invoke(app, ["export", "--to", "json", "--db", str(new), "--bootstrap", "50"])
     rows = json.loads(res.stdout)["records"]
-    assert all("draft_len" in r and "k" not in r for r in rows)
+    assert all("draft_len" in r and "k" not in r and r["engines"] == ["greedy"] and "methods" not in r for r in rows)
     shown = json.loads(CliRunner().invoke(app, ["show", "--format", "json", "--db", str(new)]).stdout)
     assert all("draft_len" in r for r in shown)
 
 
-def test_where_reads_the_earlier_column_name(app: typer.Typer, stores) -> None:
+@pytest.mark.parametrize(("where", "earlier"), [("k=3", "draft_len=3"), ("method=greedy", "engine=greedy")])
+def test_where_reads_the_earlier_column_names(app: typer.Typer, stores, where: str, earlier: str) -> None:
     new, _ = stores
-    by_new, by_old = (CliRunner().invoke(app, ["show", "--format", "json", "--db", str(new), "--where", f"{c}=3"])
-                      for c in ("k", "draft_len"))
-    assert by_new.exit_code == 0 and by_new.stdout == by_old.stdout
-    assert {r["draft_len"] for r in json.loads(by_new.stdout)} == {3}
+    by_new, by_old = (CliRunner().invoke(app, ["show", "--format", "json", "--db", str(new), "--where", w])
+                      for w in (where, earlier))
+    assert by_new.exit_code == 0 and by_new.stdout == by_old.stdout and json.loads(by_new.stdout)

@@ -388,7 +388,7 @@ def test_a_record_of_an_engine_that_reports_totals_only_is_answered(tables: dict
 
     full = lookup(Q, "ngram", 3, "off", table=tables["json"])
     totals = replace(full, histogram=(), unconditional_rates=(), rates_ci_low=(), rates_ci_high=(),
-                     conditional_rates=(), engines=("llama.cpp",))
+                     conditional_rates=(), methods=("llama.cpp",))
     for name in ("t.json", "t.parquet"):
         consumers.export([totals], name.split(".")[1], tmp_path / name)
         assert lookup(Q, "ngram", 3, "off", table=tmp_path / name) == totals

@@ -41,7 +41,7 @@ def test_one_record_per_key_with_hand_computed_histograms(db: Path) -> None:
     k3_on = recs[(q, "ngram", 3, "on")]
     # r0: answer [2,1,1,1] + tool [1,1,1,1]; r1: answer [3,0,0,1]; r2: thinking [1,1,1,1]
     assert k3_on.histogram == (7, 3, 3, 4)
-    assert k3_on.run_ids and k3_on.engines == ("greedy",) and k3_on.statuses == ("finished",)
+    assert k3_on.run_ids and k3_on.methods == ("greedy",) and k3_on.statuses == ("finished",)
     assert k3_on.dataset_fingerprints == ("fp-mini-swe-agent",)
     assert recs[("smollm2-135m-instruct", "ngram", 2, "off")].target_ids == ("/models/smollm2-135m-instruct",)
 

@@ -96,7 +96,7 @@ def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
     draft = model_name(record.draft_ids, written_name(record.speculator)) if record.draft_ids else None
     conditions: dict[str, object] = {
         "dataset": record.dataset, "dataset_fingerprints": list(record.dataset_fingerprints),
-        "thinking": record.thinking, "sampling": sampling(record), "engines": list(record.engines),
+        "thinking": record.thinking, "sampling": sampling(record), "engines": list(record.methods),
         "requests": record.requests, "conversations": record.conversations, "steps": record.steps,
         "censored_steps": record.censored_steps, "empty_steps": record.empty_steps,
         "ci95_mean_accept_length": None if record.ci_low is None else [record.ci_low, record.ci_high],

@@ -131,7 +131,7 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
     if any(r.samples > 1 for r in records):
         notes.append(f"reqs: responses, up to {max(r.samples for r in records)} sampled per request (intervals "
                      "clustered by conversation)")
-    notes += [f"! engine audit: {r.disagreeing_steps} steps of {r.engines[0]}'s own counts contradict its own tokens "
+    notes += [f"! engine audit: {r.disagreeing_steps} steps of {r.methods[0]}'s own counts contradict its own tokens "
               f"({r.speculator} k={r.k}); exports refuse the row unless forced" for r in records
               if r.disagreeing_steps and r.segment == "all"]
     notes += [f"{dim.name}: {dim.description}; buckets {bucket_labels(dim)}" for dim in (DIMENSIONS[n] for n in dims)]

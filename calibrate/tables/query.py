@@ -402,7 +402,7 @@ def _key_rows(scope: _Scope) -> list[tuple[Any, ...]]:
         f"""SELECT key_ix, {_KEY_COLS},
                list_sort(list_distinct(list(target_id))), list_sort(list_distinct(list(speculator_kind))),
                list_sort(list_distinct(list(draft_id))), list_sort(list(run_id)),
-               list_sort(list_distinct(list(engine))), list_sort(list_distinct(list(dataset_fingerprint))),
+               list_sort(list_distinct(list(method))), list_sort(list_distinct(list(dataset_fingerprint))),
                list_sort(list_distinct(list(status))), list_sort(list_distinct(list(git_commit))),
                list_sort(list_distinct(list(versions))), min(started_at), max(finished_at),
                list_sort(list_distinct(list(target_hash))), {rules}
@@ -596,7 +596,7 @@ def _record(
     """`accepted` is given for a record summarised from totals (no histogram to count it from)."""
     tokens, censored, expected_sum, expected_steps, drafted, empty = totals
     key = dict(zip(KEY_FIELDS, key_row[1:1 + len(KEY_FIELDS)]))
-    (target_ids, kinds, draft_ids, run_ids, engines, fingerprints, statuses, commits, versions,
+    (target_ids, kinds, draft_ids, run_ids, methods, fingerprints, statuses, commits, versions,
      started, finished, target_hashes, rules) = key_row[1 + len(KEY_FIELDS):]
     expected = (
         float(stats.expected_acceptance_length(expected_sum, expected_steps))
@@ -641,7 +641,7 @@ def _record(
         speculator_kinds=tuple(kinds),
         draft_ids=tuple(draft_ids),
         run_ids=tuple(run_ids),
-        engines=tuple(engines),
+        methods=tuple(methods),
         dataset_fingerprints=tuple(fingerprints),
         statuses=tuple(statuses),
         git_commits=tuple(commits),

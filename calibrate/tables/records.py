@@ -61,9 +61,9 @@ class RunKey:
 KEY_FIELDS = tuple(f.name for f in fields(RunKey))
 
 # Record fields renamed in the code (issue 39: one word per concept) whose earlier names the files calibrate
-# writes keep: an exported table's column `draft_len` is the record's `k`, so a table exported before reads on,
+# writes keep: an exported table's column `draft_len` is the record's `k` (`engines` its `methods`), so a table exported before reads on,
 # and so does every reader of one (a consumer's loader, a script). `to_dict` / `from_dict` translate.
-EXPORTED_AS = {"k": "draft_len"}
+EXPORTED_AS = {"k": "draft_len", "methods": "engines"}
 FROM_EXPORTED = {v: k for k, v in EXPORTED_AS.items()}
 
 
@@ -111,7 +111,7 @@ class AcceptanceRecord(RunKey):
     speculator_kinds: tuple[str, ...]
     draft_ids: tuple[str, ...]
     run_ids: tuple[str, ...]
-    engines: tuple[str, ...]
+    methods: tuple[str, ...]  # the runs' methods (runs.method): replay, loop, or a backend's own counts
     dataset_fingerprints: tuple[str, ...]
     statuses: tuple[str, ...]
     git_commits: tuple[str, ...]
@@ -225,7 +225,7 @@ class AcceptanceRecord(RunKey):
         is the drafted one, so 1 + sum(rates) is the exported AL); rounding keeps them non-increasing."""
         if len(self.unconditional_rates) != self.k:
             raise ValueError(f"per-position rates of {self.target} / {self.speculator} k={self.k} are not "
-                             f"available from this engine ({', '.join(self.engines)} reports totals only): "
+                             f"available from this engine ({', '.join(self.methods)} reports totals only): "
                              "export the length instead")
         scale = 1.0 / self.proposal_rate if self.uses_drafted else 1.0
         return tuple(round(min(1.0, r * scale), RATE_DIGITS) for r in self.unconditional_rates)
@@ -281,7 +281,7 @@ class AcceptanceRecord(RunKey):
         own tokens, which no exact sampler does (exports and lookup refuse such a row unless forced)."""
         if not self.disagreeing_steps:
             return None
-        return (f"{self.speculator} k={self.k} ({', '.join(self.engines)}): {self.disagreeing_steps} steps of "
+        return (f"{self.speculator} k={self.k} ({', '.join(self.methods)}): {self.disagreeing_steps} steps of "
                 f"the engine's own counts contradict its own tokens (engine audit of {self.audited_requests} responses)")
 
     def to_dict(self) -> dict[str, Any]:
@@ -372,7 +372,7 @@ def extrapolate(base: AcceptanceRecord, k: int) -> AcceptanceRecord:
                          "weight a measured k instead")
     if not base.histogram:
         raise ValueError(f"extrapolation needs the histogram of accepted drafts, which is not available from "
-                         f"this engine ({', '.join(base.engines)} reports totals only)")
+                         f"this engine ({', '.join(base.methods)} reports totals only)")
     drafted = base.uses_drafted
     share = float(base.proposal_rate) if drafted else 1.0  # of steps that drafted: rates over them are /share
     histogram = np.asarray(base.histogram, dtype=np.float64)

@@ -27,7 +27,7 @@ Run identity (`RunSpec`, each field tagged with its role):
   `calibrate.tables.records.KEY_FIELDS`);
 - conditions: everything else that can change a count: the target's and draft's content hashes, the
   speculator's parameters, the dataset's content fingerprint, the context and new-token budgets, dtype,
-  engine, the step-rule version (`calibrate.replay.steps.STEP_RULE_VERSION`) and the sampling seed;
+  method (replay, loop, or a serving backend.s own counts), the step-rule version (`calibrate.replay.steps.STEP_RULE_VERSION`) and the sampling seed;
 - provenance: recorded, never part of the identity: the selection (max_requests, strategy and the seed
   that picked the requests), resolved model ids, device, dataset format, package versions, git commit.
 `run_id` hashes key + conditions. So a request measured under the same conditions is the same measurement
@@ -84,8 +84,8 @@ TABLES = ("runs", "requests", "segment_counts", "accept_counts", "problems")
 # migrated when opened for writing (`_rename_columns`: once, in one transaction) and read through views under the
 # new names when opened read-only (`_renamed_views`). The run id hashes a renamed field under its earlier name
 # (`HASHED_AS`), so every stored run keeps its id and is resumed, never measured again.
-RENAMED_COLUMNS = {"runs": {"draft_len": "k"}, "expert_counts": {"draft_len": "k"}}
-HASHED_AS = {"k": "draft_len"}
+RENAMED_COLUMNS = {"runs": {"draft_len": "k", "engine": "method"}, "expert_counts": {"draft_len": "k"}}
+HASHED_AS = {"k": "draft_len", "method": "engine"}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS store_meta (name VARCHAR PRIMARY KEY, value VARCHAR);
@@ -211,7 +211,8 @@ class RunSpec(RunKey):
     context_tokens: int = _condition("INTEGER")
     max_new_tokens: int = _condition("INTEGER")
     dtype: str = _condition("VARCHAR")
-    engine: str = _condition("VARCHAR")
+    # how the counts were made: "replay", "loop", "loop+experts", or the serving backend's own ("vllm", ...)
+    method: str = _condition("VARCHAR")
     step_rule: int = _condition("INTEGER", default=STEP_RULE_VERSION)
     sampling_seed: int | None = _condition("BIGINT", default=None)  # the seed at temperature > 0, else None
     # the verification rule at temperature > 0 ("probabilistic" | "target-only"); None at 0 (greedy matching)
