@@ -27,7 +27,8 @@ Run identity (`RunSpec`, each field tagged with its role):
   `calibrate.tables.records.KEY_FIELDS`);
 - conditions: everything else that can change a count: the target's and draft's content hashes, the
   speculator's parameters, the dataset's content fingerprint, the context and new-token budgets, dtype,
-  method (replay, loop, or a serving backend.s own counts), the step-rule version (`calibrate.replay.steps.STEP_RULE_VERSION`) and the sampling seed;
+  method (replay, loop, or a serving backend's own counts), the step-rule version
+  (`calibrate.replay.steps.STEP_RULE_VERSION`) and the sampling seed;
 - provenance: recorded, never part of the identity: the selection (max_requests, strategy and the seed
   that picked the requests), resolved model ids, device, dataset format, package versions, git commit.
 `run_id` hashes key + conditions. So a request measured under the same conditions is the same measurement
