@@ -149,11 +149,11 @@ def check_launch_method(pair: PairConfig, i: int) -> None:
     kind = KINDS[spec.kind]
     name = kind.config_name(spec, pair.target)
     try:
-        method = kind.engine_method(spec, pair.backend, str)
+        method = kind.backend_method(spec, pair.backend, str)
     except ValueError as exc:
         raise ValueError(f"speculators[{i}] ({name}) cannot be launched on {pair.backend}: {exc}") from None
     if method is None:
-        runs_on = ", ".join(kind.engines) or "no engine"
+        runs_on = ", ".join(kind.backends) or "no backend"
         raise ValueError(f"speculators[{i}] ({name}) has no {pair.backend} method (this kind runs on: {runs_on}); "
                          "score it by replay (method = \"replay\" or \"auto\"), in-process or on another backend")
 
