@@ -126,6 +126,13 @@ def test_an_old_store_opened_to_write_is_migrated_once_and_resumes_its_runs(app:
         assert store.done_requests(make_spec(k=3, thinking="on").run_id) == {"r0", "r1", "r2", "r3"}
 
 
+def test_a_record_still_answers_draft_len_for_one_release(stores) -> None:
+    new, _ = stores
+    record = lookup(Q, "ngram", k=3, thinking="on", table=new)
+    with pytest.warns(FutureWarning, match=r"draft_len is deprecated .*: read \.k"):
+        assert record.draft_len == record.k == 3
+
+
 def test_exported_tables_keep_the_column_name_their_readers_read(app: typer.Typer, stores) -> None:
     new, _ = stores
     res = CliRunner().invoke(app, ["export", "--to", "json", "--db", str(new), "--bootstrap", "50"])

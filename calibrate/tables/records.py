@@ -10,6 +10,7 @@ for vLLM) come from `calibrate.tables.stats`; how each consumer spells them is `
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
@@ -55,6 +56,13 @@ class RunKey:
     @property
     def key(self) -> tuple[Any, ...]:
         return tuple(getattr(self, f) for f in KEY_FIELDS)
+
+    @property
+    def draft_len(self) -> int:
+        """k's earlier name (a lookup answer's `.draft_len`), read for one release with a FutureWarning."""
+        warnings.warn("the record's draft_len is deprecated and will be removed: read .k", FutureWarning,
+                      stacklevel=2)
+        return self.k
 
 
 # Fields of the key, in display order.
