@@ -27,9 +27,9 @@ import numpy as np
 from calibrate.tables import stats
 
 ROWS = """
-    SELECT r.speculator, r.draft_len, q.request_id, q.conversation_id, q.prompt_tokens, a.accepted, sum(a.steps)
+    SELECT r.speculator, r.k, q.request_id, q.conversation_id, q.prompt_tokens, a.accepted, sum(a.steps)
     FROM accept_counts a JOIN requests q USING (run_id, request_id) JOIN runs r USING (run_id)
-    WHERE r.draft_len IN ({ks}) AND a.segment != 'unsegmented'
+    WHERE r.k IN ({ks}) AND a.segment != 'unsegmented'
     GROUP BY ALL"""
 
 

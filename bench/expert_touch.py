@@ -106,21 +106,21 @@ def main() -> None:
         records = load_expert_records(con)
     finally:
         con.close()
-    ks = sorted({r.draft_len for r in records})
+    ks = sorted({r.k for r in records})
     print(f"store: {db}")
     print(f"touch multiplier (distinct routed experts per layer per verify step, at k / at k = 0); "
           f"{records[0].routed_experts} routed experts, top-{records[0].top_k}, {records[0].moe_layers} MoE layer(s)")
     print(f"{'content':8} {'routing':12} {'B':>2} {'d(k=0)':>6} " + " ".join(f"{'k=' + str(k):>6}" for k in ks))
     for (dataset, routing, batch) in sorted({(r.dataset, r.routing, r.batch_size) for r in records}):
-        rows = {r.draft_len: r for r in records if (r.dataset, r.routing, r.batch_size) == (dataset, routing, batch)}
+        rows = {r.k: r for r in records if (r.dataset, r.routing, r.batch_size) == (dataset, routing, batch)}
         print(f"{dataset:8} {routing:12} {batch:>2} {rows[ks[0]].distinct_plain:6.2f} "
               + " ".join(f"{rows[k].multiplier:6.3f}" for k in ks))
     print("95% CI of the multiplier (router, B = 1) and AL per k:")
     for dataset in sorted({r.dataset for r in records}):
         rows = sorted((r for r in records if (r.dataset, r.routing, r.batch_size) == (dataset, "router", 1)),
-                      key=lambda r: r.draft_len)
+                      key=lambda r: r.k)
         print(f"  {dataset}: " + "; ".join(
-            f"k={r.draft_len} x {r.multiplier:.3f} [{'n too small' if r.ci_note else f'{r.ci_low:.3f}-{r.ci_high:.3f}'}]"
+            f"k={r.k} x {r.multiplier:.3f} [{'n too small' if r.ci_note else f'{r.ci_low:.3f}-{r.ci_high:.3f}'}]"
             f" AL {r.acceptance_length:.2f}" for r in rows))
 
 

@@ -78,7 +78,7 @@ k = [{ks}]
 def llamacpp_tokens(db: Path) -> dict[str, list[int]]:
     con = duckdb.connect(str(db), read_only=True)
     rows = con.execute("""SELECT request_id, response FROM engine_responses e JOIN runs r USING (run_id)
-                          WHERE r.draft_len = (SELECT min(draft_len) FROM runs)""").fetchall()
+                          WHERE r.k = (SELECT min(k) FROM runs)""").fetchall()
     con.close()
     return {rid: json.loads(resp)["tokens"] for rid, resp in rows}
 
@@ -102,7 +102,7 @@ def main() -> None:
     recs = {}
     for backend, db in dbs.items():
         con = connect(db, read_only=True)
-        recs[backend] = {r.draft_len: r for r in load_records(con)}
+        recs[backend] = {r.k: r for r in load_records(con)}
         con.close()
     table = Table(title=f"AL, {TARGET} / {DRAFT}, T=0, {args.requests} mini-swe-agent turns, "
                         f"max_new_tokens {args.max_new_tokens} (95% CI, bootstrap over conversations)")

@@ -87,7 +87,7 @@ def main() -> None:
         summary = execute(load_config(write_config(out, args, rule)), db)
         Console().print(f"{rule}: {summary.measured} requests in {time.perf_counter() - start:.0f} s")
         con = connect(db, read_only=True)
-        recs.update({(rule, r.draft_len): r for r in load_records(con)})
+        recs.update({(rule, r.k): r for r in load_records(con)})
         con.close()
     table = Table(title=f"{TARGET} / {DRAFT}, T={args.temperature}, {args.requests} mini-swe-agent turns, "
                         f"context {args.context}, {args.max_new_tokens} new tokens, dtype {args.dtype} "

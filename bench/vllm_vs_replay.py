@@ -155,7 +155,7 @@ def compare_plain_replay(tmp: Path, args: argparse.Namespace, console: Console) 
     for name in args.speculators:
         plain_db, plain_s = plain_replay(tmp, args, name)
         con = connect(plain_db, read_only=True)
-        plain = {r.draft_len: r for r in load_records(con)}
+        plain = {r.k: r for r in load_records(con)}
         con.close()
         table = Table(title=f"{name}: plain-engine replay against a vLLM launch per k, T={args.temperature:g}, "
                             f"{args.requests} turns, {args.max_new_tokens} new tokens (AL, 95% CI)")
@@ -257,7 +257,7 @@ def main() -> None:
         local_db = tmp / f"local-{name}.duckdb"
         execute(load_config(write_config(tmp, args, target, spec, args.ks, f"local-{name}")), local_db)
         con = connect(local_db, read_only=True)
-        local = {r.draft_len: r for r in load_records(con)}
+        local = {r.k: r for r in load_records(con)}
         con.close()
         table = Table(title=f"{name} on {target}, T={args.temperature:g}, {args.requests} mini-swe-agent turns, "
                             f"{args.max_new_tokens} new tokens (AL, 95% CI clustered by conversation)")

@@ -155,7 +155,7 @@ def _field_rows(model: type[BaseModel], where: str, missing: list[str]) -> list[
 def _kind_section(kind: str, cls: Any, missing: list[str]) -> list[str]:
     model = cls.config_model
     if cls.in_process:
-        runs = "Runs in this process; an engine runs it itself on: " + (", ".join(sorted(cls.engines)) or "none")
+        runs = "Runs in this process; a serving backend runs it itself on: " + (", ".join(sorted(cls.backends)) or "none")
     else:
         runs = "Runs only inside a serving engine (the pair's `backend`), its method passed as written"
     return [f'### `kind = "{kind}"` {{#kind-{kind}}}', "", _words(model.__doc__ or cls.__doc__), "",

@@ -149,11 +149,11 @@ def check_launch_method(pair: PairConfig, i: int) -> None:
     kind = KINDS[spec.kind]
     name = kind.config_name(spec, pair.target)
     try:
-        method = kind.engine_method(spec, pair.backend, str)
+        method = kind.backend_method(spec, pair.backend, str)
     except ValueError as exc:
         raise ValueError(f"speculators[{i}] ({name}) cannot be launched on {pair.backend}: {exc}") from None
     if method is None:
-        runs_on = ", ".join(kind.engines) or "no engine"
+        runs_on = ", ".join(kind.backends) or "no backend"
         raise ValueError(f"speculators[{i}] ({name}) has no {pair.backend} method (this kind runs on: {runs_on}); "
                          "score it by replay (method = \"replay\" or \"auto\"), in-process or on another backend")
 
@@ -259,7 +259,7 @@ class Measurement:
     samples: int  # responses per request (T > 0)
     source: Source
     scorer: Scorer
-    engine: str  # stored as the runs' `engine`: "replay", "loop", "loop+experts", or the serving engine's name
+    method: str  # stored as the runs' `method`: "replay", "loop", "loop+experts", or the serving backend's name
     speculators: tuple[PlannedSpeculator, ...]
     ks: tuple[int, ...]
     budget: Budget
@@ -331,7 +331,7 @@ class _Group:
 
     source: Source
     scorer: Scorer
-    engine: str
+    method: str
     speculators: tuple[PlannedSpeculator, ...]
     ks: tuple[int, ...]
     target: _Target
@@ -346,11 +346,11 @@ class _Group:
 
 def _in_process(config: Config, pair: PairConfig, temperature: float) -> list[_Group]:
     scorer = in_process_scorer(config, temperature)
-    engine = "loop+experts" if scorer == "loop" and config.run.experts else scorer
+    method = "loop+experts" if scorer == "loop" and config.run.experts else scorer
     verification = "target-only" if scorer == "replay" else config.run.verification
     target = _Target(resolve(pair.target), load_fingerprint(pair.target), None)
     specs = tuple(_scored(pair, i, pair.target) for i in range(len(pair.speculators)))
-    return [_Group("in-process", scorer, engine, specs, tuple(config.sweep.k), target, None, verification)]
+    return [_Group("in-process", scorer, method, specs, tuple(config.sweep.k), target, None, verification)]
 
 
 def _through_server(config: Config, pair: PairConfig) -> list[_Group]:
@@ -415,7 +415,7 @@ def _measurement(config: Config, selected: Selected, provenance: Provenance, n: 
                  for s in group.speculators for k in group.ks)
     return Measurement(pair=n, target=pair.target, backend=pair.backend, thinking=thinking, sampling=sampling,
                        samples=config.sweep.samples if sampled else 1, source=group.source, scorer=group.scorer,
-                       engine=group.engine, speculators=group.speculators, ks=group.ks, budget=budget_of(config),
+                       method=group.method, speculators=group.speculators, ks=group.ks, budget=budget_of(config),
                        servers=group.servers, runs=runs, served=group.served)
 
 
@@ -426,12 +426,12 @@ def _run_spec(config: Config, selected: Selected, provenance: Provenance, pair: 
     top-k and the verification rule. A server's counts are at its own precision ("as served")."""
     ds, sampled, target = config.dataset, sampling.temperature > 0, group.target
     return RunSpec(
-        target=pair.target, speculator=spec.name, draft_len=k, thinking=thinking, temperature=sampling.temperature,
+        target=pair.target, speculator=spec.name, k=k, thinking=thinking, temperature=sampling.temperature,
         top_p=sampling.top_p if sampled else None, top_k=sampling.top_k if sampled else None,
         dataset=ds.name or ds.source, target_hash=target.fingerprint, speculator_params=spec.described.params,
         draft_hash=spec.described.draft_hash, dataset_fingerprint=selected.dataset_fingerprint,
         context_tokens=ds.context_tokens, max_new_tokens=ds.max_new_tokens,
-        dtype=group.dtype or selected.dtype.dtype, engine=group.engine, step_rule=STEP_RULE_VERSION,
+        dtype=group.dtype or selected.dtype.dtype, method=group.method, step_rule=STEP_RULE_VERSION,
         sampling_seed=ds.seed if sampled else None, verification=group.verification if sampled else None,
         responses_from=group.responses_from, responses_dtype=group.responses_dtype,
         features_from=group.features_from if spec.reads_hidden_states else None,
@@ -450,7 +450,7 @@ def _run_spec(config: Config, selected: Selected, provenance: Provenance, pair: 
 class Launched:
     """What a measurement's engine reports of itself once its models are loaded and its servers up."""
 
-    engine: str
+    method: str  # the engine's name: how its counts are made (stored as runs.method)
     target_id: str
     target_fingerprint: str | None
     served_model: str | None
@@ -476,7 +476,7 @@ def settle(run: PlannedRun, launched: Launched) -> RunSpec:
         raise PlanMismatch(f"the plan measures {run.speculator!r}; the engine built {sorted(launched.speculators)}")
     built = launched.speculators[run.speculator]
     reported = {"target_hash": launched.target_fingerprint, "speculator_params": built.params,
-                "draft_hash": built.draft_hash, "served_model": launched.served_model, "engine": launched.engine,
+                "draft_hash": built.draft_hash, "served_model": launched.served_model, "method": launched.method,
                 "responses_from": launched.responses_from, "responses_dtype": launched.responses_dtype}
     if launched.dtype is not None:
         reported["dtype"] = launched.dtype

@@ -36,5 +36,5 @@ def _details(m: Measurement) -> list[str]:
                 + (f" top_k={s.top_k}" if s.top_k is not None else "") + f" seed={s.seed}, {m.samples} sample(s)"
                 if s.temperature > 0 else "T=0 (greedy)")
     servers = "; ".join(server.describe() for server in m.servers) or "none (this process)"
-    return [f"source: {m.source}; scorer: {m.scorer} (stored as engine {m.engine!r}); sampling: {sampling}",
+    return [f"source: {m.source}; scorer: {m.scorer} (stored as method {m.method!r}); sampling: {sampling}",
             f"servers: {servers}"]

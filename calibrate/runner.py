@@ -193,7 +193,7 @@ def _run_pair(config: Config, pair: PairConfig, prepared: Prepared, drafts: dict
 def launched(engine: Engine) -> Launched:
     """What an engine reports of itself once its models are loaded and its servers up (calibrate.plan.settle)."""
     target = engine.target
-    return Launched(engine=engine.name, target_id=target.model_id, target_fingerprint=target.fingerprint,
+    return Launched(method=engine.name, target_id=target.model_id, target_fingerprint=target.fingerprint,
                     served_model=engine.served_model,
                     speculators={s.name: Described(s.name, s.params, *s.identity) for s in engine.speculators},
                     dtype=engine.dtype, verification=engine.verification, responses_from=engine.responses_from,

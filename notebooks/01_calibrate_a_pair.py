@@ -60,10 +60,10 @@ finally:
     con.close()
 print(f"{'speculator':<36} {'k':>2} {'AL':>6}  {'95% CI':<12} macro")
 for r in records:
-    print(f"{r.speculator:<36} {r.draft_len:>2} {r.acceptance_length:6.3f}  "
+    print(f"{r.speculator:<36} {r.k:>2} {r.acceptance_length:6.3f}  "
           f"{r.interval:<12} {r.macro_acceptance_length:.3f}")  # "n too small" under 10 conversations
 assert records, "the run stored nothing"
-assert all(1.0 <= r.acceptance_length <= r.draft_len + 1 for r in records)  # AL counts the bonus token
+assert all(1.0 <= r.acceptance_length <= r.k + 1 for r in records)  # AL counts the bonus token
 
 # %% [markdown]
 # The same table as `calibrate show` prints it:

@@ -34,10 +34,10 @@ from calibrate.consumers.lookup import DuckDBTable
 
 catalog = DuckDBTable(DB).catalog()
 for entry in catalog[:12]:
-    print(entry.target, entry.speculator, entry.draft_len, entry.thinking, entry.temperature)
+    print(entry.target, entry.speculator, entry.k, entry.thinking, entry.temperature)
 MODEL = catalog[0].target
 SPECULATOR = catalog[0].speculator
-measured_k = sorted({e.draft_len for e in catalog if e.speculator == SPECULATOR})
+measured_k = sorted({e.k for e in catalog if e.speculator == SPECULATOR})
 K = 3 if 3 in measured_k else measured_k[-1]
 print(f"\nbenchmark: {MODEL} with {SPECULATOR}, k = {K} (measured k: {measured_k})")
 

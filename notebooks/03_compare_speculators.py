@@ -47,8 +47,8 @@ import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(7, 4))
 for spec in speculators:
-    rows = sorted((r for r in overall if r.speculator == spec), key=lambda r: r.draft_len)
-    ks = [r.draft_len for r in rows]
+    rows = sorted((r for r in overall if r.speculator == spec), key=lambda r: r.k)
+    ks = [r.k for r in rows]
     al = [r.acceptance_length for r in rows]
     # no bar where the CI is withheld (fewer than 10 conversations: record.ci_note)
     err = [[0.0 if r.ci_low is None else r.acceptance_length - r.ci_low for r in rows],
@@ -66,8 +66,8 @@ plt.show()
 # At each k, the best speculator and whether its CI clears the runner-up's.
 
 # %%
-for k in sorted({r.draft_len for r in overall}):
-    ranked = sorted((r for r in overall if r.draft_len == k), key=lambda r: -r.acceptance_length)
+for k in sorted({r.k for r in overall}):
+    ranked = sorted((r for r in overall if r.k == k), key=lambda r: -r.acceptance_length)
     if len(ranked) < 2:
         continue
     best, second = ranked[0], ranked[1]
@@ -86,10 +86,10 @@ for k in sorted({r.draft_len for r in overall}):
 
 # %%
 print(f"{'speculator':<36} {'k':>2} {'segment':<10} {'steps':>6} {'AL':>6}  95% CI")
-for r in sorted(by_segment, key=lambda r: (r.speculator, r.draft_len, r.segment)):
+for r in sorted(by_segment, key=lambda r: (r.speculator, r.k, r.segment)):
     if r.segment == "all":
         continue
-    print(f"{r.speculator:<36} {r.draft_len:>2} {r.segment:<10} {r.steps:>6} {r.acceptance_length:6.3f}  "
+    print(f"{r.speculator:<36} {r.k:>2} {r.segment:<10} {r.steps:>6} {r.acceptance_length:6.3f}  "
           f"{r.interval}")
 segments_seen = {r.segment for r in by_segment}
 assert "all" in segments_seen and len(segments_seen) >= 2, segments_seen

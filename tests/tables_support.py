@@ -17,7 +17,7 @@ from calibrate.terms import RequestOutcome, SegmentCounts, StepCounts
 def make_spec(
     target: str = "Qwen/Qwen2.5-Coder-1.5B-Instruct",
     speculator: str = "ngram",
-    draft_len: int = 3,
+    k: int = 3,
     thinking: str = "off",
     temperature: float = 0.0,
     dataset: str = "mini-swe-agent",
@@ -29,9 +29,9 @@ def make_spec(
     fields = dict(
         target=target, target_id=target_id or target, target_hash="t" * 8, speculator=speculator,
         speculator_kind=speculator.split(":")[0], speculator_params={"n": 3}, draft_id=None, draft_hash=None,
-        draft_len=draft_len, thinking=thinking, temperature=temperature, top_p=None, top_k=None,
+        k=k, thinking=thinking, temperature=temperature, top_p=None, top_k=None,
         dataset=dataset, dataset_format="mini-swe-agent", dataset_fingerprint="fp-" + dataset,
-        selection={"limit": 10}, context_tokens=4096, max_new_tokens=256, engine="greedy", dtype="float32",
+        selection={"limit": 10}, context_tokens=4096, max_new_tokens=256, method="greedy", dtype="float32",
         device="cpu", seed=seed, sampling_seed=seed if temperature > 0 else None,
         versions={"spec-calibrate": "0.1.0"}, git_commit="abc123",
     )
@@ -59,16 +59,16 @@ def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool
     run_id = store.begin_run(spec)
     batch = []
     for i, req in enumerate(requests):
-        counts = StepCounts(k=spec.draft_len)
+        counts = StepCounts(k=spec.k)
         for seg, hist in req.segments.items():
             h = np.asarray(hist, dtype=np.int64)
-            assert h.shape == (spec.draft_len + 1,)
+            assert h.shape == (spec.k + 1,)
             emitted = int((h * (np.arange(h.size) + 1)).sum())
             counts.segments[seg] = SegmentCounts(
                 hist=h, tokens=emitted + req.censored.get(seg, 0), censored_steps=req.censored.get(seg, 0),
                 expected_accepted=req.expected.get(seg),
                 # k drafts at every step but the empty ones
-                drafted_tokens=int(h.sum() - req.empty.get(seg, 0)) * spec.draft_len,
+                drafted_tokens=int(h.sum() - req.empty.get(seg, 0)) * spec.k,
                 empty_steps=req.empty.get(seg, 0),
             )
         outcome = RequestOutcome(
@@ -94,17 +94,17 @@ def basic_store(path: Path) -> Path:
     """Two targets, two speculators, k in {1, 3} (ngram) and {2} (draft), thinking on/off; hand counts."""
     with Store(path) as store:
         for k, thinking in ((1, "off"), (3, "off"), (3, "on")):
-            spec = make_spec(draft_len=k, thinking=thinking)
+            spec = make_spec(k=k, thinking=thinking)
             write_run(store, spec, [
                 Req("r0", "c0", {"answer": [2] + [1] * k, "tool_call": [1] * (k + 1)}),
                 Req("r1", "c0", {"answer": [3] + [0] * (k - 1) + [1]}),
                 Req("r2", "c1", {"thinking": [1] * (k + 1)} if thinking == "on" else {"answer": [0] * k + [2]}),
             ])
-        write_run(store, make_spec(speculator="draft:qwen2.5-coder-0.5b-instruct", draft_len=2), [
+        write_run(store, make_spec(speculator="draft:qwen2.5-coder-0.5b-instruct", k=2), [
             Req("r0", "c0", {"answer": [1, 1, 2]}),
             Req("r1", "c1", {"answer": [2, 0, 2]}),
         ])
-        write_run(store, make_spec(target="smollm2-135m-instruct", draft_len=2,
+        write_run(store, make_spec(target="smollm2-135m-instruct", k=2,
                                    target_id="/models/smollm2-135m-instruct"), [
             Req("r0", "c0", {"answer": [4, 2, 0]}),
         ])

@@ -74,11 +74,11 @@ def test_a_list_its_own_response_cannot_hold_is_marked_not_left_unaudited():
 def marked(tmp_path):
     db = tmp_path / "a.duckdb"
     with Store(db) as store:
-        write_run(store, make_spec(speculator="ngram", draft_len=K, temperature=0.7, engine="vllm"), [
+        write_run(store, make_spec(speculator="ngram", k=K, temperature=0.7, method="vllm"), [
             Req("r0", "c0", {"answer": [2, 1, 0, 1]}, disagreeing_steps=2),
             Req("r1", "c1", {"answer": [1, 1, 1, 0]}, disagreeing_steps=1),
         ])
-        write_run(store, make_spec(speculator="ngram", draft_len=2, temperature=0.7, engine="vllm"), [
+        write_run(store, make_spec(speculator="ngram", k=2, temperature=0.7, method="vllm"), [
             Req("r0", "c0", {"answer": [2, 1, 0]}, disagreeing_steps=0),
         ])
     return db

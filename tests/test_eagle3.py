@@ -281,7 +281,7 @@ temperature = [0.0, 0.7]
     summary = execute(load_config(config), tmp_path / "e.duckdb")
     assert len(summary.run_ids) == 4
     con = duckdb.connect(str(tmp_path / "e.duckdb"), read_only=True)
-    rows = con.execute("SELECT speculator, speculator_kind, draft_hash, engine FROM runs").fetchall()
+    rows = con.execute("SELECT speculator, speculator_kind, draft_hash, method FROM runs").fetchall()
     assert {r[0] for r in rows} == {f"eagle3:{head}"} and {r[1] for r in rows} == {"eagle3"}
     assert all(r[2] for r in rows) and {r[3] for r in rows} == {"replay"}  # auto: target-only at T > 0 replays
     con.close()

@@ -140,7 +140,7 @@ def known(tmp_path_factory: pytest.TempPathFactory) -> list[AcceptanceRecord]:
     with Store(path) as store:
         for speculator in ("mtp", "eagle3", "draft:deepseek-v4-draft", "ngram", "suffix"):
             for k, thinking in ((1, "on"), (3, "on"), (3, "off")):
-                spec = make_spec(target="deepseek-ai/DeepSeek-V4-Pro", speculator=speculator, draft_len=k,
+                spec = make_spec(target="deepseek-ai/DeepSeek-V4-Pro", speculator=speculator, k=k,
                                  thinking=thinking, draft_id="org/deepseek-v4-draft" if "draft" in speculator else None)
                 write_run(store, spec, [Req("r0", "c0", {"answer": [1] * k + [3]}), Req("r1", "c1", {"answer": [2] + [1] * k})])
     con = connect(path, read_only=True)
@@ -173,7 +173,7 @@ def test_inferencex_newest_loader_finds_every_curve_we_export(engine: str, known
     consumers.export(served, "inferencex", tmp_path, stamp=STAMP, options=ExportOptions(naming=naming))
     for r in served:
         method = inferencex.RECIPE_METHODS[engine][_kind(r)]
-        role = infx_recipe(engine, method, r.draft_len, " ".join(r.draft_ids))
+        role = infx_recipe(engine, method, r.k, " ".join(r.draft_ids))
         assert infx_golden_length("dsv4", infx_spec_parameters(role, engine), f"thinking_{r.thinking}", tmp_path) == r.al
     notes = consumers.export_notes(served, "inferencex", ExportOptions(naming=naming))
     loads = [n for n in notes if n.startswith("InferenceX loads ")]
@@ -227,7 +227,7 @@ def test_engine_settings_for_another_algorithm_are_refused_unless_forced(to: str
     carries a warning that the numbers are ours. TileRT runs nothing but MTP: the rest is refused, forced or not."""
     c = consumers.consumer(to)
     engine = ENGINE_NAMES.get(to, to)
-    for r in (r for r in known if r.draft_len == 3 and r.thinking == "on"):
+    for r in (r for r in known if r.k == 3 and r.thinking == "on"):
         out = tmp_path / f"{to}-{_kind(r)}.txt"
         if _kind(r) in SETTING_RUNS[to]:
             assert consumers.export([r], to, out) == [out]
@@ -248,7 +248,7 @@ def test_engine_settings_for_another_algorithm_are_refused_unless_forced(to: str
         assert not out.exists()
         with pytest.raises(ValueError, match=refused):
             consumers.render_lookup(r, c.lookup_format)
-        assert consumers.export([r], to, out, force=True) == [out] and f"k={r.draft_len}" in out.read_text()
+        assert consumers.export([r], to, out, force=True) == [out] and f"k={r.k}" in out.read_text()
         assert consumers.render_lookup(r, c.lookup_format, force=True)
         for warnings in (consumers.export_warnings([r], to), consumers.lookup_warnings(r, c.lookup_format)):
             (warning,) = [w for w in warnings if "numbers are ours" in w]
@@ -258,10 +258,10 @@ def test_engine_settings_for_another_algorithm_are_refused_unless_forced(to: str
 def test_an_engine_only_row_is_the_engines_own_and_never_refused(records: list[AcceptanceRecord]) -> None:
     """A `kind = "engine"` row is named by the engine's method (SGLang's NGRAM measures as `ngram`) and holds
     that engine's own counts: no engine setting or curve of it is refused as another algorithm."""
-    (row,) = [r for r in records if r.speculator == "ngram" and r.draft_len == 1]
+    (row,) = [r for r in records if r.speculator == "ngram" and r.k == 1]
     engine_ngram = replace(row, speculator_kinds=("engine",))
     for to in ("sglang", "trtllm", "atom", "llamacpp"):
-        assert f"k={row.draft_len}" in consumers.export([engine_ngram], to, None)
+        assert f"k={row.k}" in consumers.export([engine_ngram], to, None)
         assert not [w for w in consumers.export_warnings([engine_ngram], to) if "numbers are ours" in w]
     options = ExportOptions(naming=Naming(model_prefix="qwen2.5c", engine="sglang"))
     assert "qwen2.5-coder-1.5b-instruct:" in consumers.export([engine_ngram], "inferencex", None, stamp=STAMP,
@@ -378,7 +378,7 @@ def test_inferencex_names_model_heads_the_way_the_loader_does(known: list[Accept
 def _one_curve(tmp_path: Path, target: str, speculator: str, draft_id: str | None = None) -> list[AcceptanceRecord]:
     path = tmp_path / "one.duckdb"
     with Store(path) as store:
-        write_run(store, make_spec(target=target, speculator=speculator, draft_len=3, thinking="on",
+        write_run(store, make_spec(target=target, speculator=speculator, k=3, thinking="on",
                                    draft_id=draft_id), [Req("r0", "c0", {"answer": [1, 1, 1, 3]})])
     con = connect(path, read_only=True)
     try:
@@ -488,8 +488,8 @@ def _two_spellings(tmp_path: Path, same_model: bool) -> list[AcceptanceRecord]:
     """One model stored under its name and under its folder (issue 14, item 6), or two different models."""
     path = tmp_path / ("same.duckdb" if same_model else "other.duckdb")
     with Store(path) as store:
-        folder = replace(make_spec(target="/models/Coder-7B", draft_len=1), target_hash="h1")
-        name = replace(make_spec(target="coder-7b", draft_len=3), target_hash="h1" if same_model else "h2")
+        folder = replace(make_spec(target="/models/Coder-7B", k=1), target_hash="h1")
+        name = replace(make_spec(target="coder-7b", k=3), target_hash="h1" if same_model else "h2")
         write_run(store, folder, [Req("r0", "c0", {"answer": [1, 3]})])
         write_run(store, name, [Req("r0", "c0", {"answer": [1, 1, 1, 1]})])
     con = connect(path, read_only=True)
@@ -536,7 +536,7 @@ def test_vllm_reads_the_speculative_config(mode: str, records: list[AcceptanceRe
     rows = json.loads(consumers.export(records, "vllm", None, options=ExportOptions(mode=mode)))
     for row, r in zip(rows, records, strict=True):
         rates = vllm_synthetic_rates(row["speculative_config"])
-        assert 1 + sum(rates) == pytest.approx(r.al, abs=r.draft_len * 5e-5 + (0.005 if mode == "rates" else 1e-9))
+        assert 1 + sum(rates) == pytest.approx(r.al, abs=r.k * 5e-5 + (0.005 if mode == "rates" else 1e-9))
 
 
 # ---- SGLang: python/sglang/srt/environ.py at 0003215cf1464f44b389cd0b18d0b4c56f2a3da6 (SGLANG_SIMULATE_ACC_LEN
@@ -563,7 +563,7 @@ def test_sglang_reads_the_env_and_runs_at_k(token_mode: str, records: list[Accep
     text = consumers.export(records, "sglang", None, options=ExportOptions(token_mode=token_mode), force=True)
     for env, r in zip(env_lines(text), records, strict=True):
         assert env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] == token_mode
-        assert sglang_server(env) == (r.al, r.draft_len)
+        assert sglang_server(env) == (r.al, r.k)
 
 
 # ---- TensorRT-LLM: tensorrt_llm/_torch/speculative/interface.py at 00b6d5a25c30b4382d24fbdf52956d601b3ffd24:
@@ -580,7 +580,7 @@ def test_trtllm_integral_values_survive_the_int_parser(records: list[AcceptanceR
     integral = replace(records[0], acceptance_length=3.0, empty_steps=None)
     (env,) = env_lines(consumers.export([integral], "trtllm", None))
     assert trtllm_two_model(env["TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS"]) == 2
-    assert json.loads(env["TRTLLM_SPECULATIVE_CONFIG"]) == {"speculative_config": {"max_draft_len": integral.draft_len}}
+    assert json.loads(env["TRTLLM_SPECULATIVE_CONFIG"]) == {"speculative_config": {"max_draft_len": integral.k}}
     assert consumers.export_warnings([integral], "trtllm") == []
     fractional = replace(integral, acceptance_length=2.43)
     (env,) = env_lines(consumers.export([fractional], "trtllm", None))
@@ -634,10 +634,10 @@ def test_atom_and_llamacpp_read_their_flags_at_k(mode: str, records: list[Accept
              if line and not line.startswith("#")]
     for a, l, r in zip(atom, llama, records, strict=True):
         length, n = atom_length(a.split())
-        assert n == r.draft_len and length == pytest.approx(r.al, abs=r.draft_len * 5e-5)
+        assert n == r.k and length == pytest.approx(r.al, abs=r.k * 5e-5)
         value, n_max = llamacpp_rates(l.split())
-        assert n_max == r.draft_len
-        assert (value if mode == "length" else 1 + sum(value)) == pytest.approx(r.al, abs=r.draft_len * 5e-5 + 0.005)
+        assert n_max == r.k
+        assert (value if mode == "length" else 1 + sum(value)) == pytest.approx(r.al, abs=r.k * 5e-5 + 0.005)
 
 
 # ---- specdec_bench speculation_profile.json v1.0 (NVIDIA/Model-Optimizer): the writer
@@ -698,11 +698,11 @@ def test_specdec_profiles_validate_against_the_format(known: list[AcceptanceReco
         profile = json.loads(path.read_text())
         check_profile(profile)
         methods.add((profile["method"], profile["accept_length_model"]))
-        mine = next(r for r in known if path.parent.name.endswith(f"_k{r.draft_len}_thinking-{r.thinking}")
+        mine = next(r for r in known if path.parent.name.endswith(f"_k{r.k}_thinking-{r.thinking}")
                     and profile["method"] == inferencex.RECIPE_METHODS["vllm"][r.speculator.partition(":")[0]])
         assert profile["mean_accept_length"] == pytest.approx(mine.acceptance_length, abs=1e-6)
         if mine.thinking == "on":  # k 1 and 3 measured under the same conditions: each K up to the file's own
-            assert set(profile["accept_length_by_k"]) == ({"1", "3"} if mine.draft_len == 3 else {"1"})
+            assert set(profile["accept_length_by_k"]) == ({"1", "3"} if mine.k == 3 else {"1"})
     assert ("eagle3", "chain_analytic") in methods and ("draft_model", "chain_analytic") in methods
     assert ("mtp", "measured_per_k") in methods and ("ngram", "measured_per_k") in methods
     draft = json.loads(next(p for p in paths if "draft" in p.parent.name and "_k3_thinking-on" in p.parent.name).read_text())
@@ -787,7 +787,7 @@ def test_specdec_profile_names_models_as_published_never_a_cache_path(tmp_path: 
     with Store(path) as store:
         for k in (1, 2, 3):
             spec = make_spec(target="qwen2.5-coder-1.5b-instruct", target_id=f"{cache}/qwen2.5-coder-1.5b-instruct",
-                             speculator="draft:qwen2.5-coder-0.5b-instruct", draft_len=k,
+                             speculator="draft:qwen2.5-coder-0.5b-instruct", k=k,
                              draft_id=f"{cache}/qwen2.5-coder-0.5b-instruct")
             write_run(store, spec, [Req("r0", "c0", {"answer": [1] * k + [3]})])
     con = connect(path, read_only=True)
@@ -820,7 +820,7 @@ def test_tilert_reads_the_env_at_k(known: list[AcceptanceRecord]) -> None:
     for env, r in zip(env_lines(consumers.export(mtp, "tilert", None)), mtp, strict=True):
         assert float(env["TILERT_SIMULATE_ACC_LEN"]) == float(f"{r.al:g}")
         assert env["TILERT_SIMULATE_ACC_METHOD"] == "match-expected"
-        assert shlex.split(env["TILERT_SPECULATIVE_ARGS"]) == ["--with-mtp", "--num-mtp", str(r.draft_len)]
+        assert shlex.split(env["TILERT_SPECULATIVE_ARGS"]) == ["--with-mtp", "--num-mtp", str(r.k)]
     with pytest.raises(ValueError, match="tilert runs speculator kinds mtp only; eagle3 is none of them"):
         consumers.export([r for r in known if r.speculator == "eagle3"], "tilert", None)
 
@@ -842,7 +842,7 @@ def test_the_consumer_registry_is_the_one_list(known: list[AcceptanceRecord]) ->
         if c.lookup_format:
             assert c.lookup_format in lookup_help and c.render is not None and c.engine
     engines = [c for c in consumers.CONSUMERS.values() if c.render is not None]
-    record = next(r for r in known if r.speculator == "mtp" and r.draft_len == 3)
+    record = next(r for r in known if r.speculator == "mtp" and r.k == 3)
     for c in engines:  # every engine setting carries k in the engine's own option
         text = consumers.render_lookup(record, c.lookup_format, force=True)  # llama.cpp runs no MTP of ours
         assert re.search(rf"(num_speculative_tokens\": 3|-steps 3|max_draft_len\": 3|-tokens 3|-n-max 3|-num-mtp 3)",
@@ -956,12 +956,12 @@ def test_inferencex_reference_loader_reads_every_value_we_export(prefix: str | N
     runner = prefix or "dsv4"
     for r in mtp:
         env = {"MODEL_PREFIX": runner, "THINKING_MODE": f"thinking_{r.thinking}"}
-        assert 1 <= infx_reference_al(reference, {**env, "NUM_SPEC_TOKENS": str(r.draft_len)}) == r.al <= r.draft_len + 1
+        assert 1 <= infx_reference_al(reference, {**env, "NUM_SPEC_TOKENS": str(r.k)}) == r.al <= r.k + 1
         for engine in ("vllm", "sglang", "trtllm"):  # k from the recipe when NUM_SPEC_TOKENS is unset
-            assert infx_reference_al(reference, env, infx_reference_roles(engine, r.draft_len), engine) == r.al
+            assert infx_reference_al(reference, env, infx_reference_roles(engine, r.k), engine) == r.al
         if r.thinking == "on":  # THINKING_MODE unset or empty: thinking_on
             assert infx_reference_al(reference, {"MODEL_PREFIX": runner, "THINKING_MODE": " ",
-                                                 "NUM_SPEC_TOKENS": str(r.draft_len)}) == r.al
+                                                 "NUM_SPEC_TOKENS": str(r.k)}) == r.al
     notes = consumers.export_notes(mtp, "inferencex-reference", _reference_options(prefix))
     assert notes[0].startswith(f"InferenceX synthetic_acceptance.py reads benchmarks/speedbench-reference-al.yaml key "
                                f"{key}, thinking_on k in {{1, 3}} for ") and f"MODEL_PREFIX={runner}" in notes[0]
@@ -979,13 +979,13 @@ def test_inferencex_reference_merges_into_the_shared_file(known: list[Acceptance
     merged = yaml.safe_load(text)
     assert merged["deepseek-v4-pro"] == yaml.safe_load(UPSTREAM_REFERENCE)["deepseek-v4-pro"]
     assert infx_reference_al(merged, {"MODEL_PREFIX": "dsv4", "NUM_SPEC_TOKENS": "2"}) == 2.27
-    r3 = next(r for r in mtp if r.draft_len == 3 and r.thinking == "on")
+    r3 = next(r for r in mtp if r.k == 3 and r.thinking == "on")
     assert infx_reference_al(merged, {"MODEL_PREFIX": "dsr1", "NUM_SPEC_TOKENS": "3"}) == r3.al
     # Again with the same values: nothing to refuse, same file.
     consumers.export(mtp, "inferencex-reference", out, stamp=STAMP, options=_reference_options("dsr1"))
     assert out.read_text() == text
     # Our dsv4 values differ from upstream's at thinking_on k=1 and k=3: refused unforced, naming them, file untouched.
-    r1 = next(r for r in mtp if r.draft_len == 1)
+    r1 = next(r for r in mtp if r.k == 1)
     with pytest.raises(ValueError, match=rf"would replace \(deepseek-v4-pro, thinking_on, k=1\) = 1.79 -> "
                                          rf"{r1.value()}; \(deepseek-v4-pro, thinking_on, k=3\) = 2.47 -> .*--force"):
         consumers.export(mtp, "inferencex-reference", out, stamp=STAMP, options=_reference_options("dsv4"))
@@ -995,7 +995,7 @@ def test_inferencex_reference_merges_into_the_shared_file(known: list[Acceptance
     assert forced["deepseek-r1"] == merged["deepseek-r1"]
     for r in mtp:
         assert infx_reference_al(forced, {"MODEL_PREFIX": "dsv4", "THINKING_MODE": f"thinking_{r.thinking}",
-                                          "NUM_SPEC_TOKENS": str(r.draft_len)}) == r.al
+                                          "NUM_SPEC_TOKENS": str(r.k)}) == r.al
     # k values we did not measure stay as upstream wrote them.
     assert forced["deepseek-v4-pro"]["thinking_on"][2] == 2.27 and forced["deepseek-v4-pro"]["thinking_off"] == {
         1: 1.92, 2: 2.60, 3: next(r.al for r in mtp if r.thinking == "off")}

@@ -243,7 +243,7 @@ def test_where_each_kind_runs_as_measured_is_one_torch_free_table():
     assert set(RUNS_ON) == set(KINDS)
     for kind, cls in KINDS.items():
         assert cls.runs_on() == RUNS_ON[kind], kind
-        assert set(cls.engines) <= RUNS_ON[kind], kind
+        assert set(cls.backends) <= RUNS_ON[kind], kind
     engines = set().union(*RUNS_ON.values())
     assert {c.forces for c in CONSUMERS.values() if c.forces is not None} == engines
     assert set(ENGINES) <= engines
@@ -266,15 +266,15 @@ def test_inferencex_recipe_methods_agree_with_the_kinds_engine_spellings():
     aliases = {("sglang", "mtp"): "eagle"}
     for engine in ("vllm", "sglang"):
         for kind, recipe in RECIPE_METHODS[engine].items():
-            spelled = KINDS[kind].engines.get(engine)
+            spelled = KINDS[kind].backends.get(engine)
             if engine not in KINDS[kind].runs_on():
                 assert (engine, kind) == ("sglang", "ngram") and spelled is None
                 continue
             assert spelled is not None, (engine, kind)
             assert spelled[0].lower() == aliases.get((engine, kind), recipe), (engine, kind)
-        launched = {kind for kind, cls in KINDS.items() if engine in cls.engines and cls.in_process}
+        launched = {kind for kind, cls in KINDS.items() if engine in cls.backends and cls.in_process}
         assert launched <= set(RECIPE_METHODS[engine]), (engine, launched)
     for engine in ("trtllm", "atom", "tilert"):  # never launched: a kind that runs there has a recipe method
         runs = {kind for kind, cls in KINDS.items() if engine in cls.runs_on()}
         assert runs <= set(RECIPE_METHODS[engine]), (engine, runs)
-        assert not any(engine in cls.engines for cls in KINDS.values())
+        assert not any(engine in cls.backends for cls in KINDS.values())

@@ -66,9 +66,9 @@ def test_self_speculation_accepts_every_draft(tmp_path, llama_server, smollm, mi
     db = tmp_path / "self.duckdb"
     execute(config, db)
     con = duckdb.connect(str(db), read_only=True)
-    rows = con.execute("""SELECT r.draft_len, sum(s.steps), sum(s.accepted_drafts), sum(s.drafted_tokens)
+    rows = con.execute("""SELECT r.k, sum(s.steps), sum(s.accepted_drafts), sum(s.drafted_tokens)
                           FROM segment_counts s JOIN runs r USING (run_id) GROUP BY 1 ORDER BY 1""").fetchall()
-    provenance = [json.loads(p) for (p,) in con.execute("SELECT server FROM runs ORDER BY draft_len").fetchall()]
+    provenance = [json.loads(p) for (p,) in con.execute("SELECT server FROM runs ORDER BY k").fetchall()]
     con.close()
     assert [k for k, *_ in rows] == [2, 4]
     for k, steps, accepted, drafted in rows:
@@ -96,7 +96,7 @@ def test_qwen_pair_launch_and_connect_rows_read_like_in_process(tmp_path, llama_
     summary = execute(config, db)
     assert summary.measured == 2
     record = lookup(str(qwen_target), None, 4, "off", table=db)
-    assert 1.0 <= record.acceptance_length <= 5.0 and record.requests == 2 and record.engines == ("llama.cpp",)
+    assert 1.0 <= record.acceptance_length <= 5.0 and record.requests == 2 and record.methods == ("llama.cpp",)
     assert record.ci_low is None and record.interval == "n too small"  # 2 conversations: no interval
     res = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json", "--bootstrap", "200"])
     assert res.exit_code == 0 and json.loads(res.stdout)[0]["draft_len"] == 4, res.output
@@ -123,4 +123,4 @@ def test_qwen_pair_launch_and_connect_rows_read_like_in_process(tmp_path, llama_
     # kernels may break a near-tie differently: the same requests and k, an AL in range, not the same steps.
     print(f"launch: {record.steps} steps, AL {record.acceptance_length:.3f}; "
           f"connect: {again.steps} steps, AL {again.acceptance_length:.3f}")
-    assert again.requests == 2 and again.draft_len == 4 and 1.0 <= again.acceptance_length <= 5.0
+    assert again.requests == 2 and again.k == 4 and 1.0 <= again.acceptance_length <= 5.0

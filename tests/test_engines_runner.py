@@ -70,7 +70,7 @@ def test_connect_run_gives_rows_show_export_lookup_read(tmp_path, smollm, mini_s
     sent = [body for path, body in llamacpp_standin.requests if path == "/completion"]
     assert len(sent) == 3 and all(isinstance(t, int) for b in sent for t in b["prompt"])
     con = duckdb.connect(str(db), read_only=True)
-    engine, server = con.execute("SELECT engine, server FROM runs").fetchone()
+    engine, server = con.execute("SELECT method, server FROM runs").fetchone()
     server = json.loads(server)
     assert engine == "llama.cpp" and server["url"] == llamacpp_standin.url and server["engine_version"] == "b11434-standin"
     segs = con.execute("SELECT segment, steps, accepted_drafts, drafted_tokens, histogram FROM segment_counts").fetchall()
@@ -83,7 +83,7 @@ def test_connect_run_gives_rows_show_export_lookup_read(tmp_path, smollm, mini_s
     record = lookup(str(smollm), None, K, "off", table=db)
     assert record.acceptance_length == pytest.approx(1 + (K + 1) / 2) and record.histogram == ()
     assert record.ci_low is record.ci_high is None and record.interval == "n too small"  # 3 conversations
-    assert record.draft_acceptance_rate == pytest.approx((K + 1) / (2 * K)) and record.engines == ("llama.cpp",)
+    assert record.draft_acceptance_rate == pytest.approx((K + 1) / (2 * K)) and record.methods == ("llama.cpp",)
     res = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json", "--bootstrap", "200"])
     assert res.exit_code == 0, res.output
     shown = json.loads(res.stdout)

@@ -135,7 +135,7 @@ def test_connect_ngram_counts_are_vllms_steps_and_our_ngram_exactly(tmp_path, sm
     assert [r["speculator"] for r in rows] == ["ngram:prompt_lookup_max=4,prompt_lookup_min=1"]
     assert 1 < rows[0]["acceptance_length"] < K + 1
     record = lookup(str(smollm), rows[0]["speculator"], K, "off", table=db)
-    assert record.acceptance_length == pytest.approx(rows[0]["acceptance_length"]) and record.engines == ("vllm",)
+    assert record.acceptance_length == pytest.approx(rows[0]["acceptance_length"]) and record.methods == ("vllm",)
     out = tmp_path / "exports"
     res = CliRunner().invoke(app, ["export", "--to", "vllm", "--db", str(db), "--out", str(out)])
     assert res.exit_code == 0, res.output

@@ -100,11 +100,11 @@ def speculated(tmp_path_factory, mini_swe_dir) -> Path:
 def rows(db: Path) -> dict[tuple[str, int, str], dict]:
     """(speculator, k, request) -> its histogram, empty and censored steps, tokens and raw reply."""
     con = duckdb.connect(str(db), read_only=True)
-    hist = con.execute("""SELECT speculator, draft_len, request_id, accepted, sum(a.steps) FROM accept_counts a
+    hist = con.execute("""SELECT speculator, k, request_id, accepted, sum(a.steps) FROM accept_counts a
                           JOIN runs USING (run_id) GROUP BY ALL""").fetchall()
-    seg = con.execute("""SELECT speculator, draft_len, request_id, sum(empty_steps), sum(censored_steps)
+    seg = con.execute("""SELECT speculator, k, request_id, sum(empty_steps), sum(censored_steps)
                          FROM segment_counts JOIN runs USING (run_id) GROUP BY ALL""").fetchall()
-    raw = con.execute("""SELECT speculator, draft_len, request_id, response FROM engine_responses
+    raw = con.execute("""SELECT speculator, k, request_id, response FROM engine_responses
                          JOIN runs USING (run_id)""").fetchall()
     con.close()
     out: dict[tuple[str, int, str], dict] = {}
@@ -119,7 +119,7 @@ def rows(db: Path) -> dict[tuple[str, int, str], dict]:
 
 def test_runs_name_what_generated_and_what_scored(replayed):
     con = duckdb.connect(str(replayed), read_only=True)
-    runs = con.execute("SELECT speculator, engine, responses_from, responses_dtype, features_from, dtype, server "
+    runs = con.execute("SELECT speculator, method, responses_from, responses_dtype, features_from, dtype, server "
                        "FROM runs").fetchall()
     con.close()
     assert len(runs) == len(SPECULATORS) * len(KS)
@@ -330,7 +330,7 @@ def test_vllms_own_mtp_row_is_what_a_benchmark_reads(mtp_speculated, tmp_path):
     assert res.exit_code == 0, res.output
     assert (out / "tiny_mtp.yaml").exists(), sorted(p.name for p in out.iterdir())
     record = lookup(MTP_TARGET, f"mtp:{MTP_TARGET}", 3, "off", table=mtp_speculated)
-    assert 1 < record.acceptance_length <= 4 and record.engines == ("vllm",)
+    assert 1 < record.acceptance_length <= 4 and record.methods == ("vllm",)
 
 
 def test_the_mtp_run_records_its_tap_and_that_the_targets_layers_were_not_read(mtp_replayed):

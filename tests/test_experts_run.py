@@ -70,8 +70,8 @@ def measured(tmp_path_factory) -> tuple[Path, Path]:
 def test_run_stores_raw_counts_per_request_k_layer(measured):
     _, db = measured
     con = duckdb.connect(str(db), read_only=True)
-    engines = {e for (e,) in con.execute("SELECT DISTINCT engine FROM runs").fetchall()}
-    rows = con.execute("SELECT draft_len, layer, batch_size, routing, count(*), sum(steps), sum(distinct_experts) "
+    engines = {e for (e,) in con.execute("SELECT DISTINCT method FROM runs").fetchall()}
+    rows = con.execute("SELECT k, layer, batch_size, routing, count(*), sum(steps), sum(distinct_experts) "
                        "FROM expert_counts GROUP BY ALL ORDER BY ALL").fetchall()
     robin = con.execute("SELECT sum(distinct_experts), sum(positions) FROM expert_counts "
                         "WHERE routing = 'round-robin' AND batch_size = 1").fetchone()

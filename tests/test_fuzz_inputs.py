@@ -196,7 +196,7 @@ def test_corrupt_recipes(tmp_path: Path, fuzz_seed: int | None) -> None:
                      **({"SYNTHETIC_ACCEPTANCE": "true", "MODEL_PREFIX": "dsv4"} if reference else
                         {"MODEL_PREFIX": "kimik3"})}
         try:
-            runner_env.question(variables, model=None, speculator=None, draft_len=None, thinking=None, recipe=path,
+            runner_env.question(variables, model=None, speculator=None, k=None, thinking=None, recipe=path,
                                 dialect_of=dialect_of)
         except ValueError as exc:  # bad input: the recipe is named (the runner's variables are all fine)
             assert str(path) in str(exc), exc

@@ -104,7 +104,7 @@ def test_sampling_seed_is_a_condition_only_when_sampling() -> None:
 
     assert make_spec(seed=1).run_id == make_spec(seed=2).run_id
     assert make_spec(temperature=0.5, seed=1).run_id != make_spec(temperature=0.5, seed=2).run_id
-    assert set(RunSpec.__dataclass_fields__) >= {"max_new_tokens", "context_tokens", "dtype", "engine", "step_rule"}
+    assert set(RunSpec.__dataclass_fields__) >= {"max_new_tokens", "context_tokens", "dtype", "method", "step_rule"}
 
 
 # -- items 4, 5, 9: errors and refused values ---------------------------------------------------------------
@@ -296,7 +296,7 @@ def test_exports_refuse_to_overwrite_unless_forced(tmp_path: Path, hand_store: P
     if fmt == "atom":  # ATOM runs EAGLE-3 and MTP only: any other row needs --force, which overwrites too
         store = tmp_path / "mtp.duckdb"
         with Store(store) as mtp:
-            write_run(mtp, make_spec(speculator="mtp", draft_len=3), [Req("r0", "c0", {"answer": [1, 1, 1, 3]})])
+            write_run(mtp, make_spec(speculator="mtp", k=3), [Req("r0", "c0", {"answer": [1, 1, 1, 3]})])
     args = ("export", "--to", fmt, "--db", str(store), "--out", str(out))
     if fmt == "inferencex":  # one curve per file, named by the runner's MODEL_PREFIX
         args += ("--model", "smollm2-135m-instruct", "--model-prefix", "smollm2")
@@ -593,7 +593,7 @@ def test_extrapolation_keeps_the_model_free_basis(tmp_path: Path) -> None:
     with Store(db) as store:
         for k in (2, 4):  # half the steps propose nothing (in bin 0); the drafted ones accept well
             hist = [6] + [1] * (k - 1) + [5]
-            write_run(store, make_spec(speculator="suffix", draft_len=k),
+            write_run(store, make_spec(speculator="suffix", k=k),
                       [Req(f"r{i}", f"c{i}", {"answer": hist}, empty={"answer": 5}) for i in range(3)])
     measured = lookup(Q, "suffix", 4, "off", table=db)
     assert measured.uses_drafted and measured.al > measured.acceptance_length
@@ -616,7 +616,7 @@ def test_extrapolation_keeps_the_model_free_basis(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, says", [
-    (("-k", "9"), "matches --k 9; measured: draft_len 1, 2, 3"),
+    (("-k", "9"), "matches --k 9; measured: k 1, 2, 3"),
     (("--where", "max_new_tokens=12", "--thinking", "on"), "measured: thinking off, on; max_new_tokens 256"),
 ])
 def test_show_of_nothing_that_matches_says_what_exists(hand_store: Path, args: tuple, says: str) -> None:

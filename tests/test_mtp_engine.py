@@ -250,7 +250,7 @@ def test_calibrate_run_scores_mtp_from_the_engines_hidden_states_as_in_process(t
         hidden.close()
     assert res.exit_code == 0, res.output
     con = duckdb.connect(str(db), read_only=True)
-    rows = con.execute("""SELECT draft_len, request_id, accepted, sum(steps) FROM accept_counts JOIN runs
+    rows = con.execute("""SELECT k, request_id, accepted, sum(steps) FROM accept_counts JOIN runs
                           USING (run_id) GROUP BY ALL""").fetchall()
     runs = con.execute("SELECT DISTINCT features_from, server FROM runs").fetchall()
     con.close()

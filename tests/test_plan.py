@@ -102,7 +102,7 @@ def test_the_loop_with_several_samples(tmp_path, pair):
                   run={"verification": "probabilistic"}, temperature=[0.6, 0.9], samples=2, k=[2])
     cfg = load_routed_config(path)
     measurements = plan(cfg, prepare(cfg))
-    assert {(m.scorer, m.engine, m.samples) for m in measurements} == {("loop", "loop", 2)}
+    assert {(m.scorer, m.method, m.samples) for m in measurements} == {("loop", "loop", 2)}
     planned_then_stored(path, tmp_path / "l.duckdb")
 
 
@@ -117,7 +117,7 @@ def test_plain_engine_replay_with_eagle3_hidden_states_from_this_process(tmp_pat
                       temperature=[0.0, 0.8])
         cfg = load_routed_config(path)
         [m, _] = plan(cfg, prepare(cfg))
-        assert (m.source, m.scorer, m.engine) == ("plain server", "replay", "replay")
+        assert (m.source, m.scorer, m.method) == ("plain server", "replay", "replay")
         assert [(s.mode, s.role, s.url) for s in m.servers] == [("connect", "plain", plain.url)]
         features = {run.speculator: run.spec.features_from for run in m.runs}
         assert features[f"eagle3:{head}"] == "in-process" and features["ngram"] is None
@@ -154,7 +154,7 @@ def test_a_speculating_server_measured_by_its_own_counts(tmp_path, pair):
                                              "served_model": LLAMACPP_MODEL}}], k=[2])
         cfg = load_routed_config(path)
         [m] = plan(cfg, prepare(cfg))
-        assert (m.source, m.scorer, m.engine, m.ks, m.served) == ("speculating server", "engine counts",
+        assert (m.source, m.scorer, m.method, m.ks, m.served) == ("speculating server", "engine counts",
                                                                   "llama.cpp", (2,), (0, 2))
         [run] = m.runs
         assert run.spec.dtype == "as served" and run.spec.served_model == LLAMACPP_MODEL
@@ -207,7 +207,7 @@ def test_an_engine_that_measures_otherwise_than_planned_is_refused(tmp_path, pai
                              speculators=[SimpleNamespace(name="ngram", params=run.spec.speculator_params,
                                                           identity=(None, None))])
     assert settle(run, launched(SimpleNamespace(**{**vars(engine), "name": "replay"}))).run_id == run.run_id
-    with pytest.raises(PlanMismatch, match="the plan says engine = 'replay', the engine measures 'loop'"):
+    with pytest.raises(PlanMismatch, match="the plan says method = 'replay', the engine measures 'loop'"):
         settle(run, launched(engine))
 
 
@@ -245,7 +245,7 @@ def test_plan_prints_every_measurement_and_what_the_store_already_holds(tmp_path
     assert f"[1/2] {target} via in-process, replay of draft:{draft}, ngram at k=1,3 thinking=off T=0" in lines
     assert "[2/2]" in lines and "T=0.7" in lines
     assert f"stored: 8 of 8 rows in {db}: skipped" in lines and f"stored: 0 of 8 rows in {db}" in lines
-    assert "source: in-process; scorer: replay (stored as engine 'replay'); sampling: T=0.7 seed=0, 1 sample(s)" in lines
+    assert "source: in-process; scorer: replay (stored as method 'replay'); sampling: T=0.7 seed=0, 1 sample(s)" in lines
 
 
 def test_plan_needs_no_weights(tmp_path, pair):

@@ -90,7 +90,7 @@ def recipe_file(tmp: Path, dialect: str, speculates: bool) -> Path:
 def ours(env: dict[str, str], framework: str, recipe: Path) -> str:
     """What lookup --from-env makes of it: 'fails' (exit 2), 'nothing' (exit 1) or 'forces' (a question)."""
     try:
-        runner_env.question({**env, "FRAMEWORK": framework}, model=None, speculator=None, draft_len=None,
+        runner_env.question({**env, "FRAMEWORK": framework}, model=None, speculator=None, k=None,
                             thinking=None, recipe=recipe, dialect_of=DIALECTS)
     except NoSyntheticAcceptance:
         return "nothing"

@@ -44,7 +44,7 @@ def test_samples_are_rows_of_their_own_and_resume_one_by_one(tmp_path, pair):
     db = tmp_path / "s.duckdb"
     first = execute(load_config(sampled_config(tmp_path / "a.toml", target, draft, samples=2)), db)
     assert first.measured == 6 and first.resumed == 0  # 3 requests x 2 samples
-    runs = rows(db, "SELECT DISTINCT engine, verification, sampling_seed FROM runs")
+    runs = rows(db, "SELECT DISTINCT method, verification, sampling_seed FROM runs")
     assert runs == [("replay", "target-only", 0)]  # auto: the target-only rule at T > 0 replays
     stored = rows(db, "SELECT DISTINCT request_id, conversation_id, sample FROM requests ORDER BY 1")
     assert sorted(s for *_, s in stored) == [0, 0, 0, 1, 1, 1]
@@ -70,7 +70,7 @@ def test_auto_keeps_the_loop_for_the_probabilistic_rule(tmp_path, pair):
     db = tmp_path / "p.duckdb"
     execute(load_config(sampled_config(tmp_path / "p.toml", target, draft, run={"verification": "probabilistic"})),
             db)
-    assert rows(db, "SELECT DISTINCT engine, verification FROM runs") == [("loop", "probabilistic")]
+    assert rows(db, "SELECT DISTINCT method, verification FROM runs") == [("loop", "probabilistic")]
 
 
 @pytest.mark.parametrize("sweep, message", [

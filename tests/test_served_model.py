@@ -146,9 +146,9 @@ def test_the_check_reads_every_name_the_server_gives(tmp_path):
 
 def test_runs_written_before_keep_their_ids():
     """served_model enters the identity only where set, so every run measured before it existed is resumed."""
-    spec = make_spec(engine="vllm")
+    spec = make_spec(method="vllm")
     assert "served_model" not in spec.identity()
-    other = make_spec(engine="vllm", served_model="org/model-b")
+    other = make_spec(method="vllm", served_model="org/model-b")
     assert other.identity()["served_model"] == "org/model-b" and other.run_id != spec.run_id
 
 

@@ -73,7 +73,7 @@ def config(tmp_path: Path, target: Path, draft: Path, url: str, **server) -> Pat
 
 def stored(db: Path) -> dict[tuple[str, int], list[int]]:
     con = duckdb.connect(str(db), read_only=True)
-    rows = con.execute("""SELECT speculator, draft_len, request_id, accepted, sum(steps) FROM accept_counts
+    rows = con.execute("""SELECT speculator, k, request_id, accepted, sum(steps) FROM accept_counts
                           JOIN runs USING (run_id) GROUP BY ALL""").fetchall()
     con.close()
     out: dict[tuple[str, int], dict[str, list[int]]] = {}
@@ -89,7 +89,7 @@ def test_one_plain_server_scores_every_speculator_at_every_k_as_in_process_repla
     summary = execute(load_config(path), db)
     assert summary.measured == 3
     con = duckdb.connect(str(db), read_only=True)
-    runs = con.execute("SELECT DISTINCT engine, responses_from, responses_dtype, features_from FROM runs").fetchall()
+    runs = con.execute("SELECT DISTINCT method, responses_from, responses_dtype, features_from FROM runs").fetchall()
     raw = [json.loads(r) for (r,) in con.execute("SELECT response FROM engine_responses").fetchall()]
     con.close()
     assert runs == [("replay", "llama.cpp", "as served", None)]

@@ -93,7 +93,7 @@ k = [1, 3]
 def totals(db: Path) -> dict[tuple[str, str, int], list[int]]:
     con = duckdb.connect(str(db), read_only=True)
     rows = con.execute("""
-        SELECT r.speculator, a.request_id, r.draft_len, a.accepted, sum(a.steps)
+        SELECT r.speculator, a.request_id, r.k, a.accepted, sum(a.steps)
         FROM accept_counts a JOIN runs r USING (run_id)
         GROUP BY ALL ORDER BY ALL""").fetchall()
     con.close()
@@ -107,7 +107,7 @@ def drafted(db: Path) -> dict[tuple[str, str, int], tuple[int, int, int]]:
     """(drafts proposed, empty steps, steps) per (speculator, request, k)."""
     con = duckdb.connect(str(db), read_only=True)
     rows = con.execute("""
-        SELECT r.speculator, s.request_id, r.draft_len, sum(s.drafted_tokens), sum(s.empty_steps), sum(s.steps)
+        SELECT r.speculator, s.request_id, r.k, sum(s.drafted_tokens), sum(s.empty_steps), sum(s.steps)
         FROM segment_counts s JOIN runs r USING (run_id) GROUP BY ALL""").fetchall()
     con.close()
     return {(spec, req, k): (int(p), int(e), int(n)) for spec, req, k, p, e, n in rows}

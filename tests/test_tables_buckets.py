@@ -41,7 +41,7 @@ def store_path(tmp_path: Path) -> tuple[Path, list[Req]]:
     path = tmp_path / "b.duckdb"
     reqs = _requests()
     with Store(path) as store:
-        write_run(store, make_spec(draft_len=K), reqs)
+        write_run(store, make_spec(k=K), reqs)
     return path, reqs
 
 
@@ -107,7 +107,7 @@ def test_a_small_bucket_withholds_its_interval(tmp_path: Path) -> None:
     reqs = [Req(f"r{i}", f"c{i}", {"answer": [1, 1, 1, 1]}, prompt_tokens=100 if i < 12 else 9000)
             for i in range(14)]
     with Store(path) as store:
-        write_run(store, make_spec(draft_len=K), reqs)
+        write_run(store, make_spec(k=K), reqs)
     small, big = (next(r for r in _bucketed(path, "context") if r.bucket == name)
                   for name in ("context=8k-16k", "context=<1k"))
     assert small.conversations == 2 and small.ci_low is None and small.ci_note.startswith("n too small")
@@ -117,7 +117,7 @@ def test_a_small_bucket_withholds_its_interval(tmp_path: Path) -> None:
 def test_a_store_written_before_turn_depth_still_reads(tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     with Store(path) as store:
-        write_run(store, make_spec(draft_len=K), [Req("r0", "c0", {"answer": [1, 3, 0, 0]}, prompt_tokens=5000),
+        write_run(store, make_spec(k=K), [Req("r0", "c0", {"answer": [1, 3, 0, 0]}, prompt_tokens=5000),
                                                  Req("r1", "c1", {"answer": [2, 0, 0, 1]})])
         store.con.execute("ALTER TABLE requests DROP COLUMN turn_depth")
     old = _bucketed(path, "turn")  # read-only, as `show --by turn` opens it: not migrated
@@ -307,7 +307,7 @@ def test_every_consumer_exports_a_context_bucket_and_names_it(app, store_path, t
 def test_an_empty_or_unknown_bucket_is_one_line_naming_what_exists(app, tmp_path: Path) -> None:
     path = tmp_path / "short.duckdb"
     with Store(path) as store:
-        write_run(store, make_spec(draft_len=K), [Req("r0", "c0", {"answer": [1, 1, 1, 1]}, prompt_tokens=300)])
+        write_run(store, make_spec(k=K), [Req("r0", "c0", {"answer": [1, 1, 1, 1]}, prompt_tokens=300)])
     res = _invoke(app, "export", "--to", "vllm", "--db", str(path), "--context", ">1M")
     assert res.exit_code == 1 and res.output.count("\n") == 1
     assert "no measured request" in res.output and "context=>1M" in res.output and "<1k (1)" in res.output

@@ -368,7 +368,7 @@ def test_show_table_tells_apart_runs_that_differ_only_in_top_p(app: typer.Typer,
     db = tmp_path / "topp.duckdb"
     with Store(db) as store:
         for top_p, hist in ((0.9, [1, 3]), (0.5, [3, 1])):
-            spec = replace(make_spec(draft_len=1, temperature=0.8), top_p=top_p)
+            spec = replace(make_spec(k=1, temperature=0.8), top_p=top_p)
             write_run(store, spec, [Req("r0", "c0", {"answer": hist})])
     res = CliRunner().invoke(app, ["show", "--db", str(db), "--bootstrap", "50"], terminal_width=200)
     assert res.exit_code == 0, res.output
@@ -393,7 +393,7 @@ def test_show_adds_drafted_al_when_some_steps_proposed_nothing(app: typer.Typer,
 
     db = tmp_path / "empty.duckdb"
     with Store(db) as store:
-        write_run(store, make_spec(draft_len=1), [Req("r0", "c0", {"answer": [3, 1]}, empty={"answer": 2})])
+        write_run(store, make_spec(k=1), [Req("r0", "c0", {"answer": [3, 1]}, empty={"answer": 2})])
     res = CliRunner().invoke(app, ["show", "--db", str(db), "--bootstrap", "50"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "drafted AL" in res.output and "as vLLM logs it" in res.output
@@ -415,7 +415,7 @@ def test_show_fits_80_columns_with_a_legend_and_wide_keeps_labels(app: typer.Typ
     with Store(db) as store:
         for label in (long_draft, "ngram", "ngram:max_n=3,min_n=2", "suffix"):
             for k in (1, 8):
-                write_run(store, make_spec(speculator=label, draft_len=k, dataset="data/quickstart/conversations.jsonl"),
+                write_run(store, make_spec(speculator=label, k=k, dataset="data/quickstart/conversations.jsonl"),
                           [Req("r0", "c0", {"answer": [1] * (k + 1)}, empty={"answer": 1}),
                            Req("r1", "c1", {"answer": [2] + [0] * k})])
     res = CliRunner().invoke(app, ["show", "--db", str(db), "--bootstrap", "50"], env={"COLUMNS": "80"})
@@ -592,7 +592,7 @@ def test_lookup_from_env_resolves_dsv4_through_model_keys(app: typer.Typer, tmp_
     start: both runner paths find a store whose target is deepseek-ai/DeepSeek-V4-Pro."""
     path = tmp_path / "dsv4.duckdb"
     with Store(path) as store:
-        write_run(store, make_spec(target="deepseek-ai/DeepSeek-V4-Pro", speculator="mtp", draft_len=3,
+        write_run(store, make_spec(target="deepseek-ai/DeepSeek-V4-Pro", speculator="mtp", k=3,
                                    thinking="on"), [Req("r0", "c0", {"answer": [1, 1, 1, 3]})])
     golden = {"MODEL_PREFIX": "dsv4", "THINKING_MODE": "thinking_on", "NUM_SPEC_TOKENS": "3", "FRAMEWORK": "vllm",
               "IS_AGENTIC": "1", "EVAL_ONLY": "false", "SPEC_DECODING": "mtp"}
@@ -607,8 +607,8 @@ def test_recipes_launcher_model_keys_name_the_model() -> None:
     from calibrate.consumers import runner_env
 
     asked = runner_env.question({"MODEL_PREFIX": "dsv4dspark", "SYNTHETIC_ACCEPTANCE": "True", "NUM_SPEC_TOKENS": "2"},
-                                model=None, speculator=None, draft_len=None, thinking=None, recipe=None, dialect_of={})
-    assert (asked.model, asked.prefix, asked.draft_len, asked.thinking) == ("deepseek-v4-pro-0813", True, 2, "thinking_on")
+                                model=None, speculator=None, k=None, thinking=None, recipe=None, dialect_of={})
+    assert (asked.model, asked.prefix, asked.k, asked.thinking) == ("deepseek-v4-pro-0813", True, 2, "thinking_on")
 
 
 def test_export_inferencex_reference_merges_and_says_what_inferencex_reads(app: typer.Typer, db: Path,
@@ -747,7 +747,7 @@ def test_show_experts_fits_80_columns(capsys: pytest.CaptureFixture, monkeypatch
 
     model = "/root/.cache/calibrate-test-models/tiny-deepseek-mtp"
     records = [
-        ExpertRecord(target=model, speculator=f"mtp:{model}", draft_len=k, thinking="off", temperature=0.7,
+        ExpertRecord(target=model, speculator=f"mtp:{model}", k=k, thinking="off", temperature=0.7,
                      dataset="mini-swe-agent", batch_size=b, routing=routing, requests=12 // b, conversations=12,
                      steps=100, moe_layers=58, routed_experts=256, top_k=8, distinct=31.25, distinct_plain=8.0,
                      multiplier=3.906, ci_low=None if k == 1 else 3.5, ci_high=None if k == 1 else 4.25,

@@ -78,7 +78,7 @@ def test_golden(name: str, overall: list[AcceptanceRecord], full: list[Acceptanc
     fmt, kw = CASES[name]
     records = full if consumers.consumer(fmt).segments else overall
     only = ONLY.get(name, ())
-    records = [r for r in records if tuple(map(str, (r.target, r.speculator, r.draft_len, r.thinking)))[:len(only)] == only]
+    records = [r for r in records if tuple(map(str, (r.target, r.speculator, r.k, r.thinking)))[:len(only)] == only]
     # Run times are the only provenance that changes between test runs (run ids are hashes of the spec).
     records = [replace(r, started_at="2026-01-01T00:00:00", finished_at="2026-01-01T00:01:00") for r in records]
     # forced: the store's n-gram rows run as measured on vLLM only (test_engine_consumers: the refusal)
@@ -112,7 +112,7 @@ def test_inferencex_parses_as_golden_al_distribution(overall: list[AcceptanceRec
     # top key: the lowercased model basename, unquoted, as InferenceX's collector writes it
     assert "\nqwen2.5-coder-1.5b-instruct:\n" in text
     draft = [r for r in overall if r.speculator.startswith("draft") and r.target == QWEN]
-    assert data == {"qwen2.5-coder-1.5b-instruct": {"thinking_off": {r.draft_len: r.al for r in draft}}}
+    assert data == {"qwen2.5-coder-1.5b-instruct": {"thinking_off": {r.k: r.al for r in draft}}}
     assert re.search(r"^    \d: \d\.\d\d$", text, re.M)  # two decimals, always
     for doc in docs.values():
         (modes,) = yaml.safe_load(doc).values()  # InferenceX reads one model per file
@@ -183,19 +183,19 @@ def test_formats_agree_with_each_other(overall: list[AcceptanceRecord]) -> None:
         assert length_cfg["rejection_sample_method"] == rates_cfg["rejection_sample_method"] == "synthetic"
         assert "synthetic_acceptance_rates" not in length_cfg and "synthetic_acceptance_length" not in rates_cfg
         assert length_cfg["synthetic_acceptance_length"] == al[i]
-        assert 1 <= al[i] <= r.draft_len + 1
+        assert 1 <= al[i] <= r.k + 1
         rates = rates_cfg["synthetic_acceptance_rates"]
-        assert len(rates) == r.draft_len == rates_cfg["num_speculative_tokens"]
+        assert len(rates) == r.k == rates_cfg["num_speculative_tokens"]
         assert all(a >= b for a, b in zip(rates, rates[1:]))
         # rates sum to AL - 1, up to the 2-decimal rounding of AL and 4-decimal rounding of each rate
-        assert sum(rates) == pytest.approx(al[i] - 1, abs=0.005 + r.draft_len * 5e-5)
-        assert sum(rates) == pytest.approx(r.exported_length - 1, abs=r.draft_len * 5e-5)
+        assert sum(rates) == pytest.approx(al[i] - 1, abs=0.005 + r.k * 5e-5)
+        assert sum(rates) == pytest.approx(r.exported_length - 1, abs=r.k * 5e-5)
         assert stats.acceptance_length_from_rates(r.unconditional_rates) == pytest.approx(r.acceptance_length)
         llama = [float(x) for x in values(llama_rates, r"--spec-synth-rates (\S+)")[i].split(",")]
         assert llama == rates
-        assert float(values(atom_rate, r"rate (\S+)")[i]) * r.draft_len == pytest.approx(al[i] - 1, abs=r.draft_len * 5e-5)
+        assert float(values(atom_rate, r"rate (\S+)")[i]) * r.k == pytest.approx(al[i] - 1, abs=r.k * 5e-5)
         curve = golden[inferencex.resolve(r, Naming(model_prefix=PREFIXES[r.target])).file_name]
-        assert curve[inferencex.basename(r.target)][f"thinking_{r.thinking}"][r.draft_len] == al[i]
+        assert curve[inferencex.basename(r.target)][f"thinking_{r.thinking}"][r.k] == al[i]
 
 
 def test_json_and_parquet_parse_back_to_the_same_records(tmp_path: Path, full: list[AcceptanceRecord]) -> None:

@@ -138,7 +138,7 @@ def test_extrapolation_only_with_the_flag_and_always_flagged(tables: dict[str, P
         lookup(Q, "ngram", 5, "off", table=tables["duckdb"])
     measured = lookup(Q, "ngram", 3, "off", table=tables["duckdb"])
     r = lookup(Q, "ngram", 5, "off", table=tables["duckdb"], extrapolate=True)
-    assert r.extrapolated and r.draft_len == 5
+    assert r.extrapolated and r.k == 5
     assert "per-position curve at k=3" in r.extrapolation_method and "Leviathan" in r.extrapolation_method
     alpha = stats.iid_rate(measured.histogram)  # (2+2+5 + 2+5 + 5) / (15 + 9 + 7)
     assert alpha == pytest.approx(21 / 31)
@@ -345,7 +345,7 @@ def test_two_records_of_one_key_that_disagree_are_ambiguous(tables: dict[str, Pa
 
     other = tmp_path / "other.duckdb"
     with Store(other) as store:  # the same key as the basic store's Qwen n-gram k=3 thinking off, other counts
-        write_run(store, make_spec(draft_len=3, thinking="off"), [Req("r0", "c0", {"answer": [1, 1, 1, 3]})])
+        write_run(store, make_spec(k=3, thinking="off"), [Req("r0", "c0", {"answer": [1, 1, 1, 3]})])
     con = connect(other, read_only=True)
     (theirs,) = [r for r in load_records(con) if r.segment == "all"]
     con.close()
@@ -388,7 +388,7 @@ def test_a_record_of_an_engine_that_reports_totals_only_is_answered(tables: dict
 
     full = lookup(Q, "ngram", 3, "off", table=tables["json"])
     totals = replace(full, histogram=(), unconditional_rates=(), rates_ci_low=(), rates_ci_high=(),
-                     conditional_rates=(), engines=("llama.cpp",))
+                     conditional_rates=(), methods=("llama.cpp",))
     for name in ("t.json", "t.parquet"):
         consumers.export([totals], name.split(".")[1], tmp_path / name)
         assert lookup(Q, "ngram", 3, "off", table=tmp_path / name) == totals

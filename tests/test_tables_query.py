@@ -27,7 +27,7 @@ def _records(path: Path, filters: Filters = Filters(), **kw):
 
 
 def test_one_record_per_key_with_hand_computed_histograms(db: Path) -> None:
-    recs = {(r.target, r.speculator, r.draft_len, r.thinking): r for r in _records(db)}
+    recs = {(r.target, r.speculator, r.k, r.thinking): r for r in _records(db)}
     assert len(recs) == 5 and {r.segment for r in recs.values()} == {"all"}
     q = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
     k1 = recs[(q, "ngram", 1, "off")]
@@ -41,7 +41,7 @@ def test_one_record_per_key_with_hand_computed_histograms(db: Path) -> None:
     k3_on = recs[(q, "ngram", 3, "on")]
     # r0: answer [2,1,1,1] + tool [1,1,1,1]; r1: answer [3,0,0,1]; r2: thinking [1,1,1,1]
     assert k3_on.histogram == (7, 3, 3, 4)
-    assert k3_on.run_ids and k3_on.engines == ("greedy",) and k3_on.statuses == ("finished",)
+    assert k3_on.run_ids and k3_on.methods == ("greedy",) and k3_on.statuses == ("finished",)
     assert k3_on.dataset_fingerprints == ("fp-mini-swe-agent",)
     assert recs[("smollm2-135m-instruct", "ngram", 2, "off")].target_ids == ("/models/smollm2-135m-instruct",)
 
@@ -97,7 +97,7 @@ def test_a_store_holding_a_request_in_two_runs_of_one_key_reads_it_once(tmp_path
 def test_censored_steps_are_reported_not_counted_and_expected_al_is_beside_realised(tmp_path: Path) -> None:
     path = tmp_path / "a.duckdb"
     with Store(path) as store:
-        write_run(store, make_spec(temperature=1.0, draft_len=2), [
+        write_run(store, make_spec(temperature=1.0, k=2), [
             Req("r0", "c0", {"answer": [2, 1, 1]}, censored={"answer": 2}, expected={"answer": 1.5}),
             Req("r1", "c1", {"tool_call": [0, 2, 2]}, expected={"tool_call": 5.0}),
         ])
@@ -111,15 +111,15 @@ def test_censored_steps_are_reported_not_counted_and_expected_al_is_beside_reali
 
 def test_filters_are_sql_and_run_ids_select_runs(db: Path) -> None:
     recs = _records(db, Filters(speculators=("ngram",), ks=(3,), thinking=("on",)))
-    assert [(r.draft_len, r.thinking) for r in recs] == [(3, "on")]
+    assert [(r.k, r.thinking) for r in recs] == [(3, "on")]
     assert _records(db, Filters(datasets=("other",))) == []
     con = connect(db, read_only=True)
-    run_id = con.execute("SELECT run_id FROM runs WHERE draft_len = 1").fetchone()[0]
+    run_id = con.execute("SELECT run_id FROM runs WHERE k = 1").fetchone()[0]
     entries = catalog(con, Filters(targets=("smollm2-135m-instruct",)))
     con.close()
-    assert [e.draft_len for e in entries] == [2]
+    assert [e.k for e in entries] == [2]
     only = _records(db, Filters(run_ids=(run_id,)))
-    assert [r.draft_len for r in only] == [1] and only[0].run_ids == (run_id,)
+    assert [r.k for r in only] == [1] and only[0].run_ids == (run_id,)
 
 
 def test_a_run_without_counts_yields_no_record(tmp_path: Path) -> None:
@@ -135,7 +135,7 @@ def test_a_run_without_counts_yields_no_record(tmp_path: Path) -> None:
 def test_proposed_drafts_and_empty_steps_give_vllm_style_figures(tmp_path: Path) -> None:
     path = tmp_path / "a.duckdb"
     with Store(path) as store:
-        write_run(store, make_spec(draft_len=2), [
+        write_run(store, make_spec(k=2), [
             Req("r0", "c0", {"answer": [5, 1, 2]}, empty={"answer": 3}),  # 3 of the 5 bin-0 steps drafted nothing
             Req("r1", "c1", {"answer": [1, 0, 1]}),
         ])
@@ -150,7 +150,7 @@ def test_proposed_drafts_and_empty_steps_give_vllm_style_figures(tmp_path: Path)
 def test_a_store_written_before_drafts_were_counted_still_reads(tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     with Store(path) as store:
-        write_run(store, make_spec(draft_len=1), [Req("r0", "c0", {"answer": [1, 3]})])
+        write_run(store, make_spec(k=1), [Req("r0", "c0", {"answer": [1, 3]})])
         store.con.execute("ALTER TABLE segment_counts DROP COLUMN drafted_tokens")
         store.con.execute("ALTER TABLE segment_counts DROP COLUMN empty_steps")
     old = _records(path)[0]  # read-only, as `calibrate show` opens it: not migrated, still readable
@@ -185,7 +185,7 @@ def test_an_interval_is_reported_only_from_enough_conversations(tmp_path: Path, 
     (so in show, json, csv, parquet and lookup alike); from it on, the interval is there and brackets AL."""
     rng = np.random.default_rng(1)
     with Store(tmp_path / "a.duckdb") as store:
-        write_run(store, make_spec(draft_len=2), [
+        write_run(store, make_spec(k=2), [
             Req(f"r{i}", f"c{i}", {"answer": list(rng.integers(0, 5, size=3))}) for i in range(conversations)])
     (r,) = _records(tmp_path / "a.duckdb")
     assert r.conversations == conversations

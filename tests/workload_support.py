@@ -45,7 +45,7 @@ def write_store(path: Path, lengths: tuple[int, ...] = WIDE, conversations: int 
             reqs = requests(lengths, conversations, seed=11 + j, prefix=f"{mode}-")
             for length, n in (extra or {}).items():
                 reqs += requests((length,), n, seed=99 + j, prefix=f"{mode}-x-")
-            write_run(store, make_spec(draft_len=K, thinking=mode, speculator=speculator), reqs)
+            write_run(store, make_spec(k=K, thinking=mode, speculator=speculator), reqs)
             written[mode] = reqs
     return written
 

@@ -37,7 +37,7 @@ SGLANG_TOKEN_MODES = ("real-draft-token", "fixed")
 
 def vllm_config(r: AcceptanceRecord, options: ExportOptions) -> dict[str, object]:
     """The synthetic-acceptance part of vLLM's --speculative-config: a length or k rates, never both."""
-    config: dict[str, object] = {"num_speculative_tokens": r.draft_len, "rejection_sample_method": "synthetic"}
+    config: dict[str, object] = {"num_speculative_tokens": r.k, "rejection_sample_method": "synthetic"}
     if options.mode == "rates":
         config["synthetic_acceptance_rates"] = list(r.rates)
     else:
@@ -53,8 +53,8 @@ def sglang_lines(r: AcceptanceRecord, options: ExportOptions) -> str:
     draft is token id 100). A chain of k drafts is --speculative-num-steps k with --speculative-num-draft-tokens
     k + 1 (the verified token included) at top-k 1.
     """
-    args = (f"--speculative-num-steps {r.draft_len} --speculative-eagle-topk 1 "
-            f"--speculative-num-draft-tokens {r.draft_len + 1}")
+    args = (f"--speculative-num-steps {r.k} --speculative-eagle-topk 1 "
+            f"--speculative-num-draft-tokens {r.k + 1}")
     return "\n".join([f"SGLANG_SIMULATE_ACC_LEN={r.value()}", "SGLANG_SIMULATE_ACC_METHOD=match-expected",
                       f"SGLANG_SIMULATE_ACC_TOKEN_MODE={options.token_mode}",
                       f'SGLANG_SPECULATIVE_ARGS="{args}"']) + "\n"
@@ -81,7 +81,7 @@ def trtllm_warning(r: AcceptanceRecord) -> str | None:
 def trtllm_lines(r: AcceptanceRecord, options: ExportOptions) -> str:
     """TensorRT-LLM counts accepted drafts only (AL - 1); k is speculative_config.max_draft_len of its LLM API
     options, given as the JSON/YAML for --extra_llm_api_options in TRTLLM_SPECULATIVE_CONFIG."""
-    config = json.dumps({"speculative_config": {"max_draft_len": r.draft_len}})
+    config = json.dumps({"speculative_config": {"max_draft_len": r.k}})
     return (f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS={trtllm_value(r)}\n"
             f"TRTLLM_SPECULATIVE_CONFIG='{config}'\n")
 
@@ -92,7 +92,7 @@ def atom_args(r: AcceptanceRecord, options: ExportOptions) -> str:
         value = ["--spec-decode-acceptance-rate", fmt(r.acceptance_rate, RATE_DIGITS)]
     else:
         value = ["--spec-decode-acceptance-length", r.value()]
-    return " ".join(["--num-speculative-tokens", str(r.draft_len), *value]) + "\n"
+    return " ".join(["--num-speculative-tokens", str(r.k), *value]) + "\n"
 
 
 def llamacpp_args(r: AcceptanceRecord, options: ExportOptions) -> str:
@@ -102,7 +102,7 @@ def llamacpp_args(r: AcceptanceRecord, options: ExportOptions) -> str:
         value = ["--spec-synth-rates", ",".join(fmt(x, RATE_DIGITS) for x in r.rates)]
     else:
         value = ["--spec-synth-len", r.value()]
-    return " ".join(["--spec-draft-n-max", str(r.draft_len), *value]) + "\n"
+    return " ".join(["--spec-draft-n-max", str(r.k), *value]) + "\n"
 
 
 def tilert_lines(r: AcceptanceRecord, options: ExportOptions) -> str:
@@ -110,7 +110,7 @@ def tilert_lines(r: AcceptanceRecord, options: ExportOptions) -> str:
     MTP: TILERT_SIMULATE_ACC_LEN is the AL (bonus included), method match-expected, as InferenceX's
     synthetic_acceptance.py writes them (TILERT_VARIABLES); k is the recipe's --with-mtp --num-mtp k."""
     return "\n".join([f"TILERT_SIMULATE_ACC_LEN={r.value()}", "TILERT_SIMULATE_ACC_METHOD=match-expected",
-                      f'TILERT_SPECULATIVE_ARGS="--with-mtp --num-mtp {r.draft_len}"']) + "\n"
+                      f'TILERT_SPECULATIVE_ARGS="--with-mtp --num-mtp {r.k}"']) + "\n"
 
 
 # ---- the registry -----------------------------------------------------------------------------------------
@@ -131,7 +131,7 @@ DRAFTED = Basis("drafted steps", "AL = 1 + accepted drafts / steps that proposed
                 lambda r: r.model_free_note())
 ALL_STEPS = Basis("all steps", "AL = tokens emitted / verification steps, bonus token included, a step that "
                   "proposed nothing counted (it emits 1 token)", lambda r: r.acceptance_length,
-                  lambda r: (f"{r.speculator} k={r.draft_len}: mean_accept_length {r.acceptance_length:.4f} is over "
+                  lambda r: (f"{r.speculator} k={r.k}: mean_accept_length {r.acceptance_length:.4f} is over "
                              f"all steps; the InferenceX and engine exports of this row carry the AL over drafted "
                              f"steps, {r.value()}") if r.uses_drafted else None)
 
@@ -201,7 +201,7 @@ def _write_vllm(c: Consumer, records: Sequence[AcceptanceRecord], options: Expor
                 out: Path | None) -> str:
     """A JSON list: per key, the --speculative-config fragment to merge into the runner's own, and its basis."""
     assert c.basis is not None
-    rows = [{"model": r.target, "speculator": r.speculator, "draft_len": r.draft_len, "thinking": r.thinking,
+    rows = [{"model": r.target, "speculator": r.speculator, "draft_len": r.k, "thinking": r.thinking,
              "dataset": r.dataset, "temperature": r.temperature, **({"bucket": r.bucket} if r.bucket else {}),
              "al_over": c.basis.name, **({"workload": r.workload_fields()} if r.workload else {}),
              "speculative_config": vllm_config(r, options)}
@@ -382,7 +382,7 @@ def other_algorithm(c: Consumer, r: AcceptanceRecord) -> str | None:
     None (calibrate.speculators.runs_on): the setting would force our AL on a drafter of its own."""
     if c.forces is None or runs_as_measured(r.kind, c.forces):
         return None
-    return (f"{r.speculator} k={r.draft_len}: {c.forces} does not run it as measured here (it runs as measured on "
+    return (f"{r.speculator} k={r.k}: {c.forces} does not run it as measured here (it runs as measured on "
             f"{measured_on(r.kind)}), so the {c.name} setting forces our AL on a drafter of {c.forces}'s own: the "
             f"numbers are ours, not {c.forces}'s")
 
@@ -471,7 +471,7 @@ def render_lookup(record: AcceptanceRecord, form: str, options: ExportOptions = 
     text = c.render(record, options)
     if not c.env:
         return text
-    comment = (f"# {record.target} | {record.speculator} | k={record.draft_len} | thinking={record.thinking}"
+    comment = (f"# {record.target} | {record.speculator} | k={record.k} | thinking={record.thinking}"
                + (f" | drafted AL, proposal rate {record.proposal_rate:.2f}" if record.uses_drafted else "")
                + (f" | EXTRAPOLATED: {record.extrapolation_method}" if record.extrapolated else "")
                + (f" | requests {record.bucket}" if record.bucket else "")

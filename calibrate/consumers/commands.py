@@ -115,7 +115,7 @@ def export(
         typer.echo(f"warning: {warning}", err=True)
     for r in records:  # what every file says in its own comment or field, where a person reads it too
         if r.filled:
-            typer.echo(f"warning: {r.target} | {r.speculator} | k={r.draft_len} | thinking={r.thinking}: "
+            typer.echo(f"warning: {r.target} | {r.speculator} | k={r.k} | thinking={r.thinking}: "
                        f"{r.workload_note()}", err=True)
     for note in consumers.export_notes(records, target.name, options):
         typer.echo(f"note: {note}", err=True)
@@ -165,10 +165,10 @@ def lookup(
     match_prefix = False
     if from_env:
         asked = runner_env.question(runner_env.environment(), model=model, speculator=speculator,
-                                    draft_len=k, thinking=thinking, recipe=recipe,
+                                    k=k, thinking=thinking, recipe=recipe,
                                     dialect_of={fw: d for c in consumers.CONSUMERS.values()
                                                 for fw, d in c.frameworks.items()})
-        model, speculator, k, thinking, match_prefix = (asked.model, asked.speculator, asked.draft_len,
+        model, speculator, k, thinking, match_prefix = (asked.model, asked.speculator, asked.k,
                                                                 asked.thinking, asked.prefix)
         if format is None:
             format = _framework_format(asked.framework)
@@ -199,7 +199,7 @@ def lookup(
     for note in consumers.lookup_warnings(record, form):
         typer.echo(f"warning: {note}", err=True)
     if record.extrapolated:
-        typer.echo(f"note: k={record.draft_len} is extrapolated: {record.extrapolation_method}", err=True)
+        typer.echo(f"note: k={record.k} is extrapolated: {record.extrapolation_method}", err=True)
     if record.workload is not None:
         typer.echo(f"note: {record.workload_note()}", err=True)
     if record.bucket is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from calibrate.tables import query, stats
 from calibrate.tables.buckets import from_name
-from calibrate.tables.records import AcceptanceRecord
+from calibrate.tables.records import EXPORTED_AS, AcceptanceRecord
 from calibrate.terms import MAX_K
 
 EXPORT_SCHEMA = "spec-calibrate/acceptance-table"
@@ -50,7 +50,7 @@ def read_exported(path: str | Path) -> list[AcceptanceRecord]:
             raise ValueError(f"{where}: {exc}") from None
         problem = record_problem(record)
         if problem:
-            raise ValueError(f"{where} ({record.target} | {record.speculator} | k={record.draft_len}): {problem}")
+            raise ValueError(f"{where} ({record.target} | {record.speculator} | k={record.k}): {problem}")
         records.append(record)
     duplicate = duplicate_problem(records)
     if duplicate:
@@ -106,8 +106,8 @@ def record_problem(r: AcceptanceRecord) -> str | None:
         return f"field bucket {r.bucket!r} is no request bucket (context=<label> or turn=<label>)"
     if r.segment not in query.SEGMENT_ORDER:
         return f"field segment {r.segment!r} is none of {', '.join(query.SEGMENT_ORDER)}"
-    if not 1 <= r.draft_len <= MAX_K:
-        return f"field draft_len {r.draft_len} is not a draft length calibrate measures (1..{MAX_K})"
+    if not 1 <= r.k <= MAX_K:
+        return f"field draft_len {r.k} is not a draft length calibrate measures (1..{MAX_K})"
     if not _real(r.temperature) or r.temperature < 0:
         return f"field temperature {r.temperature!r} is not a temperature >= 0"
     if r.top_p is not None and not (_real(r.top_p) and 0 < r.top_p <= 1):
@@ -156,7 +156,7 @@ def _within(value: object, low: float, high: float) -> bool:
 def _lengths_problem(r: AcceptanceRecord) -> str | None:
     """Every AL in [1, k + 1] (an AL counts the bonus token: at least 1, at most k drafts + 1); the share of
     proposed drafts accepted in [0, 1]."""
-    k = r.draft_len
+    k = r.k
     for name in ("acceptance_length", "macro_acceptance_length", "expected_acceptance_length",
                  "drafted_acceptance_length"):
         value = getattr(r, name)
@@ -178,7 +178,7 @@ def _lengths_problem(r: AcceptanceRecord) -> str | None:
 def _rates_problem(r: AcceptanceRecord) -> str | None:
     """k unconditional rates in [0, 1], non-increasing, or none (an engine that gave totals only); their
     bounds and the conditional rates likewise k values in [0, 1] or none."""
-    k = r.draft_len
+    k = r.k
     rates = r.unconditional_rates
     if len(rates) not in (0, k) or not all(_within(x, 0, 1) for x in rates):
         return f"field unconditional_rates must be {k} numbers in [0, 1], got {list(rates)!r}"
@@ -205,7 +205,7 @@ def _sample_problem(r: AcceptanceRecord) -> str | None:
     hist = r.histogram
     if not hist:
         return None
-    k = r.draft_len
+    k = r.k
     if len(hist) != k + 1 or any(n < 0 for n in hist) or sum(hist) != r.steps:
         return f"field histogram must be {k + 1} counts summing to steps ({r.steps}), got {list(hist)!r}"
     al = 1 + sum(a * n for a, n in enumerate(hist)) / r.steps
@@ -269,8 +269,9 @@ def row_problem(row: dict) -> str | None:
     record, so nothing is coerced: a draft_len "1" or 1.7, or a histogram count 2.5, is refused, never read as
     1 or 2. `bucket` has its own check (record_problem: one of calibrate.tables.buckets')."""
     for f in fields(AcceptanceRecord):
-        if f.name in row and f.name != "bucket":
-            problem = _field_problem(f.name, row[f.name], str(f.type))
+        name = EXPORTED_AS.get(f.name, f.name)  # as the file names it
+        if name in row and name != "bucket":
+            problem = _field_problem(name, row[name], str(f.type))
             if problem:
                 return problem
     return None
@@ -290,7 +291,7 @@ def duplicate_problem(records: Sequence[AcceptanceRecord]) -> str | None:
         j = seen.setdefault((r.key, r.segment, r.bucket, r.extrapolated), i)
         other = records[j]
         if j != i and other != r:
-            what = (f"{r.target} | {r.speculator} | k={r.draft_len} | thinking={r.thinking} | dataset={r.dataset} | "
+            what = (f"{r.target} | {r.speculator} | k={r.k} | thinking={r.thinking} | dataset={r.dataset} | "
                     f"temperature={r.temperature:g} | segment {r.segment}" + (f" | {r.bucket}" if r.bucket else ""))
             return (f"records {j} and {i} are both {what}, with AL {other.acceptance_length:.6g} and "
                     f"{r.acceptance_length:.6g}" + ("" if other.acceptance_length != r.acceptance_length else

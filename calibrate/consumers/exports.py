@@ -53,7 +53,7 @@ class Stamp:
 
 def label(r: AcceptanceRecord) -> str:
     """The key of a record in one line, for the comment above its engine lines."""
-    return (f"{r.target} | {r.speculator} | k={r.draft_len} | thinking={r.thinking} | "
+    return (f"{r.target} | {r.speculator} | k={r.k} | thinking={r.thinking} | "
             f"dataset={r.dataset} | {sampling(r)}" + (f" | requests {r.bucket}" if r.bucket else ""))
 
 

@@ -383,9 +383,9 @@ def groups(records: Sequence[AcceptanceRecord], naming: Naming) -> dict[Curve, l
         check_prefix(curve, rows, naming)
         cells: dict[tuple[str, int], AcceptanceRecord] = {}
         for r in rows:
-            other = cells.setdefault((r.thinking, r.draft_len), r)
+            other = cells.setdefault((r.thinking, r.k), r)
             if other is not r and other.value() != r.value():
-                raise ValueError(f"{curve.file_name}: thinking {r.thinking}, k={r.draft_len} was measured as "
+                raise ValueError(f"{curve.file_name}: thinking {r.thinking}, k={r.k} was measured as "
                                  f"{other.target} (AL {other.value()}) and as {r.target} (AL {r.value()}), one "
                                  "model by fingerprint: filter with --model")
     return out
@@ -406,7 +406,7 @@ def document(curve: Curve, rows: Sequence[AcceptanceRecord], tool: str, basis: s
         f"# golden acceptance-length distribution: {', '.join(targets)} with speculator {rows[0].speculator}",
         f"# dataset: {dataset} (fingerprint {', '.join(fingerprints) or 'unknown'}); sampling: {how}",
         *(f"# requests: {name} only (calibrate.tables.buckets)" for name in sorted({r.bucket for r in rows if r.bucket})),
-        *(f"# {line}" for line in workload_lines(sorted(rows, key=lambda r: (r.thinking, r.draft_len)))),
+        *(f"# {line}" for line in workload_lines(sorted(rows, key=lambda r: (r.thinking, r.k)))),
         f"# {basis}; {LENGTH_DIGITS} decimals",
         f"# loaded by InferenceX for {load_line(curve, rows)}",
         *(f"# {line}" for line in notes),
@@ -414,7 +414,7 @@ def document(curve: Curve, rows: Sequence[AcceptanceRecord], tool: str, basis: s
         f"{top_key(targets[0])}:",
     ]
     for mode in ("on", "off"):
-        cells = sorted({(r.draft_len, r.value()) for r in rows if r.thinking == mode})
+        cells = sorted({(r.k, r.value()) for r in rows if r.thinking == mode})
         if cells:
             lines.append(f"  thinking_{mode}:")
             lines.extend(f"    {k}: {v}" for k, v in cells)
@@ -424,7 +424,7 @@ def document(curve: Curve, rows: Sequence[AcceptanceRecord], tool: str, basis: s
 def load_line(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str:
     """Which recipe loads the curve: MODEL_PREFIX, the engine's method field, the k values, the modes."""
     method_field, k_field = RECIPE_FIELDS[curve.engine]
-    ks = ", ".join(str(k) for k in sorted({r.draft_len for r in rows}))
+    ks = ", ".join(str(k) for k in sorted({r.k for r in rows}))
     modes = " / ".join(f"thinking_{m}" for m in ("on", "off") if any(r.thinking == m for r in rows))
     return (f"MODEL_PREFIX={curve.prefix}, a {curve.engine} recipe with {method_field} {curve.method} and "
             f"{k_field} in {{{ks}}}, THINKING_MODE {modes}")

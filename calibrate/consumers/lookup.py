@@ -85,7 +85,7 @@ class DuckDBTable:
 def _entry_filters(entry: CatalogEntry, bucket: Bucket | None) -> Filters:
     """Exactly one catalog entry's runs (and the bucket's requests of them)."""
     return Filters(
-        targets=(entry.target,), speculators=(entry.speculator,), ks=(entry.draft_len,),
+        targets=(entry.target,), speculators=(entry.speculator,), ks=(entry.k,),
         thinking=(entry.thinking,), temperatures=(entry.temperature,), datasets=(entry.dataset,), bucket=bucket,
     )
 
@@ -191,8 +191,8 @@ def resolve(
         listed = "; ".join(f"dataset={d} temperature={t:g} top_p={p} top_k={tk}" for d, t, p, tk in populations)
         raise AmbiguousMatch(f"{what} was measured on several datasets / samplings: {listed}. "
                              "Choose with dataset= / temperature= (--dataset / --temperature)")
-    measured = sorted(e.draft_len for e in rows)
-    exact = [e for e in rows if e.draft_len == k]
+    measured = sorted(e.k for e in rows)
+    exact = [e for e in rows if e.k == k]
     if exact:
         return exact[0], None
     if not extrapolate:
@@ -202,7 +202,7 @@ def resolve(
         )
     longer = [m for m in measured if m > k]
     base_k = min(longer) if longer else max(measured)
-    return next(e for e in rows if e.draft_len == base_k), k
+    return next(e for e in rows if e.k == base_k), k
 
 
 def _check_arguments(model: object, speculator: object, k: object, thinking: object, dataset: object,
@@ -279,7 +279,7 @@ def lookup(
     record = source.record(entry, segment, bucket)
     if record is None:
         what = f"segment {segment!r}" + (f" in {bucket.name}" if bucket is not None else "")
-        raise NotMeasured(f"no counts for {what} of {entry.target} with {entry.speculator}, k={entry.draft_len}, "
+        raise NotMeasured(f"no counts for {what} of {entry.target} with {entry.speculator}, k={entry.k}, "
                           f"thinking={entry.thinking} in {source.source}: {source.held(entry)}")
     record = _unless_contradicted(record, force)
     return record if target_k is None else extrapolate_record(record, target_k)

@@ -76,12 +76,12 @@ class RecipeSpec:
     """The speculative part of a recipe's generation role, as InferenceX reads it."""
 
     method: str
-    draft_len: object  # as written; checked by `draft_len`
+    k: object  # as written; checked by `checked_k`
     draft_model: str = ""
     draft_sample_method: str | None = None  # vLLM's (and llm-d's) speculative-config carries the recipe's own
 
-    def checked_draft_len(self, where: str) -> int:
-        k = self.draft_len
+    def checked_k(self, where: str) -> int:
+        k = self.k
         if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
             raise ValueError(f"{where}: the draft length is {k!r}, not a positive integer")
         return k
@@ -93,7 +93,7 @@ class Question:
 
     model: str | None
     speculator: str | None
-    draft_len: int | None
+    k: int | None
     thinking: str
     framework: str | None
     prefix: bool
@@ -315,7 +315,7 @@ def reference_draft_len(recipe: Mapping[str, Any], engine: str, source: str = "t
         if engine == "vllm":
             raw = args.get("speculative-config")
             found = None if raw is None else _vllm_spec(_json(raw, f"{where}.speculative-config"),
-                                                        f"{where}.speculative-config").draft_len
+                                                        f"{where}.speculative-config").k
         elif engine == "sglang":
             found = args.get("speculative-num-steps")
         else:
@@ -334,7 +334,7 @@ def _integer_k(found: object, where: str) -> int:
         raise ValueError(f"{where} gives k {found!r}, not an integer") from None
 
 
-def _reference_question(env: Mapping[str, str], *, model: str | None, speculator: str | None, draft_len: int | None,
+def _reference_question(env: Mapping[str, str], *, model: str | None, speculator: str | None, k: int | None,
                         thinking: str | None, recipe: Path | None, dialect_of: Mapping[str, str | None]) -> Question:
     """The recipes launcher's question (SYNTHETIC_ACCEPTANCE is set): its gate, override, FRAMEWORK and key; k as
     the newest launcher reads it (`_reference_k`)."""
@@ -355,7 +355,7 @@ def _reference_question(env: Mapping[str, str], *, model: str | None, speculator
                          "runners/inject_synthetic_acceptance.py at 843c6254f) then read the key "
                          f"{prefix!r} of {REFERENCE_FILE} as written, which InferenceX's file does not hold, and fail; "
                          "give --model to ask the table for a model")
-    k, default_k, notes = draft_len, False, []
+    given, default_k, notes = k, False, []
     if k is None and env.get("NUM_SPEC_TOKENS", "").strip():
         k = _integer_k(env["NUM_SPEC_TOKENS"].strip(), "NUM_SPEC_TOKENS")
     if recipe is not None:
@@ -365,8 +365,8 @@ def _reference_question(env: Mapping[str, str], *, model: str | None, speculator
         spec = spec_of(data, dialect_of.get(framework) or REFERENCE_ENGINES[framework], str(recipe))
         if k is None:
             k, default_k, notes = _reference_k(data, spec, REFERENCE_ENGINES[framework], str(recipe))
-        elif draft_len is None and spec is not None and spec.draft_len and str(spec.draft_len) != str(k):
-            raise ValueError(f"NUM_SPEC_TOKENS={k} but the generation role of {recipe} runs k={spec.draft_len}: "
+        elif given is None and spec is not None and spec.k and str(spec.k) != str(k):
+            raise ValueError(f"NUM_SPEC_TOKENS={k} but the generation role of {recipe} runs k={spec.k}: "
                              f"InferenceX's synthetic_acceptance.py would force the k={k} AL on it (it keeps the "
                              "recipe's k); make them agree, or give --k")
         if spec is None and REFERENCE_ENGINES[framework] == "vllm":
@@ -383,7 +383,7 @@ def _reference_question(env: Mapping[str, str], *, model: str | None, speculator
         raise ValueError("--from-env needs MODEL_PREFIX set (or --model)")
     # The reference file's key names the model: MODEL_KEYS' codes stand for it (dsv4dspark -> deepseek-v4-pro-0813).
     asked = model or MODEL_KEYS.get(prefix, prefix)  # type: ignore[arg-type]
-    return Question(model=asked, speculator=speculator, draft_len=k,
+    return Question(model=asked, speculator=speculator, k=k,
                     thinking=thinking or _thinking(env, DEFAULT_THINKING), framework=framework, prefix=model is None,
                     override=override, default_k=default_k, notes=tuple(notes))
 
@@ -410,7 +410,7 @@ def _reference_k(data: Mapping[str, Any], spec: RecipeSpec | None, engine: str,
     (`_spec_tokens`) and runners/inject_synthetic_acceptance.py read the first role naming k, so a recipe listing
     a prefill of another depth first gets a note: they would force that role's AL on the generation role."""
     first = reference_draft_len(data, engine, source)
-    generation = _integer_k(spec.draft_len, f"{source}: the generation role") if spec and spec.draft_len else None
+    generation = _integer_k(spec.k, f"{source}: the generation role") if spec and spec.k else None
     k = generation or (first[1] if first else None)
     notes = []
     if first is not None and generation is not None and first[1] != generation:
@@ -423,14 +423,14 @@ def _reference_k(data: Mapping[str, Any], spec: RecipeSpec | None, engine: str,
     return (REFERENCE_DEFAULT_K if k is None else k), k is None, notes
 
 
-def question(env: Mapping[str, str], *, model: str | None, speculator: str | None, draft_len: int | None,
+def question(env: Mapping[str, str], *, model: str | None, speculator: str | None, k: int | None,
              thinking: str | None, recipe: Path | None, dialect_of: Mapping[str, str | None]) -> Question:
     """Fill what the command line left out from the runner's environment and recipe (explicit options win).
 
     `dialect_of`: FRAMEWORK -> the recipe dialect its engine reads (from the consumer registry). An empty
     SYNTHETIC_ACCEPTANCE is no reference-launcher run (the newest launchers do not read it)."""
     if env.get("SYNTHETIC_ACCEPTANCE", "").strip():
-        return _reference_question(env, model=model, speculator=speculator, draft_len=draft_len, thinking=thinking,
+        return _reference_question(env, model=model, speculator=speculator, k=k, thinking=thinking,
                                    recipe=recipe, dialect_of=dialect_of)
     framework = (env.get("FRAMEWORK") or "").strip().lower() or None
     prefix = (env.get("MODEL_PREFIX") or "").strip() or None
@@ -449,12 +449,12 @@ def question(env: Mapping[str, str], *, model: str | None, speculator: str | Non
         _llmd_gate(env, speculates, asked, str(recipe))
     else:
         _launcher_gate(env, speculates, asked, str(recipe))
-    k, notes = draft_len, []
+    given, notes = k, []
     if spec is not None:
-        k = k if k is not None else spec.checked_draft_len(str(recipe))
+        k = k if k is not None else spec.checked_k(str(recipe))
         if model is None:
             _curve_check(prefix, spec, dialect, str(recipe))  # type: ignore[arg-type]
-        if env.get("NUM_SPEC_TOKENS") and draft_len is None:
+        if env.get("NUM_SPEC_TOKENS") and given is None:
             notes.append(f"NUM_SPEC_TOKENS={env['NUM_SPEC_TOKENS']} is not read by InferenceX's newest launchers: k "
                          f"is the recipe's, {k}")
         if speculator is None:
@@ -469,7 +469,7 @@ def question(env: Mapping[str, str], *, model: str | None, speculator: str | Non
         speculator = speculator_of(spec_decoding, prefix)
     if model is None and prefix is None:
         raise ValueError("--from-env needs MODEL_PREFIX set (or --model)")
-    return Question(model=model or prefix, speculator=speculator, draft_len=k,
+    return Question(model=model or prefix, speculator=speculator, k=k,
                     thinking=thinking or _thinking(env, DEFAULT_THINKING), framework=framework, prefix=model is None,
                     notes=tuple(notes))
 

@@ -91,12 +91,12 @@ def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
     kind = record.speculator.partition(":")[0]
     method = RECIPE_METHODS["vllm"].get(kind, kind)
     marginal = [float(x) for x in record.unconditional_rates]
-    max_k = record.draft_len  # build_profile's default: the K measured; accept_length_by_k never goes past it
-    by_k = {r.draft_len: r.acceptance_length for r in (*siblings, record) if r.draft_len <= max_k}
+    max_k = record.k  # build_profile's default: the K measured; accept_length_by_k never goes past it
+    by_k = {r.k: r.acceptance_length for r in (*siblings, record) if r.k <= max_k}
     draft = model_name(record.draft_ids, written_name(record.speculator)) if record.draft_ids else None
     conditions: dict[str, object] = {
         "dataset": record.dataset, "dataset_fingerprints": list(record.dataset_fingerprints),
-        "thinking": record.thinking, "sampling": sampling(record), "engines": list(record.engines),
+        "thinking": record.thinking, "sampling": sampling(record), "engines": list(record.methods),
         "requests": record.requests, "conversations": record.conversations, "steps": record.steps,
         "censored_steps": record.censored_steps, "empty_steps": record.empty_steps,
         "ci95_mean_accept_length": None if record.ci_low is None else [record.ci_low, record.ci_high],
@@ -112,7 +112,7 @@ def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
         "method": method,
         "draft_checkpoint": {"id": draft} if draft else None,
         "target_model": {"id": model_name(record.target_ids, record.target)},
-        "num_speculative_tokens": record.draft_len,
+        "num_speculative_tokens": record.k,
         "block_size": None,
         "max_supported_k": max_k,
         "verification_method": "longest_prefix",
@@ -140,7 +140,7 @@ def _folder(r: AcceptanceRecord) -> str:
     speculator part keeps its kind ('draft:/models/x' is draft-x)."""
     kind, _, rest = r.speculator.partition(":")
     speculator = f"{kind}-{_slug(rest)}" if rest else kind
-    return f"{_slug(r.target)}_{_slug(speculator)}_k{r.draft_len}_thinking-{r.thinking}"
+    return f"{_slug(r.target)}_{_slug(speculator)}_k{r.k}_thinking-{r.thinking}"
 
 
 def documents(records: Sequence[AcceptanceRecord], tool: str, basis: str) -> dict[str, str]:

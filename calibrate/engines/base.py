@@ -62,7 +62,7 @@ class TargetIdentity:
 class Engine(Protocol):
     """Measures a batch of prompts for every (speculator, k) it serves, and says what a run records of it."""
 
-    name: str  # stored as the run's `engine`: "replay", "loop", "loop+experts", "llama.cpp", "vllm", "sglang"
+    name: str  # stored as the run's `method`: "replay", "loop", "loop+experts", "llama.cpp", "vllm", "sglang"
     target: Any  # calibrate.models.LoadedModel in this process, TargetIdentity behind a server
     speculators: Sequence[Any]  # each with name, kind, params, identity
     ks: list[int]
@@ -70,7 +70,7 @@ class Engine(Protocol):
     provenance: dict[str, Any] | None  # a server's command line, version and log; None in-process
     expert_layers: list[int]  # the MoE layers the verify-cost profile covers (none without it)
     verification: str | None  # the rule its counts follow at T > 0 (None: a speculating server's own)
-    # Replay of a server's responses: the engine that generated them and its precision, and where the
+    # Replay of a server's responses: the backend that generated them and its precision, and where the
     # hidden states came from; None where this process generated them.
     responses_from: str | None
     responses_dtype: str | None

@@ -139,7 +139,7 @@ def server_speculator(spec: Any, pair: Any) -> ServerSpeculator:
     cls = speculator_kind(spec.kind)
     # A launch needs the engine's spelling (the config validator has refused a kind without one); a
     # connected server runs what it was started with.
-    method = cls.engine_method(spec, pair.backend, resolve) if pair.server.mode == "launch" else None
+    method = cls.backend_method(spec, pair.backend, resolve) if pair.server.mode == "launch" else None
     weights = getattr(spec, "gguf", None) if pair.backend == "llama.cpp" else getattr(spec, "model", None)
     identity = (resolve(weights), fingerprint(resolve(weights))) if weights else (None, None)
     params = {k: v for k, v in spec.model_dump().items() if k != "kind"}

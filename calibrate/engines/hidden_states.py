@@ -142,7 +142,7 @@ class EngineFeatures(contextlib.AbstractContextManager):
 
     @property
     def where(self) -> str:
-        return f"{self.server.engine} at {self.server.url} (model {self.server.info.get('model')})"
+        return f"{self.server.backend} at {self.server.url} (model {self.server.info.get('model')})"
 
     def features(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
                  needs: TargetNeeds) -> list[TargetFeatures]:
@@ -168,7 +168,7 @@ class EngineFeatures(contextlib.AbstractContextManager):
         body = {"model": self.server.info["model"], "prompt": ids, "max_tokens": 1, "temperature": 0.0,
                 "return_token_ids": True, "stream": False}
         try:
-            resp = http_json(self.server.engine, self.server.url + "/v1/completions", body,
+            resp = http_json(self.server.backend, self.server.url + "/v1/completions", body,
                              timeout=self.cfg.request_timeout, inflight=self.server.inflight)
             path = resp["kv_transfer_params"]["hidden_states_path"]
         except EngineError as exc:

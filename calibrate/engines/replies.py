@@ -41,7 +41,7 @@ class Asked:
     """One request to one server, as its reply is checked: the budget it asked, the target's vocabulary, the
     k it drafts at (0: a request that must not speculate), and how it is sent (a cancellable request)."""
 
-    engine: str
+    backend: str
     url: str  # the server's base URL
     request: str | None  # the response's id, as the store keys it (None: asked before any request)
     max_tokens: int = 0
@@ -52,11 +52,11 @@ class Asked:
     slot: int | None = None  # whole trajectories with prefix reuse: the conversation's server slot (llama.cpp)
 
     def post(self, path: str, body: dict[str, Any]) -> Fields:
-        reply = http_json(self.engine, self.url + path, body, self.timeout, self.inflight, self.request)
+        reply = http_json(self.backend, self.url + path, body, self.timeout, self.inflight, self.request)
         return Fields(self, path, reply)
 
     def get_text(self, path: str) -> Fields:
-        reply = http_text(self.engine, self.url + path, self.timeout, self.inflight, self.request)
+        reply = http_text(self.backend, self.url + path, self.timeout, self.inflight, self.request)
         return Fields(self, path, reply)
 
 
@@ -72,7 +72,7 @@ class Fields:
     def fail(self, field: str, problem: str) -> EngineError:
         a = self.asked
         request = "" if a.request is None else f"request {a.request}: "
-        return EngineError(f"{a.engine} at {a.url}{self.path}: {request}{field}: {problem}")
+        return EngineError(f"{a.backend} at {a.url}{self.path}: {request}{field}: {problem}")
 
     # -- types ----------------------------------------------------------------------------------------------
     def obj(self, value: Any, field: str, optional: bool = False) -> dict[str, Any]:
@@ -122,7 +122,7 @@ class Fields:
             raise self.fail(field, f"null: the engine did not say why the response stopped ({documented} "
                                    "documented), so it cannot be read as an end")
         if not isinstance(value, str) or value not in reasons:
-            raise self.fail(field, f"{_shown(value)}, not a finish reason {self.asked.engine} documents "
+            raise self.fail(field, f"{_shown(value)}, not a finish reason {self.asked.backend} documents "
                                    f"({documented})")
         ended = reasons[value]
         if ended is None:

@@ -23,7 +23,7 @@ from calibrate.models import resolve
 SERVED_FIELDS = ("model", "model_root")  # what a backend's `describe` puts in the server's info
 
 
-def served_names(engine: str, url: str, info: dict[str, Any]) -> list[str]:
+def served_names(backend: str, url: str, info: dict[str, Any]) -> list[str]:
     """The names the server gives the model it serves (none where it gives none)."""
     names = []
     for field in SERVED_FIELDS:
@@ -31,7 +31,7 @@ def served_names(engine: str, url: str, info: dict[str, Any]) -> list[str]:
         if value is None:
             continue
         if not isinstance(value, str) or not value:
-            raise EngineError(f"{engine} at {url}: names the model it serves {value!r}, not a model name")
+            raise EngineError(f"{backend} at {url}: names the model it serves {value!r}, not a model name")
         if value not in names:
             names.append(value)
     return names
@@ -42,7 +42,7 @@ def same_model(a: str, b: str) -> bool:
     return a == b or resolve(a) == resolve(b)
 
 
-def check_served_model(engine: str, url: str, pair: Any, info: dict[str, Any]) -> str | None:
+def check_served_model(backend: str, url: str, pair: Any, info: dict[str, Any]) -> str | None:
     """Refuse a server that serves another model than the pair's; return the served model a run records in
     its identity (`served_model` where the config names it, else None: the rows are the target's own)."""
     cfg = pair.server
@@ -52,9 +52,9 @@ def check_served_model(engine: str, url: str, pair: Any, info: dict[str, Any]) -
         expected, what = cfg.served_model, "[pairs.server] served_model"
     else:
         expected, what = pair.target, "the pair's target"
-    names = served_names(engine, url, info)
+    names = served_names(backend, url, info)
     if names and not any(same_model(name, expected) for name in names):
-        raise EngineError(f"{engine} at {url}: serves {' / '.join(names)}, not {what} {expected!r}"
+        raise EngineError(f"{backend} at {url}: serves {' / '.join(names)}, not {what} {expected!r}"
                           + _remedy(cfg, pair.target, names[0]))
     return cfg.served_model if cfg.mode == "connect" else None
 

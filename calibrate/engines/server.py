@@ -30,13 +30,13 @@ from calibrate.engines.process_group import Watchdog, stop_group
 from calibrate.errors import EngineError
 
 
-def http_json(engine: str, url: str, body: dict[str, Any] | None = None, timeout: float = 600.0,
+def http_json(backend: str, url: str, body: dict[str, Any] | None = None, timeout: float = 600.0,
               inflight: InFlight | None = None, request: str | None = None) -> Any:
     """GET (body None) or POST JSON; any failure becomes an EngineError naming the engine and the URL (and
     the request, where one is named). Sent through `inflight`, the request can be cancelled while it waits."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    text = _read(engine, url, req, timeout, inflight, request)
+    text = _read(backend, url, req, timeout, inflight, request)
     if not text.strip():
         return None
     try:
@@ -44,20 +44,20 @@ def http_json(engine: str, url: str, body: dict[str, Any] | None = None, timeout
     except json.JSONDecodeError:
         return text
     except RecursionError:
-        raise EngineError(f"{_where(engine, url, request)}: the reply is JSON nested too deep to read") from None
+        raise EngineError(f"{_where(backend, url, request)}: the reply is JSON nested too deep to read") from None
 
 
-def http_text(engine: str, url: str, timeout: float = 60.0, inflight: InFlight | None = None,
+def http_text(backend: str, url: str, timeout: float = 60.0, inflight: InFlight | None = None,
               request: str | None = None) -> str:
-    return _read(engine, url, urllib.request.Request(url), timeout, inflight, request)
+    return _read(backend, url, urllib.request.Request(url), timeout, inflight, request)
 
 
-def _read(engine: str, url: str, req: urllib.request.Request, timeout: float, inflight: InFlight | None,
+def _read(backend: str, url: str, req: urllib.request.Request, timeout: float, inflight: InFlight | None,
           request: str | None) -> str:
     """The reply body as text; a refused connection, an HTTP error status, a body cut short or bytes that are
     not UTF-8 text become an EngineError naming the engine and the URL (a bare codec, socket or http.client
     message names neither)."""
-    where = _where(engine, url, request)
+    where = _where(backend, url, request)
     send = inflight.open if inflight is not None else urllib.request.urlopen
     try:
         with send(req, timeout=timeout) as resp:
@@ -77,11 +77,11 @@ def _read(engine: str, url: str, req: urllib.request.Request, timeout: float, in
         return body.decode()
     except UnicodeDecodeError as exc:
         raise EngineError(f"{where}: the reply is not UTF-8 text (byte {body[exc.start]:#04x} at "
-                          f"offset {exc.start}): is this the {engine} server?") from None
+                          f"offset {exc.start}): is this the {backend} server?") from None
 
 
-def _where(engine: str, url: str, request: str | None) -> str:
-    return f"{engine} at {url}" + (f": request {request}" if request is not None else "")
+def _where(backend: str, url: str, request: str | None) -> str:
+    return f"{backend} at {url}" + (f": request {request}" if request is not None else "")
 
 
 def free_port(host: str) -> int:
@@ -90,12 +90,12 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def check_port_free(engine: str, host: str, port: int) -> None:
+def check_port_free(backend: str, host: str, port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
         except OSError as exc:
-            raise EngineError(f"{engine}: cannot launch on http://{host}:{port}: port in use ({exc.strerror})") \
+            raise EngineError(f"{backend}: cannot launch on http://{host}:{port}: port in use ({exc.strerror})") \
                 from None
 
 
@@ -151,11 +151,11 @@ def terminate_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def launch(engine: str, command: Sequence[str], url: str, health: str, timeout: float,
+def launch(backend: str, command: Sequence[str], url: str, health: str, timeout: float,
            log_dir: str | None = None, env: dict[str, str] | None = None) -> Launched:
     """Start `command`, its output to a log file, and wait until `url + health` answers 200."""
     log_dir = log_dir or tempfile.gettempdir()
-    fd, log_name = tempfile.mkstemp(prefix=f"calibrate-{engine.replace('.', '')}-", suffix=".log", dir=log_dir)
+    fd, log_name = tempfile.mkstemp(prefix=f"calibrate-{backend.replace('.', '')}-", suffix=".log", dir=log_dir)
     log = os.fdopen(fd, "w")
     watchdog = Watchdog()
     try:
@@ -163,25 +163,25 @@ def launch(engine: str, command: Sequence[str], url: str, health: str, timeout: 
                                    env={**os.environ, **(env or {})}, start_new_session=True)
     except OSError as exc:
         watchdog.close()
-        raise EngineError(f"{engine}: cannot start {shlex.join(command)} for {url}: {exc}") from None
+        raise EngineError(f"{backend}: cannot start {shlex.join(command)} for {url}: {exc}") from None
     finally:
         log.close()
     watchdog.watch(process.pid)  # its own session: the group id is its pid
     launched = Launched(process, list(command), Path(log_name), url, watchdog)
     try:
-        _wait_healthy(engine, launched, health, timeout)
+        _wait_healthy(backend, launched, health, timeout)
     except BaseException:  # not up in time, exited, or we were interrupted while it started: stop it all
         launched.stop()
         raise
     return launched
 
 
-def _wait_healthy(engine: str, launched: Launched, health: str, timeout: float) -> None:
+def _wait_healthy(backend: str, launched: Launched, health: str, timeout: float) -> None:
     process, url, command = launched.process, launched.url, launched.command
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
-            raise EngineError(f"{engine}: launch command exited with status {process.returncode} before {url} "
+            raise EngineError(f"{backend}: launch command exited with status {process.returncode} before {url} "
                               f"was up: {shlex.join(command)}\nlog {launched.log_path}:\n{launched.log_tail()}")
         try:
             with urllib.request.urlopen(url + health, timeout=5) as resp:
@@ -190,7 +190,7 @@ def _wait_healthy(engine: str, launched: Launched, health: str, timeout: float) 
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             pass
         if time.monotonic() > deadline:
-            raise EngineError(f"{engine}: {url} not healthy after {timeout:.0f} s: {shlex.join(command)}\n"
+            raise EngineError(f"{backend}: {url} not healthy after {timeout:.0f} s: {shlex.join(command)}\n"
                               f"log {launched.log_path}:\n{launched.log_tail()}")
         time.sleep(0.5)
 
@@ -202,10 +202,10 @@ class Server:
     asks the server what it is (version, model) once it is up. Engines hold one Server each, or two (a
     plain one and a hidden-state one)."""
 
-    def __init__(self, engine: str, cfg: Any, health: str, describe: Callable[[str, float], dict[str, Any]],
+    def __init__(self, backend: str, cfg: Any, health: str, describe: Callable[[str, float], dict[str, Any]],
                  command: Callable[[str, int], list[str]] | None = None, url: str | None = None,
                  env: dict[str, str] | None = None):
-        self.engine, self.cfg, self.health, self._describe, self._command = engine, cfg, health, describe, command
+        self.backend, self.cfg, self.health, self._describe, self._command = backend, cfg, health, describe, command
         self.env = cfg.env if env is None else env  # a launched server's environment variables
         self.url = (url or "").rstrip("/")
         self.launched: Launched | None = None
@@ -219,10 +219,10 @@ class Server:
             failed.callback(self.close)  # whatever fails below stops what was started; kept once all is up
             if self._command is not None:
                 port = cfg.port or free_port(cfg.host)
-                check_port_free(self.engine, cfg.host, port)
+                check_port_free(self.backend, cfg.host, port)
                 self.url = f"http://{cfg.host}:{port}"
                 self._signals.enter_context(terminate_as_exit())
-                self.launched = launch(self.engine, self._command(cfg.host, port), self.url, self.health,
+                self.launched = launch(self.backend, self._command(cfg.host, port), self.url, self.health,
                                        cfg.startup_timeout, log_dir=cfg.log_dir, env=self.env)
             self.info = self._describe(self.url, cfg.request_timeout)
             failed.pop_all()
@@ -241,13 +241,14 @@ class Server:
     def explain(self, exc: EngineError) -> EngineError:
         """A failed request's error, with the launched server's exit status and log tail where it died."""
         if self.launched is not None and self.launched.process.poll() is not None:
-            return EngineError(f"{exc}\n{self.engine} exited with status {self.launched.process.returncode}; log "
+            return EngineError(f"{exc}\n{self.backend} exited with status {self.launched.process.returncode}; log "
                                f"{self.launched.log_path}:\n{self.launched.log_tail()}")
         return exc
 
     @property
     def provenance(self) -> dict[str, Any]:
-        out = {"engine": self.engine, "mode": "launch" if self._command is not None else "connect", "url": self.url,
+        # "engine": the key runs.server has always stored the backend under (provenance, read by people and tests)
+        out = {"engine": self.backend, "mode": "launch" if self._command is not None else "connect", "url": self.url,
                **self.info}
         if self.launched is not None:
             out.update(command=shlex.join(self.launched.command), log_file=str(self.launched.log_path))

@@ -26,7 +26,7 @@ from calibrate.engines.server import EngineError, Server
 from calibrate.terms import Sampling, StepCounts, TotalCounts
 from calibrate.progress import TokenProgress
 from calibrate.replay.steps import StepSeries, drafted_steps_counts, walk_engine_steps
-from calibrate.speculators.registry import EngineMethod
+from calibrate.speculators.registry import BackendMethod
 
 if TYPE_CHECKING:
     from calibrate.speculators.base import ReplayScorer
@@ -40,7 +40,7 @@ class ServerSpeculator:
     kind: str
     params: dict[str, Any]
     identity: tuple[str | None, str | None]
-    method: EngineMethod | None  # how a launched engine runs it (the kind's own declaration); None: connected
+    method: BackendMethod | None  # how a launched engine runs it (the kind's own declaration); None: connected
     drafts_every_step: bool  # a model drafter: each verify step drafts k, so an engine's step list is complete
 
 

@@ -37,7 +37,7 @@ from calibrate.engines.server import EngineError, http_json
 from calibrate.model_names import resolve
 from calibrate.terms import Sampling, TotalCounts
 from calibrate.replay.steps import StepSeries
-from calibrate.speculators.registry import EngineMethod
+from calibrate.speculators.registry import BackendMethod
 
 PREFIX = "vllm:spec_decode_"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
@@ -57,7 +57,7 @@ def default_command() -> list[str]:
     return [str(python), "-m", SERVER_MODULE] if (vllm_env() / ".complete").exists() else ["vllm", "serve"]
 
 
-def speculative_config(method: EngineMethod, k: int) -> dict[str, Any]:
+def speculative_config(method: BackendMethod, k: int) -> dict[str, Any]:
     """vLLM's --speculative-config: the kind's method and settings (vllm/config/speculative.py keys), and k."""
     return {"method": method.method, "num_speculative_tokens": k, **method.settings}
 

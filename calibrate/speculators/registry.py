@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class EngineMethod:
-    """How one serving engine names a speculator kind and spells its settings, k aside (each engine spells
-    k its own way: calibrate.engines.<engine>). Model names in `settings` are already resolved to what
+class BackendMethod:
+    """How one serving backend names a speculator kind and spells its settings, k aside (each backend spells
+    k its own way: calibrate.engines.<backend>). Model names in `settings` are already resolved to what
     the engine loads (a local folder, or a hub id as written)."""
 
     method: str  # vLLM speculative-config `method`, SGLang `--speculative-algorithm`, llama.cpp `--spec-type`
@@ -80,12 +80,12 @@ class Kind:
     # which layers): None, "layers" (the inputs of given layers: EAGLE-3, what vLLM's extract_hidden_states
     # captures) or "last" (the final hidden state: MTP).
     hidden_states: str | None = None
-    # How each serving engine runs a config of this kind: engine -> (its method name, (spec, weights) -> the
+    # How each serving backend runs a config of this kind: backend -> (its method name, (spec, weights) -> the
     # method's settings, raising ValueError with the reason where this config cannot run there). The one
-    # place a kind's engine spellings live: the engine backends read them and hold no list of kinds.
-    engines: Mapping[str, tuple[str, Settings]] = field(default_factory=dict)
-    # A kind whose method name is in its config (engine-only): (spec, engine, weights) -> its EngineMethod.
-    spelled_by_config: Callable[[Any, str, Callable[[str], str]], EngineMethod | None] | None = None
+    # place a kind's backend spellings live: the backends' clients read them and hold no list of kinds.
+    backends: Mapping[str, tuple[str, Settings]] = field(default_factory=dict)
+    # A kind whose method name is in its config (engine-only): (spec, backend, weights) -> its BackendMethod.
+    spelled_by_config: Callable[[Any, str, Callable[[str], str]], BackendMethod | None] | None = None
 
     @property
     def in_process(self) -> bool:
@@ -101,17 +101,17 @@ class Kind:
     def config_name(self, spec: SpeculatorConfig, target: str) -> str:
         return self.name_rule(spec, target)
 
-    def engine_method(self, spec: SpeculatorConfig, engine: str,
-                      weights: Callable[[str], str]) -> EngineMethod | None:
-        """How `engine` ("vllm", "sglang", "llama.cpp") runs this speculator, or None where it has no such
+    def backend_method(self, spec: SpeculatorConfig, backend: str,
+                       weights: Callable[[str], str]) -> BackendMethod | None:
+        """How `backend` ("vllm", "sglang", "llama.cpp") runs this speculator, or None where it has no such
         method; a ValueError says why this config cannot run there. `weights(name)` resolves a model name
-        to what the engine should load."""
+        to what the backend should load."""
         if self.spelled_by_config is not None:
-            return self.spelled_by_config(spec, engine, weights)
-        if engine not in self.engines:
+            return self.spelled_by_config(spec, backend, weights)
+        if backend not in self.backends:
             return None
-        method, settings = self.engines[engine]
-        return EngineMethod(method, settings(spec, weights))
+        method, settings = self.backends[backend]
+        return BackendMethod(method, settings(spec, weights))
 
     def drafter(self) -> type[Speculator]:
         """The kind's implementation, imported now (torch, transformers): only when a run checks or builds."""
@@ -146,20 +146,20 @@ def _engine_only_name(spec: EngineSpeculatorConfig, target: str) -> str:
     return spec.method.lower() + (":" + ",".join(parts) if parts else "")
 
 
-def _engine_only_method(spec: EngineSpeculatorConfig, engine: str,
-                        weights: Callable[[str], str]) -> EngineMethod | None:
-    """The method name and its settings passed to the engine as written, so any method it has can be measured."""
-    if engine not in MODEL_KEY:
+def _engine_only_method(spec: EngineSpeculatorConfig, backend: str,
+                        weights: Callable[[str], str]) -> BackendMethod | None:
+    """The method name and its settings passed to the backend as written, so any method it has can be measured."""
+    if backend not in MODEL_KEY:
         return None
-    model = {MODEL_KEY[engine]: weights(spec.model)} if spec.model else {}
-    return EngineMethod(spec.method, {**model, **spec.settings})
+    model = {MODEL_KEY[backend]: weights(spec.model)} if spec.model else {}
+    return BackendMethod(spec.method, {**model, **spec.settings})
 
 
 _KINDS = (
     # An autoregressive draft model. llama.cpp loads the draft as a GGUF file (`gguf`), the others as a model
     # folder or hub id.
     Kind("draft", DraftSpeculatorConfig, lambda spec, target: f"draft:{spec.model}",
-         "calibrate.speculators.draft_model:DraftModelSpeculator", drafts_every_step=True, engines={
+         "calibrate.speculators.draft_model:DraftModelSpeculator", drafts_every_step=True, backends={
              "vllm": ("draft_model", lambda spec, weights: {"model": weights(spec.model)}),
              "sglang": ("STANDALONE", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
              "llama.cpp": ("draft-simple", lambda spec, weights: needs(spec.gguf, "llama.cpp loads a draft from a "
@@ -170,19 +170,19 @@ _KINDS = (
     # TensorRT-LLM's NGram (a pool of patterns updated as it decodes): no other engine runs this kind.
     Kind("ngram", NgramSpeculatorConfig, lambda spec, target: label("ngram", ngram_params(spec), NGRAM_DEFAULTS),
          "calibrate.speculators.ngram:NgramSpeculator",
-         engines={"vllm": ("ngram", lambda spec, weights: ngram_params(spec))}),
+         backends={"vllm": ("ngram", lambda spec, weights: ngram_params(spec))}),
     # vLLM's `method: suffix` (ArcticInference inside the engine, with the cross-request cache the module
     # docstring of calibrate.speculators.suffix leaves out); vLLM has no offset option (its offset is 0). No
     # other engine has suffix decoding.
     Kind("suffix", SuffixSpeculatorConfig,
          lambda spec, target: label("suffix", suffix_params(spec), SUFFIX_DEFAULTS),
-         "calibrate.speculators.suffix:SuffixSpeculator", engines={"vllm": ("suffix", lambda spec, weights: needs(
+         "calibrate.speculators.suffix:SuffixSpeculator", backends={"vllm": ("suffix", lambda spec, weights: needs(
              not spec.max_spec_offset, "vLLM has no max_spec_offset option (its offset is 0)") or {
              "suffix_decoding_max_tree_depth": spec.max_depth,
              "suffix_decoding_max_spec_factor": spec.max_spec_factor,
              "suffix_decoding_min_token_prob": spec.min_token_prob})}),
     Kind("eagle3", Eagle3SpeculatorConfig, lambda spec, target: f"eagle3:{spec.model}",
-         "calibrate.speculators.eagle3:Eagle3Speculator", drafts_every_step=True, hidden_states="layers", engines={
+         "calibrate.speculators.eagle3:Eagle3Speculator", drafts_every_step=True, hidden_states="layers", backends={
              "vllm": ("eagle3", lambda spec, weights: {"model": weights(spec.model)}),
              "sglang": ("EAGLE3", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
          }),
@@ -190,7 +190,7 @@ _KINDS = (
     # aliases and which loads the DeepSeek / GLM family's draft from the target checkpoint by default.
     Kind("mtp", MtpSpeculatorConfig, lambda spec, target: f"mtp:{target}", "calibrate.speculators.mtp:MtpSpeculator",
          drafts_every_step=True, hidden_states="last",
-         engines={"vllm": ("mtp", no_settings), "sglang": ("EAGLE", no_settings)}),
+         backends={"vllm": ("mtp", no_settings), "sglang": ("EAGLE", no_settings)}),
     # Methods only a serving engine runs (vLLM `dflash`, `dspark`, `eagle`, `medusa`, `ngram_gpu`, `mtp` of a
     # model type transformers has no MTP for; SGLang `DFLASH`, `DSPARK`, `FROZEN_KV_MTP`, its trie `NGRAM`):
     # the method and its settings go to the engine as written, and the engine's own counts are the rows. No

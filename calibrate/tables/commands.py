@@ -26,10 +26,11 @@ from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, bucket_labels, 
                                      from_name, parse_edges)
 from calibrate.tables.experts import ExpertRecord, load_expert_records
 from calibrate.tables.prefix_cache import HitRate, hit_rate_lines, hit_rates
-from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
+from calibrate.tables.records import FROM_EXPORTED, KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
 from calibrate.tables.selection import csv_text, load_selection, no_match, resolve_filters, short_labels
 from calibrate.tables.store import DEFAULT_TABLE, connect, reading
 
+# The columns of `show --format json|csv`, named as exported tables name them (records.EXPORTED_AS: draft_len).
 SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
              "acceptance_length", "ci_low", "ci_high", "ci_note", "macro_acceptance_length")
 
@@ -54,7 +55,7 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
     and the AL over drafted steps when some steps proposed nothing)."""
     rows = []
     for r in records:
-        row = {key: getattr(r, key) for key in SHOW_KEYS}
+        row = {key: getattr(r, FROM_EXPORTED.get(key, key)) for key in SHOW_KEYS}
         if segments:
             row = {**{k: row[k] for k in SHOW_KEYS[:6]}, "segment": r.segment, **{k: row[k] for k in SHOW_KEYS[6:]}}
         if r.bucket is not None:  # `--by context`: the bucket's column, named by its dimension
@@ -88,7 +89,7 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
     cells: dict[str, list[str]] = {
         "target": [_last_part(r.target) for r in records],
         "speculator": [short[r.speculator] for r in records],
-        "k": [str(r.draft_len) for r in records],
+        "k": [str(r.k) for r in records],
         "think": [r.thinking for r in records],
         "temperature": [f"{r.temperature:g}" for r in records],
         "top_p": ["-" if r.top_p is None else f"{r.top_p:g}" for r in records],
@@ -130,8 +131,8 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
     if any(r.samples > 1 for r in records):
         notes.append(f"reqs: responses, up to {max(r.samples for r in records)} sampled per request (intervals "
                      "clustered by conversation)")
-    notes += [f"! engine audit: {r.disagreeing_steps} steps of {r.engines[0]}'s own counts contradict its own tokens "
-              f"({r.speculator} k={r.draft_len}); exports refuse the row unless forced" for r in records
+    notes += [f"! engine audit: {r.disagreeing_steps} steps of {r.methods[0]}'s own counts contradict its own tokens "
+              f"({r.speculator} k={r.k}); exports refuse the row unless forced" for r in records
               if r.disagreeing_steps and r.segment == "all"]
     notes += [f"{dim.name}: {dim.description}; buckets {bucket_labels(dim)}" for dim in (DIMENSIONS[n] for n in dims)]
     table = Table(title="Acceptance length: pooled AL, 95% CI, macro AL",
@@ -397,7 +398,7 @@ def _render_experts(records: Sequence[ExpertRecord], wide: bool = False) -> None
         "think": [r.thinking for r in records],
         "temperature": [f"{r.temperature:g}" for r in records],
         "dataset": [r.dataset for r in records],
-        "k": [str(r.draft_len) for r in records],
+        "k": [str(r.k) for r in records],
         "B": [str(r.batch_size) for r in records],
         "routing": [r.routing for r in records],
         "reqs": [str(r.requests) for r in records],

@@ -28,6 +28,7 @@ import numpy as np
 from calibrate.errors import NothingUsable
 from calibrate.tables import stats
 from calibrate.tables.query import DEFAULT_BOOT, DEFAULT_LEVEL, DEFAULT_SEED, Filters, check_conditions
+from calibrate.tables.records import EXPORTED_AS
 
 class NoExpertProfile(NothingUsable):
     """The store holds no expert profile (no `[run] experts = true` run, or written before it existed)."""
@@ -37,7 +38,7 @@ class NoExpertProfile(NothingUsable):
 class ExpertRecord:
     target: str
     speculator: str
-    draft_len: int
+    k: int
     thinking: str
     temperature: float
     dataset: str
@@ -61,13 +62,14 @@ class ExpertRecord:
     plain_bytes_per_token: float
 
     def row(self) -> dict[str, Any]:
-        return asdict(self)
+        """`show --experts --format json|csv`: named as exported tables name the fields (records.EXPORTED_AS)."""
+        return {EXPORTED_AS.get(name, name): value for name, value in asdict(self).items()}
 
 
 _SQL = """
 WITH r AS (SELECT * FROM runs WHERE {where})
-SELECT r.target, r.speculator, r.draft_len, r.thinking, r.temperature, r.dataset, e.batch_size, e.routing,
-       e.run_id, e.request_id, q.conversation_id, e.draft_len = 0 AS plain, e.layer, e.steps, e.distinct_experts,
+SELECT r.target, r.speculator, r.k, r.thinking, r.temperature, r.dataset, e.batch_size, e.routing,
+       e.run_id, e.request_id, q.conversation_id, e.k = 0 AS plain, e.layer, e.steps, e.distinct_experts,
        l.routed_experts, l.top_k, l.expert_bytes, l.shared_bytes
 FROM expert_counts e JOIN r USING (run_id)
 JOIN requests q ON q.run_id = e.run_id AND q.request_id = e.request_id

@@ -40,7 +40,7 @@ def hit_rates(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> list[Hi
     marks = ", ".join("?" for _ in run_ids)
     rows = con.execute(f"""
         WITH per_request AS (
-            SELECT coalesce(r.responses_from, r.engine) AS source, avg(q.cached_tokens) AS cached,
+            SELECT coalesce(r.responses_from, r.method) AS source, avg(q.cached_tokens) AS cached,
                    max(q.prompt_tokens) AS prompt
             FROM requests q JOIN runs r USING (run_id)
             WHERE q.cached_tokens IS NOT NULL AND q.run_id IN ({marks})

@@ -23,7 +23,7 @@ from calibrate.data.segments import SEGMENTS
 from calibrate.tables import stats
 from calibrate.tables.buckets import DIMENSIONS, Bucket, Dimension
 from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord, RunKey
-from calibrate.tables.store import CONDITION_FIELDS, RunSpec
+from calibrate.tables.store import CONDITION_FIELDS, RENAMED_COLUMNS, RunSpec
 from calibrate.terms import UNSEGMENTED
 
 SEGMENT_ORDER = (SEGMENT_ALL, *SEGMENTS, UNSEGMENTED)  # unsegmented: server engines' whole-response counts
@@ -83,7 +83,7 @@ class Filters:
         """A WHERE clause over `runs` and its parameters (values are bound, never pasted into SQL)."""
         clauses, params = [], []
         for column, values in (
-            ("target", self.targets), ("speculator", self.speculators), ("draft_len", self.ks),
+            ("target", self.targets), ("speculator", self.speculators), ("k", self.ks),
             ("thinking", self.thinking), ("temperature", self.temperatures), ("dataset", self.datasets),
             ("run_id", self.run_ids),
         ):
@@ -121,7 +121,7 @@ def parse_where(items: Sequence[str] | None) -> tuple[tuple[str, str], ...]:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise ValueError(f"--where {item!r}: expected FIELD=VALUE (e.g. max_new_tokens=256)")
-        out.append((name.strip(), value.strip()))
+        out.append((RENAMED_COLUMNS["runs"].get(name.strip(), name.strip()), value.strip()))
     return tuple(out)
 
 
@@ -157,8 +157,8 @@ def _text(value: Any) -> str:
 
 
 def _columns(con: duckdb.DuckDBPyConnection, table: str) -> set[str]:
-    return {c for (c,) in con.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]).fetchall()}
+    """The columns `table` shows as queries read it (an old store opened read-only: its renamed view's)."""
+    return {d[0] for d in con.execute(f'SELECT * FROM "{table}" LIMIT 0').description}
 
 
 @dataclass(frozen=True)
@@ -347,7 +347,7 @@ def request_totals(con: duckdb.DuckDBPyConnection, filters: Filters = Filters())
         grouped.setdefault(int(row[0]), []).append(row)
     out = {}
     for key_ix, group in grouped.items():
-        k = int(dict(zip(KEY_FIELDS, keys[key_ix]))["draft_len"])
+        k = int(dict(zip(KEY_FIELDS, keys[key_ix]))["k"])
         totals = np.full((len(group), stats.FIRST_POSITION + k), np.nan)
         for i, (_, run_id, request_id, _, _, _, n, acc, emp) in enumerate(group):
             totals[i, :3] = (n, acc, np.nan if emp is None else emp)
@@ -375,7 +375,7 @@ def _request_positions(con: duckdb.DuckDBPyConnection, keyed: str, params: list[
         JOIN chosen USING (run_id, request_id) JOIN keyed USING (run_id) GROUP BY ALL""", params).fetchall()
     with_hist = set()
     for key_ix, run_id, request_id, accepted, n in hist:
-        k = int(dict(zip(KEY_FIELDS, keys[int(key_ix)]))["draft_len"])
+        k = int(dict(zip(KEY_FIELDS, keys[int(key_ix)]))["k"])
         tails = out.setdefault((int(key_ix), run_id, request_id), np.zeros(k))
         tails[:int(accepted)] += n  # a step accepting a drafts counts at positions 0..a-1
         with_hist.add((int(key_ix), run_id, request_id))
@@ -388,7 +388,7 @@ def _request_positions(con: duckdb.DuckDBPyConnection, keyed: str, params: list[
         ident = (int(key_ix), run_id, request_id)
         if ident in with_hist:
             continue
-        k = int(dict(zip(KEY_FIELDS, keys[int(key_ix)]))["draft_len"])
+        k = int(dict(zip(KEY_FIELDS, keys[int(key_ix)]))["k"])
         out.setdefault(ident, np.zeros(k))[int(position)] = n
     return out
 
@@ -402,7 +402,7 @@ def _key_rows(scope: _Scope) -> list[tuple[Any, ...]]:
         f"""SELECT key_ix, {_KEY_COLS},
                list_sort(list_distinct(list(target_id))), list_sort(list_distinct(list(speculator_kind))),
                list_sort(list_distinct(list(draft_id))), list_sort(list(run_id)),
-               list_sort(list_distinct(list(engine))), list_sort(list_distinct(list(dataset_fingerprint))),
+               list_sort(list_distinct(list(method))), list_sort(list_distinct(list(dataset_fingerprint))),
                list_sort(list_distinct(list(status))), list_sort(list_distinct(list(git_commit))),
                list_sort(list_distinct(list(versions))), min(started_at), max(finished_at),
                list_sort(list_distinct(list(target_hash))), {rules}
@@ -596,7 +596,7 @@ def _record(
     """`accepted` is given for a record summarised from totals (no histogram to count it from)."""
     tokens, censored, expected_sum, expected_steps, drafted, empty = totals
     key = dict(zip(KEY_FIELDS, key_row[1:1 + len(KEY_FIELDS)]))
-    (target_ids, kinds, draft_ids, run_ids, engines, fingerprints, statuses, commits, versions,
+    (target_ids, kinds, draft_ids, run_ids, methods, fingerprints, statuses, commits, versions,
      started, finished, target_hashes, rules) = key_row[1 + len(KEY_FIELDS):]
     expected = (
         float(stats.expected_acceptance_length(expected_sum, expected_steps))
@@ -641,7 +641,7 @@ def _record(
         speculator_kinds=tuple(kinds),
         draft_ids=tuple(draft_ids),
         run_ids=tuple(run_ids),
-        engines=tuple(engines),
+        methods=tuple(methods),
         dataset_fingerprints=tuple(fingerprints),
         statuses=tuple(statuses),
         git_commits=tuple(commits),

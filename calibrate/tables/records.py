@@ -10,6 +10,7 @@ for vLLM) come from `calibrate.tables.stats`; how each consumer spells them is `
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
@@ -45,7 +46,7 @@ class RunKey:
 
     target: str = _key("VARCHAR")
     speculator: str = _key("VARCHAR")
-    draft_len: int = _key("INTEGER")
+    k: int = _key("INTEGER")
     thinking: str = _key("VARCHAR")
     temperature: float = _key("DOUBLE")
     top_p: float | None = _key("DOUBLE")
@@ -56,9 +57,22 @@ class RunKey:
     def key(self) -> tuple[Any, ...]:
         return tuple(getattr(self, f) for f in KEY_FIELDS)
 
+    @property
+    def draft_len(self) -> int:
+        """k's earlier name (a lookup answer's `.draft_len`), read for one release with a FutureWarning."""
+        warnings.warn("the record's draft_len is deprecated and will be removed: read .k", FutureWarning,
+                      stacklevel=2)
+        return self.k
+
 
 # Fields of the key, in display order.
 KEY_FIELDS = tuple(f.name for f in fields(RunKey))
+
+# Record fields renamed in the code (issue 39: one word per concept) whose earlier names the files calibrate
+# writes keep: an exported table's column `draft_len` is the record's `k` (`engines` its `methods`), so a table exported before reads on,
+# and so does every reader of one (a consumer's loader, a script). `to_dict` / `from_dict` translate.
+EXPORTED_AS = {"k": "draft_len", "methods": "engines"}
+FROM_EXPORTED = {v: k for k, v in EXPORTED_AS.items()}
 
 
 def fmt(value: float, digits: int) -> str:
@@ -105,7 +119,7 @@ class AcceptanceRecord(RunKey):
     speculator_kinds: tuple[str, ...]
     draft_ids: tuple[str, ...]
     run_ids: tuple[str, ...]
-    engines: tuple[str, ...]
+    methods: tuple[str, ...]  # the runs' methods (runs.method): replay, loop, or a backend's own counts
     dataset_fingerprints: tuple[str, ...]
     statuses: tuple[str, ...]
     git_commits: tuple[str, ...]
@@ -211,15 +225,15 @@ class AcceptanceRecord(RunKey):
     @property
     def acceptance_rate(self) -> float:
         """Mean acceptance rate per draft, (AL - 1) / k: ATOM's rate unit."""
-        return float(stats.mean_acceptance_rate(self.al, self.draft_len))
+        return float(stats.mean_acceptance_rate(self.al, self.k))
 
     @property
     def rates(self) -> tuple[float, ...]:
         """The k unconditional rates rounded for vLLM/llama.cpp (over the drafted steps where the exported AL
         is the drafted one, so 1 + sum(rates) is the exported AL); rounding keeps them non-increasing."""
-        if len(self.unconditional_rates) != self.draft_len:
-            raise ValueError(f"per-position rates of {self.target} / {self.speculator} k={self.draft_len} are not "
-                             f"available from this engine ({', '.join(self.engines)} reports totals only): "
+        if len(self.unconditional_rates) != self.k:
+            raise ValueError(f"per-position rates of {self.target} / {self.speculator} k={self.k} are not "
+                             f"available from this engine ({', '.join(self.methods)} reports totals only): "
                              "export the length instead")
         scale = 1.0 / self.proposal_rate if self.uses_drafted else 1.0
         return tuple(round(min(1.0, r * scale), RATE_DIGITS) for r in self.unconditional_rates)
@@ -228,7 +242,7 @@ class AcceptanceRecord(RunKey):
         """What an engine does with this record's number on synthetic text, for n-gram / suffix; else None."""
         if not self.uses_drafted:
             return None
-        return (f"{self.speculator} k={self.draft_len}: exported AL {self.value()} is over drafted steps "
+        return (f"{self.speculator} k={self.k}: exported AL {self.value()} is over drafted steps "
                 f"({self.proposal_rate:.0%} of steps drafted here; AL over all steps {self.acceptance_length:.2f}). "
                 "Engines force it only where the drafter proposes, rarely on synthetic text: a run realises "
                 f"1 + p' x ({self.value()} - 1) at its own proposal rate p'.")
@@ -275,14 +289,14 @@ class AcceptanceRecord(RunKey):
         own tokens, which no exact sampler does (exports and lookup refuse such a row unless forced)."""
         if not self.disagreeing_steps:
             return None
-        return (f"{self.speculator} k={self.draft_len} ({', '.join(self.engines)}): {self.disagreeing_steps} steps of "
+        return (f"{self.speculator} k={self.k} ({', '.join(self.methods)}): {self.disagreeing_steps} steps of "
                 f"the engine's own counts contradict its own tokens (engine audit of {self.audited_requests} responses)")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (tuples become lists); `from_dict` inverts it exactly. `bucket` appears only
         on a bucket's record and the workload columns only on a weighted one, so a table of whole keys reads as
         it always did."""
-        row = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        row = {EXPORTED_AS.get(k, k): list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
         for name in OPTIONAL_COLUMNS:
             if row[name] is None:
                 del row[name]
@@ -290,9 +304,11 @@ class AcceptanceRecord(RunKey):
 
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> AcceptanceRecord:
-        """Rebuild from an exported row (JSON or Parquet), restoring tuples, ints and None for missing."""
+        """Rebuild from an exported row (JSON or Parquet), restoring tuples, ints and None for missing. The row
+        names fields as files do (`EXPORTED_AS`)."""
+        row = {FROM_EXPORTED.get(n, n): v for n, v in row.items()}
         names = {f.name: f for f in fields(cls)}
-        required = [n for n, f in names.items() if n not in row and f.default is MISSING]
+        required = [EXPORTED_AS.get(n, n) for n, f in names.items() if n not in row and f.default is MISSING]
         if required:
             raise ValueError(f"table row lacks {', '.join(required)}: is this a calibrate export?")
         out: dict[str, Any] = {}
@@ -303,7 +319,7 @@ class AcceptanceRecord(RunKey):
             if isinstance(value, list):
                 value = tuple(value)
             out[name] = value
-        for name in ("draft_len", "requests", "conversations", "steps", "censored_steps", "tokens",
+        for name in ("k", "requests", "conversations", "steps", "censored_steps", "tokens",
                      "bootstrap_replicates", "bootstrap_seed"):
             out[name] = int(out[name])
         for name in ("drafted_tokens", "empty_steps", "truncated_requests", "audited_requests", "disagreeing_steps",
@@ -323,7 +339,7 @@ def _pair(low: float | None, high: float | None) -> list[float] | None:
 def workload_lines(records: Sequence[AcceptanceRecord]) -> list[str]:
     """For a file's comment header: per weighted record (segment all), its thinking mode, k and weighting (value,
     CI, coverage, the workload's digest, the share filled)."""
-    return [f"thinking_{r.thinking} k={r.draft_len}: {r.workload_note()}" for r in records
+    return [f"thinking_{r.thinking} k={r.k}: {r.workload_note()}" for r in records
             if r.workload is not None and r.segment == SEGMENT_ALL]
 
 
@@ -345,7 +361,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def extrapolate(base: AcceptanceRecord, draft_len: int) -> AcceptanceRecord:
+def extrapolate(base: AcceptanceRecord, k: int) -> AcceptanceRecord:
     """A record for an unmeasured k from the measured per-position curve of `base` (explicit opt-in only).
 
     Positions the curve covers come from it; past its end the curve continues with the iid rate fitted to
@@ -364,28 +380,28 @@ def extrapolate(base: AcceptanceRecord, draft_len: int) -> AcceptanceRecord:
                          "weight a measured k instead")
     if not base.histogram:
         raise ValueError(f"extrapolation needs the histogram of accepted drafts, which is not available from "
-                         f"this engine ({', '.join(base.engines)} reports totals only)")
+                         f"this engine ({', '.join(base.methods)} reports totals only)")
     drafted = base.uses_drafted
     share = float(base.proposal_rate) if drafted else 1.0  # of steps that drafted: rates over them are /share
     histogram = np.asarray(base.histogram, dtype=np.float64)
     if drafted:
         histogram[0] -= base.empty_steps  # empty steps accept nothing: they sit in bin 0
     alpha = float(stats.iid_rate(histogram))
-    rates = stats.extend_rates(np.asarray(base.unconditional_rates) / share, draft_len, alpha)
-    basis = (f" over the {share:.0%} of steps that drafted (that share taken as measured at k={base.draft_len})"
+    rates = stats.extend_rates(np.asarray(base.unconditional_rates) / share, k, alpha)
+    basis = (f" over the {share:.0%} of steps that drafted (that share taken as measured at k={base.k})"
              if drafted else "")
-    if draft_len <= base.draft_len:
-        method = f"first {draft_len} positions of the measured per-position curve at k={base.draft_len}{basis}"
+    if k <= base.k:
+        method = f"first {k} positions of the measured per-position curve at k={base.k}{basis}"
     else:
         method = (
-            f"measured per-position curve at k={base.draft_len}{basis}, continued past position {base.draft_len} "
+            f"measured per-position curve at k={base.k}{basis}, continued past position {base.k} "
             f"with the fitted iid rate {alpha:.4f} (Leviathan et al. 2023)"
         )
     all_steps = rates * share
     cond = stats.conditional_rates(stats.histogram_from_rates(all_steps))
     return replace(
         base,
-        draft_len=draft_len,
+        k=k,
         histogram=(),
         acceptance_length=float(stats.acceptance_length_from_rates(all_steps)),
         ci_low=None, ci_high=None, ci_note=None,  # a model of the curve: no interval to withhold

@@ -57,14 +57,14 @@ def _plot_context(rows: Sequence[AcceptanceRecord], path: Path, with_target: boo
 
     present = sorted({from_name(r.bucket) for r in rows}, key=lambda b: b.low)  # whatever edges they were cut at
     order = {b.label: i for i, b in enumerate(present)}
-    ks = sorted({r.draft_len for r in rows})
+    ks = sorted({r.k for r in rows})
     cols = min(len(ks), 4)
     n_rows = -(-len(ks) // cols)
     fig, axes = plt.subplots(n_rows, cols, figsize=(max(6.0, 4.2 * cols), 3.8 * n_rows), squeeze=False, sharey=True)
     for ax, k in zip(axes.flat, ks):
         series: dict[tuple, list[AcceptanceRecord]] = {}
         for r in rows:
-            if r.draft_len == k:
+            if r.k == k:
                 series.setdefault(_series_key(r), []).append(r)
         for rs in series.values():
             rs = sorted(rs, key=lambda r: order[from_name(r.bucket).label])
@@ -111,11 +111,11 @@ def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False,
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for rs in series.values():
-        rs = sorted(rs, key=lambda r: r.draft_len)
-        ks = [r.draft_len for r in rs]
+        rs = sorted(rs, key=lambda r: r.k)
+        ks = [r.k for r in rs]
         al = [r.acceptance_length for r in rs]
         ax.errorbar(ks, al, yerr=_error_bars(rs), marker="o", capsize=3, label=_series_label(rs[0], with_target))
-    ks_all = sorted({r.draft_len for r in rows})
+    ks_all = sorted({r.k for r in rows})
     ax.plot(ks_all, [k + 1 for k in ks_all], ls=":", color="grey", label="k + 1 (all accepted)")
     ax.set_xlabel("draft length k")
     ax.set_ylabel("acceptance length (tokens / step)")
@@ -134,13 +134,13 @@ def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False,
         if not with_rates:  # an engine that reports totals only: no per-position curve to draw
             missing.append(_series_label(rs[0], with_target))
             continue
-        r = max(with_rates, key=lambda r: r.draft_len)  # the longest measured curve covers every position
-        positions = list(range(r.draft_len))
+        r = max(with_rates, key=lambda r: r.k)  # the longest measured curve covers every position
+        positions = list(range(r.k))
         ax.plot(positions, r.unconditional_rates, marker="o",
-                label=f"{_series_label(r, with_target)}, k={r.draft_len}")
+                label=f"{_series_label(r, with_target)}, k={r.k}")
         if r.rates_ci_low:
             ax.fill_between(positions, r.rates_ci_low, r.rates_ci_high, alpha=0.2)
-    ax.set_xticks(range(max(r.draft_len for r in rows)))
+    ax.set_xticks(range(max(r.k for r in rows)))
     ax.set_xlabel("draft position i (0-based)")
     ax.set_ylabel("P(at least i+1 drafts accepted)")
     ax.set_ylim(0, 1)
@@ -153,13 +153,13 @@ def plot(records: Sequence[AcceptanceRecord], out: Path, force: bool = False,
     fig.tight_layout()
     paths.append(_save(fig, out / "rates.png"))
 
-    counted = {key: sorted((r for r in rs if r.drafted_tokens is not None), key=lambda r: r.draft_len)
+    counted = {key: sorted((r for r in rs if r.drafted_tokens is not None), key=lambda r: r.k)
                for key, rs in series.items()}
     counted = {key: rs for key, rs in counted.items() if rs}
     if counted:
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
         for rs in counted.values():
-            ks = [r.draft_len for r in rs]
+            ks = [r.k for r in rs]
             label = _series_label(rs[0], with_target)
             left.plot(ks, [r.drafted_tokens / r.steps for r in rs], marker="o", label=label)
             right.plot(ks, [r.draft_acceptance_rate for r in rs], marker="o", label=label)
@@ -204,8 +204,8 @@ def plot_experts(records: Sequence[ExpertRecord], out: Path, force: bool = False
             if (r.target, r.speculator) == (target, speculator):
                 series.setdefault((r.batch_size, r.routing), []).append(r)
         for (batch, routing), rs in sorted(series.items()):
-            rs = sorted(rs, key=lambda r: r.draft_len)
-            ax.plot([0] + [r.draft_len for r in rs], [rs[0].distinct_plain] + [r.distinct for r in rs],
+            rs = sorted(rs, key=lambda r: r.k)
+            ax.plot([0] + [r.k for r in rs], [rs[0].distinct_plain] + [r.distinct for r in rs],
                     ls=styles.get(routing, "-"), marker="o", label=f"B={batch}, {routing}")
         top = max(r.routed_experts for r in records if (r.target, r.speculator) == (target, speculator))
         ax.axhline(top, color="grey", ls=":", lw=0.8)

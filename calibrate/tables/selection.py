@@ -91,7 +91,7 @@ def _empty_bucket(con: Any, filters: query.Filters, bucket: Bucket, db: Path) ->
 
 # Filters -> (the runs column, the option that set it), for saying what was asked and what exists.
 FILTER_OPTIONS = (("targets", "target", "--model"), ("speculators", "speculator", "--speculator"),
-                  ("ks", "draft_len", "--k"), ("thinking", "thinking", "--thinking"),
+                  ("ks", "k", "--k"), ("thinking", "thinking", "--thinking"),
                   ("temperatures", "temperature", "--temperature"), ("datasets", "dataset", "--dataset"))
 
 

@@ -27,7 +27,8 @@ Run identity (`RunSpec`, each field tagged with its role):
   `calibrate.tables.records.KEY_FIELDS`);
 - conditions: everything else that can change a count: the target's and draft's content hashes, the
   speculator's parameters, the dataset's content fingerprint, the context and new-token budgets, dtype,
-  engine, the step-rule version (`calibrate.replay.steps.STEP_RULE_VERSION`) and the sampling seed;
+  method (replay, loop, or a serving backend's own counts), the step-rule version
+  (`calibrate.replay.steps.STEP_RULE_VERSION`) and the sampling seed;
 - provenance: recorded, never part of the identity: the selection (max_requests, strategy and the seed
   that picked the requests), resolved model ids, device, dataset format, package versions, git commit.
 `run_id` hashes key + conditions. So a request measured under the same conditions is the same measurement
@@ -79,6 +80,13 @@ DEFAULT_TABLE = Path("tables") / "acceptance.duckdb"
 IDENTITY_VERSION = "2"
 CONDITION, PROVENANCE = "condition", "provenance"  # and records.KEY
 TABLES = ("runs", "requests", "segment_counts", "accept_counts", "problems")
+
+# Columns renamed for one word per concept (issue 39), by table: earlier name -> name. A store written before is
+# migrated when opened for writing (`_rename_columns`: once, in one transaction) and read through views under the
+# new names when opened read-only (`_renamed_views`). The run id hashes a renamed field under its earlier name
+# (`HASHED_AS`), so every stored run keeps its id and is resumed, never measured again.
+RENAMED_COLUMNS = {"runs": {"draft_len": "k", "engine": "method"}, "expert_counts": {"draft_len": "k"}}
+HASHED_AS = {"k": "draft_len", "method": "engine"}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS store_meta (name VARCHAR PRIMARY KEY, value VARCHAR);
@@ -150,7 +158,7 @@ CREATE TABLE IF NOT EXISTS accept_counts (
 CREATE TABLE IF NOT EXISTS expert_counts (
     run_id VARCHAR NOT NULL,
     request_id VARCHAR NOT NULL,
-    draft_len INTEGER NOT NULL,
+    k INTEGER NOT NULL,
     layer INTEGER NOT NULL,
     batch_size INTEGER NOT NULL,
     routing VARCHAR NOT NULL,  -- 'router' (the model's own) | 'uniform' | 'round-robin' (SGLang's simulated)
@@ -158,7 +166,7 @@ CREATE TABLE IF NOT EXISTS expert_counts (
     positions BIGINT NOT NULL,
     distinct_experts BIGINT NOT NULL,  -- summed over the steps
     members VARCHAR NOT NULL,  -- JSON list of the batch's request ids
-    PRIMARY KEY (run_id, request_id, draft_len, layer, batch_size, routing)
+    PRIMARY KEY (run_id, request_id, k, layer, batch_size, routing)
 );
 CREATE TABLE IF NOT EXISTS expert_layers (
     run_id VARCHAR NOT NULL,
@@ -204,7 +212,8 @@ class RunSpec(RunKey):
     context_tokens: int = _condition("INTEGER")
     max_new_tokens: int = _condition("INTEGER")
     dtype: str = _condition("VARCHAR")
-    engine: str = _condition("VARCHAR")
+    # how the counts were made: "replay", "loop", "loop+experts", or the serving backend's own ("vllm", ...)
+    method: str = _condition("VARCHAR")
     step_rule: int = _condition("INTEGER", default=STEP_RULE_VERSION)
     sampling_seed: int | None = _condition("BIGINT", default=None)  # the seed at temperature > 0, else None
     # the verification rule at temperature > 0 ("probabilistic" | "target-only"); None at 0 (greedy matching)
@@ -231,9 +240,10 @@ class RunSpec(RunKey):
     dtype_reason: str | None = _provenance("VARCHAR", default=None)  # why `dtype` was chosen ("auto: ...")
 
     def identity(self) -> dict[str, Any]:
-        """The fields that define what was measured, as stored (JSON fields encoded)."""
+        """The fields that define what was measured, as stored (JSON fields encoded), under the names the run id
+        hashes (`HASHED_AS`: a renamed field keeps its earlier name there)."""
         row = self.row()
-        return {f.name: row[f.name] for f in fields(self) if f.metadata["role"] != PROVENANCE
+        return {HASHED_AS.get(f.name, f.name): row[f.name] for f in fields(self) if f.metadata["role"] != PROVENANCE
                 and not (f.metadata.get("omit_none") and row[f.name] is None)}
 
     def row(self) -> dict[str, Any]:
@@ -329,6 +339,8 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
         raise StoreError(f"{path}: not a readable DuckDB store ({_first_line(exc)})") from None
     try:
         _check_store(con, path, read_only)
+        if read_only:
+            _renamed_views(con)
     except BaseException:
         con.close()
         raise
@@ -356,10 +368,47 @@ def _check_store(con: duckdb.DuckDBPyConnection, path: Path, read_only: bool) ->
                     "again under another selection was counted twice); `calibrate run` does not add to it: "
                     "measure into a new --db (show / export / lookup still read this one, each request once)"
                 )
+        _rename_columns(con)
         con.execute(SCHEMA + _runs_ddl())
         con.execute("INSERT OR REPLACE INTO store_meta VALUES ('identity', ?)", [IDENTITY_VERSION])
     except duckdb.Error as exc:
         raise StoreError(f"{path}: not a readable calibrate store ({_first_line(exc)})") from None
+
+
+def _old_columns(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, str]]:
+    """table -> {earlier name: name} of the RENAMED_COLUMNS the store still holds under their earlier names."""
+    held = con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                       "WHERE table_catalog = current_database() AND table_schema = 'main'").fetchall()
+    held_set = set(held)
+    return {table: old for table, renames in RENAMED_COLUMNS.items()
+            if (old := {o: n for o, n in renames.items() if (table, o) in held_set})}
+
+
+def _rename_columns(con: duckdb.DuckDBPyConnection) -> None:
+    """Migrate a store written before the renames, in one transaction (nothing half-renamed survives a failure);
+    a store already migrated holds no earlier name, so this does nothing there."""
+    old = _old_columns(con)
+    if not old:
+        return
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for table, renames in old.items():
+            for before, after in renames.items():
+                con.execute(f'ALTER TABLE "{table}" RENAME COLUMN "{before}" TO "{after}"')
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def _renamed_views(con: duckdb.DuckDBPyConnection) -> None:
+    """A store opened read-only cannot be migrated: temporary views of its renamed tables, under the table's own
+    name, show the columns under their new names (DuckDB looks in the temp catalog first), so every reader
+    reads an old store as a new one. Nothing is written to the file."""
+    catalog = con.execute("SELECT current_database()").fetchone()[0].replace('"', '""')
+    for table, renames in _old_columns(con).items():
+        columns = ", ".join(f'"{before}" AS "{after}"' for before, after in renames.items())
+        con.execute(f'CREATE TEMP VIEW "{table}" AS SELECT * RENAME ({columns}) FROM "{catalog}".main."{table}"')
 
 
 def verify_blocks(con: duckdb.DuckDBPyConnection, path: Path) -> None:

@@ -96,7 +96,7 @@ def weighted_rows(records: list[AcceptanceRecord]) -> list[dict[str, Any]]:
     the share filled, the measured sample the weighting rests on, and the workload's digest."""
     rows = []
     for r in records:
-        row: dict[str, Any] = {"target": r.target, "speculator": r.speculator, "draft_len": r.draft_len,
+        row: dict[str, Any] = {"target": r.target, "speculator": r.speculator, "draft_len": r.k,
                                "thinking": r.thinking, "temperature": r.temperature, "dataset": r.dataset,
                                "requests": r.requests, "conversations": r.conversations,
                                "acceptance_length": r.acceptance_length, "ci_low": r.ci_low, "ci_high": r.ci_high}
@@ -142,7 +142,7 @@ def render_weighted(records: list[AcceptanceRecord], fmt: str, console: Console 
                          overflow="fold")
     for r in records:
         cells = {"target": r.target.rstrip("/").rsplit("/", 1)[-1], "speculator": short[r.speculator],
-                 "k": str(r.draft_len), "think": r.thinking, "AL": f"{r.acceptance_length:.3f}",
+                 "k": str(r.k), "think": r.thinking, "AL": f"{r.acceptance_length:.3f}",
                  "95% CI": f"{r.ci_low:.3f}-{r.ci_high:.3f}",
                  "drafted": f"{r.drafted_acceptance_length:.3f}" if r.uses_drafted else "-",
                  "cover": f"{r.coverage:.1%}", "filled": f"{r.filled:.1%}"}

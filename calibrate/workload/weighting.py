@@ -118,7 +118,7 @@ class Uncovered(NotMeasured):
 
 def _named(key: Sequence[Any]) -> str:
     named = dict(zip(KEY_FIELDS, key))
-    return f"{named['target']} | {named['speculator']} | k={named['draft_len']} | thinking={named['thinking']}"
+    return f"{named['target']} | {named['speculator']} | k={named['k']} | thinking={named['thinking']}"
 
 
 def _stratum_name(weighting: Weighting, mode: str, where: tuple[int, int | None]) -> str:
@@ -256,7 +256,7 @@ def _weighted_record(record: AcceptanceRecord, sources: list[AcceptanceRecord], 
         conditional_rates=tuple(None if np.isnan(x) else float(x) for x in cond),
         drafted_acceptance_length=summary.drafted_acceptance_length if record.drafted_acceptance_length is not None
         else None, draft_acceptance_rate=None,
-        run_ids=_union(sources, "run_ids"), engines=_union(sources, "engines"),
+        run_ids=_union(sources, "run_ids"), methods=_union(sources, "methods"),
         dataset_fingerprints=_union(sources, "dataset_fingerprints"), statuses=_union(sources, "statuses"),
         workload=weighting.profile.name, workload_digest=weighting.profile.digest, coverage=plan.coverage,
         filled=plan.filled, strata=weighting.describe(), weighted_proposal_rate=summary.proposal_rate,
