@@ -399,3 +399,40 @@ def test_a_json_nested_too_deep_is_named_not_a_traceback(tmp_path: Path) -> None
     deep.write_text("[" * 200_000 + "]" * 200_000)
     with pytest.raises(ValueError, match=rf"^{deep}: not a JSON acceptance table \(nested deeper"):
         lookup(Q, "ngram", 3, "off", table=deep)
+
+
+def test_lookup_asks_with_the_filters_show_and_export_take(tables: dict[str, Path]) -> None:
+    """lookup's question is one `FilterOptions` (the record show / export filter with), one value each: the
+    keyword API builds it, and filters that name more than one key are refused, naming the field."""
+    from calibrate.consumers.lookup import key_filters, lookup_key
+    from calibrate.tables.query import FilterOptions
+
+    db = tables["duckdb"]
+    asked = key_filters(Q, "ngram", 3, "on")
+    assert asked == FilterOptions(model=Q, speculator=["ngram"], k=[3], thinking="on")
+    assert lookup_key(asked, table=db) == lookup(Q, "ngram", k=3, thinking="on", table=db)
+    assert lookup_key(key_filters(Q, "ngram", 3, "off", "mini-swe-agent", 0.0), table=tables["json"]) == lookup(
+        Q, "ngram", 3, "off", table=tables["json"], dataset="mini-swe-agent", temperature=0.0)
+    with pytest.raises(ValueError, match="lookup answers one key: give one k, not 2, 3"):
+        lookup_key(FilterOptions(model=Q, speculator=["ngram"], k=[2, 3], thinking="on"), table=db)
+    with pytest.raises(ValueError, match="give one speculator"):
+        lookup_key(FilterOptions(model=Q, speculator=["ngram", "eagle3"], k=[3], thinking="on"), table=db)
+    with pytest.raises(ValueError, match="`where` is a filter of show / export"):
+        lookup_key(FilterOptions(model=Q, k=[3], thinking="on", where=["max_new_tokens=256"]), table=db)
+    with pytest.raises(TypeError, match="lookup: missing thinking"):
+        lookup_key(FilterOptions(model=Q, k=[3]), table=db)
+
+
+def test_show_export_and_report_declare_their_filters_once() -> None:
+    """The filter options are written once (`tables.commands.filtered`): show and export offer all of them,
+    report all but k's, each command receiving them as one FilterOptions."""
+    import typer.main
+
+    from calibrate.cli import app
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    options = {name: {p.name for p in commands[name].params} for name in ("show", "export", "report")}
+    filters = {"model", "speculator", "k", "draft_len", "thinking", "dataset", "temperature", "where"}
+    assert filters <= options["show"] and filters <= options["export"]
+    assert filters - {"k", "draft_len"} <= options["report"] and not {"k", "draft_len"} & options["report"]
+    assert "filters" not in options["show"] | options["export"] | options["report"]

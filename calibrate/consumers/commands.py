@@ -17,11 +17,10 @@ import typer
 from calibrate import consumers
 from calibrate.consumers import exports, inferencex, runner_env
 from calibrate.consumers.inferencex import Naming
-from calibrate.consumers.lookup import lookup as lookup_record, open_table
+from calibrate.consumers.lookup import key_filters, lookup_key, open_table
 from calibrate.errors import cli_errors
 from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
-from calibrate.tables.commands import (BOOT_OPT, DATASET_OPT, DB_OPT, DRAFT_LEN_OPT, K_OPT, MODEL_OPT, SEED_OPT, SPEC_OPT,
-                                       TEMP_OPT, THINKING_OPT, WHERE_OPT, given_k)
+from calibrate.tables.commands import BOOT_OPT, DB_OPT, SEED_OPT, filtered, given_k
 from calibrate.tables.selection import load_selection
 from calibrate.tables.query import FilterOptions
 from calibrate.terms import check_k
@@ -54,6 +53,7 @@ _LOOKUP_HELP = ", ".join(consumers.LOOKUP_FORMATS)
 
 
 @cli_errors
+@filtered()
 def export(
     to: str = typer.Option(..., "--to", help=f"Consumer ({_FORMATS_HELP})."),
     db: Path = DB_OPT,
@@ -76,16 +76,9 @@ def export(
         "hands it to InferenceX's loader; atom's is always probabilistic, sglang's and trtllm's none)."),
     draft_model: Optional[str] = typer.Option(
         None, "--draft-model", help="inferencex: the recipe's draft model path (default: the measured draft)."),
-    model: Optional[str] = MODEL_OPT,
-    speculator: Optional[list[str]] = SPEC_OPT,
-    k: Optional[list[int]] = K_OPT,
-    draft_len: Optional[list[int]] = DRAFT_LEN_OPT,
-    thinking: Optional[str] = THINKING_OPT,
-    dataset: Optional[list[str]] = DATASET_OPT,
-    temperature: Optional[list[float]] = TEMP_OPT,
+    filters: FilterOptions = FilterOptions(),
     bootstrap: int = BOOT_OPT,
     seed: int = SEED_OPT,
-    where: Optional[list[str]] = WHERE_OPT,
     force: bool = _EXPORT_FORCE_OPT,
     context: Optional[str] = _CONTEXT_OPT,
     workload: Optional[Path] = WORKLOAD_OPT,
@@ -95,7 +88,6 @@ def export(
 ) -> None:
     """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
     target = consumers.consumer(to)
-    filters = FilterOptions(model, speculator, given_k(k, draft_len), thinking, dataset, temperature, where)
     check_workload_options(workload, strata, uncovered, buckets, context)
     if workload is not None:
         if context is not None:
@@ -190,11 +182,9 @@ def lookup(
     form = format or "value"
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
     check_workload_options(workload, strata, uncovered, buckets, context)
-    record = lookup_record(
-        model, speculator, k, thinking, table=source, dataset=dataset, temperature=temperature,
-        extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context, force=force,
-        workload=workload, buckets=buckets, strata=strata, uncovered=uncovered,
-    )
+    record = lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), table=source,
+                        extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
+                        force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered)
     sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell, force))
     for note in consumers.lookup_warnings(record, form):
         typer.echo(f"warning: {note}", err=True)

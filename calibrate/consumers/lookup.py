@@ -12,8 +12,9 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import duckdb
 
@@ -24,7 +25,7 @@ from calibrate.terms import check_k
 from calibrate.tables import query
 from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, parse_edges
 from calibrate.tables.names import AmbiguousMatch, NotMeasured, match_speculator, match_target, normalize_thinking
-from calibrate.tables.query import CatalogEntry, Filters
+from calibrate.tables.query import CatalogEntry, FilterOptions, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
 from calibrate.tables.store import DEFAULT_TABLE, connect, reading
 
@@ -134,26 +135,50 @@ def _choices(entries: Iterable[CatalogEntry], attr: str) -> str:
     return ", ".join(str(v) for v in sorted({getattr(e, attr) for e in entries}))
 
 
-def resolve(
-    entries: Sequence[CatalogEntry],
-    model: str,
-    speculator: str | None,
-    k: int,
-    thinking: str,
-    *,
-    dataset: str | None = None,
-    temperature: float | None = None,
-    extrapolate: bool = False,
-    match_prefix: bool = False,
-) -> tuple[CatalogEntry, int | None]:
+@dataclass(frozen=True)
+class _OneKey:
+    """The one key a lookup's filters name: `FilterOptions` (the filters `show` and `export` take) with at most
+    one value each, a model, a k and a thinking mode."""
+
+    model: str
+    speculator: str | None
+    k: int
+    thinking: str
+    dataset: str | None
+    temperature: float | None
+
+    @classmethod
+    def of(cls, filters: FilterOptions) -> _OneKey:
+        for name in ("speculator", "k", "dataset", "temperature"):
+            values = getattr(filters, name)
+            if values is not None and len(values) > 1:
+                raise ValueError(f"lookup answers one key: give one {name}, not {', '.join(map(str, values))}")
+        if filters.where:
+            raise ValueError("lookup answers one key by name: `where` is a filter of show / export, not of lookup")
+        for name in ("model", "k", "thinking"):
+            if getattr(filters, name) in (None, []):
+                raise TypeError(f"lookup: missing {name}")
+        k = filters.k[0]  # type: ignore[index]
+        check_k([k], "k")
+        return cls(filters.model, _first(filters.speculator), k, filters.thinking,  # type: ignore[arg-type]
+                   _first(filters.dataset), _first(filters.temperature))
+
+
+def _first(values: Sequence[Any] | None) -> Any:
+    return values[0] if values else None
+
+
+def resolve(entries: Sequence[CatalogEntry], filters: FilterOptions, *, extrapolate: bool = False,
+            match_prefix: bool = False) -> tuple[CatalogEntry, int | None]:
     """The catalog entry that answers the question, and the k to extrapolate to (None when measured).
 
     Each narrowing step fails with what exists one level up, so the message says what to ask instead.
     """
-    check_k([k], "k")
-    mode = normalize_thinking(thinking)
-    target = match_target(model, entries, prefix=match_prefix, aliases=MODEL_PREFIX_ALIASES)
+    asked = _OneKey.of(filters)
+    mode = normalize_thinking(asked.thinking)
+    target = match_target(asked.model, entries, prefix=match_prefix, aliases=MODEL_PREFIX_ALIASES)
     rows = [e for e in entries if e.target == target]
+    speculator = asked.speculator
     if speculator is None:
         specs = sorted({e.speculator for e in rows})
         if len(specs) > 1:
@@ -174,17 +199,17 @@ def resolve(
         )
     rows = found
     what += f", thinking={mode}"
-    if dataset is not None:
-        found = [e for e in rows if e.dataset == dataset]
-        if not found:
-            raise NotMeasured(f"dataset {dataset!r} not measured for {what}; datasets: {_choices(rows, 'dataset')}")
-        rows = found
-    if temperature is not None:
-        found = [e for e in rows if abs(e.temperature - temperature) < 1e-9]
+    if asked.dataset is not None:
+        found = [e for e in rows if e.dataset == asked.dataset]
         if not found:
             raise NotMeasured(
-                f"temperature {temperature:g} not measured for {what}; temperatures: {_choices(rows, 'temperature')}"
-            )
+                f"dataset {asked.dataset!r} not measured for {what}; datasets: {_choices(rows, 'dataset')}")
+        rows = found
+    if asked.temperature is not None:
+        found = [e for e in rows if abs(e.temperature - asked.temperature) < 1e-9]
+        if not found:
+            raise NotMeasured(f"temperature {asked.temperature:g} not measured for {what}; "
+                              f"temperatures: {_choices(rows, 'temperature')}")
         rows = found
     populations = sorted({(e.dataset, e.temperature, e.top_p, e.top_k) for e in rows}, key=str)
     if len(populations) > 1:
@@ -192,17 +217,17 @@ def resolve(
         raise AmbiguousMatch(f"{what} was measured on several datasets / samplings: {listed}. "
                              "Choose with dataset= / temperature= (--dataset / --temperature)")
     measured = sorted(e.k for e in rows)
-    exact = [e for e in rows if e.k == k]
+    exact = [e for e in rows if e.k == asked.k]
     if exact:
         return exact[0], None
     if not extrapolate:
         raise NotMeasured(
-            f"k={k} not measured for {what}; measured k: {', '.join(map(str, measured))} "
+            f"k={asked.k} not measured for {what}; measured k: {', '.join(map(str, measured))} "
             "(--extrapolate models it from the measured per-position curve, flagged as extrapolated)"
         )
-    longer = [m for m in measured if m > k]
+    longer = [m for m in measured if m > asked.k]
     base_k = min(longer) if longer else max(measured)
-    return next(e for e in rows if e.k == base_k), k
+    return next(e for e in rows if e.k == base_k), asked.k
 
 
 def _check_arguments(model: object, speculator: object, k: object, thinking: object, dataset: object,
@@ -221,8 +246,6 @@ def _check_arguments(model: object, speculator: object, k: object, thinking: obj
         raise TypeError(f"lookup: temperature must be a number or None, got {type(temperature).__name__}")
     if table is not None and not hasattr(table, "catalog") and not isinstance(table, (str, os.PathLike)):
         raise TypeError(f"lookup: table must be a path or an opened Table, got {type(table).__name__}")
-    if segment not in query.SEGMENT_ORDER:
-        raise ValueError(f"unknown segment {segment!r} (expected one of {', '.join(query.SEGMENT_ORDER)})")
 
 
 def lookup(
@@ -265,13 +288,33 @@ def lookup(
     """
     k = _k_argument(k, draft_len)
     _check_arguments(model, speculator, k, thinking, dataset, temperature, segment, table, context)
+    return lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), table=table,
+                      extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
+                      force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered)
+
+
+def lookup_key(
+    filters: FilterOptions,
+    *,
+    table: str | Path | Table | None = None,
+    extrapolate: bool = False,
+    segment: str = SEGMENT_ALL,
+    match_prefix: bool = False,
+    context: str | None = None,
+    force: bool = False,
+    workload: str | os.PathLike | None = None,
+    buckets: str | Sequence[int] | None = None,
+    strata: str = "context",
+    uncovered: str = "refuse",
+) -> AcceptanceRecord:
+    """`lookup`'s answer for filters that name one key (the record `show` and `export` filter with, one value
+    each; `calibrate lookup` builds it from its options); the other arguments as `lookup` documents them."""
+    if segment not in query.SEGMENT_ORDER:
+        raise ValueError(f"unknown segment {segment!r} (expected one of {', '.join(query.SEGMENT_ORDER)})")
     edges = parse_edges(buckets) if isinstance(buckets, str) else buckets
     bucket = context_bucket(context, edges)
     source = table if hasattr(table, "catalog") else open_table(table)  # type: ignore[arg-type]
-    entry, target_k = resolve(
-        source.catalog(), model, speculator, k, thinking, dataset=dataset, temperature=temperature,
-        extrapolate=extrapolate, match_prefix=match_prefix,
-    )
+    entry, target_k = resolve(source.catalog(), filters, extrapolate=extrapolate, match_prefix=match_prefix)
     if workload is not None:
         record = weighted_answer(source, entry, workload, edges, strata, uncovered,
                                  refused=_unweightable(segment, bucket, target_k))
@@ -283,6 +326,16 @@ def lookup(
                           f"thinking={entry.thinking} in {source.source}: {source.held(entry)}")
     record = _unless_contradicted(record, force)
     return record if target_k is None else extrapolate_record(record, target_k)
+
+
+def key_filters(model: str | None, speculator: str | None, k: int | None, thinking: str | None,
+                dataset: str | None = None, temperature: float | None = None) -> FilterOptions:
+    """One key's question as the filters `show` and `export` take (one value each; None: not given)."""
+    def listed(value: Any) -> list[Any] | None:
+        return None if value is None else [value]
+
+    return FilterOptions(model=model, speculator=listed(speculator), k=listed(k), thinking=thinking,
+                         dataset=listed(dataset), temperature=listed(temperature))
 
 
 def _k_argument(k: int | None, draft_len: int | None) -> int:

@@ -9,10 +9,12 @@ another process holds the store).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -254,23 +256,55 @@ SEED_OPT = typer.Option(query.DEFAULT_SEED, "--seed", min=0, max=MAX_SEED,
 WHERE_OPT = typer.Option(None, "--where", help="FIELD=VALUE on a run field (repeatable), e.g. max_new_tokens=256: "
                          "picks one of several conditions a key was measured under.")
 
+# The filter options `show`, `export` and `report` share, as `--help` lists them: (name, type, option).
+_FILTERS = (
+    ("model", Optional[str], MODEL_OPT), ("speculator", Optional[list[str]], SPEC_OPT),
+    ("k", Optional[list[int]], K_OPT), ("draft_len", Optional[list[int]], DRAFT_LEN_OPT),
+    ("thinking", Optional[str], THINKING_OPT), ("dataset", Optional[list[str]], DATASET_OPT),
+    ("temperature", Optional[list[float]], TEMP_OPT), ("where", Optional[list[str]], WHERE_OPT),
+)
+_K_FILTERS = ("k", "draft_len")
+
+
+def filtered(*, k: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the shared filter options as one `filters: query.FilterOptions` argument (k's too unless
+    `k=False`), so they are declared here once and not in every command's signature: typer reads the options
+    from the signature written here, in the place of the command's `filters` parameter."""
+    names = [name for name, _, _ in _FILTERS if k or name not in _K_FILTERS]
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = list(inspect.signature(command, eval_str=True).parameters.values())
+        at = [p.name for p in own].index("filters")
+        options = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option, annotation=kind)
+                   for name, kind, option in _FILTERS if name in names]
+        parameters = [*own[:at], *options, *own[at + 1:]]
+
+        @functools.wraps(command)
+        def with_filters(**kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name) for name in names}
+            filters = query.FilterOptions(given["model"], given["speculator"],
+                                          given_k(given.get("k"), given.get("draft_len")), given["thinking"],
+                                          given["dataset"], given["temperature"], given["where"])
+            return command(filters=filters, **kwargs)
+
+        with_filters.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        with_filters.__annotations__ = {p.name: p.annotation for p in parameters}
+        return with_filters
+
+    return decorate
+
+
 _FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out would replace (refused otherwise).")
 @cli_errors
+@filtered()
 def show(
     db: Path = DB_OPT,
     format: ShowFormat = typer.Option(ShowFormat.table, "--format", help="table (rich), json or csv."),
     segments: bool = typer.Option(False, "--segments",
                                   help="Also one row per segment (thinking/answer/tool_call)."),
-    model: Optional[str] = MODEL_OPT,
-    speculator: Optional[list[str]] = SPEC_OPT,
-    k: Optional[list[int]] = K_OPT,
-    draft_len: Optional[list[int]] = DRAFT_LEN_OPT,
-    thinking: Optional[str] = THINKING_OPT,
-    dataset: Optional[list[str]] = DATASET_OPT,
-    temperature: Optional[list[float]] = TEMP_OPT,
+    filters: query.FilterOptions = query.FilterOptions(),
     bootstrap: int = BOOT_OPT,
     seed: int = SEED_OPT,
-    where: Optional[list[str]] = WHERE_OPT,
     wide: bool = typer.Option(False, "--wide", help="Table: full speculator labels, however wide."),
     by: Optional[ByDimension] = typer.Option(
         None, "--by", help=f"One row per bucket: context ({CONTEXT.description}: {bucket_labels(CONTEXT)}) or turn "
@@ -289,22 +323,21 @@ def show(
                                   "10 conversations, or fill it from the nearest measured one (nearest)."),
 ) -> None:
     """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
-    options = query.FilterOptions(model, speculator, given_k(k, draft_len), thinking, dataset, temperature, where)
     if experts:
         if by is not None or segments or workload is not None:
             raise ValueError(f"--experts is the verify-cost profile per key: it does not combine with "
                              f"{'--by' if by is not None else '--segments' if segments else '--workload'}")
-        _show_experts(db, options, format, bootstrap, seed, wide)
+        _show_experts(db, filters, format, bootstrap, seed, wide)
         return
     if workload is not None or strata != "context" or uncovered != "refuse":
         if by is not None or segments:
             raise ValueError(f"--workload gives one weighted row per key: it does not combine with "
                              f"{'--by' if by is not None else '--segments'}")
-        _show_weighted(db, options, workload, buckets, strata, uncovered, format.value, bootstrap, seed)
+        _show_weighted(db, filters, workload, buckets, strata, uncovered, format.value, bootstrap, seed)
         return
     if buckets is not None and (by is None or by.value != CONTEXT.name):
         raise ValueError("--buckets sets context edges: give --by context or --workload with it")
-    records = load_selection(db, options, segments, bootstrap, seed,
+    records = load_selection(db, filters, segments, bootstrap, seed,
                              by=dimension(by.value, parse_edges(buckets) if buckets else None) if by else None)
     if not records:  # no answer, as export and report say it of an empty store
         raise NothingUsable(f"nothing to show: no measurements in {db}")
@@ -441,17 +474,13 @@ def _last_part(target: str) -> str:
 
 
 @cli_errors
+@filtered(k=False)
 def report(
     db: Path = DB_OPT,
     out: Path = typer.Option(Path("tables") / "report", "--out", help="Folder for the PNG plots."),
-    model: Optional[str] = MODEL_OPT,
-    speculator: Optional[list[str]] = SPEC_OPT,
-    thinking: Optional[str] = THINKING_OPT,
-    dataset: Optional[list[str]] = DATASET_OPT,
-    temperature: Optional[list[float]] = TEMP_OPT,
+    filters: query.FilterOptions = query.FilterOptions(),
     bootstrap: int = BOOT_OPT,
     seed: int = SEED_OPT,
-    where: Optional[list[str]] = WHERE_OPT,
     force: bool = _FORCE_OPT,
     experts: bool = typer.Option(False, "--experts", help="Plot the MoE verify-cost profile instead: distinct "
                                  "experts vs k, one line per batch size (experts_vs_k.png)."),
@@ -460,12 +489,11 @@ def report(
     length (prompt tokens the target saw, after truncation) per speculator (PNG); or, with --experts, the MoE verify cost."""
     from calibrate.tables.report import plot, plot_experts
 
-    options = query.FilterOptions(model, speculator, None, thinking, dataset, temperature, where)
     if experts:
-        paths = [plot_experts(_load_experts(db, options, bootstrap, seed), out, force=force)]
+        paths = [plot_experts(_load_experts(db, filters, bootstrap, seed), out, force=force)]
     else:
-        records = load_selection(db, options, False, bootstrap, seed)
-        by_context = load_selection(db, options, False, bootstrap, seed, by=CONTEXT)
+        records = load_selection(db, filters, False, bootstrap, seed)
+        by_context = load_selection(db, filters, False, bootstrap, seed, by=CONTEXT)
         paths = plot(records, out, force=force, by_context=by_context)
     for path in paths:  # as export names its files
         typer.echo(f"wrote {path}", err=True)
