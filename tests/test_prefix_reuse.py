@@ -502,10 +502,16 @@ def test_through_llamacpp_each_conversation_keeps_its_slot_and_the_cache_is_stor
 @pytest.mark.slow
 @pytest.mark.integration
 def test_real_turns_count_the_same_with_reuse(smollm, mini_swe_dir):
-    """SmolLM2-135M in fp32 on the first turns of a real mini-swe-agent trajectory, one after another: with
-    prefix reuse each turn prefills only what it adds (a few hundred of ~2,000 tokens), and n-gram, suffix,
-    the distilled EAGLE-3 head and the model drafting for itself count exactly as without it, greedy and
-    sampled, in replay and (sampled) in the loop."""
+    """SmolLM2-135M in fp32 on the first two turns of a real mini-swe-agent trajectory, one after the other:
+    with prefix reuse the second turn prefills only what it adds (about a hundred of ~3,100 tokens), and n-gram,
+    suffix, the distilled EAGLE-3 head and the model drafting for itself count exactly as without it, sampled,
+    in replay and (n-gram, suffix) in the loop.
+
+    What a real model adds to the tiny-model tests above (every kind, greedy and sampled, replay and loop,
+    whole trajectories): real rendered turns and real fp32 numerics, where a prefix prefilled in two pieces
+    must still give the counts of one whole prefill. Two turns and the sampled path (whose rejection rule
+    reads the draft distributions, the path most exposed to a changed number) show that; each further turn or
+    setting is another ~12 s prefill of ~3,100 tokens per engine on 2 CPU cores, which the tiny tests cover."""
     from calibrate.data import SourceSpec, render_prompt, select_from_source
     from calibrate.models import load_model, load_tokenizer
     from calibrate.speculators.eagle3 import load_head
@@ -515,15 +521,14 @@ def test_real_turns_count_the_same_with_reuse(smollm, mini_swe_dir):
                                 seed=5, conversations=1)
     tokenizer = load_tokenizer(str(smollm))
     turns = [render_prompt(r, tokenizer, thinking="off", context_tokens=8000, model_name="smollm")
-             for r in picked.requests[:3]]
+             for r in picked.requests[:2]]
     target = load_model(str(smollm), "float32", "cpu", tokenizer=tokenizer)
     head_path = real_model("smollm2-135m-instruct-eagle3")
     head, aux = load_head(str(head_path), target.model, str(smollm), "float32")
     speculators = [NgramSpeculator(prompt_lookup_max=4, prompt_lookup_min=1), SuffixSpeculator(),
                    Eagle3Speculator(head, aux, name="head"), DraftModelSpeculator.of_model(target.model)]
     conversation = picked.requests[0].conversation_id
-    for engine, temperature, specs in ((ReplayEngine, 0.0, speculators), (ReplayEngine, 0.7, speculators),
-                                       (LoopEngine, 0.7, speculators[:2])):
+    for engine, temperature, specs in ((ReplayEngine, 0.7, speculators), (LoopEngine, 0.7, speculators[:2])):
         common = dict(ks=[1, 4], max_new_tokens=24, labeller=lambda tokens, opens: ["answer"] * len(tokens),
                       sampling=Sampling(temperature, seed=1), verify_kernel="reference")
         reuse = engine(target, specs, prefix_reuse=True, **common)
