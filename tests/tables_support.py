@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pytest
 
@@ -82,6 +83,16 @@ def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool
     if finish:
         store.finish_run(run_id)
     return run_id
+
+
+def rows(db: Path, sql: str) -> list[tuple]:
+    """Every row `sql` selects from the store at `db`: what a run stored, read as DuckDB returns it (read-only,
+    the connection closed after, so the next run can write)."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
 
 
 def iid_hist(rng: np.random.Generator, alpha: float, k: int, n_steps: int) -> np.ndarray:

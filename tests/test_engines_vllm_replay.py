@@ -34,9 +34,8 @@ from typer.testing import CliRunner
 from calibrate.cli import app
 from calibrate.config import load_config
 from calibrate.consumers.lookup import lookup
-from calibrate.engines.base import Budget
 from calibrate.engines.hidden_states import EngineFeatures
-from calibrate.engines.vllm import VLLMBackend, vllm_env
+from calibrate.engines.vllm import vllm_env
 from calibrate.models import load_model
 from calibrate.replay.responses import Response, target_features
 from calibrate.replay.scoring import score_replay
@@ -79,13 +78,31 @@ def run(path: Path, db: Path) -> None:
     assert res.exit_code == 0, res.output
 
 
+def run_keeping_features(path: Path, db: Path) -> list[tuple[list, list, list]]:
+    """`calibrate run`, keeping the hidden states vLLM's hidden-state server handed the scorers (a spy on
+    EngineFeatures.features): (prompts, responses, features) per call, to set against a pass here without
+    launching that server a second time (a launch is about a minute on 2 cores)."""
+    seen, original = [], EngineFeatures.features
+
+    def spy(self, prompts, responses, needs):
+        out = original(self, prompts, responses, needs)
+        seen.append((prompts, responses, out))
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EngineFeatures, "features", spy)
+        run(path, db)
+    return seen
+
+
 @pytest.fixture(scope="module")
-def replayed(tmp_path_factory, mini_swe_dir) -> Path:
-    """One plain launch, and one hidden-state launch beside it, for every speculator at every k."""
+def replayed(tmp_path_factory, mini_swe_dir) -> tuple[Path, list]:
+    """One plain launch, and one hidden-state launch beside it, for every speculator at every k; the
+    hidden states vLLM handed the EAGLE-3 scorer are kept."""
     folder = tmp_path_factory.mktemp("replay")
     db = folder / "r.duckdb"
-    run(config(folder / "r.toml", mini_swe_dir / "original", "replay", SPECULATORS, hidden_states="engine"), db)
-    return db
+    path = config(folder / "r.toml", mini_swe_dir / "original", "replay", SPECULATORS, hidden_states="engine")
+    return db, run_keeping_features(path, db)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +135,7 @@ def rows(db: Path) -> dict[tuple[str, int, str], dict]:
 
 
 def test_runs_name_what_generated_and_what_scored(replayed):
-    con = duckdb.connect(str(replayed), read_only=True)
+    con = duckdb.connect(str(replayed[0]), read_only=True)
     runs = con.execute("SELECT speculator, method, responses_from, responses_dtype, features_from, dtype, server "
                        "FROM runs").fetchall()
     con.close()
@@ -132,7 +149,7 @@ def test_runs_name_what_generated_and_what_scored(replayed):
 
 
 def test_replay_rows_equal_vllms_own_rows_where_the_tokens_are_the_same(replayed, speculated):
-    ours, theirs = rows(replayed), rows(speculated)
+    ours, theirs = rows(replayed[0]), rows(speculated)
     assert {key for key in ours if key[1] == 3} == theirs.keys()
     same = differ = 0
     for key, other in theirs.items():
@@ -181,30 +198,35 @@ def test_vllms_own_draft_model_rows_are_segmented_and_censor_the_budget_cut(spec
 
 
 def test_vllms_hidden_states_match_a_teacher_forced_pass_and_score_the_same(replayed, tmp_path, mini_swe_dir):
-    """vLLM's extract_hidden_states rows (fp32) against transformers' over the same prompt + response, on the
-    layers the distilled head reads; and the head's rows from either are identical."""
-    path = config(tmp_path / "h.toml", mini_swe_dir / "original", "replay", [SPECULATORS[2]], hidden_states="engine")
-    cfg = load_config(path)
+    """vLLM's extract_hidden_states rows (fp32), as the replay run's scorer got them, against transformers'
+    over the same prompt + response, on the layers the distilled head reads; and the head's rows from either
+    are identical, and are the rows that run stored."""
+    db, seen = replayed
+    prompts = [p for batch, _, _ in seen for p in batch]
+    responses = [r for _, batch, _ in seen for r in batch]
+    there = [f for _, _, batch in seen for f in batch]
+    cfg = load_config(config(tmp_path / "h.toml", mini_swe_dir / "original", "replay", SPECULATORS))
     prepared = prepare(cfg)
-    prompts = [p.ids for p in _prompts(cfg, cfg.pairs[0], prepared, prepared.tokenizers[cfg.pairs[0].target], "off")]
-    ours = rows(replayed)
-    by_request = {rid: v["raw"]["token_ids"] for (s, k, rid), v in ours.items() if s.startswith("eagle3")}
-    ids = [r.request_id for r in prepared.requests]
-    responses = [by_request[rid] for rid in ids]
+    rendered = _prompts(cfg, cfg.pairs[0], prepared, prepared.tokenizers[cfg.pairs[0].target], "off")
+    request_of = {tuple(p.ids): r.request_id for p, r in zip(rendered, prepared.requests, strict=True)}
+    assert sorted(request_of[tuple(p)] for p in prompts) == sorted(request_of.values())  # every request, once
     target = load_model("smollm2-135m-instruct", "float32", "cpu")
     head = Eagle3Speculator(*load_head(HEAD, target.model, "smollm2-135m-instruct", "float32"), name=HEAD)
     here = target_features(target.model, prompts, responses, head.needs)
-    with EngineFeatures(VLLMBackend(), cfg.pairs[0].server, Budget(512, TOKENS, 1), head.needs.layers,
-                        int(target.model.config.hidden_size)) as engine:
-        there = engine.features(prompts, responses, head.needs)
     worst = max(float((a.layers[i] - b.layers[i]).abs().max() / b.layers[i].abs().max())
                 for a, b in zip(there, here, strict=True) for i in head.needs.layers)
     print(f"largest difference, relative to each layer's largest value: {worst:.2e}")
     assert worst < 1e-3
-    fixed = [Response(r, False) for r in responses]
-    for a, b in zip(score_replay(head, prompts, fixed, KS, features=there),
-                    score_replay(head, prompts, fixed, KS, features=here), strict=True):
-        assert all(a[k].hist.tolist() == b[k].hist.tolist() for k in KS)
+    stored = {(k, rid): v for (s, k, rid), v in rows(db).items() if s.startswith("eagle3")}
+    fixed = []  # each response as the run scored it: the served tokens, ended where vLLM stopped on an EOS
+    for prompt, response in zip(prompts, responses, strict=True):
+        raw = stored[(KS[0], request_of[tuple(prompt)])]["raw"]
+        assert raw["token_ids"] == list(response)
+        fixed.append(Response(list(response), raw["finish_reason"] == "stop"))
+    for prompt, a, b in zip(prompts, score_replay(head, prompts, fixed, KS, features=there),
+                            score_replay(head, prompts, fixed, KS, features=here), strict=True):
+        for k in KS:
+            assert a[k].hist.tolist() == b[k].hist.tolist() == stored[(k, request_of[tuple(prompt)])]["hist"], k
 
 
 def test_the_audit_catches_accepts_that_contradict_vllms_own_tokens(tmp_path, mini_swe_dir):
@@ -258,18 +280,9 @@ def mtp_replayed(tmp_path_factory, mini_swe_dir):
     final states vLLM handed the scorer are kept (a spy on EngineFeatures.features) to compare with ours."""
     real_model(MTP_TARGET)
     folder = tmp_path_factory.mktemp("mtp-replay")
-    db, seen = folder / "m.duckdb", []
-    original = EngineFeatures.features
-
-    def spy(self, prompts, responses, needs):
-        out = original(self, prompts, responses, needs)
-        seen.append((prompts, responses, out))
-        return out
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(EngineFeatures, "features", spy)
-        run(mtp_config(folder / "m.toml", mini_swe_dir / "original", "replay", MTP_KS, hidden_states="engine"), db)
-    return db, seen
+    db = folder / "m.duckdb"
+    path = mtp_config(folder / "m.toml", mini_swe_dir / "original", "replay", MTP_KS, hidden_states="engine")
+    return db, run_keeping_features(path, db)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 from types import SimpleNamespace
 
@@ -21,7 +20,6 @@ import torch
 if not torch.cuda.is_available():  # importing the loop imports Triton: its interpreter mode must be set first
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import duckdb  # noqa: E402
 import pytest  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
@@ -45,6 +43,7 @@ from calibrate.speculators.suffix import SuffixSpeculator  # noqa: E402
 from tests.configs import QUICKSTART, write_config  # noqa: E402
 from tests.conftest import tiny_llama  # noqa: E402
 from tests.loop_runs import same_counts, three_segments  # noqa: E402
+from tests.tables_support import rows  # noqa: E402
 from tests.tiny_pair import build_pair  # noqa: E402
 from tests.standin_engines import LLAMACPP_MODEL  # noqa: E402
 
@@ -134,16 +133,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def near_draft(target):
-    draft = copy.deepcopy(target)
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        weight = draft.lm_head.weight
-        weight.add_(torch.randn(weight.shape, generator=gen) * weight.std() * 0.6)
-    return draft
 
 
 # -- kv_slots -----------------------------------------------------------------------------------------------
@@ -320,14 +309,6 @@ def whole_config(path, target, draft, reuse: bool = True, context: int = 4096, *
         pairs=[{"target": target, "speculators": [{"kind": "draft", "model": draft}, {"kind": "ngram"}]}],
         sweep={"k": [1, 3]},
     )
-
-
-def rows(db, sql):
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 COUNTS = "SELECT run_id, request_id, segment, accepted, steps FROM accept_counts ORDER BY ALL"

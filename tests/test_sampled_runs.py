@@ -3,7 +3,6 @@ and the config checks that refuse what would not be a sampled row."""
 
 from __future__ import annotations
 
-import duckdb
 import pytest
 from typer.testing import CliRunner
 
@@ -12,6 +11,7 @@ from calibrate.config import ConfigError, load_config
 from calibrate.plan import load_routed_config
 from calibrate.runner import execute, request_key, response_id
 from tests.configs import QUICKSTART, write_config
+from tests.tables_support import rows
 from tests.tiny_pair import build_pair
 
 
@@ -29,14 +29,6 @@ def sampled_config(path, target, draft, **sweep):
         pairs=[{"target": target, "speculators": [{"kind": "draft", "model": draft}, {"kind": "ngram"}]}],
         sweep={"k": [1, 3], "temperature": [0.9], **sweep},
     )
-
-
-def rows(db, sql):
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def test_samples_are_rows_of_their_own_and_resume_one_by_one(tmp_path, pair):
