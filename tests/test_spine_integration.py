@@ -216,7 +216,7 @@ def test_sampled_loop_run_records_expected_acceptance(tmp_path, smollm, mini_swe
     result = CliRunner().invoke(app, ["run", str(path), "--db", str(db), "--no-show"])
     assert result.exit_code == 0, result.output
     con = duckdb.connect(str(db), read_only=True)
-    engines = con.execute("SELECT DISTINCT engine, temperature, top_p FROM runs").fetchall()
+    engines = con.execute("SELECT DISTINCT method, temperature, top_p FROM runs").fetchall()
     expected = con.execute("SELECT count(*) FROM segment_counts WHERE expected_accepted IS NULL").fetchone()[0]
     con.close()
     assert engines == [("loop", 0.8, 0.95)]
