@@ -23,7 +23,7 @@ import torch
 
 from calibrate.config import load_config
 from calibrate.engines import PairEngines
-from calibrate.plan import budget_of, in_process_scorer, scored_here
+from calibrate.plan import budget_of, engine_settings, in_process_scorer, pair_settings, scored_here
 from calibrate.runner import _labeller, _prompts, plan_units, prepare, request_key
 from calibrate.tables import stats
 from calibrate.terms import Sampling
@@ -35,8 +35,8 @@ def measure(config, prepared, engine_name: str, seed: int):
     config = config.model_copy(update={"run": config.run.model_copy(update={"method": engine_name})})
     pair = config.pairs[0]
     tokenizer = prepared.tokenizers[pair.target]
-    engines = PairEngines(config, pair, tokenizer, prepared.device, prepared.dtype.dtype, {},
-                          scored_here(config, pair))
+    engines = PairEngines(engine_settings(config), pair_settings(pair), tokenizer, prepared.device,
+                          prepared.dtype.dtype, {}, scored_here(config, pair))
     sweep = config.sweep
     sampling = Sampling(sweep.temperature[0], sweep.top_p, sweep.top_k, seed)
     prompts = _prompts(config, pair, prepared, tokenizer, "off")

@@ -46,6 +46,7 @@ from calibrate.engines import Budget, Served, server_speculator
 from calibrate.engines.server import free_port, http_text, launch
 from calibrate.engines.vllm import VLLMBackend, read_counters, vllm_env
 from calibrate.models import built_models_dir
+from calibrate.plan import pair_settings
 from calibrate.runner import execute
 from calibrate.tables.query import load_records
 from calibrate.tables.store import connect
@@ -119,8 +120,9 @@ def through_vllm(tmp: Path, args: argparse.Namespace, name: str, k: int) -> tupl
     port = free_port("127.0.0.1")
     url = f"http://127.0.0.1:{port}"
     budget = Budget(args.context, args.max_new_tokens, 0)
-    command = VLLMBackend().command(Served(server_speculator(pair.speculators[0], pair), k, pair), "127.0.0.1",
-                                    port, budget)
+    settings = pair_settings(pair)
+    command = VLLMBackend().command(Served(server_speculator(settings.speculators[0], settings), k, settings),
+                                    "127.0.0.1", port, budget)
     server = launch("vllm", command, url, "/health", 900, log_dir=str(tmp), env=CPU_ENV)
     try:
         before = read_counters(http_text("vllm", url + "/metrics"))

@@ -30,11 +30,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from calibrate.config import Config, ConfigError, PairConfig, load_config
+from calibrate.config import Config, ConfigError, PairConfig, ServerConfig, load_config
 from calibrate.dtypes import DtypeChoice
 from calibrate.engines.base import Budget
 from calibrate.engines.factory import server_speculator
 from calibrate.engines.server_replay import served_dtype
+from calibrate.engines.settings import EngineSettings, PairSettings, ServerSettings
 from calibrate.models import AT_LOAD, fingerprint, load_fingerprint, resolve
 from calibrate.replay.steps import STEP_RULE_VERSION
 from calibrate.speculators.configs import Described
@@ -184,6 +185,31 @@ def budget_of(config: Config) -> Budget:
                   prefix_cache=ds.conversations is not None and config.run.prefix_reuse)
 
 
+def engine_settings(config: Config) -> EngineSettings:
+    """What the engines take of the run (calibrate.engines.settings): they never read the config itself."""
+    run = config.run
+    return EngineSettings(ks=tuple(config.sweep.k), max_new_tokens=config.dataset.max_new_tokens,
+                          batch_size=run.batch_size, sampled=any(t > 0 for t in config.sweep.temperature),
+                          verify_kernel=run.verify_kernel, verification=run.verification,
+                          prefix_reuse=run.prefix_reuse, experts=run.experts,
+                          expert_batch_sizes=tuple(run.expert_batch_sizes))
+
+
+def pair_settings(pair: PairConfig) -> PairSettings:
+    """A pair as its engines see it (calibrate.engines.settings)."""
+    server = None if pair.server is None else server_settings(pair.server)
+    return PairSettings(pair.target, pair.backend, tuple(pair.speculators), server)
+
+
+def server_settings(cfg: ServerConfig) -> ServerSettings:
+    """`[pairs.server]` as the engines read it: the same fields, frozen (its lists as tuples)."""
+    return ServerSettings(mode=cfg.mode, url=cfg.url, k=cfg.k, model=cfg.model, command=cfg.command,
+                          args=tuple(cfg.args), host=cfg.host, port=cfg.port, concurrency=cfg.concurrency,
+                          startup_timeout=cfg.startup_timeout, request_timeout=cfg.request_timeout,
+                          log_dir=cfg.log_dir, env=dict(cfg.env), hidden_states=cfg.hidden_states,
+                          hidden_states_url=cfg.hidden_states_url, served_model=cfg.served_model, audit=cfg.audit)
+
+
 def served_runs(config: Config, pair: PairConfig, served: list[int]) -> list[tuple[int, int]]:
     """The speculating servers of the speculators at `served`, as (speculator index, k): launched, one per
     (speculator, k); connected, the one server at the k the config states."""
@@ -197,7 +223,7 @@ def served_runs(config: Config, pair: PairConfig, served: list[int]) -> list[tup
 # -- the plan's records -----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class ServerSettings:
+class PlannedServer:
     """A server a measurement launches or connects to, and what it serves there."""
 
     backend: str
@@ -263,7 +289,7 @@ class Measurement:
     speculators: tuple[PlannedSpeculator, ...]
     ks: tuple[int, ...]
     budget: Budget
-    servers: tuple[ServerSettings, ...]
+    servers: tuple[PlannedServer, ...]
     runs: tuple[PlannedRun, ...]
     served: tuple[int, int] | None = None  # a speculating server's (speculator index, k)
 
@@ -340,7 +366,7 @@ class _Group:
     responses_from: str | None = None
     responses_dtype: str | None = None
     features_from: str | None = None
-    servers: tuple[ServerSettings, ...] = ()
+    servers: tuple[PlannedServer, ...] = ()
     served: tuple[int, int] | None = None
 
 
@@ -376,10 +402,10 @@ def _through_server(config: Config, pair: PairConfig) -> list[_Group]:
     return out
 
 
-def _server(pair: PairConfig, role: str, url: str | None) -> ServerSettings:
+def _server(pair: PairConfig, role: str, url: str | None) -> PlannedServer:
     cfg = pair.server
-    return ServerSettings(pair.backend, role, cfg.mode, cfg.model if cfg.mode == "launch" else None,
-                          url if cfg.mode == "connect" else None)
+    return PlannedServer(pair.backend, role, cfg.mode, cfg.model if cfg.mode == "launch" else None,
+                         url if cfg.mode == "connect" else None)
 
 
 def _server_target(pair: PairConfig) -> _Target:
@@ -403,7 +429,7 @@ def _served(pair: PairConfig, i: int) -> PlannedSpeculator:
     """speculators[i], run by the serving engine: as the factory names it (named as the in-process one, its
     config as its parameters, its weights' fingerprint as served)."""
     spec = pair.speculators[i]
-    served = server_speculator(spec, pair)
+    served = server_speculator(spec, pair_settings(pair))
     return PlannedSpeculator(i, spec.kind, Described(served.name, served.params, *served.identity),
                              KINDS[spec.kind].hidden_states is not None)
 

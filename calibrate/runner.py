@@ -29,7 +29,8 @@ from calibrate.engines import Engine, PairEngines
 from calibrate.errors import NothingUsable
 from calibrate.terms import RequestOutcome
 from calibrate.models import LoadedModel, load_tokenizer, resolve_device, skeleton
-from calibrate.plan import Launched, Measurement, Selected, build_plan, check_routes, scored_here, server_split, settle
+from calibrate.plan import (Launched, Measurement, Selected, build_plan, check_routes, engine_settings, pair_settings,
+                            scored_here, server_split, settle)
 from calibrate.progress import RunProgress
 from calibrate.replay.experts import NotMoE, find_routers
 from calibrate.speculators.configs import Described
@@ -178,7 +179,8 @@ def _run_pair(config: Config, pair: PairConfig, prepared: Prepared, drafts: dict
                       highlight=False, soft_wrap=True)
     tokenizer = prepared.tokenizers[pair.target]
     served = [] if pair.server is None else server_split(pair, config.run.method)[1]
-    engines = PairEngines(config, pair, tokenizer, prepared.device, prepared.dtype.dtype, drafts, scored, served)
+    engines = PairEngines(engine_settings(config), pair_settings(pair), tokenizer, prepared.device,
+                          prepared.dtype.dtype, drafts, scored, served)
     prompts: dict[str, list[RenderedPrompt]] = {}
     for number, m in measurements:
         if m.thinking not in prompts:

@@ -23,7 +23,7 @@ from calibrate.engines import Budget, Served, server_speculator
 from calibrate.engines.llamacpp import LlamaCppBackend
 from calibrate.engines.sglang import SGLangBackend
 from calibrate.engines.vllm import VLLMBackend
-from calibrate.plan import check_routes, served_runs, server_split
+from calibrate.plan import check_routes, pair_settings, served_runs, server_split
 from calibrate.replay.steps import StepSeries, drafted_steps_counts, walk_engine_steps, walk_steps
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.speculators.eagle3 import Eagle3Speculator
@@ -41,7 +41,7 @@ def _pair(backend: str, spec: dict, model: str = "org/target", **server) -> Pair
 
 
 def _command(backend: str, spec: dict, k: int = 3, **server) -> list[str]:
-    pair = _pair(backend, spec, **server)
+    pair = pair_settings(_pair(backend, spec, **server))
     served = Served(server_speculator(pair.speculators[0], pair), k, pair)
     engine = {"vllm": VLLMBackend, "sglang": SGLangBackend, "llama.cpp": LlamaCppBackend}[backend]()
     return engine.command(served, "127.0.0.1", 8000, BUDGET)
@@ -87,7 +87,7 @@ def test_vllm_model_drafters_load_resolved_weights(built):
         assert config["method"] == method and config["model"] == str(built / ("tiny-draft" if kind == "draft"
                                                                               else "tiny-head"))
     pair = _pair("vllm", {"kind": "draft", "model": "tiny-draft"})
-    assert server_speculator(pair.speculators[0], pair).name == "draft:tiny-draft"
+    assert server_speculator(pair.speculators[0], pair_settings(pair)).name == "draft:tiny-draft"
 
 
 def test_a_home_relative_server_model_is_expanded(tmp_path, monkeypatch):
@@ -151,7 +151,7 @@ def test_a_connected_server_runs_what_it_was_started_with():
     """Connect mode launches nothing, so no engine spelling is needed: a llama.cpp draft without `gguf`."""
     pair = PairConfig(target="t", backend="llama.cpp", speculators=[{"kind": "draft", "model": "d"}],
                       server={"mode": "connect", "url": "http://h:1", "k": 2})
-    assert server_speculator(pair.speculators[0], pair).method is None
+    assert server_speculator(pair.speculators[0], pair_settings(pair)).method is None
 
 
 def test_one_name_per_speculator_in_process_and_served():
@@ -168,17 +168,17 @@ def test_one_name_per_speculator_in_process_and_served():
         assert speculator_kind(spec.kind).config_name(spec, "/models/target") == built.name
         if spec.kind in ("ngram", "suffix", "mtp"):
             pair = _pair("vllm", raw)
-            assert server_speculator(pair.speculators[0], pair).name == built.name
+            assert server_speculator(pair.speculators[0], pair_settings(pair)).name == built.name
     engine = PairConfig(target="t", backend="vllm", server={"model": "m"},
                         speculators=[{"kind": "engine", "method": "DFlash", "model": "z/d", "settings": {"a": 1}}])
-    assert server_speculator(engine.speculators[0], engine).name == "dflash:model=z/d,a=1"
+    assert server_speculator(engine.speculators[0], pair_settings(engine)).name == "dflash:model=z/d,a=1"
 
 
 def test_plan_launches_one_server_per_speculator_and_k():
     pair = PairConfig(target="t", backend="vllm", server={"model": "m"},
                       speculators=[{"kind": "ngram"}, {"kind": "mtp"}])
     config = SimpleNamespace(sweep=SimpleNamespace(k=[1, 3]))
-    planned = [(server_speculator(pair.speculators[i], pair).name, k) for i, k in served_runs(config, pair, [0, 1])]
+    planned = [(server_speculator(pair.speculators[i], pair_settings(pair)).name, k) for i, k in served_runs(config, pair, [0, 1])]
     assert planned == [("ngram", 1), ("ngram", 3), ("mtp:t", 1), ("mtp:t", 3)]
 
 

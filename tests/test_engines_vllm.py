@@ -31,6 +31,7 @@ from calibrate.engines.process_group import members
 from calibrate.engines.server import free_port, launch
 from calibrate.engines.vllm import VLLMBackend, vllm_env
 from calibrate.models import load_tokenizer
+from calibrate.plan import pair_settings
 from calibrate.replay.steps import step_accepted
 from calibrate.runner import _prompts, prepare
 from calibrate.speculators.base import leading_matches
@@ -87,7 +88,8 @@ def ngram_server(smollm, tmp_path_factory):
     """One SmolLM2 + n-gram (k = 3) server for the connect tests, started as `calibrate run` would start it."""
     pair = PairConfig(target=str(smollm), backend="vllm", speculators=[NGRAM],
                       server={"mode": "launch", "model": str(smollm), "concurrency": 3, **CPU_SERVER})
-    served = Served(server_speculator(pair.speculators[0], pair), K, pair)
+    settings = pair_settings(pair)
+    served = Served(server_speculator(settings.speculators[0], settings), K, settings)
     port = free_port("127.0.0.1")
     command = VLLMBackend().command(served, "127.0.0.1", port, Budget(512, TOKENS, 1))
     server = launch("vllm", command, f"http://127.0.0.1:{port}", "/health", 600,

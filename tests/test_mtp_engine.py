@@ -23,6 +23,7 @@ from calibrate.config import load_config
 from calibrate.engines.hidden_states import EngineFeatures, FinalState
 from calibrate.engines.base import Budget
 from calibrate.engines.vllm import VLLMBackend
+from calibrate.plan import server_settings
 from calibrate.replay.responses import Response, target_features
 from calibrate.replay.scoring import score_replay
 from calibrate.runner import _prompts, plan_units, prepare
@@ -220,7 +221,7 @@ def test_the_final_norm_over_the_last_layers_output_is_the_state_mtp_reads(tiny,
     full = full_target(tiny)
     alone = load_mtp_target(str(tiny), "float32", "cpu")
     srv = hidden_server(full, tiny, tmp_path, [1, LAYERS])
-    cfg = load_config(config(tmp_path, tiny, srv.url, srv.url)).pairs[0].server
+    cfg = server_settings(load_config(config(tmp_path, tiny, srv.url, srv.url)).pairs[0].server)
     prompt, response = [5, 9, 13, 2, 7, 5, 9, 11], [3, 4, 5, 6, 7, 8]
     spec = MtpSpeculator(load_mtp(alone.model, "t"), name="t")
     try:

@@ -263,3 +263,47 @@ def test_plan_needs_no_weights(tmp_path, pair):
     assert out.returncode == 0, out.stderr
     assert "in-process, replay of ngram, suffix at k=1,3" in " ".join((out.stdout + out.stderr).split())
     assert not (tmp_path / "tables").exists()  # nothing written
+
+
+# -- what the engines are told ----------------------------------------------------------------------------------
+
+def test_engines_are_told_by_typed_records_that_hold_every_server_key(tmp_path):
+    """The plan hands the engines frozen records (calibrate.engines.settings), never the config: each key of
+    `[pairs.server]` arrives under its own name with its value (a key added to the schema and not to the record
+    fails here, rather than being silently unread), and the run's settings arrive as the config says them."""
+    from dataclasses import fields
+
+    from calibrate.config import ServerConfig
+    from calibrate.engines.settings import PairSettings, ServerSettings
+    from calibrate.plan import engine_settings, pair_settings
+
+    assert {f.name for f in fields(ServerSettings)} == set(ServerConfig.model_fields)
+    server = {"mode": "launch", "model": str(tmp_path), "args": ["--threads", "2"], "env": {"A": "1"},
+              "concurrency": 3, "request_timeout": 5.0, "audit": False, "port": 8123}
+    cfg = load_config(config(tmp_path, [{"target": "t", "backend": "llama.cpp", "server": server,
+                                         "speculators": [{"kind": "ngram"}, {"kind": "suffix"}]}],
+                             run={"prefix_reuse": False}, temperature=[0.0, 0.7]))
+    settings = pair_settings(cfg.pairs[0])
+    assert isinstance(settings, PairSettings) and settings.target == "t" and settings.backend == "llama.cpp"
+    assert settings.speculators == tuple(cfg.pairs[0].speculators)
+    dumped = cfg.pairs[0].server.model_dump()
+    assert {f.name: getattr(settings.server, f.name) for f in fields(ServerSettings)} == {
+        **dumped, "args": ("--threads", "2")}
+    run = engine_settings(cfg)
+    assert (run.ks, run.max_new_tokens, run.batch_size, run.sampled, run.prefix_reuse) == ((1, 3), 12, 2, True, False)
+    assert pair_settings(load_config(config(tmp_path, [{"target": "t", "speculators": [{"kind": "ngram"}]}]))
+                         .pairs[0]).server is None
+
+
+def test_no_engine_reads_the_config():
+    """Data flows config -> plan -> engines (DESIGN): no module under calibrate/engines imports calibrate.config."""
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "calibrate" / "engines").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(ROOT)}: {name}" for name in names
+                          if name == "calibrate.config" or name.startswith("calibrate.config.")]
+    assert offenders == []

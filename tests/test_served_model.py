@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import duckdb
 import pytest
@@ -17,6 +16,8 @@ from calibrate.cli import app
 from calibrate.config import ConfigError, load_config
 from calibrate.engines.served_model import check_served_model
 from calibrate.engines.server import EngineError
+from calibrate.engines.settings import PairSettings, ServerSettings
+from calibrate.plan import pair_settings
 from tests.fake_engine import FakeEngine
 from tests.tables_support import make_spec
 from tests.test_engine_replies import K, run_config, stored, target  # noqa: F401  (fixture)
@@ -120,10 +121,9 @@ def test_served_model_is_a_connect_key(tmp_path, target):
         load_config(path)
 
 
-def pair(mode: str, model: str | None = None, served_model: str | None = None):
-    """A pair's config as the check reads it: its target, and its server's mode, model and served_model."""
-    return SimpleNamespace(target="org/target", server=SimpleNamespace(mode=mode, model=model,
-                                                                      served_model=served_model))
+def pair(mode: str, model: str | None = None, served_model: str | None = None) -> PairSettings:
+    """A pair as the check reads it: its target, and its server's mode, model and served_model."""
+    return PairSettings("org/target", "vllm", (), ServerSettings(mode, model=model, served_model=served_model))
 
 
 def test_the_check_reads_every_name_the_server_gives(tmp_path):
@@ -170,7 +170,7 @@ def test_the_hidden_state_server_must_serve_the_same_model(tmp_path, target):
                 "target": target, "backend": "vllm", "speculators": [{"kind": "ngram"}],
                 "server": {"mode": "connect", "url": plain.url, "hidden_states": "engine",
                            "hidden_states_url": hidden.url}}]))
-        pair, budget = cfg.pairs[0], Budget(64, 8, 0)
+        pair, budget = pair_settings(cfg.pairs[0]), Budget(64, 8, 0)
         features = EngineFeatures(VLLMBackend(), pair.server, budget, layers=[1], hidden_size=16)
         engine = ServerReplayEngine(VLLMBackend(), pair, budget, Sampling(0.0, None, None, 0), lambda t, o: [], [],
                                     [1], target_of=_target, vocab=400, features=features)

@@ -25,6 +25,7 @@ from calibrate.engines.hidden_states import EngineFeatures, check_rows, read_row
 from calibrate.engines.server import EngineError
 from calibrate.engines.vllm import VLLMBackend
 from calibrate.models import load_model
+from calibrate.plan import server_settings
 from calibrate.replay.responses import Response
 from calibrate.replay.scoring import score_replay
 from calibrate.runner import _prompts, execute, plan_units, prepare
@@ -177,7 +178,7 @@ def test_hidden_state_files_are_read_checked_and_removed(tmp_path):
             "server": {"mode": "connect", "url": srv.url, "hidden_states": "engine",
                        "hidden_states_url": srv.url}}], sweep={"k": [1]})).pairs[0].server
     try:
-        with EngineFeatures(VLLMBackend(), cfg, Budget(64, 8, 0), layers=[3, 9], hidden_size=16) as source:
+        with EngineFeatures(VLLMBackend(), server_settings(cfg), Budget(64, 8, 0), layers=[3, 9], hidden_size=16) as source:
             feats = source.features([ids[:2]], [ids[2:]], TargetNeeds(layers=(9,)))
     finally:
         srv.close()

@@ -4,7 +4,7 @@ The runner hands an engine a batch of rendered prompts and gets back, per prompt
 (speculator name, k). It never touches a model itself, so the same runner drives a target loaded in this
 process (calibrate.engines.in_process: greedy replay-once, the loop) and a 1-trillion-parameter model
 behind a vLLM, SGLang or llama.cpp server (calibrate.engines.server_engine). calibrate.engines.factory
-makes them from a pair's config.
+makes them from the plan's records of a pair (calibrate.engines.settings).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from calibrate.progress import TokenProgress
 from calibrate.terms import StepCounts, TotalCounts
 
 if TYPE_CHECKING:  # the MoE rows come from the in-process loop (torch); a server engine has none
+    from calibrate.models import LoadedModel
     from calibrate.replay.experts import ExpertRow
 
 
@@ -59,12 +60,29 @@ class TargetIdentity:
     served_model: str | None = None
 
 
+class SpeculatorFacts(Protocol):
+    """What a run records of a speculator, whoever runs it: an in-process one (calibrate.speculators.base) or the
+    one a server runs (server_engine.ServerSpeculator), named alike so their rows share a key."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def params(self) -> dict[str, Any]: ...
+
+    @property
+    def identity(self) -> tuple[str | None, str | None]: ...  # its weights and their fingerprint, where any
+
+
 class Engine(Protocol):
     """Measures a batch of prompts for every (speculator, k) it serves, and says what a run records of it."""
 
     name: str  # stored as the run's `method`: "replay", "loop", "loop+experts", "llama.cpp", "vllm", "sglang"
-    target: Any  # calibrate.models.LoadedModel in this process, TargetIdentity behind a server
-    speculators: Sequence[Any]  # each with name, kind, params, identity
+    target: LoadedModel | TargetIdentity  # the model loaded in this process; what a server says it serves
+    speculators: Sequence[SpeculatorFacts]
     ks: list[int]
     dtype: str | None  # None: the run's own (in-process); a server's "as served"
     provenance: dict[str, Any] | None  # a server's command line, version and log; None in-process

@@ -1,7 +1,8 @@
 """One factory for every pair: the engines that measure it, in this process or through servers alike.
 
 What measures what is decided by the measurement plan (calibrate.plan); this module makes the engines it
-names. `PairEngines(config, pair, ..., scored, served)` loads what the pair needs up front: for
+names, from the typed records the plan fills (calibrate.engines.settings), never from the config itself.
+`PairEngines(settings, pair, ..., scored, served)` loads what the pair needs up front: for
 `backend = "transformers"` the target and its speculators; for a server backend, the scorers plain-engine
 replay runs here (the speculators at `scored`, and the target itself where their hidden states come from an
 in-process pass), nothing for those the engine runs itself (`served`) but their in-process twins. Then
@@ -16,7 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibrate.engines.audit import Twin
 from calibrate.engines.base import Budget, Engine, Labeller, TargetIdentity
@@ -26,24 +27,31 @@ from calibrate.engines.llamacpp import LlamaCppBackend
 from calibrate.engines.served_model import check_served_model
 from calibrate.engines.server_engine import Backend, Served, ServerEngine, ServerSpeculator
 from calibrate.engines.server_replay import FeatureSource, ServerReplayEngine
+from calibrate.engines.settings import EngineSettings, PairSettings
 from calibrate.engines.sglang import SGLangBackend
 from calibrate.engines.vllm import VLLMBackend
 from calibrate.terms import Sampling
 from calibrate.models import LoadedModel, fingerprint, load_embeddings, load_model, resolve
 from calibrate.speculators.base import BuildContext, Speculator
+from calibrate.speculators.configs import SpeculatorConfig
 from calibrate.speculators.mtp_alone import final_norm, load_mtp_target
 from calibrate.speculators.registry import speculator_kind
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # pair.backend -> how that serving engine is launched, asked and read ("transformers" runs in this process)
 BACKENDS: dict[str, type] = {"llama.cpp": LlamaCppBackend, "vllm": VLLMBackend, "sglang": SGLangBackend}
 
 
 class PairEngines:
-    """The engines of one pair, made from its config; `tokenizer` renders the pair's prompts."""
+    """The engines of one pair, made from the plan's records of it and of the run; `tokenizer` renders the
+    pair's prompts."""
 
-    def __init__(self, config: Any, pair: Any, tokenizer: Any, device: str, dtype: str,
-                 loaded: dict[str, LoadedModel], scored: Sequence[int], served: Sequence[int] = ()):
-        self.config, self.pair, self.tokenizer = config, pair, tokenizer
+    def __init__(self, settings: EngineSettings, pair: PairSettings, tokenizer: PreTrainedTokenizerBase,
+                 device: str, dtype: str, loaded: dict[str, LoadedModel], scored: Sequence[int],
+                 served: Sequence[int] = ()):
+        self.settings, self.pair, self.tokenizer = settings, pair, tokenizer
         self.target: LoadedModel | None = None  # in this process: the pair's target, or the scorers' view of it
         self.speculators: list[Speculator] = []  # built here: the in-process engine's, or replay's scorers
         self.served = list(served)  # a server pair's speculators the engine runs itself
@@ -55,7 +63,7 @@ class PairEngines:
             twinned = [specs[i] for i in self._twinned()]
             specs = [specs[i] for i in scored]
             self.target = self._scoring_target(specs + twinned, dtype, device)
-        ctx = BuildContext(dtype=dtype, device=device, batch_size=config.run.batch_size, target=self.target,
+        ctx = BuildContext(dtype=dtype, device=device, batch_size=settings.batch_size, target=self.target,
                            loaded=loaded)
         self.speculators = [speculator_kind(spec.kind).build(spec, ctx) for spec in specs]
         for spec in twinned:
@@ -68,12 +76,12 @@ class PairEngines:
         is exact by construction), the model drafters whose hidden states (if any) come from the target
         loaded here."""
         cfg = self.pair.server
-        audit = cfg.audit and any(t > 0 for t in self.config.sweep.temperature)
+        audit = cfg.audit and self.settings.sampled
         kinds = {i: speculator_kind(self.pair.speculators[i].kind) for i in self.served}
         return [i for i, cls in kinds.items() if cls.in_process and (
             not cls.drafts_every_step or audit and (cls.hidden_states is None or cfg.hidden_states == "in-process"))]
 
-    def _scoring_target(self, specs: list[Any], dtype: str, device: str) -> LoadedModel | None:
+    def _scoring_target(self, specs: list[SpeculatorConfig], dtype: str, device: str) -> LoadedModel | None:
         """What replay's scorers need of the served target: its weights for an in-process hidden-state pass;
         with the engine's hidden states, the MTP head's view of it (its MTP layers, embedding, final norm and
         head, read alone: calibrate.speculators.mtp_alone) where an MTP scorer reads the final state, else its
@@ -102,8 +110,8 @@ class PairEngines:
                            self.twins.get(speculator.name))
 
     def _in_process(self, scorer: str, labeller: Labeller, sampling: Sampling) -> Engine:
-        run, ds = self.config.run, self.config.dataset
-        common = dict(ks=self.config.sweep.k, max_new_tokens=ds.max_new_tokens, labeller=labeller,
+        run = self.settings
+        common = dict(ks=list(run.ks), max_new_tokens=run.max_new_tokens, labeller=labeller,
                       sampling=sampling, verify_kernel=run.verify_kernel, prefix_reuse=run.prefix_reuse)
         if scorer == "replay":
             return ReplayEngine(self.target, self.speculators, **common)
@@ -113,7 +121,7 @@ class PairEngines:
     def _server_replay(self, labeller: Labeller, sampling: Sampling, budget: Budget) -> ServerReplayEngine:
         backend: Backend = BACKENDS[self.pair.backend]()
         return ServerReplayEngine(backend, self.pair, budget, sampling, labeller, self.speculators,
-                                  self.config.sweep.k, target_of=_target, vocab=len(self.tokenizer),
+                                  list(self.settings.ks), target_of=_target, vocab=len(self.tokenizer),
                                   features=self._features(backend, budget))
 
     def _features(self, backend: Backend, budget: Budget) -> FeatureSource | None:
@@ -124,16 +132,16 @@ class PairEngines:
         if self.pair.server.hidden_states == "in-process":
             return InProcessFeatures(self.target)
         layers = sorted({i for s in self.speculators for i in s.needs.layers})
-        config = self.target.model.config.get_text_config()
-        final = (FinalState(int(config.num_hidden_layers), final_norm(self.target.model))
+        shape = self.target.model.config.get_text_config()
+        final = (FinalState(int(shape.num_hidden_layers), final_norm(self.target.model))
                  if any(s.needs.last for s in self.speculators) else None)
-        return EngineFeatures(backend, self.pair.server, budget, layers, int(config.hidden_size), final=final,
+        return EngineFeatures(backend, self.pair.server, budget, layers, int(shape.hidden_size), final=final,
                               loaded=self.target.loaded)
 
 
 # -- servers ------------------------------------------------------------------------------------------------
 
-def server_speculator(spec: Any, pair: Any) -> ServerSpeculator:
+def server_speculator(spec: SpeculatorConfig, pair: PairSettings) -> ServerSpeculator:
     """The speculator a server runs, named exactly as the in-process speculator of the same config (the
     kind's `config_name`), so the rows share a key whatever the engine; its engine spelling from the kind."""
     cls = speculator_kind(spec.kind)
@@ -147,7 +155,7 @@ def server_speculator(spec: Any, pair: Any) -> ServerSpeculator:
                             identity=identity, method=method, drafts_every_step=cls.drafts_every_step)
 
 
-def _target(pair: Any, url: str, info: dict[str, Any]) -> TargetIdentity:
+def _target(pair: PairSettings, url: str, info: dict[str, Any]) -> TargetIdentity:
     """What a run records of a server's target, once the model it serves is checked (served_model)."""
     cfg = pair.server
     served_model = check_served_model(BACKENDS[pair.backend].name, url, pair, info)

@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError
@@ -49,6 +49,10 @@ from calibrate.engines.server import EngineError, Server, http_json
 from calibrate.models import LoadedModel
 from calibrate.replay.responses import target_features
 from calibrate.target_features import TargetFeatures, TargetNeeds
+
+if TYPE_CHECKING:
+    from calibrate.engines.server_engine import Backend
+    from calibrate.engines.settings import ServerSettings
 
 CONNECTOR_DIR = Path(__file__).resolve().parent / "vllm_side"  # on the launched vLLM's PYTHONPATH
 CONNECTOR_MODULE, CONNECTOR_CLASS = "calibrate_hidden_states", "CalibrateHiddenStatesConnector"
@@ -102,7 +106,7 @@ class EngineFeatures(contextlib.AbstractContextManager):
     name = "vllm"
     dtype = "as served"
 
-    def __init__(self, backend: Any, cfg: Any, budget: Budget, layers: Sequence[int], hidden_size: int,
+    def __init__(self, backend: Backend, cfg: ServerSettings, budget: Budget, layers: Sequence[int], hidden_size: int,
                  final: FinalState | None = None, loaded: ReadRecord | None = None):
         self.backend, self.cfg, self.layers, self.hidden_size = backend, cfg, tuple(layers), hidden_size
         self.final, self.loaded = final, loaded

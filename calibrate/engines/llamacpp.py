@@ -23,7 +23,7 @@ server-context.cpp `process_token` appends before it checks), "limit" (n_predict
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibrate.engines.base import Budget
 from calibrate.engines.replies import Asked, Fields, FinishReasons
@@ -31,6 +31,9 @@ from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json
 from calibrate.model_names import resolve
 from calibrate.terms import Sampling, TotalCounts
+
+if TYPE_CHECKING:
+    from calibrate.engines.settings import ServerSettings
 
 STOP_TYPES: FinishReasons = {"eos": "eos", "limit": "length", "word": None, "none": None}
 ENABLING_FLAGS = ("--spec-type draft-simple --spec-draft-model/-md DRAFT.gguf --spec-draft-n-max k "
@@ -51,7 +54,7 @@ class LlamaCppBackend:
     health = "/health"
     per_request_counts = True
 
-    def plain_command(self, cfg: Any, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
+    def plain_command(self, cfg: ServerSettings, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
         """The server without speculation (plain-engine replay), `extra` flags before the config's own args.
         Each of its `concurrency` slots holds a full context: with prefix reuse, a conversation's prompt."""
         return [cfg.command or default_binary(), "--model", resolve(cfg.model), *extra,

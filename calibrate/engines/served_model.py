@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from calibrate.engines.settings import PairSettings, ServerSettings
 from calibrate.errors import EngineError
 from calibrate.models import resolve
 
@@ -42,7 +43,7 @@ def same_model(a: str, b: str) -> bool:
     return a == b or resolve(a) == resolve(b)
 
 
-def check_served_model(backend: str, url: str, pair: Any, info: dict[str, Any]) -> str | None:
+def check_served_model(backend: str, url: str, pair: PairSettings, info: dict[str, Any]) -> str | None:
     """Refuse a server that serves another model than the pair's; return the served model a run records in
     its identity (`served_model` where the config names it, else None: the rows are the target's own)."""
     cfg = pair.server
@@ -59,7 +60,7 @@ def check_served_model(backend: str, url: str, pair: Any, info: dict[str, Any]) 
     return cfg.served_model if cfg.mode == "connect" else None
 
 
-def _remedy(cfg: Any, target: str, served: str) -> str:
+def _remedy(cfg: ServerSettings, target: str, served: str) -> str:
     if cfg.mode == "launch":
         return " (is another server answering on that port?)"
     if cfg.served_model is None:

@@ -23,11 +23,14 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibrate.engines.inflight import InFlight
 from calibrate.engines.process_group import Watchdog, stop_group
 from calibrate.errors import EngineError
+
+if TYPE_CHECKING:
+    from calibrate.engines.settings import ServerSettings
 
 
 def http_json(backend: str, url: str, body: dict[str, Any] | None = None, timeout: float = 600.0,
@@ -202,11 +205,11 @@ class Server:
     asks the server what it is (version, model) once it is up. Engines hold one Server each, or two (a
     plain one and a hidden-state one)."""
 
-    def __init__(self, backend: str, cfg: Any, health: str, describe: Callable[[str, float], dict[str, Any]],
+    def __init__(self, backend: str, cfg: ServerSettings, health: str, describe: Callable[[str, float], dict[str, Any]],
                  command: Callable[[str, int], list[str]] | None = None, url: str | None = None,
                  env: dict[str, str] | None = None):
         self.backend, self.cfg, self.health, self._describe, self._command = backend, cfg, health, describe, command
-        self.env = cfg.env if env is None else env  # a launched server's environment variables
+        self.env = dict(cfg.env if env is None else env)  # a launched server's environment variables
         self.url = (url or "").rstrip("/")
         self.launched: Launched | None = None
         self.info: dict[str, Any] = {}

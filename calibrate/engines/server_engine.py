@@ -23,6 +23,7 @@ from calibrate.engines.base import BatchResult, Budget, Labeller, Measured, Targ
 from calibrate.engines.inflight import concurrently
 from calibrate.engines.replies import Asked
 from calibrate.engines.server import EngineError, Server
+from calibrate.engines.settings import PairSettings, ServerSettings
 from calibrate.terms import Sampling, StepCounts, TotalCounts
 from calibrate.progress import TokenProgress
 from calibrate.replay.steps import StepSeries, drafted_steps_counts, walk_engine_steps
@@ -50,7 +51,7 @@ class Served:
 
     speculator: ServerSpeculator
     k: int
-    pair: Any  # PairConfig
+    pair: PairSettings
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ class Backend(Protocol):
 
     def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]: ...  # speculating
 
-    def plain_command(self, cfg: Any, host: str, port: int, budget: Budget) -> list[str]: ...  # no speculation
+    def plain_command(self, cfg: ServerSettings, host: str, port: int, budget: Budget) -> list[str]: ...  # no speculation
 
     def describe(self, url: str, timeout: float) -> dict[str, Any]: ...  # version, model, settings
 
@@ -149,7 +150,7 @@ class ServerEngine:
     responses_from = responses_dtype = features_from = None  # its counts are its own, not a replay
 
     def __init__(self, backend: Backend, served: Served, budget: Budget, sampling: Sampling, labeller: Labeller,
-                 target_of: Callable[[Any, str, dict[str, Any]], TargetIdentity], vocab: int,
+                 target_of: Callable[[PairSettings, str, dict[str, Any]], TargetIdentity], vocab: int,
                  twin: Twin | None = None):
         self.backend, self.served, self.budget, self.sampling = backend, served, budget, sampling
         self.labeller, self.target_of, self.twin, self.vocab = labeller, target_of, twin, vocab

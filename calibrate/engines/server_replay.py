@@ -27,6 +27,7 @@ from calibrate.engines.replies import Asked
 from calibrate.kv_slots import ConversationCaches
 from calibrate.engines.server import EngineError, Server
 from calibrate.engines.server_engine import Backend, ConversationSlots, request_sampling, slots_for
+from calibrate.engines.settings import PairSettings
 from calibrate.terms import Sampling
 from calibrate.progress import TokenProgress
 from calibrate.replay.responses import Response
@@ -63,9 +64,9 @@ class ServerReplayEngine:
     dtype = None  # the scorers': the run's own
     verification = "target-only"  # at T > 0: a draft is accepted iff it is the response's token there
 
-    def __init__(self, backend: Backend, pair: Any, budget: Budget, sampling: Sampling, labeller: Labeller,
+    def __init__(self, backend: Backend, pair: PairSettings, budget: Budget, sampling: Sampling, labeller: Labeller,
                  speculators: Sequence[Speculator], ks: Sequence[int],
-                 target_of: Callable[[Any, str, dict[str, Any]], TargetIdentity], vocab: int,
+                 target_of: Callable[[PairSettings, str, dict[str, Any]], TargetIdentity], vocab: int,
                  features: FeatureSource | None = None):
         self.backend, self.pair, self.budget, self.sampling, self.vocab = backend, pair, budget, sampling, vocab
         self.labeller, self.speculators, self.ks = labeller, list(speculators), list(ks)

@@ -19,7 +19,7 @@ while a request is unfinished (refused).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibrate.engines.base import Budget
 from calibrate.engines.replies import Asked, Fields, FinishReasons
@@ -27,6 +27,9 @@ from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json
 from calibrate.model_names import resolve
 from calibrate.terms import Sampling, TotalCounts
+
+if TYPE_CHECKING:
+    from calibrate.engines.settings import ServerSettings
 
 ACCEPTED = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
 PROPOSED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
@@ -102,7 +105,7 @@ class SGLangBackend:
     health = "/health"
     per_request_counts = True
 
-    def plain_command(self, cfg: Any, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
+    def plain_command(self, cfg: ServerSettings, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
         """The server without speculation (plain-engine replay), `extra` flags before the config's own args.
         The radix cache is off unless whole trajectories reuse prefixes (`budget.prefix_cache`)."""
         caching = [] if budget.prefix_cache else ["--disable-radix-cache"]

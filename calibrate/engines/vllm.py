@@ -26,7 +26,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,6 +38,9 @@ from calibrate.model_names import resolve
 from calibrate.terms import Sampling, TotalCounts
 from calibrate.replay.steps import StepSeries
 from calibrate.speculators.registry import BackendMethod
+
+if TYPE_CHECKING:
+    from calibrate.engines.settings import ServerSettings
 
 PREFIX = "vllm:spec_decode_"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
@@ -201,7 +204,7 @@ class VLLMBackend:
         # Launched servers are asked for per-request metrics; a connected one shows in its first reply.
         self.per_request_counts: bool | None = None
 
-    def plain_command(self, cfg: Any, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
+    def plain_command(self, cfg: ServerSettings, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
         """The server without speculation (plain-engine replay), `extra` flags before the config's own args.
         Prefix caching is off unless whole trajectories reuse prefixes (`budget.prefix_cache`): then it is on,
         with the cached tokens reported in each reply's usage."""
