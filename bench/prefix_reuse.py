@@ -19,8 +19,9 @@ tokens and hit rate from the engine's own `timings.cache_n`.
 Defaults (seed 5: a 29-turn trajectory, 208k prompt tokens whole, 10k with reuse; a random-weight model of
 the 0.5B Qwen's architecture, tokenizer and window, 4 layers x 256, in fp32, n-gram scored by replay, 16 new
 tokens a turn) took 6 minutes on 2 CPU cores (AMD EPYC, AVX2, with other jobs beside it: 103 s with reuse,
-264 s without, 2026-12-02). The last line is `prefill tokens: reuse X, no reuse Y (Z x fewer); wall: A s vs
-B s`.
+264 s without, 2026-12-02). With `--llamacpp --target qwen2.5-coder-0.5b-instruct` (the real model's GGUF, same
+trajectory): 10,099 vs 208,391 prefill tokens (20.6x, hit rate 95.2%), 193.6 s vs 2,805.4 s, 50 minutes in all
+(2026-12-03). The last line is `prefill tokens: reuse X, no reuse Y (Z x fewer); wall: A s vs B s`.
 """
 
 from __future__ import annotations
