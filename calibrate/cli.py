@@ -72,9 +72,10 @@ def register_tables(app: typer.Typer) -> None:
     """Add the commands over the acceptance tables, in this order: show and report read what was measured
     (calibrate.tables), export and lookup write it for who reads it (calibrate.consumers)."""
     from calibrate.consumers.commands import export, lookup
-    from calibrate.tables.commands import report, show
+    from calibrate.tables.commands import report, show_command
+    from calibrate.workload.commands import show_weighted
 
-    for command in (show, export, lookup, report):
+    for command in (show_command(show_weighted), export, lookup, report):
         app.command()(command)
 
 

@@ -295,66 +295,78 @@ def filtered(*, k: bool = True) -> Callable[[Callable[..., Any]], Callable[..., 
 
 
 _FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out would replace (refused otherwise).")
-@cli_errors
-@filtered()
-def show(
-    db: Path = DB_OPT,
-    format: ShowFormat = typer.Option(ShowFormat.table, "--format", help="table (rich), json or csv."),
-    segments: bool = typer.Option(False, "--segments",
-                                  help="Also one row per segment (thinking/answer/tool_call)."),
-    filters: query.FilterOptions = query.FilterOptions(),
-    bootstrap: int = BOOT_OPT,
-    seed: int = SEED_OPT,
-    wide: bool = typer.Option(False, "--wide", help="Table: full speculator labels, however wide."),
-    by: Optional[ByDimension] = typer.Option(
-        None, "--by", help=f"One row per bucket: context ({CONTEXT.description}: {bucket_labels(CONTEXT)}) or turn "
-        f"({TURN.description}: {bucket_labels(TURN)})."),
-    experts: bool = typer.Option(False, "--experts", help="The MoE verify-cost profile instead (runs with "
-                                 "`[run] experts = true`): touch multiplier, CI, expert bytes per step and token; "
-                                 "json / csv export it."),
-    buckets: Optional[str] = typer.Option(
-        None, "--buckets", help="Context bucket edges for --by context and --workload, in tokens, increasing "
-        "(1k = 1,024, 1M = 1,024k; default 1k,2k,4k,...,512k,1M)."),
-    workload: Optional[Path] = typer.Option(
-        None, "--workload", help="One row per key weighted to this workload (CC-trace JSONL or a CSV / JSONL of "
-        "requests): AL over its decode tokens, 95% CI, coverage, the file's digest (calibrate workload inspect)."),
-    strata: str = typer.Option("context", "--strata", help="With --workload: context or context,turn."),
-    uncovered: str = typer.Option("refuse", "--uncovered", help="With --workload: refuse a stratum measured with < "
-                                  "10 conversations, or fill it from the nearest measured one (nearest)."),
-) -> None:
-    """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
-    if experts:
-        if by is not None or segments or workload is not None:
-            raise ValueError(f"--experts is the verify-cost profile per key: it does not combine with "
-                             f"{'--by' if by is not None else '--segments' if segments else '--workload'}")
-        _show_experts(db, filters, format, bootstrap, seed, wide)
-        return
-    if workload is not None or strata != "context" or uncovered != "refuse":
-        if by is not None or segments:
-            raise ValueError(f"--workload gives one weighted row per key: it does not combine with "
-                             f"{'--by' if by is not None else '--segments'}")
-        _show_weighted(db, filters, workload, buckets, strata, uncovered, format.value, bootstrap, seed)
-        return
-    if buckets is not None and (by is None or by.value != CONTEXT.name):
-        raise ValueError("--buckets sets context edges: give --by context or --workload with it")
-    records = load_selection(db, filters, segments, bootstrap, seed,
-                             by=dimension(by.value, parse_edges(buckets) if buckets else None) if by else None)
-    if not records:  # no answer, as export and report say it of an empty store
-        raise NothingUsable(f"nothing to show: no measurements in {db}")
-    for warning in truncation_warnings(records):
-        typer.echo(f"warning: {warning}", err=True)
-    cached = hit_rate_lines(_hit_rates(db, records))
-    if format is ShowFormat.table:
-        _render_table(records, segments, wide)
-        for line in cached:
-            typer.echo(line)
-    else:
-        if format is ShowFormat.json:
-            typer.echo(json.dumps(show_rows(records, segments), indent=2))
+
+# `show --workload`: the weighting lives in calibrate.workload, which reads this package; the CLI hands it to
+# `show_command` (calibrate.cli), so the tables never import it.
+WeightedShow = Callable[[Path, query.FilterOptions, Optional[Path], Optional[str], str, str, str, int, int], None]
+
+
+def show_command(weighted: WeightedShow) -> Callable[..., None]:
+    """`calibrate show`, its `--workload` rows made by `weighted` (calibrate.workload.commands.show_weighted)."""
+
+    @cli_errors
+    @filtered()
+    def show(
+        db: Path = DB_OPT,
+        format: ShowFormat = typer.Option(ShowFormat.table, "--format", help="table (rich), json or csv."),
+        segments: bool = typer.Option(False, "--segments",
+                                      help="Also one row per segment (thinking/answer/tool_call)."),
+        filters: query.FilterOptions = query.FilterOptions(),
+        bootstrap: int = BOOT_OPT,
+        seed: int = SEED_OPT,
+        wide: bool = typer.Option(False, "--wide", help="Table: full speculator labels, however wide."),
+        by: Optional[ByDimension] = typer.Option(
+            None, "--by", help=f"One row per bucket: context ({CONTEXT.description}: {bucket_labels(CONTEXT)}) or turn "
+            f"({TURN.description}: {bucket_labels(TURN)})."),
+        experts: bool = typer.Option(False, "--experts", help="The MoE verify-cost profile instead (runs with "
+                                     "`[run] experts = true`): touch multiplier, CI, expert bytes per step and token; "
+                                     "json / csv export it."),
+        buckets: Optional[str] = typer.Option(
+            None, "--buckets", help="Context bucket edges for --by context and --workload, in tokens, increasing "
+            "(1k = 1,024, 1M = 1,024k; default 1k,2k,4k,...,512k,1M)."),
+        workload: Optional[Path] = typer.Option(
+            None, "--workload", help="One row per key weighted to this workload (CC-trace JSONL or a CSV / JSONL of "
+            "requests): AL over its decode tokens, 95% CI, coverage, the file's digest (calibrate workload inspect)."),
+        strata: str = typer.Option("context", "--strata", help="With --workload: context or context,turn."),
+        uncovered: str = typer.Option("refuse", "--uncovered", help="With --workload: refuse a stratum measured with < "
+                                      "10 conversations, or fill it from the nearest measured one (nearest)."),
+    ) -> None:
+        """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
+        if experts:
+            if by is not None or segments or workload is not None:
+                raise ValueError(f"--experts is the verify-cost profile per key: it does not combine with "
+                                 f"{'--by' if by is not None else '--segments' if segments else '--workload'}")
+            _show_experts(db, filters, format, bootstrap, seed, wide)
+            return
+        if workload is not None or strata != "context" or uncovered != "refuse":
+            if by is not None or segments:
+                raise ValueError(f"--workload gives one weighted row per key: it does not combine with "
+                                 f"{'--by' if by is not None else '--segments'}")
+            weighted(db, filters, workload, buckets, strata, uncovered, format.value, bootstrap, seed)
+            return
+        if buckets is not None and (by is None or by.value != CONTEXT.name):
+            raise ValueError("--buckets sets context edges: give --by context or --workload with it")
+        records = load_selection(db, filters, segments, bootstrap, seed,
+                                 by=dimension(by.value, parse_edges(buckets) if buckets else None) if by else None)
+        if not records:  # no answer, as export and report say it of an empty store
+            raise NothingUsable(f"nothing to show: no measurements in {db}")
+        for warning in truncation_warnings(records):
+            typer.echo(f"warning: {warning}", err=True)
+        cached = hit_rate_lines(_hit_rates(db, records))
+        if format is ShowFormat.table:
+            _render_table(records, segments, wide)
+            for line in cached:
+                typer.echo(line)
         else:
-            sys.stdout.write(csv_text(show_rows(records, segments)))
-        for line in cached:  # beside the machine-read output, not in it
-            typer.echo(line, err=True)
+            if format is ShowFormat.json:
+                typer.echo(json.dumps(show_rows(records, segments), indent=2))
+            else:
+                sys.stdout.write(csv_text(show_rows(records, segments)))
+            for line in cached:  # beside the machine-read output, not in it
+                typer.echo(line, err=True)
+
+    return show
+
 
 def _hit_rates(db: Path, records: Sequence[AcceptanceRecord]) -> list[HitRate]:
     """The prefix-cache hit rates of the runs the records summarise (whole trajectories)."""
@@ -364,19 +376,6 @@ def _hit_rates(db: Path, records: Sequence[AcceptanceRecord]) -> list[HitRate]:
             return hit_rates(con, sorted({i for r in records for i in r.run_ids}))
     finally:
         con.close()
-
-
-def _show_weighted(db: Path, options: query.FilterOptions, workload: Path | None, buckets: str | None,
-                   strata: str, uncovered: str, fmt: str, n_boot: int, seed: int) -> None:
-    """`show --workload`: the weighting lives in calibrate.workload, which reads this package (imported here,
-    when asked for, so the tables never depend on it)."""
-    from calibrate.workload.commands import check_workload_options, load_weighting, render_weighted, weighted_selection
-
-    check_workload_options(workload, strata, uncovered)
-    records = weighted_selection(db, options, load_weighting(workload, buckets, strata, uncovered), n_boot, seed)
-    if not records:
-        raise NothingUsable(f"nothing to show: no measurements in {db}")
-    render_weighted(records, fmt)
 
 
 def _load_experts(db: Path, options: query.FilterOptions, n_boot: int, seed: int) -> list[ExpertRecord]:
@@ -499,4 +498,4 @@ def report(
         typer.echo(f"wrote {path}", err=True)
 
 
-__all__ = ["show", "report", "print_table", "show_rows", "load_selection"]
+__all__ = ["show_command", "report", "print_table", "show_rows", "load_selection"]

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from calibrate.errors import cli_errors
+from calibrate.errors import NothingUsable, cli_errors
 from calibrate.tables.buckets import DEFAULT_CONTEXT_EDGES, parse_edges, tokens_text
 from calibrate.tables.query import FilterOptions
 from calibrate.tables.records import AcceptanceRecord
@@ -89,6 +89,17 @@ def weighted_selection(db: Path, options: FilterOptions, weighting: Weighting, n
 
     return load_selection(db, options, False, n_boot, seed,
                           load=lambda con, filters: weighted_records(con, filters, weighting, n_boot=n_boot, seed=seed))
+
+
+def show_weighted(db: Path, options: FilterOptions, workload: Path | None, buckets: str | None, strata: str,
+                  uncovered: str, fmt: str, n_boot: int, seed: int) -> None:
+    """`show --workload`: one row per key of the store, weighted to the workload (calibrate.tables.commands
+    `show_command` is handed this by the CLI, so the tables never import the workload)."""
+    check_workload_options(workload, strata, uncovered)
+    records = weighted_selection(db, options, load_weighting(workload, buckets, strata, uncovered), n_boot, seed)
+    if not records:
+        raise NothingUsable(f"nothing to show: no measurements in {db}")
+    render_weighted(records, fmt)
 
 
 def weighted_rows(records: list[AcceptanceRecord]) -> list[dict[str, Any]]:
