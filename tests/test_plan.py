@@ -294,16 +294,3 @@ def test_engines_are_told_by_typed_records_that_hold_every_server_key(tmp_path):
     assert pair_settings(load_config(config(tmp_path, [{"target": "t", "speculators": [{"kind": "ngram"}]}]))
                          .pairs[0]).server is None
 
-
-def test_no_engine_reads_the_config():
-    """Data flows config -> plan -> engines (DESIGN): no module under calibrate/engines imports calibrate.config."""
-    import ast
-
-    offenders = []
-    for path in sorted((ROOT / "calibrate" / "engines").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            offenders += [f"{path.relative_to(ROOT)}: {name}" for name in names
-                          if name == "calibrate.config" or name.startswith("calibrate.config.")]
-    assert offenders == []
