@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import platform
 import subprocess
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
@@ -202,12 +202,10 @@ def pair_settings(pair: PairConfig) -> PairSettings:
 
 
 def server_settings(cfg: ServerConfig) -> ServerSettings:
-    """`[pairs.server]` as the engines read it: the same fields, frozen (its lists as tuples)."""
-    return ServerSettings(mode=cfg.mode, url=cfg.url, k=cfg.k, model=cfg.model, command=cfg.command,
-                          args=tuple(cfg.args), host=cfg.host, port=cfg.port, concurrency=cfg.concurrency,
-                          startup_timeout=cfg.startup_timeout, request_timeout=cfg.request_timeout,
-                          log_dir=cfg.log_dir, env=dict(cfg.env), hidden_states=cfg.hidden_states,
-                          hidden_states_url=cfg.hidden_states_url, served_model=cfg.served_model, audit=cfg.audit)
+    """`[pairs.server]` as the engines read it: the same fields (tests/test_plan.py holds them equal), frozen,
+    its list as a tuple and its table a copy."""
+    values = {f.name: getattr(cfg, f.name) for f in fields(ServerSettings)}
+    return ServerSettings(**{**values, "args": tuple(cfg.args), "env": dict(cfg.env)})
 
 
 def served_runs(config: Config, pair: PairConfig, served: list[int]) -> list[tuple[int, int]]:

@@ -13,11 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from calibrate.cli import app
-from calibrate.config import ConfigError, load_config
+from calibrate.config import ConfigError, ServerConfig, load_config
 from calibrate.engines.served_model import check_served_model
 from calibrate.engines.server import EngineError
-from calibrate.engines.settings import PairSettings, ServerSettings
-from calibrate.plan import pair_settings
+from calibrate.engines.settings import PairSettings
+from calibrate.plan import pair_settings, server_settings
 from tests.fake_engine import FakeEngine
 from tests.tables_support import make_spec
 from tests.test_engine_replies import K, run_config, stored, target  # noqa: F401  (fixture)
@@ -122,8 +122,11 @@ def test_served_model_is_a_connect_key(tmp_path, target):
 
 
 def pair(mode: str, model: str | None = None, served_model: str | None = None) -> PairSettings:
-    """A pair as the check reads it: its target, and its server's mode, model and served_model."""
-    return PairSettings("org/target", "vllm", (), ServerSettings(mode, model=model, served_model=served_model))
+    """A pair as the check reads it (the plan's record of it): its target, and its server's mode, model and
+    served_model."""
+    server = ({"mode": mode, "model": model} if mode == "launch" else
+              {"mode": mode, "url": "http://h:1", **({"served_model": served_model} if served_model else {})})
+    return PairSettings("org/target", "vllm", (), server_settings(ServerConfig.model_validate(server)))
 
 
 def test_the_check_reads_every_name_the_server_gives(tmp_path):

@@ -9,7 +9,7 @@ take of the run. They import nothing heavy: the HTTP clients read them too.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from calibrate.speculators.configs import SpeculatorConfig
@@ -19,25 +19,26 @@ from calibrate.speculators.configs import SpeculatorConfig
 class ServerSettings:
     """How a server backend is launched (`model`, `command`, `args`, `host`, `port`, `env`, `startup_timeout`,
     `log_dir`) or reached (`url`, and the `k` it speculates at), and how it is asked (`concurrency`,
-    `request_timeout`). The meaning of each is the config's (calibrate.config.ServerConfig)."""
+    `request_timeout`). The meaning and default of each are the config's (calibrate.config.ServerConfig):
+    the plan copies every field, so none has a default here."""
 
     mode: Literal["launch", "connect"]
-    url: str | None = None
-    k: int | None = None
-    model: str | None = None
-    command: str | None = None
-    args: tuple[str, ...] = ()
-    host: str = "127.0.0.1"
-    port: int | None = None
-    concurrency: int = 1
-    startup_timeout: float = 600.0
-    request_timeout: float = 600.0
-    log_dir: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    hidden_states: Literal["in-process", "engine"] = "in-process"
-    hidden_states_url: str | None = None
-    served_model: str | None = None
-    audit: bool = True
+    url: str | None
+    k: int | None
+    model: str | None
+    command: str | None
+    args: tuple[str, ...]
+    host: str
+    port: int | None
+    concurrency: int
+    startup_timeout: float
+    request_timeout: float
+    log_dir: str | None
+    env: Mapping[str, str]
+    hidden_states: Literal["in-process", "engine"]
+    hidden_states_url: str | None
+    served_model: str | None
+    audit: bool
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class PairSettings:
     target: str
     backend: Literal["transformers", "llama.cpp", "vllm", "sglang"]
     speculators: tuple[SpeculatorConfig, ...]
-    server: ServerSettings | None = None
+    server: ServerSettings | None
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,8 @@ class EngineSettings:
     max_new_tokens: int
     batch_size: int
     sampled: bool
-    verify_kernel: Literal["auto", "triton", "reference"] = "auto"
-    verification: Literal["target-only", "probabilistic"] = "target-only"
-    prefix_reuse: bool = True
-    experts: bool = False
-    expert_batch_sizes: tuple[int, ...] = (1,)
+    verify_kernel: Literal["auto", "triton", "reference"]
+    verification: Literal["target-only", "probabilistic"]
+    prefix_reuse: bool
+    experts: bool
+    expert_batch_sizes: tuple[int, ...]
