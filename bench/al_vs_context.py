@@ -1,7 +1,8 @@
 """AL against the context length the target saw, per speculator, from a store of whole trajectories.
 
-    python bench/al_vs_context.py --db tables/reference-full.duckdb --out tables/reference/plots/al_vs_context_full.png
-        [--ks 4 8] [--compare tables/reference.duckdb] [--per-bin 2]
+    python bench/al_vs_context.py --db tables/reference/qwen2.5-coder-1.5b_mini-swe-agent-full.duckdb \
+        --out tables/reference/plots/al_vs_context_full.png [--ks 4 8] [--per-bin 2] \
+        [--compare tables/reference/qwen2.5-coder-1.5b_mini-swe-agent.json]
 
 Whole trajectories (`[dataset] conversations`) measure every turn, so one store holds turns from the first
 (a few thousand tokens of prompt) to the last (tens of thousands): enough to see how AL moves with the
@@ -9,8 +10,9 @@ context. This reads each request's histogram (all segments) and its prompt token
 target and the speculators saw), bins the requests by prompt length on a log2 scale (`--per-bin` bins per
 doubling), and draws pooled AL per bin with a 95% bootstrap interval over conversations (none where a bin
 holds fewer than calibrate.tables.stats.MIN_CI_CONVERSATIONS of them), one panel per k, a line per speculator.
-`--compare` draws another store's pooled AL at each k as a dashed level per speculator (the 2,048-token
-reference table it replaces). It also prints AL per bin as a markdown table, for the manual. A store of one
+`--compare` draws another store's (or an exported table's) pooled AL at each k as a dashed level per
+speculator: the 2,048-token reference it replaces, tables/reference/qwen2.5-coder-1.5b_mini-swe-agent.json.
+It also prints AL per bin as a markdown table, for the manual. A store of one
 target and one generation setting is what it reads (the reference's): rows are keyed by speculator and k.
 """
 
@@ -24,6 +26,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
+from calibrate.consumers.exported_table import read_exported
 from calibrate.tables import stats
 
 ROWS = """
@@ -82,8 +85,13 @@ def per_bin(req: Requests, per_doubling: int) -> list[tuple[int, float, float, f
     return out
 
 
-def pooled(db: Path, ks: Sequence[int]) -> dict[tuple[str, int], float]:
-    return {key: float(stats.acceptance_length(r.hists.sum(axis=0))) for key, r in read(db, ks).items()}
+def pooled(table: Path, ks: Sequence[int]) -> dict[tuple[str, int], float]:
+    """Pooled AL per (speculator, k) of a store, or of an exported JSON / Parquet table (its `all` segment):
+    the 2,048-token reference is committed as its export (tables/reference/), not as a store."""
+    if table.suffix == ".duckdb":
+        return {key: float(stats.acceptance_length(r.hists.sum(axis=0))) for key, r in read(table, ks).items()}
+    return {(r.speculator, r.k): r.acceptance_length for r in read_exported(table)
+            if r.segment == "all" and r.k in ks and r.bucket is None}
 
 
 def plot(data: dict[tuple[str, int], Requests], ks: Sequence[int], per_doubling: int, out: Path,
@@ -138,7 +146,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="the PNG to write")
     ap.add_argument("--ks", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--per-bin", dest="per_doubling", type=int, default=1, help="bins per doubling of the length")
-    ap.add_argument("--compare", type=Path, default=None, help="a store whose pooled AL is drawn as a level")
+    ap.add_argument("--compare", type=Path, default=None,
+                    help="a store, or an exported .json / .parquet table, whose pooled AL is drawn as a level")
     ap.add_argument("--compare-label", default="the 2,048-token table", help="what --compare's levels are")
     args = ap.parse_args()
     data = read(args.db, args.ks)
