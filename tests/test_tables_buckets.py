@@ -437,3 +437,20 @@ def cut_turns_of(source: Path):
     from calibrate.data import cut_turns, load_conversations
 
     return cut_turns(load_conversations(str(source)).conversations)
+
+
+def test_al_vs_context_compares_against_a_store_or_its_export_alike(app, store_path, tmp_path: Path) -> None:
+    """bench/al_vs_context.py --compare reads the committed 2,048-token reference as its JSON export: the
+    pooled AL it reads there is the store's own, per (speculator, k)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("al_vs_context", Path(__file__).parents[1] / "bench" / "al_vs_context.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    path, _ = store_path
+    out = tmp_path / "t.json"
+    res = _invoke(app, "export", "--to", "json", "--db", str(path), "--out", str(out))
+    assert res.exit_code == 0, res.output
+    from_store, from_export = bench.pooled(path, [K]), bench.pooled(out, [K])
+    assert from_store and from_store.keys() == from_export.keys()
+    assert all(from_store[key] == pytest.approx(from_export[key], rel=1e-12) for key in from_store)
