@@ -444,7 +444,8 @@ def test_al_vs_context_compares_against_a_store_or_its_export_alike(app, store_p
     pooled AL it reads there is the store's own, per (speculator, k)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("al_vs_context", Path(__file__).parents[1] / "bench" / "al_vs_context.py")
+    script = Path(__file__).parents[1] / "bench" / "al_vs_context.py"
+    spec = importlib.util.spec_from_file_location("al_vs_context", script)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     path, _ = store_path
