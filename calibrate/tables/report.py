@@ -77,12 +77,16 @@ def _plot_context(rows: Sequence[AcceptanceRecord], path: Path, with_target: boo
     for ax in axes.flat[len(ks):]:
         ax.set_visible(False)
     axes[0][0].set_ylabel("acceptance length (tokens / step)")
-    axes[0][0].legend(fontsize="small")
+    # one legend for every panel, below them: the labels (speculator with its options) are wider than a panel
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    legend = fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 2), fontsize="small")
     withheld = any(r.ci_note for r in rows)
     fig.suptitle("Pooled AL by context length, 95% CI over conversations"
                  + (f"\nno bar: < {stats.MIN_CI_CONVERSATIONS} conversations in the bucket" if withheld else ""),
                  fontsize="medium")
-    fig.tight_layout()
+    fig.canvas.draw()  # the legend's height is known once drawn
+    below = legend.get_window_extent().height / fig.bbox.height
+    fig.tight_layout(rect=(0, below + 0.01, 1, 1))
     return _save(fig, path)
 
 
