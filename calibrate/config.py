@@ -186,6 +186,11 @@ class ServerConfig(_Strict):
     `make vllm` install, `python -m sglang.launch_server`)."""
     args: list[str] = Field(default_factory=list)
     """launch: extra engine arguments, passed as written (`["--enforce-eager", "--dtype", "bfloat16"]`)."""
+    speculative_config: dict[str, Any] = Field(default_factory=dict)
+    """launch, vLLM: keys added to the `--speculative-config` calibrate writes from the speculator and k
+    (vllm/config/speculative.py names), for how the drafter runs, never what it proposes: the speculator's own
+    keys are refused. vLLM picks the drafter's attention backend itself, not from `--attention-backend`, so an
+    fp32 MLA model on a CPU with AMX needs `{attention_backend = "CPU_MLA"}` here too (AMX_MLA takes bf16 only)."""
     host: str = "127.0.0.1"
     """launch: the address the engine listens on."""
     port: int | None = Field(default=None, gt=0, lt=65536)
@@ -253,7 +258,7 @@ class ServerConfig(_Strict):
 
 
 # The keys only one mode reads: set in the other, they would be ignored, so they are refused.
-LAUNCH_KEYS = ("model", "command", "args", "host", "port", "startup_timeout", "log_dir", "env")
+LAUNCH_KEYS = ("model", "command", "args", "speculative_config", "host", "port", "startup_timeout", "log_dir", "env")
 CONNECT_KEYS = ("url", "k", "hidden_states_url", "served_model")
 
 
@@ -305,12 +310,30 @@ class PairConfig(_Strict):
                              "\"sglang\"")
         if self.backend != "transformers" and self.server is None:
             raise ValueError(f"backend {self.backend!r} needs a [pairs.server] table (mode, url or model)")
+        if self.server is not None and self.server.speculative_config:
+            self._speculative_config_adds_only(set(self.server.speculative_config))
         for i, spec in enumerate(self.speculators):
             if self.backend == "transformers" and not KINDS[spec.kind].in_process:
                 raise ValueError(f"speculators[{i}] ({spec.kind}, method {getattr(spec, 'method', '?')!r}) runs only "
                                  "inside a serving engine: set backend = \"vllm\" or \"sglang\" with a "
                                  "[pairs.server] table")
         return self
+
+    def _speculative_config_adds_only(self, extra: set[str]) -> None:
+        """server.speculative_config is vLLM's, and adds keys: the ones calibrate writes for a speculator (its
+        method, k, its settings) would change what is measured under the speculator's name."""
+        if self.backend != "vllm":
+            raise ValueError(f"server.speculative_config is vLLM's --speculative-config; backend {self.backend!r} "
+                             "takes its speculative settings as flags: put them in server.args")
+        for i, spec in enumerate(self.speculators):
+            try:
+                method = KINDS[spec.kind].backend_method(spec, "vllm", lambda name: name)
+            except ValueError:
+                continue  # refused where the run is planned, with its reason
+            written = {"method", "num_speculative_tokens", *(method.settings if method else ())}
+            if extra & written:
+                raise ValueError(f"server.speculative_config sets {', '.join(sorted(extra & written))}, which "
+                                 f"calibrate writes for speculators[{i}] ({spec.kind}): set it on the speculator")
 
     @field_validator("server")
     @classmethod

