@@ -10,19 +10,21 @@ import yaml
 from calibrate.consumers.lookup import lookup
 
 REFERENCE = Path(__file__).parents[1] / "tables" / "reference"
-TABLE = REFERENCE / "qwen2.5-coder-1.5b_mini-swe-agent.json"
+# The full-context measurement: the InferenceX files in golden_al_distribution are its export.
+TABLE = REFERENCE / "qwen2.5-coder-1.5b_mini-swe-agent-full.json"
 TARGET = "qwen2.5-coder-1.5b-instruct"
 
 
-# (speculator, InferenceX method in the file name, the file carries the drafted AL: the model-free policy)
-@pytest.mark.parametrize("speculator, method, drafted", [
-    ("ngram", "ngram", True),
-    ("ngram:prompt_lookup_max=4,prompt_lookup_min=1", "ngram-max4-min1", True),
-    ("suffix", "suffix", True),
-    ("draft:qwen2.5-coder-0.5b-instruct", "draft_model", False),
+# (speculator, the folder of its InferenceX file, the method in the file name, the file carries the drafted AL:
+# the model-free policy). InferenceX names a file by method alone, so the n = 1..4 n-gram has a folder of its own.
+@pytest.mark.parametrize("speculator, folder, method, drafted", [
+    ("ngram", "golden_al_distribution", "ngram", True),
+    ("ngram:prompt_lookup_max=4,prompt_lookup_min=1", "golden_al_distribution-ngram-max4-min1", "ngram", True),
+    ("suffix", "golden_al_distribution", "suffix", True),
+    ("draft:qwen2.5-coder-0.5b-instruct", "golden_al_distribution", "draft_model", False),
 ])
-def test_reference_json_answers_lookups_and_matches_inferencex_yaml(speculator, method, drafted):
-    golden = yaml.safe_load((REFERENCE / "golden_al_distribution" / f"{TARGET}_{method}.yaml").read_text())
+def test_reference_json_answers_lookups_and_matches_inferencex_yaml(speculator, folder, method, drafted):
+    golden = yaml.safe_load((REFERENCE / folder / f"{TARGET}_{method}.yaml").read_text())
     curve = golden[TARGET]["thinking_off"]
     assert sorted(curve) == list(range(1, 9))
     previous = 1.0
