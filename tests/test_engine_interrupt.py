@@ -63,7 +63,16 @@ def test_one_failed_request_cancels_the_others_at_once(hanging):
         concurrently(lambda p: http_json("fake", hanging.url + p, {}, 5, inflight), ["/fail"], 1, inflight)
 
 
-def test_ctrl_c_in_the_main_thread_cancels_requests_in_flight(hanging):
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt here even where the suite was started with SIGINT ignored (a background
+    job of a non-interactive shell inherits SIG_IGN, and Python then installs no handler of its own)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_in_the_main_thread_cancels_requests_in_flight(hanging, ctrl_c_raises):
     inflight = InFlight()
     main = threading.main_thread().ident
 
@@ -81,10 +90,16 @@ def test_ctrl_c_in_the_main_thread_cancels_requests_in_flight(hanging):
     assert request_threads() == []
 
 
+# `calibrate run` as a terminal's foreground job starts it: with Python's Ctrl-C handler, also where this suite
+# runs with SIGINT ignored (a background job of a non-interactive shell), which the child would inherit.
+AS_FOREGROUND = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                 "sys.argv[0] = 'calibrate'; runpy.run_module('calibrate.cli', run_name='__main__')")
+
+
 def start_run(config: Path, db: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "calibrate.cli", "run", str(config), "--db", str(db), "--no-show"],
+    return subprocess.Popen([sys.executable, "-c", AS_FOREGROUND, "run", str(config), "--db", str(db), "--no-show"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
