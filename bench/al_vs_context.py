@@ -1,6 +1,6 @@
 """AL against the context length the target saw, per speculator, from a store of whole trajectories.
 
-    python bench/al_vs_context.py --db tables/reference/qwen2.5-coder-1.5b_mini-swe-agent-full.duckdb \
+    python bench/al_vs_context.py --db tables/reference-full.duckdb \
         --out tables/reference/plots/al_vs_context_full.png [--ks 4 8] [--per-bin 2] \
         [--compare tables/reference/qwen2.5-coder-1.5b_mini-swe-agent.json]
 

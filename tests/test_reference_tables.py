@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import duckdb
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from calibrate.cli import app
 from calibrate.consumers.lookup import lookup
 
 REFERENCE = Path(__file__).parents[1] / "tables" / "reference"
 # The full-context measurement: the InferenceX files in golden_al_distribution are its export.
 TABLE = REFERENCE / "qwen2.5-coder-1.5b_mini-swe-agent-full.json"
+# Its store, every run and request, as DuckDB's EXPORT DATABASE writes it (Parquet, zstd: 0.2 MB where the
+# .duckdb file is 7.4 MB, most of it each raw engine reply repeated for the 32 runs it was scored for).
+STORE = REFERENCE / "qwen2.5-coder-1.5b_mini-swe-agent-full-store"
 TARGET = "qwen2.5-coder-1.5b-instruct"
 
 
@@ -37,3 +44,15 @@ def test_reference_json_answers_lookups_and_matches_inferencex_yaml(speculator, 
         # Measured, not guaranteed (a larger cap can change which match wins): the exported AL grew with k.
         assert al >= previous
         previous = al
+
+
+def test_the_committed_store_imports_and_gives_the_committed_table(tmp_path, monkeypatch):
+    """IMPORT DATABASE, from another working folder than the one it was exported in, makes a store that
+    `calibrate export` reads, and its table is the committed JSON: the raw counts behind every shipped number."""
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "full.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute(f"IMPORT DATABASE '{STORE}'")
+    res = CliRunner().invoke(app, ["export", "--to", "json", "--db", str(db), "--out", str(tmp_path / "t.json")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "t.json").read_text())["records"] == json.loads(TABLE.read_text())["records"]

@@ -1,0 +1,10 @@
+COPY accept_counts FROM 'qwen2.5-coder-1.5b_mini-swe-agent-full-store/accept_counts.parquet' (FORMAT 'parquet', compression 'zstd');
+COPY engine_responses FROM 'qwen2.5-coder-1.5b_mini-swe-agent-full-store/engine_responses.parquet' (FORMAT 'parquet', compression 'zstd');
+COPY expert_counts FROM 'qwen2.5-coder-1.5b_mini-swe-agent-full-store/expert_counts.parquet' (FORMAT 'parquet', compression 'zstd');
+COPY expert_layers FROM 'qwen2.5-coder-1.5b_mini-swe-agent-full-store/expert_layers.parquet' (FORMAT 'parquet', compression 'zstd');
+COPY position_counts FROM 'qwen2.5-coder-1.5b_mini-swe-agent-full-store/position_counts.parquet' (FORMAT 'parquet', compression 'zstd');
+COPY problems FROM 'qwen2.5-coder-1.5b_mini-swe-agent-full-store/problems.parquet' (FORMAT 'parquet', compression 'zstd');
+COPY requests FROM 'qwen2.5-coder-1.5b_mini-swe-agent-full-store/requests.parquet' (FORMAT 'parquet', compression 'zstd');
+COPY runs FROM 'qwen2.5-coder-1.5b_mini-swe-agent-full-store/runs.parquet' (FORMAT 'parquet', compression 'zstd');
+COPY segment_counts FROM 'qwen2.5-coder-1.5b_mini-swe-agent-full-store/segment_counts.parquet' (FORMAT 'parquet', compression 'zstd');
+COPY store_meta FROM 'qwen2.5-coder-1.5b_mini-swe-agent-full-store/store_meta.parquet' (FORMAT 'parquet', compression 'zstd');
