@@ -144,7 +144,8 @@ def test_the_weighted_histogram_is_the_strata_histograms_mixed_by_step_share(sto
     written = requests((500, 1500, 3000, 6000, 12000, 50000, 70000), 12, seed=11, prefix="off-")
     hists, macros, steps = [], [], []
     for bucket, tokens in ((1, 50), (2, 70)):
-        mine = [np.asarray(r.segments["answer"], dtype=float) for r in written if context_index(r.prompt_tokens) == bucket]
+        mine = [np.asarray(r.segments["answer"], dtype=float) for r in written
+                if context_index(r.prompt_tokens) == bucket]
         pooled = np.sum(mine, axis=0)
         al = 1 + (pooled * np.arange(K + 1)).sum() / pooled.sum()
         hists.append(pooled / pooled.sum())
@@ -221,3 +222,19 @@ def test_the_filled_share_is_in_every_machine_read_field(short_store: Path, tmp_
         assert profile["measured"] is measured
         assert profile["measurement_conditions"]["workload"]["filled_from_nearest"] == pytest.approx(FILLED, abs=1e-4)
         assert specdec_rebuild(profile)["consistent"]
+
+
+def test_a_weighted_key_without_positions_is_refused_for_specdec(store: Path) -> None:
+    """A weighted key whose engine reported totals only has no per-position counts, so no histogram to mix: the
+    profile is refused in one line rather than written with an empty histogram (build_profile needs one)."""
+    from dataclasses import replace
+
+    from calibrate.consumers import export
+    from calibrate.consumers.lookup import lookup
+
+    record = lookup(MODEL, "ngram", K, "off", table=store, workload=FIXTURE)
+    totals_only = replace(record, unconditional_rates=(), rates_ci_low=(), rates_ci_high=(), conditional_rates=(),
+                          methods=("sglang",))
+    with pytest.raises(ValueError, match=r"weighted to cc_traces_workload.jsonl, but sglang reported totals only, so "
+                                         "there is no histogram to weight"):
+        export([totals_only], "specdec-profile", None)
