@@ -195,6 +195,8 @@ def test_a_filled_share_no_field_carries_is_refused_unless_forced(short_draft: P
     assert refused == ["inferencex", "inferencex-reference", "sglang", "trtllm", "llamacpp"]
     curve = yaml.safe_load((tmp_path / "inferencex" / "qwen2.5c_draft_model.yaml").read_text())
     assert "filled" not in json.dumps(curve)  # what the loader keeps: the values, nothing about the fill
+    res = _invoke("export", "--to", "json", "--db", short_draft, "--max-filled", "0.2")
+    assert res.exit_code == 2 and "--max-filled bounds what --uncovered nearest fills" in res.output
     res = _export(short_draft, "json", None, "--max-filled", "1.5")
     assert res.exit_code == 2 and "--max-filled 1.5: a share of the workload's output tokens, in [0, 1]" in res.output
 

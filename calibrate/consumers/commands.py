@@ -25,7 +25,7 @@ from calibrate.tables.selection import load_selection
 from calibrate.tables.query import FilterOptions
 from calibrate.terms import check_k
 from calibrate.workload.commands import (BUCKETS_OPT, STRATA_OPT, UNCOVERED_OPT, WORKLOAD_OPT, check_workload_options,
-                                         edges_of, load_weighting, weighted_selection)
+                                         edges_of, load_weighting, nearest_asked, weighted_selection)
 
 # Choices the CLI offers come from the consumer registry (calibrate.consumers) and InferenceX's names.
 TokenMode = Enum("TokenMode", {mode: mode for mode in consumers.SGLANG_TOKEN_MODES}, type=str)
@@ -95,6 +95,8 @@ def export(
     """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
     target = consumers.consumer(to)
     check_workload_options(workload, strata, uncovered, buckets, context)
+    if max_filled != exports.MAX_FILLED and not nearest_asked(uncovered):
+        raise ValueError("--max-filled bounds what --uncovered nearest fills: give --workload FILE --uncovered nearest")
     if workload is not None:
         if context is not None:
             raise ValueError("--context picks one bucket; --workload weights over all of them: give one of the two")
