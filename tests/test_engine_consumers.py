@@ -308,8 +308,9 @@ def test_inferencex_refuses_to_replace_a_curve_shipped_under_a_new_name(records:
                                                                        shipped: str) -> None:
     """Issue 37, group 8 (f): Qwen2.5-Coder rows written as qwen3.8_mtp.yaml or qwen3.827b_*_mtp.yaml (names
     InferenceX ships for Qwen3.8 models) are refused unless --force, as dsv4_mtp.yaml is, and forced they say
-    what they replace; the shipped model's own rows are written with a note that they replace it."""
-    ngram = [r for r in records if r.speculator == "ngram" and r.target.startswith("Qwen")]
+    what they replace; the shipped model's own rows are written with a note that they replace it. The rows are
+    relabelled MTP: an n-gram row under --method mtp is refused first as another algorithm (issue 49, item 5)."""
+    ngram = [replace(r, speculator="mtp") for r in records if r.speculator == "ngram" and r.target.startswith("Qwen")]
     options = ExportOptions(naming=Naming(model_prefix=prefix, method="mtp"))
     with pytest.raises(ValueError, match=rf"InferenceX's for qwen3.8.*but {shipped} holds "
                                          rf"Qwen/Qwen2.5-Coder-1.5B-Instruct.*InferenceX ships {shipped} for it: "
@@ -340,6 +341,7 @@ def test_inferencex_warns_when_the_prefix_names_another_model(records: list[Acce
     assert warning == ("MODEL_PREFIX dsv4 is InferenceX's for deepseek-v4-pro, but dsv4_ngram.yaml holds "
                        "Qwen/Qwen2.5-Coder-1.5B-Instruct: a dsv4 run would force this AL on deepseek-v4-pro")
     shipped = ExportOptions(naming=Naming(model_prefix="dsv4", method="mtp"))
+    ngram = [replace(r, speculator="mtp") for r in ngram]  # relabelled: an n-gram row is no mtp curve (issue 49)
     with pytest.raises(ValueError, match=r"MODEL_PREFIX dsv4 is InferenceX's for deepseek-v4-pro, but dsv4_mtp.yaml "
                                          r"holds Qwen/Qwen2.5-Coder-1.5B-Instruct: .*, and InferenceX ships "
                                          r"dsv4_mtp.yaml for it: pass --force to replace it"):
@@ -478,7 +480,9 @@ def test_inferencex_warns_that_runs_read_thinking_on(records: list[AcceptanceRec
 
 def test_inferencex_never_lets_two_curves_share_a_file(tmp_path: Path, records: list[AcceptanceRecord]) -> None:
     qwen = [r for r in records if r.target.startswith("Qwen")]
-    options = ExportOptions(naming=Naming(model_prefix="x", method="eagle"))
+    # forced: neither row is an eagle / mtp drafter (refused first as another algorithm unforced, issue 49), and
+    # --force never lets two curves share a file
+    options = ExportOptions(naming=Naming(model_prefix="x", method="eagle", force=True))
     with pytest.raises(ValueError, match=r"x_mtp\.yaml would hold several curves .*draft:qwen2.5-coder-0.5b.*ngram"):
         consumers.export(qwen, "inferencex", tmp_path, stamp=STAMP, options=options)
     assert not list(tmp_path.iterdir())  # nothing written
@@ -1056,3 +1060,42 @@ def test_inferencex_reference_refusals(known: list[AcceptanceRecord], records: l
     off = [r for r in mtp if r.thinking == "off"]
     (warning,) = consumers.export_warnings(off, "inferencex-reference")
     assert "no thinking_on values" in warning
+
+
+@pytest.mark.parametrize("engine", inferencex.ENGINES)
+def test_a_recipe_method_of_another_algorithm_is_refused_on_every_engine(records: list[AcceptanceRecord],
+                                                                        tmp_path: Path, engine: str) -> None:
+    """Issue 49, item 5: `--speculator draft --method ngram` wrote qwen2.5c_ngram.yaml holding a draft model's AL
+    on vLLM, SGLang and TensorRT-LLM (ATOM refused it). InferenceX's loader opens `{MODEL_PREFIX}_{method}.yaml`
+    with the method the recipe names (infx/golden_al_distribution curves.py curve_name; the method read per engine
+    by infx/srt_slurm/synthetic_acceptance.py spec_parameters, nearest commit 5101757502ac52745473d1f1dec21af1d3c5da6c),
+    so that file is loaded by n-gram recipes: one rule on every engine refuses it unless forced, and forced it is
+    written with the warning. The engine's own aliases still pass: SGLang's `eagle` is its `nextn` (curve_name)."""
+    (draft,) = [r for r in records if r.speculator.startswith("draft:") and r.segment == "all"
+                and r.target.startswith("Qwen")]
+    refused = ExportOptions(naming=Naming(model_prefix="qwen2.5c", engine=engine, method="ngram"))
+    with pytest.raises(ValueError, match="another algorithm|no .* recipe carries method 'ngram'"):
+        consumers.export([draft], "inferencex", tmp_path, stamp=STAMP, options=refused)
+    assert not list(tmp_path.iterdir())
+    if "ngram" not in inferencex.ENGINE_METHODS[engine]:
+        return  # ATOM, TileRT: no recipe of theirs names ngram
+    with pytest.raises(ValueError, match=rf"qwen2.5c_ngram.yaml is for a {engine} recipe with .* ngram, another "
+                                         r"algorithm than the draft:qwen2.5-coder-0.5b-instruct measured here"):
+        consumers.export([draft], "inferencex", tmp_path, stamp=STAMP, options=refused)
+    forced = ExportOptions(naming=Naming(model_prefix="qwen2.5c", engine=engine, method="ngram", force=True))
+    consumers.export([draft], "inferencex", tmp_path, stamp=STAMP, options=forced)
+    assert [p.name for p in tmp_path.iterdir()] == ["qwen2.5c_ngram.yaml"]
+    assert [w for w in consumers.export_warnings([draft], "inferencex", forced) if "another algorithm" in w]
+    own = ExportOptions(naming=Naming(model_prefix="qwen2.5c", engine=engine,
+                                      method=inferencex.RECIPE_METHODS[engine]["draft"].upper()))  # its own, any case
+    assert f"2: {draft.value()}" in consumers.export([draft], "inferencex", None, stamp=STAMP, options=own)
+
+
+def test_sglang_eagle_is_its_nextn_for_an_mtp_row(known: list[AcceptanceRecord]) -> None:
+    """SGLang's `--speculative-algorithm EAGLE` and `NEXTN` both load the model's own head's curve (curve_name in
+    infx/golden_al_distribution, as above): an MTP row under either is its own algorithm, never refused."""
+    mtp = [r for r in known if r.speculator == "mtp"]
+    for method in ("EAGLE", "NEXTN", "nextn"):
+        options = ExportOptions(naming=Naming(engine="sglang", method=method))
+        assert consumers.export(mtp, "inferencex", None, stamp=STAMP, options=options)
+        assert not [w for w in consumers.export_warnings(mtp, "inferencex", options) if "another algorithm" in w]

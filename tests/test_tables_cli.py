@@ -95,6 +95,10 @@ def test_export_commands(app: typer.Typer, db: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0 and [p.name for p in (tmp_path / "named").iterdir()] == ["qwen2.5c_standalone.yaml"]
     res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "clash"),
                  "--model", Q, "--model-prefix", "qwen2.5c", "--method", "mtp")
+    # issue 49, item 5: a vllm recipe with method mtp runs no draft model: refused, one line, unless forced
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "another algorithm than the draft:" in res.output
+    res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "clash"),
+                 "--model", Q, "--model-prefix", "qwen2.5c", "--method", "mtp", "--force")
     assert res.exit_code == 2 and "qwen2.5c_mtp.yaml would hold several curves" in res.output
     res = invoke(app, "export", "--to", "inferencex", "--db", str(db), "--model", Q, "--model-prefix", "qwen2.5c",
                  "--method", "ngram-max4-min1")

@@ -232,6 +232,9 @@ def test_lookup_cli_spellings(short_store: Path) -> None:
     res = _invoke(*args)
     assert res.exit_code == 1 and res.output.count("\n") == 1 and "pass --uncovered nearest" in res.output
     res = _invoke(*args, "--uncovered", "nearest", "--strata", "context", "--buckets", "1k,2k,4k,8k")
+    # 74.9% filled, above the default --max-filled: a bare value carries no field for it (issue 49, item 6)
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "lookup --format value reads no field" in res.output
+    res = _invoke(*args, "--uncovered", "nearest", "--strata", "context", "--buckets", "1k,2k,4k,8k", "--force")
     assert res.exit_code == 0, res.output
     filled = lookup(MODEL, None, K, "off", table=short_store, workload=FIXTURE, uncovered="nearest", buckets="1k,2k,4k,8k")
     assert res.stdout.strip() == filled.value() and "filled from the nearest measured stratum" in res.stderr

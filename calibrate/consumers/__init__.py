@@ -183,6 +183,8 @@ class Consumer:
     warnings: Selection | None = None  # what the user must know beyond the basis note
     notes: Selection | None = None  # what the consumer will do with the export
     merge: Merger | None = None  # --out is a file shared with other writers: merge into it, never overwrite it
+    # a field its reader reads (not a comment) carries a weighted record's filled share (check_filled)
+    carries_filled: bool = False
 
     @property
     def basis_line(self) -> str:
@@ -267,7 +269,7 @@ def _trtllm_warnings(records: Sequence[AcceptanceRecord], options: ExportOptions
 
 def _write_profiles(c: Consumer, records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
                     out: Path | None) -> str | dict[str, str]:
-    docs = specdec_profile.documents(records, str(stamp), c.basis_line)
+    docs = specdec_profile.documents(records, str(stamp), c.basis_line, options.max_filled)
     if out is not None and (out.is_dir() or out.suffix != ".json"):
         return docs  # a folder: one KEY/speculation_profile.json per key
     if len(docs) > 1:
@@ -302,7 +304,7 @@ CONSUMERS: dict[str, Consumer] = {c.name: c for c in (
              warnings=lambda rs, o: reference_al.warnings(rs, o.naming.model_prefix),
              notes=lambda rs, o: reference_al.notes(rs, o.naming.model_prefix), merge=_merge_reference),
     Consumer("vllm", "vLLM --speculative-config fragments", _write_vllm, modes=MODES, lookup_format="vllm-config",
-             render=lambda r, o: json.dumps(vllm_config(r, o)) + "\n", forces="vllm",
+             render=lambda r, o: json.dumps(vllm_config(r, o)) + "\n", forces="vllm", carries_filled=True,
              frameworks={"vllm": "vllm", "dynamo-vllm": "vllm", "vllm-disagg": "vllm", "llmd-vllm": "llmd"}),
     Consumer("sglang", "SGLang SGLANG_SIMULATE_ACC_* env and speculative flags", _engine_blocks(sglang_lines),
              lookup_format="sglang-env", render=sglang_lines, env=True, forces="sglang",
@@ -320,13 +322,13 @@ CONSUMERS: dict[str, Consumer] = {c.name: c for c in (
              lookup_format="llamacpp-args", render=llamacpp_args,
              frameworks={"llamacpp": None, "llama.cpp": None}, forces="llama.cpp"),
     Consumer("specdec-profile", "specdec_bench speculation_profile.json v1.0 (Dynamo mocker, AIC)", _write_profiles,
-             basis=ALL_STEPS, why=SPECDEC_WHY, engine=False, segments=True, modes=()),
+             basis=ALL_STEPS, why=SPECDEC_WHY, engine=False, segments=True, modes=(), carries_filled=True),
     Consumer("csv", "the full table as CSV", lambda c, rs, o, st, out: render_csv(rs), basis=None, why=TABLE_WHY,
-             engine=False, segments=True, modes=()),
+             engine=False, segments=True, modes=(), carries_filled=True),
     Consumer("parquet", "the full table as Parquet (needs --out)", _write_parquet, basis=None, why=TABLE_WHY,
-             engine=False, segments=True, modes=()),
+             engine=False, segments=True, modes=(), carries_filled=True),
     Consumer("json", "the full table as JSON (lookup reads it)", lambda c, rs, o, st, out: render_json(rs, st),
-             basis=None, why=TABLE_WHY, engine=False, segments=True, modes=()),
+             basis=None, why=TABLE_WHY, engine=False, segments=True, modes=(), carries_filled=True),
 )}
 
 
@@ -395,8 +397,29 @@ def check_algorithm(c: Consumer, records: Sequence[AcceptanceRecord], force: boo
             raise ValueError(f"{other}: pass --force to write it anyway")
 
 
+def check_filled(reader: str, carries: bool, records: Sequence[AcceptanceRecord], max_filled: float,
+                 force: bool) -> None:
+    """Refuse, unless forced, a weighted record filled from the nearest measured stratum above `max_filled` of its
+    workload's output tokens for a consumer that reads no field for the share: InferenceX's loaders and the
+    engines drop the comment that says it, and lookup's bare value has none, so the benchmark would take the fill
+    for our measurement. `reader` (a consumer, or a lookup form) `carries` it in a field: the tables, vLLM's rows
+    (`workload.filled_from_nearest`), the specdec profile (`measured` false) and lookup's json."""
+    over = [r for r in records if (r.filled or 0.0) > max_filled]
+    if carries or force or not over:
+        return
+    r = over[0]
+    more = f" (and {len(over) - 1} more rows)" if len(over) > 1 else ""
+    carry = ", ".join(n for n, e in CONSUMERS.items() if e.carries_filled)
+    raise ValueError(f"{r.target} | {r.speculator} | k={r.k} | thinking={r.thinking}: {r.filled:.1%} of {r.workload}'s "
+                     f"output tokens filled from the nearest measured stratum{more}, above --max-filled "
+                     f"{max_filled:.1%}, and {reader} reads no field for it (a comment only): pass --force to write it "
+                     f"anyway, or use a form that carries it (export --to {carry}; lookup --format json)")
+
+
 def check_options(c: Consumer, options: ExportOptions) -> None:
     """Refuse an option value the consumer has no use for, rather than ignore it."""
+    if not 0.0 <= options.max_filled <= 1.0:
+        raise ValueError(f"--max-filled {options.max_filled:g}: a share of the workload's output tokens, in [0, 1]")
     if c.modes and options.mode not in c.modes:
         raise ValueError(f"{c.name} has no --mode {options.mode} (modes: {', '.join(c.modes)})")
     if options.token_mode not in SGLANG_TOKEN_MODES:
@@ -418,6 +441,7 @@ def export(records: Sequence[AcceptanceRecord], to: str, out: Path | None, *,
     check_served(c, records)
     check_algorithm(c, records, force)
     check_audit(records, force)
+    check_filled(c.name, c.carries_filled, records, options.max_filled, force)
     stamp = stamp or Stamp.now()
     content = c.write(c, records, options, stamp, out)
     if c.merge is not None and out is not None and out.is_file():
@@ -462,6 +486,8 @@ def render_lookup(record: AcceptanceRecord, form: str, options: ExportOptions = 
     """A lookup answer as text for stdout; env forms carry a comment line saying what they are. An engine's
     form for a speculator that engine runs as another algorithm is a ValueError unless `force`."""
     c = lookup_consumer(form)
+    check_filled(f"lookup --format {form}", c.carries_filled if c is not None else form == "json", [record],
+                 options.max_filled, force)
     if c is None:
         return record.value() + "\n" if form == "value" else json.dumps(record.to_dict(), indent=2) + "\n"
     check_options(c, options)

@@ -25,7 +25,7 @@ from calibrate.tables.selection import load_selection
 from calibrate.tables.query import FilterOptions
 from calibrate.terms import check_k
 from calibrate.workload.commands import (BUCKETS_OPT, STRATA_OPT, UNCOVERED_OPT, WORKLOAD_OPT, check_workload_options,
-                                         edges_of, load_weighting, weighted_selection)
+                                         edges_of, load_weighting, nearest_asked, weighted_selection)
 
 # Choices the CLI offers come from the consumer registry (calibrate.consumers) and InferenceX's names.
 TokenMode = Enum("TokenMode", {mode: mode for mode in consumers.SGLANG_TOKEN_MODES}, type=str)
@@ -43,6 +43,11 @@ _EXPORT_FORCE_OPT = typer.Option(
     "setting or an inferencex curve for an engine that runs the speculator as another algorithm, and (inferencex) "
     "a curve InferenceX ships under a MODEL_PREFIX of another model (each with a warning); and a row the engine "
     "audit marked (its engine's own counts contradict its own tokens).")
+_MAX_FILLED_OPT = typer.Option(
+    exports.MAX_FILLED, "--max-filled", help="With --workload --uncovered nearest: the largest share of the "
+    "workload's output tokens filled from the nearest measured stratum written unforced to a consumer that reads no "
+    "field for it (InferenceX curves, engine env files and flags: a comment only); above it refused unless --force, "
+    "and a specdec-profile says measured false. json, csv, parquet and vllm carry the share as a field.")
 _CONTEXT_OPT = typer.Option(
     None, "--context", help=f"Only requests whose prompt, after truncation (what the target saw), is in this bucket "
     f"({bucket_labels(CONTEXT)}; 0-1k and 1M+ spell the ends; other edges with --buckets) or the bucket of this "
@@ -85,10 +90,13 @@ def export(
     buckets: Optional[str] = BUCKETS_OPT,
     strata: str = STRATA_OPT,
     uncovered: str = UNCOVERED_OPT,
+    max_filled: float = _MAX_FILLED_OPT,
 ) -> None:
     """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
     target = consumers.consumer(to)
     check_workload_options(workload, strata, uncovered, buckets, context)
+    if max_filled != exports.MAX_FILLED and not nearest_asked(uncovered):
+        raise ValueError("--max-filled bounds what --uncovered nearest fills: give --workload FILE --uncovered nearest")
     if workload is not None:
         if context is not None:
             raise ValueError("--context picks one bucket; --workload weights over all of them: give one of the two")
@@ -100,7 +108,8 @@ def export(
     naming = Naming(model_prefix=model_prefix, method=method, engine=engine.value,
                     draft_sample_method=draft_sample_method.value if draft_sample_method else None,
                     draft_model=draft_model, force=force)
-    options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, naming=naming)
+    options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, naming=naming,
+                                    max_filled=max_filled)
     written = consumers.export(records, target.name, out, options=options, force=force,
                                tell=lambda line: typer.echo(f"note: {line}", err=True))
     for warning in consumers.export_warnings(records, target.name, options):

@@ -25,6 +25,12 @@ from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 from calibrate.version import __version__
 
 MODES = ("length", "rates")
+# The largest share of a workload's output tokens filled from the nearest measured stratum (--uncovered nearest)
+# that a consumer with no machine-read field for the share is given unforced (`export --max-filled`); above it the
+# export is refused unless --force, and a specdec_bench profile says measured false. 5%: a fill moves the weighted AL
+# by at most its share times the gap between strata, so at 5% by a few hundredths for strata a few tenths apart,
+# about the width of a measured key's 95% CI; beyond that the number is more fill than measurement.
+MAX_FILLED = 0.05
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class ExportOptions:
     mode: str = "length"  # vllm / llamacpp / atom: length or per-position rates
     token_mode: str = "real-draft-token"  # sglang: SGLANG_SIMULATE_ACC_TOKEN_MODE, as InferenceX sets it
     naming: Naming = Naming()  # inferencex: MODEL_PREFIX, recipe engine and method, DSpark identity
+    max_filled: float = MAX_FILLED  # weighted records: the filled share a consumer without a field for it takes
 
 
 @dataclass(frozen=True)

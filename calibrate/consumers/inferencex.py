@@ -193,12 +193,19 @@ class SamplerRequired(ValueError):
     """InferenceX's loader resolves this curve only with the recipe's draft_sample_method, and it has none."""
 
 
+def loader_method(prefix: str, method: str) -> str:
+    """The method part of the curve name InferenceX's loader builds from a recipe's method: lowercased, SGLang's
+    `eagle` / `nextn` standing for the model's own head (`mtp`; `eagle3` for `minimaxm3`)."""
+    method = method.lower()
+    if method in ("eagle", "nextn"):  # SGLang's names for a model's own head
+        return "eagle3" if prefix == "minimaxm3" else "mtp"
+    return method
+
+
 def curve_name(prefix: str, method: str, draft_model: str = "", draft_sample_method: str | None = None) -> str:
     """The curve InferenceX's loader opens for MODEL_PREFIX `prefix` and a recipe's method (our restatement
     of curve_name: see the module docstring). A recipe it cannot resolve is a ValueError saying why."""
-    method = method.lower()
-    if method in ("eagle", "nextn"):  # SGLang's names for a model's own head
-        method = "eagle3" if prefix == "minimaxm3" else "mtp"
+    method = loader_method(prefix, method)
     name = f"{prefix}_{method}"
     if method == "dspark" and prefix in ("dsv4", "dsv4dspark", "dsv4dsparkprob"):
         name = "dsv4-pro-0813-dspark"
@@ -290,16 +297,30 @@ def _recipe_method(record: AcceptanceRecord, engine: str) -> str:
                          f"(kinds it serves: {servable}); pick another --engine or name the recipe's --method") from None
 
 
+def own_method(record: AcceptanceRecord, engine: str) -> str:
+    """The method an `engine` recipe carries for the record's speculator (RECIPE_METHODS); an engine-only row, or a
+    kind the engine has no method for, is named by its label's kind part."""
+    part = record.speculator.partition(":")[0]
+    return RECIPE_METHODS[engine].get(part, part)
+
+
 def other_algorithm(record: AcceptanceRecord, curve: Curve) -> str | None:
-    """Why the curve's recipe runs another algorithm than the one measured, or None. Where each kind runs as
-    measured is calibrate.speculators.runs_on (the kinds' `runs_on`); SGLang's NGRAM and TensorRT-LLM's NGram,
-    for one, are other algorithms than vLLM's prompt lookup, our `ngram`. A row of an engine-only method was
-    measured on the engine itself."""
-    if runs_as_measured(record.kind, curve.engine):
+    """Why the curve's recipe runs another algorithm than the one measured, or None. Two rules, for every engine
+    alike: the engine must run the kind as measured (calibrate.speculators.runs_on: SGLang's NGRAM and
+    TensorRT-LLM's NGram, for one, are other algorithms than vLLM's prompt lookup, our `ngram`), and the recipe's
+    method (--method) must be the one that engine's recipe carries for the kind (RECIPE_METHODS), as InferenceX's
+    loader reads it (`loader_method`: SGLang's `eagle` is its `nextn`): a draft-model row under `--method ngram`
+    would be loaded by n-gram recipes. A row of an engine-only method was measured on the engine itself."""
+    if not runs_as_measured(record.kind, curve.engine):
+        return (f"{curve.file_name} is for a {curve.engine} recipe with {RECIPE_FIELDS[curve.engine][0]} "
+                f"{curve.method}, another algorithm than the {record.speculator} measured here (it runs as measured "
+                f"on {measured_on(record.kind)}): the numbers are ours, not {curve.engine}'s")
+    own = own_method(record, curve.engine)
+    if loader_method(curve.prefix, curve.method) == loader_method(curve.prefix, own):
         return None
     return (f"{curve.file_name} is for a {curve.engine} recipe with {RECIPE_FIELDS[curve.engine][0]} {curve.method}, "
-            f"another algorithm than the {record.speculator} measured here (it runs as measured on "
-            f"{measured_on(record.kind)}): the numbers are ours, not {curve.engine}'s")
+            f"another algorithm than the {record.speculator} measured here (a {curve.engine} recipe runs it as "
+            f"{own}): the numbers are ours, not {curve.method}'s")
 
 
 def model_mismatch(curve: Curve, rows: Sequence[AcceptanceRecord]) -> str | None:

@@ -19,6 +19,16 @@ the marginal ones. Its rules, as we meet them:
   (build_profile writes the measured K only; ours adds the K below it measured under the same conditions);
 - `draft_checkpoint` / `target_model` name the model as published, never a machine's path (checkpoint_id).
 
+A record weighted to a workload (calibrate.workload) carries no count: its histogram is the strata's step
+histograms weighted by each stratum's share of the workload's verify steps, written as those shares (summing to 1,
+so specdec_bench's per_step_mean_accept_length, which divides by their sum, gives the weighted AL, and its
+AcceptanceRate._process_lengths, which takes ratios of sums, gives its marginals); its per-request mean is the
+strata's per-request means weighted by the workload's requests (weighting.weighted_macro), never null, since
+build_profile reads it with float(). A weighted record without per-position counts (an engine that gave totals
+only) has no histogram to weight: refused. `measured` is false where more than `max_filled` of the workload's
+output tokens were filled from the nearest measured stratum (--uncovered nearest): that number is not our
+measurement of the workload (the share itself is measurement_conditions.workload.filled_from_nearest).
+
 Our steps are every verification step; specdec_bench's AcceptanceRate drops a turn's first step when it
 emitted one token and its last step, so its figures on the same traffic differ slightly.
 """
@@ -31,6 +41,7 @@ from collections.abc import Sequence
 
 from calibrate.consumers.inferencex import RECIPE_METHODS, basename, sampling
 from calibrate.hub import looks_like_path
+from calibrate.tables import stats
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
 
 SCHEMA_VERSION = "1.0"
@@ -82,8 +93,28 @@ def _validation(mean: float, marginal: Sequence[float]) -> dict[str, object]:
     }
 
 
+WEIGHTED_HISTOGRAM = ("shares of the workload's verify steps (summing to 1): the strata's step histograms weighted "
+                      "by each stratum's share of those steps")
+
+
+def histogram(record: AcceptanceRecord) -> dict[str, float]:
+    """`acceptance_length_histogram`: counts per tokens per step, observed lengths only; for a weighted record the
+    step shares (module notes), a ValueError where its engine gave no per-position counts to weight."""
+    if record.workload is None:
+        return {str(a + 1): n for a, n in enumerate(record.histogram) if n}
+    if len(record.unconditional_rates) != record.k:
+        raise ValueError(f"{record.target} | {record.speculator} | k={record.k} | thinking={record.thinking}: weighted "
+                         f"to {record.workload}, but {', '.join(record.methods)} reported totals only, so there is no "
+                         "histogram to weight and specdec_bench's build_profile needs one: export json, csv or parquet")
+    # the mixture of the strata's histograms by step share: its rates are the record's (weighted_summary), and a
+    # histogram is linear in its rates
+    shares = stats.histogram_from_rates(record.unconditional_rates)
+    return {str(a + 1): round(float(x), DIGITS) for a, x in enumerate(shares) if round(float(x), DIGITS)}
+
+
 def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
-            siblings: Sequence[AcceptanceRecord], tool: str, basis: str) -> dict[str, object]:
+            siblings: Sequence[AcceptanceRecord], tool: str, basis: str,
+            max_filled: float = 1.0) -> dict[str, object]:
     """The profile of one key: `segments` are its per-segment records (its per_category), `siblings` the same
     target, speculator, thinking mode and population at other k (its accept_length_by_k). `basis` says which
     steps its means are over (every step: the histogram's and the marginals'); an n-gram / suffix row also names
@@ -101,14 +132,15 @@ def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
         "censored_steps": record.censored_steps, "empty_steps": record.empty_steps,
         "ci95_mean_accept_length": None if record.ci_low is None else [record.ci_low, record.ci_high],
         **({"bucket": record.bucket} if record.bucket else {}),  # only the requests of one bucket (export --context)
-        **({"workload": record.workload_fields()} if record.workload else {}),  # weighted to a workload
+        **({"workload": record.workload_fields(), "acceptance_length_histogram": WEIGHTED_HISTOGRAM}
+           if record.workload else {}),  # weighted to a workload
         "acceptance_basis": basis,
         **({"drafted_mean_accept_length": round(record.exported_length, DIGITS)} if record.uses_drafted else {}),
         "producer": tool,
     }
     return {
         "schema_version": SCHEMA_VERSION,
-        "measured": True,
+        "measured": (record.filled or 0.0) <= max_filled,
         "method": method,
         "draft_checkpoint": {"id": draft} if draft else None,
         "target_model": {"id": model_name(record.target_ids, record.target)},
@@ -123,7 +155,7 @@ def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
                                            else round(record.macro_acceptance_length, DIGITS)),
         "accept_length_model": "chain_analytic" if method in CHAIN_METHODS else "measured_per_k",
         "accept_length_by_k": {str(k): round(al, DIGITS) for k, al in sorted(by_k.items())},
-        "acceptance_length_histogram": {str(a + 1): n for a, n in enumerate(record.histogram) if n},
+        "acceptance_length_histogram": histogram(record),
         "per_category": {s.segment: {"mean_accept_length": round(s.acceptance_length, DIGITS), "steps": s.steps,
                                      "requests": s.requests} for s in segments} or None,
         "measurement_conditions": conditions,
@@ -143,9 +175,9 @@ def _folder(r: AcceptanceRecord) -> str:
     return f"{_slug(r.target)}_{_slug(speculator)}_k{r.k}_thinking-{r.thinking}"
 
 
-def documents(records: Sequence[AcceptanceRecord], tool: str, basis: str) -> dict[str, str]:
+def documents(records: Sequence[AcceptanceRecord], tool: str, basis: str, max_filled: float = 1.0) -> dict[str, str]:
     """{KEY/speculation_profile.json: text} for every measured key; two keys that differ only in dataset or
-    sampling would share a folder: refused, naming them."""
+    sampling would share a folder: refused, naming them. A profile filled above `max_filled` says measured false."""
     mains = [r for r in records if r.segment == SEGMENT_ALL]
     docs: dict[str, str] = {}
     owners: dict[str, AcceptanceRecord] = {}
@@ -160,5 +192,5 @@ def documents(records: Sequence[AcceptanceRecord], tool: str, basis: str) -> dic
         siblings = [s for s in mains if s is not r and (s.target, s.speculator, s.thinking, s.dataset,
                                                        sampling(s)) == (r.target, r.speculator, r.thinking,
                                                                         r.dataset, sampling(r))]
-        docs[name] = json.dumps(profile(r, segments, siblings, tool, basis), indent=2) + "\n"
+        docs[name] = json.dumps(profile(r, segments, siblings, tool, basis, max_filled), indent=2) + "\n"
     return docs

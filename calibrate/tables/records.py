@@ -159,8 +159,9 @@ class AcceptanceRecord(RunKey):
     # Weighted to a workload (calibrate.workload): AL, rates, drafted AL and their intervals are pooled over the
     # workload's strata, each measured stratum weighted by the workload's decode tokens in it
     # (stats.weighted_summary). `histogram` is then (): the weighted AL is no count. The sample fields (requests,
-    # conversations, steps, tokens, ...) stay the measurement's, over the strata used; macro and expected AL are
-    # None. All None on a plain record.
+    # conversations, steps, tokens, ...) stay the measurement's, over the strata used; the macro AL is each
+    # stratum's per-request mean weighted by the workload's requests in it (weighting.weighted_macro), without an
+    # interval; expected AL is None. All None on a plain record.
     workload: str | None = None  # the workload file's name
     workload_digest: str | None = None  # `sha256:<hex>` of its bytes
     coverage: float | None = None  # share of its output tokens in strata measured with >= 10 conversations

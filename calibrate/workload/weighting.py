@@ -151,6 +151,7 @@ class _Plan:
     """Where each of the workload's strata takes its AL from, and what that leaves covered and filled."""
 
     tokens: dict[tuple[str, int, int | None], int]  # measured stratum -> the workload's decode tokens on it
+    requests: dict[tuple[str, int, int | None], int]  # measured stratum -> the workload's requests decoded on it
     coverage: float
     filled: float
 
@@ -158,7 +159,7 @@ class _Plan:
 def _plan(record: AcceptanceRecord, measured: dict[str, _Measured], weighting: Weighting) -> _Plan:
     """Map every workload cell with output tokens to a measured stratum of the key (or its thinking=off twin),
     refusing what cannot be covered (module notes)."""
-    profile, tokens = weighting.profile, {}
+    profile, tokens, requests = weighting.profile, {}, {}
     covered = filled = 0
     gaps: dict[str, list] = {}  # stratum -> [the workload's output tokens in it, what was measured there]
     for (c, u, t), cell in sorted(profile.cells.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))):
@@ -185,6 +186,7 @@ def _plan(record: AcceptanceRecord, measured: dict[str, _Measured], weighting: W
             where = donor
         if cell.decode_tokens:
             tokens[(mode, *where)] = tokens.get((mode, *where), 0) + cell.decode_tokens
+            requests[(mode, *where)] = requests.get((mode, *where), 0) + cell.requests
     total = profile.total.output_tokens
     if not covered:
         raise Uncovered(f"{_named(record.key)}: {profile.name} falls entirely outside what was measured: coverage "
@@ -202,7 +204,7 @@ def _plan(record: AcceptanceRecord, measured: dict[str, _Measured], weighting: W
     if not tokens:
         raise NothingUsable(f"{profile.name} has no decode tokens (every request answers in one token at most): "
                             "no step to weight")
-    return _Plan(tokens, covered / total, filled / total)
+    return _Plan(tokens, requests, covered / total, filled / total)
 
 
 def _held(profile: WorkloadProfile, weighting: Weighting) -> str:
@@ -224,8 +226,9 @@ def weigh(record: AcceptanceRecord, twins: dict[str, tuple[AcceptanceRecord, que
     measured = {mode: _split(totals, weighting.profile.edges, weighting.turn) for mode, (_, totals) in twins.items()
                 if mode in modes}
     plan = _plan(record, measured, weighting)
-    strata, used = [], []
+    strata, used, requests = [], [], []
     for (mode, c, u), tokens in sorted(plan.tokens.items(), key=str):
+        requests.append(plan.requests[(mode, c, u)])
         source = measured[mode]
         rows = source.rows[(c, u)]
         strata.append(stats.Stratum(totals=source.totals.totals[rows],
@@ -233,12 +236,14 @@ def weigh(record: AcceptanceRecord, twins: dict[str, tuple[AcceptanceRecord, que
                                                       dtype=object), tokens=float(tokens)))
         used.append(mode)
     summary = stats.weighted_summary(strata, n_boot=n_boot, seed=seed, level=record.ci_level)
-    weighted = _weighted_record(record, [twins[m][0] for m in dict.fromkeys(used)], strata, summary, plan, weighting)
+    weighted = _weighted_record(record, [twins[m][0] for m in dict.fromkeys(used)], strata, summary, plan, weighting,
+                                weighted_macro(strata, requests))
     return replace(weighted, bootstrap_replicates=n_boot, bootstrap_seed=seed)
 
 
 def _weighted_record(record: AcceptanceRecord, sources: list[AcceptanceRecord], strata: list[stats.Stratum],
-                     summary: stats.WeightedSummary, plan: _Plan, weighting: Weighting) -> AcceptanceRecord:
+                     summary: stats.WeightedSummary, plan: _Plan, weighting: Weighting, macro: float
+                     ) -> AcceptanceRecord:
     """`record` with the weighted statistics (AcceptanceRecord's workload fields say what that means)."""
     totals = np.concatenate([s.totals for s in strata])
     empty = totals[:, stats.EMPTY]
@@ -251,7 +256,7 @@ def _weighted_record(record: AcceptanceRecord, sources: list[AcceptanceRecord], 
         tokens=int(totals[:, stats.STEPS].sum() + totals[:, stats.ACCEPTED].sum()),
         histogram=(), drafted_tokens=None, empty_steps=None if np.isnan(empty).any() else int(empty.sum()),
         acceptance_length=summary.acceptance_length, ci_low=summary.ci_low, ci_high=summary.ci_high, ci_note=None,
-        macro_acceptance_length=None, macro_ci_low=None, macro_ci_high=None, expected_acceptance_length=None,
+        macro_acceptance_length=macro, macro_ci_low=None, macro_ci_high=None, expected_acceptance_length=None,
         unconditional_rates=rates, rates_ci_low=summary.rates_ci_low, rates_ci_high=summary.rates_ci_high,
         conditional_rates=tuple(None if np.isnan(x) else float(x) for x in cond),
         drafted_acceptance_length=summary.drafted_acceptance_length if record.drafted_acceptance_length is not None
@@ -262,6 +267,20 @@ def _weighted_record(record: AcceptanceRecord, sources: list[AcceptanceRecord], 
         filled=plan.filled, strata=weighting.describe(), weighted_proposal_rate=summary.proposal_rate,
         drafted_ci_low=summary.drafted_ci_low, drafted_ci_high=summary.drafted_ci_high,
     )
+
+
+def weighted_macro(strata: list[stats.Stratum], requests: Sequence[int]) -> float:
+    """The per-request mean AL over the workload's requests: each stratum's mean of its measured requests' own AL
+    (stats.macro_acceptance_length's definition, specdec_bench's Average_AL) weighted by the workload's requests
+    decoded on it (those of its cells with decode tokens: a cell's count cannot tell which of its requests answer
+    in one token). The per-step AL weights by steps instead (stats.weighted_summary); the two differ as they do
+    on one measurement."""
+    means = []
+    for s in strata:
+        steps = s.totals[:, stats.STEPS]
+        keep = steps > 0
+        means.append(float(np.mean((steps[keep] + s.totals[keep, stats.ACCEPTED]) / steps[keep])))
+    return float(np.average(means, weights=np.asarray(requests, dtype=np.float64)))
 
 
 def _union(records: list[AcceptanceRecord], name: str) -> tuple[str, ...]:
