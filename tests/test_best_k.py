@@ -183,3 +183,25 @@ def test_show_best_k_cli(app: typer.Typer, tmp_path: Path) -> None:
     assert res.exit_code == ExitCode.NO_ANSWER and "expert profile" in res.output
     res = invoke(app, "show", "--db", str(db), "--best-k")
     assert res.exit_code == ExitCode.BAD_INPUT and "--cost" in res.output
+
+
+def test_export_vllm_k_schedule(tmp_path: Path) -> None:
+    """`export --to vllm-k-schedule --cost ...`: per curve the --speculative-config keys vLLM reads, its
+    num_speculative_tokens the largest scheduled k; without --cost, one line."""
+    import json
+
+    from calibrate.cli import app as calibrate_app
+
+    db = curve_store(tmp_path / "curve.duckdb", (1, 2, 4, 8))
+    times = tmp_path / "steps.csv"
+    times.write_text("k,batch_size,step_time\n" + "".join(
+        f"{k},{b},{1 + per_k * k}\n" for b, per_k in ((1, 0.01), (8, 0.3)) for k in (0, 1, 2, 4, 8)))
+    res = CliRunner().invoke(calibrate_app, ["export", "--to", "vllm-k-schedule", "--db", str(db), "--cost", str(times)])
+    assert res.exit_code == 0, res.output
+    [row] = json.loads(res.stdout)
+    config = row["speculative_config"]
+    entries = config["num_speculative_tokens_per_batch_size"]
+    assert entries[0][:2] == [1, 7] and entries[1][:2] == [8, 8] and entries[0][2] == 8
+    assert config["num_speculative_tokens"] == max(e[2] for e in entries) and row["al_over"] == "all steps"
+    res = CliRunner().invoke(calibrate_app, ["export", "--to", "vllm-k-schedule", "--db", str(db)])
+    assert res.exit_code == ExitCode.BAD_INPUT and "needs --cost" in res.output

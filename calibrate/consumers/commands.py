@@ -21,6 +21,7 @@ from calibrate.consumers.lookup import key_filters, lookup_key, open_table
 from calibrate.errors import cli_errors
 from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
 from calibrate.tables.commands import BOOT_OPT, DB_OPT, SEED_OPT, filtered, given_k
+from calibrate.tables.cost import COST_HELP
 from calibrate.tables.selection import load_selection
 from calibrate.tables.query import FilterOptions
 from calibrate.terms import check_k
@@ -76,6 +77,7 @@ def export(
         "hands it to InferenceX's loader; atom's is always probabilistic, sglang's and trtllm's none)."),
     draft_model: Optional[str] = typer.Option(
         None, "--draft-model", help="inferencex: the recipe's draft model path (default: the measured draft)."),
+    cost: Optional[str] = typer.Option(None, "--cost", help="vllm-k-schedule: " + COST_HELP),
     filters: FilterOptions = FilterOptions(),
     bootstrap: int = BOOT_OPT,
     seed: int = SEED_OPT,
@@ -100,7 +102,9 @@ def export(
     naming = Naming(model_prefix=model_prefix, method=method, engine=engine.value,
                     draft_sample_method=draft_sample_method.value if draft_sample_method else None,
                     draft_model=draft_model, force=force)
-    options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, naming=naming)
+    if cost is not None and not target.needs_cost:
+        raise ValueError(f"--cost prices a step for the recommended k: {target.name} has no use for it")
+    options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, naming=naming, cost=cost)
     written = consumers.export(records, target.name, out, options=options, force=force,
                                tell=lambda line: typer.echo(f"note: {line}", err=True))
     for warning in consumers.export_warnings(records, target.name, options):

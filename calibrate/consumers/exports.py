@@ -34,6 +34,7 @@ class ExportOptions:
     mode: str = "length"  # vllm / llamacpp / atom: length or per-position rates
     token_mode: str = "real-draft-token"  # sglang: SGLANG_SIMULATE_ACC_TOKEN_MODE, as InferenceX sets it
     naming: Naming = Naming()  # inferencex: MODEL_PREFIX, recipe engine and method, DSpark identity
+    cost: str | None = None  # vllm-k-schedule: the --cost value (calibrate.tables.cost)
 
 
 @dataclass(frozen=True)

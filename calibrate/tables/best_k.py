@@ -147,6 +147,17 @@ def load_curves(con: duckdb.DuckDBPyConnection, filters: Filters = Filters(), *,
     return [curve(group, per_k, n_boot=n_boot, seed=seed) for group, per_k in sorted(grouped.items(), key=str)]
 
 
+def record_curves(records: Sequence[Any]) -> list[Curve]:
+    """Curves from measured AcceptanceRecords (segment 'all'; AL over all steps), without replicates: an
+    exported table holds no per-request counts, so the point k only (what an engine's schedule needs)."""
+    grouped: dict[tuple[Any, ...], dict[int, float]] = {}
+    for r in records:
+        if r.segment == "all" and not r.extrapolated:
+            grouped.setdefault(tuple(getattr(r, f) for f in GROUP_FIELDS), {})[r.k] = r.acceptance_length
+    return [Curve(group, tuple(sorted(al)), np.array([al[k] for k in sorted(al)]), None, 0)
+            for group, al in sorted(grouped.items(), key=str)]
+
+
 def recommend(c: Curve, model: CostModel, level: float = DEFAULT_LEVEL) -> list[BestK]:
     """The curve's best k at each batch size the cost model prices, among 0 and the measured k it prices."""
     out = []
