@@ -205,3 +205,32 @@ def test_export_vllm_k_schedule(tmp_path: Path) -> None:
     assert config["num_speculative_tokens"] == max(e[2] for e in entries) and row["al_over"] == "all steps"
     res = CliRunner().invoke(calibrate_app, ["export", "--to", "vllm-k-schedule", "--db", str(db)])
     assert res.exit_code == ExitCode.BAD_INPUT and "needs --cost" in res.output
+
+
+def test_lookup_recommended_k_from_a_store_and_its_export(tmp_path: Path) -> None:
+    """lookup's `recommended_k`: the store's answer has the bootstrap's interval; an exported JSON table gives
+    the same point k (its AL over all steps is the store's) and says why it has no interval. The CLI answers
+    the k alone, or JSON rows."""
+    import json
+
+    from calibrate.cli import app as calibrate_app
+    from calibrate.consumers.lookup import recommended_k
+
+    db = curve_store(tmp_path / "curve.duckdb", (1, 2, 4, 8))
+    spec = "draft=0.1,verify=linear:0.05"
+    [stored] = recommended_k("Qwen2.5-Coder-1.5B-Instruct", None, "off", spec, table=db)
+    assert stored.k_low is not None and stored.k_low <= stored.k <= stored.k_high
+    exported = tmp_path / "t.json"
+    res = CliRunner().invoke(calibrate_app, ["export", "--to", "json", "--db", str(db), "--out", str(exported)])
+    assert res.exit_code == 0, res.output
+    [point] = recommended_k("Qwen2.5-Coder-1.5B-Instruct", None, "off", spec, table=exported)
+    assert point.k == stored.k and point.speedup == pytest.approx(stored.speedup) and point.k_low is None
+    assert "no per-request counts" in point.ci_note
+    args = ["lookup", "--db", str(db), "--model", "Qwen2.5-Coder-1.5B-Instruct", "--thinking", "off", "--best-k",
+            "--cost", spec]
+    res = CliRunner().invoke(calibrate_app, args)
+    assert res.exit_code == 0 and res.stdout.strip() == str(stored.k), res.output
+    res = CliRunner().invoke(calibrate_app, [*args, "--format", "json"])
+    assert json.loads(res.stdout)[0]["k"] == stored.k
+    res = CliRunner().invoke(calibrate_app, [*args, "--k", "2"])
+    assert res.exit_code == ExitCode.BAD_INPUT and "--best-k" in res.output

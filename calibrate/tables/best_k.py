@@ -110,6 +110,7 @@ class Curve:
     al: np.ndarray  # (K,)
     al_boot: np.ndarray | None  # (n, K); None below MIN_CI_CONVERSATIONS
     conversations: int
+    no_interval: str | None = None  # why there are no replicates, when it is not too few conversations
 
 
 def curve(group: tuple[Any, ...], per_k: dict[int, tuple[np.ndarray, np.ndarray]], *, n_boot: int, seed: int,
@@ -154,7 +155,13 @@ def record_curves(records: Sequence[Any]) -> list[Curve]:
     for r in records:
         if r.segment == "all" and not r.extrapolated:
             grouped.setdefault(tuple(getattr(r, f) for f in GROUP_FIELDS), {})[r.k] = r.acceptance_length
-    return [Curve(group, tuple(sorted(al)), np.array([al[k] for k in sorted(al)]), None, 0)
+    conversations = {}
+    for r in records:
+        if r.segment == "all" and not r.extrapolated:
+            group = tuple(getattr(r, f) for f in GROUP_FIELDS)
+            conversations[group] = min(conversations.get(group, r.conversations), r.conversations)
+    why = "an exported table holds no per-request counts: the point k only"
+    return [Curve(group, tuple(sorted(al)), np.array([al[k] for k in sorted(al)]), None, conversations[group], why)
             for group, al in sorted(grouped.items(), key=str)]
 
 
@@ -175,7 +182,8 @@ def recommend(c: Curve, model: CostModel, level: float = DEFAULT_LEVEL) -> list[
         out.append(BestK(*c.group, batch_size=batch, k=pick.k, share=pick.share, k_low=pick.k_low,
                          k_high=pick.k_high, speedup=pick.speedup, speedup_low=pick.speedup_low,
                          speedup_high=pick.speedup_high, acceptance_length=pick.acceptance_length, cost=pick.cost,
-                         candidates=ks, conversations=c.conversations, ci_note=stats.ci_withheld(c.conversations),
+                         candidates=ks, conversations=c.conversations,
+                         ci_note=c.no_interval or stats.ci_withheld(c.conversations),
                          cost_model=model.source))
     return out
 
