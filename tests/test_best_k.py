@@ -21,6 +21,7 @@ from calibrate.errors import ExitCode
 from calibrate.tables.best_k import best_k, choose, schedule
 from calibrate.tables.cost import CostSpecError, experts_model, parse_spec, read_csv
 from calibrate.tables.store import Store
+from calibrate.terms import RequestOutcome, SegmentCounts, StepCounts
 from tests.tables_support import Req, make_spec, write_run
 
 ALPHA = 0.8
@@ -234,3 +235,39 @@ def test_lookup_recommended_k_from_a_store_and_its_export(tmp_path: Path) -> Non
     assert json.loads(res.stdout)[0]["k"] == stored.k
     res = CliRunner().invoke(calibrate_app, [*args, "--k", "2"])
     assert res.exit_code == ExitCode.BAD_INPUT and "--best-k" in res.output
+
+
+def test_verify_experts_prices_each_batch_size_from_the_stores_profile(tmp_path: Path) -> None:
+    """An MoE store: distinct routed experts per verify step (one layer, no shared experts) 2 / 3 / 6 at
+    k = 0 / 1 / 3 for B = 1 and 6 / 7 / 8 for B = 4. The verify cost is their ratio, so B = 1 (a long verify
+    step reads up to 3x the experts) recommends k = 1 and B = 4 (6 of 8 experts read anyway) k = 3."""
+    from calibrate.replay.experts import ExpertRow, MoeLayer
+
+    distinct = {1: {0: 2, 1: 3, 3: 6}, 4: {0: 6, 1: 7, 3: 8}}
+    path = tmp_path / "moe.duckdb"
+    with Store(path) as store:
+        for k in (1, 3):
+            spec = make_spec(speculator="mtp", k=k, method="loop")
+            run_id = store.begin_run(spec)
+            store.write_expert_layers([run_id], [MoeLayer(0, "mlp.gate", 8, 2, 0, 100, 0)])
+            reqs = [Req(f"r{c}", f"c{c}", {"answer": geometric_hist(k, STEPS)}) for c in range(12)]
+            experts = {(run_id, r.request_id): [(ExpertRow(kk, 0, b, "router", 100, 100 * (kk + 1), 100 * d[kk], (0,)),
+                                                 [r.request_id]) for b, d in distinct.items() for kk in (0, k)]
+                       for r in reqs}
+            batch = []
+            for i, r in enumerate(reqs):
+                counts = StepCounts(k=k)
+                h = np.asarray(r.segments["answer"], dtype=np.int64)
+                counts.segments["answer"] = SegmentCounts(hist=h, tokens=int((h * (np.arange(k + 1) + 1)).sum()),
+                                                          censored_steps=0, expected_accepted=None,
+                                                          drafted_tokens=int(h.sum()) * k, empty_steps=0)
+                batch.append((RequestOutcome(request_id=r.request_id, conversation_id=r.conversation_id, turn=i,
+                                             turn_depth=1, prompt_tokens=100, truncated_tokens=0,
+                                             generated_tokens=counts.tokens, finish_reason="eos"), {run_id: counts}))
+            store.write_requests(batch, experts=experts)
+            store.finish_run(run_id)
+    with duckdb.connect(str(path), read_only=True) as con:
+        rows = {r.batch_size: r for r in best_k(con, parse_spec("draft=0,verify=experts"), n_boot=200)}
+    assert rows[1].k == 1 and rows[1].cost == pytest.approx(1.5)
+    assert rows[4].k == 3 and rows[4].cost == pytest.approx(8 / 6)
+    assert rows[1].speedup == pytest.approx(closed_form_al(1) / 1.5, abs=1e-3)
