@@ -151,18 +151,14 @@ def load_curves(con: duckdb.DuckDBPyConnection, filters: Filters = Filters(), *,
 def record_curves(records: Sequence[Any]) -> list[Curve]:
     """Curves from measured AcceptanceRecords (segment 'all'; AL over all steps), without replicates: an
     exported table holds no per-request counts, so the point k only (what an engine's schedule needs)."""
-    grouped: dict[tuple[Any, ...], dict[int, float]] = {}
+    grouped: dict[tuple[Any, ...], dict[int, tuple[float, int]]] = {}
     for r in records:
         if r.segment == "all" and not r.extrapolated:
-            grouped.setdefault(tuple(getattr(r, f) for f in GROUP_FIELDS), {})[r.k] = r.acceptance_length
-    conversations = {}
-    for r in records:
-        if r.segment == "all" and not r.extrapolated:
-            group = tuple(getattr(r, f) for f in GROUP_FIELDS)
-            conversations[group] = min(conversations.get(group, r.conversations), r.conversations)
+            grouped.setdefault(tuple(getattr(r, f) for f in GROUP_FIELDS), {})[r.k] = (r.acceptance_length,
+                                                                                      r.conversations)
     why = "an exported table holds no per-request counts: the point k only"
-    return [Curve(group, tuple(sorted(al)), np.array([al[k] for k in sorted(al)]), None, conversations[group], why)
-            for group, al in sorted(grouped.items(), key=str)]
+    return [Curve(group, tuple(sorted(by_k)), np.array([by_k[k][0] for k in sorted(by_k)]), None,
+                  min(n for _, n in by_k.values()), why) for group, by_k in sorted(grouped.items(), key=str)]
 
 
 def recommend(c: Curve, model: CostModel, level: float = DEFAULT_LEVEL) -> list[BestK]:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
-
 import typer
 
 from calibrate.tables import query
@@ -83,13 +81,3 @@ def _render(rows: list[BestK]) -> None:
     for i in range(len(rows)):
         table.add_row(*(cells[c][i] for c in cells))
     Console().print(table)
-
-
-def row_fields() -> tuple[str, ...]:
-    """The JSON / CSV columns, in order (for the docs)."""
-    from dataclasses import fields
-
-    return tuple(f.name for f in fields(BestK))
-
-
-__all__: list[Any] = ["load_best_k", "show_best_k", "row_fields"]
