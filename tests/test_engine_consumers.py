@@ -776,7 +776,7 @@ def test_the_registry_holds_one_basis_per_consumer(known: list[AcceptanceRecord]
     assert bases == {"inferencex": consumers.DRAFTED, "inferencex-reference": consumers.DRAFTED,
                      "vllm": consumers.DRAFTED, "sglang": consumers.DRAFTED, "trtllm": consumers.DRAFTED,
                      "atom": consumers.DRAFTED, "tilert": consumers.DRAFTED, "llamacpp": consumers.DRAFTED,
-                     "specdec-profile": consumers.ALL_STEPS, "csv": None, "parquet": None, "json": None}
+                     "specdec-profile": consumers.ALL_STEPS, "vllm-k-schedule": consumers.ALL_STEPS, "csv": None, "parquet": None, "json": None}
     for r in known:
         assert r.value() == f"{round(consumers.DRAFTED.length(r), 2):.2f}"
 

@@ -275,6 +275,8 @@ def test_every_consumer_exports_a_context_bucket_and_names_it(app, store_path, t
     for name, consumer in CONSUMERS.items():
         if consumer.serves is not None and "ngram" not in consumer.serves:
             continue  # an engine that cannot run n-gram refuses the store's key (tested with the registry)
+        if consumer.needs_cost:
+            continue  # the recommended k's schedule needs --cost (tests/test_best_k.py)
         out = tmp_path / name / ("t.parquet" if name == "parquet" else "")
         args = ["export", "--to", name, "--db", str(path), "--context", "16k-32k", "--model-prefix", "qwen2.5c"]
         forced = ("--force",) if consumer.forces not in (None, "vllm") else ()  # only vLLM runs our n-gram

@@ -185,6 +185,7 @@ class Consumer:
     merge: Merger | None = None  # --out is a file shared with other writers: merge into it, never overwrite it
     # a field its reader reads (not a comment) carries a weighted record's filled share (check_filled)
     carries_filled: bool = False
+    needs_cost: bool = False  # the export recommends k: it needs `--cost` (calibrate.tables.cost)
 
     @property
     def basis_line(self) -> str:
@@ -208,6 +209,39 @@ def _write_vllm(c: Consumer, records: Sequence[AcceptanceRecord], options: Expor
              "al_over": c.basis.name, **({"workload": r.workload_fields()} if r.workload else {}),
              "speculative_config": vllm_config(r, options)}
             for r in overall(records)]
+    return json.dumps(rows, indent=2) + "\n"
+
+
+def _write_vllm_schedule(c: Consumer, records: Sequence[AcceptanceRecord], options: ExportOptions, stamp: Stamp,
+                         out: Path | None) -> str:
+    """A JSON list: per curve (a key without k), vLLM's `num_speculative_tokens_per_batch_size` for the k of
+    highest AL / cost at each batch size the --cost model prices (calibrate.tables.best_k), with
+    `num_speculative_tokens` its largest k (vLLM caps every entry at it)."""
+    from calibrate.tables.best_k import GROUP_FIELDS, record_curves, recommend, schedule
+    from calibrate.tables.cost import CostModel, read_cost
+
+    if options.cost is None:
+        raise ValueError("vllm-k-schedule needs --cost (what a step costs: calibrate show --best-k --help)")
+    cost = read_cost(options.cost)
+    if not isinstance(cost, CostModel) and cost.verify == "experts":
+        raise ValueError("vllm-k-schedule: verify=experts prices steps from the store's MoE profile, which an "
+                         "export does not read: `calibrate show --best-k --format json` gives its k per batch size")
+    rows = []
+    for curve in record_curves(records):
+        model = cost if isinstance(cost, CostModel) else cost.model(curve.ks)
+        best = recommend(curve, model)
+        entries = schedule(best)
+        named = dict(zip(GROUP_FIELDS, curve.group))
+        if all(k == 0 for _, _, k in entries):
+            raise NothingToExport(f"{named['target']} | {named['speculator']} | thinking={named['thinking']}: plain "
+                                  f"decoding is faster than every measured k at every batch size under {model.source}"
+                                  ": serve it without speculation")
+        rows.append({"model": named["target"], "speculator": named["speculator"], "thinking": named["thinking"],
+                     "dataset": named["dataset"], "temperature": named["temperature"], "al_over": c.basis.name,
+                     "cost_model": model.source, "speedup": {str(r.batch_size or "any"): round(r.speedup, 4)
+                                                            for r in best},
+                     "speculative_config": {"num_speculative_tokens": max(k for _, _, k in entries),
+                                            "num_speculative_tokens_per_batch_size": entries}})
     return json.dumps(rows, indent=2) + "\n"
 
 
@@ -294,6 +328,8 @@ INFERENCEX_WHY = ("as InferenceX's collector counts it: 1 + delta accepted draft
                   "of vLLM's counters, which count only steps that drafted")
 SPECDEC_WHY = ("as specdec_bench's AcceptanceRate counts it: the tokens of every engine iteration, 1 when nothing "
                "was proposed")
+THROUGHPUT_WHY = ("throughput is tokens per verify step: a step that proposed nothing still costs a target pass "
+                  "and emits one token")
 TABLE_WHY = "both, each in its column: acceptance_length (all steps) and drafted_acceptance_length (drafted steps)"
 
 CONSUMERS: dict[str, Consumer] = {c.name: c for c in (
@@ -306,6 +342,8 @@ CONSUMERS: dict[str, Consumer] = {c.name: c for c in (
     Consumer("vllm", "vLLM --speculative-config fragments", _write_vllm, modes=MODES, lookup_format="vllm-config",
              render=lambda r, o: json.dumps(vllm_config(r, o)) + "\n", forces="vllm", carries_filled=True,
              frameworks={"vllm": "vllm", "dynamo-vllm": "vllm", "vllm-disagg": "vllm", "llmd-vllm": "llmd"}),
+    Consumer("vllm-k-schedule", "vLLM --speculative-config num_speculative_tokens_per_batch_size (needs --cost)",
+             _write_vllm_schedule, basis=ALL_STEPS, why=THROUGHPUT_WHY, engine=False, modes=(), needs_cost=True),
     Consumer("sglang", "SGLang SGLANG_SIMULATE_ACC_* env and speculative flags", _engine_blocks(sglang_lines),
              lookup_format="sglang-env", render=sglang_lines, env=True, forces="sglang",
              frameworks={"sglang": "sglang", "dynamo-sglang": "sglang", "sglang-disagg": "sglang",

@@ -7,6 +7,7 @@ on stderr with the exit status of `calibrate.errors`, as there.
 
 from __future__ import annotations
 
+import json
 import sys
 from enum import Enum
 from pathlib import Path
@@ -17,10 +18,11 @@ import typer
 from calibrate import consumers
 from calibrate.consumers import exports, inferencex, runner_env
 from calibrate.consumers.inferencex import Naming
-from calibrate.consumers.lookup import key_filters, lookup_key, open_table
+from calibrate.consumers.lookup import key_filters, lookup_key, open_table, recommended_k
 from calibrate.errors import cli_errors
 from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
 from calibrate.tables.commands import BOOT_OPT, DB_OPT, SEED_OPT, filtered, given_k
+from calibrate.tables.cost import COST_HELP
 from calibrate.tables.selection import load_selection
 from calibrate.tables.query import FilterOptions
 from calibrate.terms import check_k
@@ -81,6 +83,7 @@ def export(
         "hands it to InferenceX's loader; atom's is always probabilistic, sglang's and trtllm's none)."),
     draft_model: Optional[str] = typer.Option(
         None, "--draft-model", help="inferencex: the recipe's draft model path (default: the measured draft)."),
+    cost: Optional[str] = typer.Option(None, "--cost", help="vllm-k-schedule: " + COST_HELP),
     filters: FilterOptions = FilterOptions(),
     bootstrap: int = BOOT_OPT,
     seed: int = SEED_OPT,
@@ -108,8 +111,10 @@ def export(
     naming = Naming(model_prefix=model_prefix, method=method, engine=engine.value,
                     draft_sample_method=draft_sample_method.value if draft_sample_method else None,
                     draft_model=draft_model, force=force)
+    if cost is not None and not target.needs_cost:
+        raise ValueError(f"--cost prices a step for the recommended k: {target.name} has no use for it")
     options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, naming=naming,
-                                    max_filled=max_filled)
+                                    max_filled=max_filled, cost=cost)
     written = consumers.export(records, target.name, out, options=options, force=force,
                                tell=lambda line: typer.echo(f"note: {line}", err=True))
     for warning in consumers.export_warnings(records, target.name, options):
@@ -156,10 +161,19 @@ def lookup(
     buckets: Optional[str] = BUCKETS_OPT,
     strata: str = STRATA_OPT,
     uncovered: str = UNCOVERED_OPT,
+    best_k: bool = typer.Option(False, "--best-k", help="Answer which k instead: the throughput-optimal k per batch "
+                                "size under --cost (value: the k, or B:k lines; json: the rows), without --k."),
+    cost: Optional[str] = typer.Option(None, "--cost", help="With --best-k: " + COST_HELP),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="With --best-k: this batch size only."),
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
     # The table is read (an export strictly) before anything else: a malformed one is named, whatever else is wrong.
     source = open_table(db) if db is not None else None
+    if best_k or cost is not None or batch_size is not None:
+        if not best_k or cost is None or from_env or k is not None or draft_len is not None:
+            raise ValueError("--best-k needs --cost and answers which k: give neither --k nor --from-env with it")
+        _best_k_answer(source, model, speculator, thinking, dataset, temperature, cost, batch_size, format)
+        return
     k = given_k(k, draft_len)
     if k is not None:
         check_k([k], "--k")
@@ -204,6 +218,25 @@ def lookup(
     if record.bucket is not None:
         typer.echo(f"note: AL of the requests in {record.bucket} only ({record.requests} requests with a verify "
                    f"step, {record.conversations} conversations)", err=True)
+
+
+def _best_k_answer(source: object, model: Optional[str], speculator: Optional[str], thinking: Optional[str],
+                   dataset: Optional[str], temperature: Optional[float], cost: str, batch_size: Optional[int],
+                   form: Optional[str]) -> None:
+    """`lookup --best-k`: the recommended k (value: one k, or one `B:k` line per batch size) or its rows (json)."""
+    if model is None or thinking is None:
+        raise ValueError("--best-k: missing " + ", ".join(n for n, v in (("--model", model), ("--thinking", thinking))
+                                                          if v is None))
+    if form not in (None, "value", "json"):
+        raise ValueError(f"--best-k answers in value or json form, not {form}")
+    rows = recommended_k(model, speculator, thinking, cost, table=source, dataset=dataset,  # type: ignore[arg-type]
+                         temperature=temperature, batch_size=batch_size)
+    if form == "json":
+        typer.echo(json.dumps([r.row() for r in rows], indent=2))
+    elif len(rows) == 1:
+        typer.echo(str(rows[0].k))
+    else:
+        typer.echo("\n".join(f"{r.batch_size}:{r.k}" for r in rows))
 
 
 def _framework_format(framework: str | None) -> str:

@@ -41,6 +41,7 @@ class ExportOptions:
     token_mode: str = "real-draft-token"  # sglang: SGLANG_SIMULATE_ACC_TOKEN_MODE, as InferenceX sets it
     naming: Naming = Naming()  # inferencex: MODEL_PREFIX, recipe engine and method, DSpark identity
     max_filled: float = MAX_FILLED  # weighted records: the filled share a consumer without a field for it takes
+    cost: str | None = None  # vllm-k-schedule: the --cost value (calibrate.tables.cost)
 
 
 @dataclass(frozen=True)

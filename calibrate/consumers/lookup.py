@@ -12,7 +12,7 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -398,3 +398,37 @@ def weighted_answer(source: Table, entry: CatalogEntry, workload: str | os.PathL
                              "an exported table holds no per-request counts to weight; weight from the .duckdb "
                              "store, or export with --workload"))
     return found
+
+
+def recommended_k(model: str, speculator: str | None, thinking: str, cost: str, *,
+                  table: str | Path | Table | None = None, dataset: str | None = None,
+                  temperature: float | None = None, batch_size: int | None = None,
+                  match_prefix: bool = False) -> list[Any]:
+    """The throughput-optimal k of (model, speculator, thinking) under `cost` (a `--cost` value:
+    calibrate.tables.cost), one `calibrate.tables.best_k.BestK` per batch size the cost model prices (only
+    `batch_size`'s when given). From a store, with the bootstrap's interval; from an exported table, which holds
+    no per-request counts, the point k only (its interval fields None). Names resolve as `lookup` resolves them."""
+    from calibrate.tables.best_k import GROUP_FIELDS, best_k, record_curves, recommend
+    from calibrate.tables.cost import CostModel, read_cost
+
+    _check_arguments(model, speculator, 1, thinking, dataset, temperature, SEGMENT_ALL, table)
+    model_cost = read_cost(cost)
+    source = table if hasattr(table, "catalog") else open_table(table)  # type: ignore[arg-type]
+    # k = 1 with extrapolate: any measured k answers, so the entry names the curve (every key field but k)
+    entry, _ = resolve(source.catalog(), key_filters(model, speculator, 1, thinking, dataset, temperature),
+                       extrapolate=True, match_prefix=match_prefix)
+    if isinstance(source, DuckDBTable):
+        filters = replace(_entry_filters(entry, None), ks=None)
+        with source._reading() as con:
+            rows = best_k(con, model_cost, filters, n_boot=source.n_boot, seed=source.seed)
+    else:
+        group = tuple(getattr(entry, f) for f in GROUP_FIELDS)
+        [curve] = [c for c in record_curves(getattr(source, "records", ())) if c.group == group]
+        if not isinstance(model_cost, CostModel) and model_cost.verify == "experts":
+            raise ValueError("verify=experts prices steps from a store's MoE profile: look up in the .duckdb store")
+        rows = recommend(curve, model_cost if isinstance(model_cost, CostModel) else model_cost.model(curve.ks))
+    if batch_size is not None:
+        rows = [r for r in rows if r.batch_size in (batch_size, None)]
+        if not rows:
+            raise NotMeasured(f"--cost {cost}: prices no batch size {batch_size}")
+    return rows

@@ -24,8 +24,10 @@ import typer
 from calibrate.errors import NothingUsable, cli_errors
 from calibrate.limits import MAX_BOOTSTRAP, MAX_SEED
 from calibrate.tables import query, stats
+from calibrate.tables.best_k_view import show_best_k
 from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, bucket_labels, dimension,
                                      from_name, parse_edges)
+from calibrate.tables.cost import COST_HELP
 from calibrate.tables.experts import ExpertRecord, load_expert_records
 from calibrate.tables.prefix_cache import HitRate, hit_rate_lines, hit_rates
 from calibrate.tables.records import FROM_EXPORTED, KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
@@ -318,6 +320,9 @@ def show_command(weighted: WeightedShow) -> Callable[..., None]:
         by: Optional[ByDimension] = typer.Option(
             None, "--by", help=f"One row per bucket: context ({CONTEXT.description}: {bucket_labels(CONTEXT)}) or turn "
             f"({TURN.description}: {bucket_labels(TURN)})."),
+        best_k: bool = typer.Option(False, "--best-k", help="The recommended k per batch size instead: highest "
+                                    "AL(k) / cost(k, B), with the bootstrap's interval; needs --cost."),
+        cost: Optional[str] = typer.Option(None, "--cost", help="With --best-k: " + COST_HELP),
         experts: bool = typer.Option(False, "--experts", help="The MoE verify-cost profile instead (runs with "
                                      "`[run] experts = true`): touch multiplier, CI, expert bytes per step and token; "
                                      "json / csv export it."),
@@ -332,6 +337,12 @@ def show_command(weighted: WeightedShow) -> Callable[..., None]:
                                       "10 conversations, or fill it from the nearest measured one (nearest)."),
     ) -> None:
         """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
+        if best_k or cost is not None:
+            if not best_k or cost is None or experts or by is not None or segments or workload is not None:
+                raise ValueError("--best-k and --cost go together, and with neither --experts, --by, --segments "
+                                 "nor --workload")
+            show_best_k(db, filters, cost, format.value, bootstrap, seed)
+            return
         if experts:
             if by is not None or segments or workload is not None:
                 raise ValueError(f"--experts is the verify-cost profile per key: it does not combine with "
