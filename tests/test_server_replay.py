@@ -153,6 +153,8 @@ def test_a_connected_vllm_with_speculative_counters_is_refused_for_replay(tmp_pa
     finally:
         srv.close()
     assert res.exit_code == 4 and f"error: vllm at {srv.url}: the server runs speculative decoding" in res.output
+    # the config's words (issue 49: it said `engine = "replay"`, a key renamed `method`)
+    assert 'plain-engine replay (method = "replay", no server.k)' in res.output and "engine =" not in res.output
 
 
 # -- vLLM's hidden states, read back from the connector's files ------------------------------------------
