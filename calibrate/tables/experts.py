@@ -62,7 +62,7 @@ class ExpertRecord:
     plain_bytes_per_token: float
 
     def row(self) -> dict[str, Any]:
-        """`show --experts --format json|csv`: the fields, and `draft_len` last for one release (records.SHOWN_ALSO_AS)."""
+        """`show --experts --format json|csv`: the fields, and `draft_len` last for one release (SHOWN_ALSO_AS)."""
         return with_earlier_names(asdict(self))
 
 
