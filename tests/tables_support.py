@@ -56,7 +56,9 @@ class Req:
     disagreeing_steps: int | None = None  # the engine audit's count (None: not audited)
 
 
-def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool = True) -> str:
+def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool = True,
+              replies: Mapping[str, object] | None = None) -> str:
+    """The run's requests through `Store.write_requests`; `replies`: request id -> the engine reply it stores."""
     run_id = store.begin_run(spec)
     batch = []
     for i, req in enumerate(requests):
@@ -79,7 +81,7 @@ def write_run(store: Store, spec: RunSpec, requests: Sequence[Req], finish: bool
             disagreeing_steps=req.disagreeing_steps,
         )
         batch.append((outcome, {run_id: counts}))
-    store.write_requests(batch)
+    store.write_requests(batch, raw={(run_id, rid): reply for rid, reply in (replies or {}).items()})
     if finish:
         store.finish_run(run_id)
     return run_id

@@ -290,7 +290,7 @@ temperature = [0.0, 0.7]
     from calibrate.cli import app
 
     shown = CliRunner().invoke(app, ["show", "--db", str(tmp_path / "e.duckdb"), "--format", "json"])
-    greedy = {r["draft_len"]: r["acceptance_length"] for r in json.loads(shown.stdout) if r["temperature"] == 0}
+    greedy = {r["k"]: r["acceptance_length"] for r in json.loads(shown.stdout) if r["temperature"] == 0}
     assert {k: 1.1 < al < k + 1 - 0.5 for k, al in greedy.items()} == {1: True, 3: True}, greedy
 
 

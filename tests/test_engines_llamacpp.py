@@ -99,7 +99,7 @@ def test_qwen_pair_launch_and_connect_rows_read_like_in_process(tmp_path, llama_
     assert 1.0 <= record.acceptance_length <= 5.0 and record.requests == 2 and record.methods == ("llama.cpp",)
     assert record.ci_low is None and record.interval == "n too small"  # 2 conversations: no interval
     res = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json", "--bootstrap", "200"])
-    assert res.exit_code == 0 and json.loads(res.stdout)[0]["draft_len"] == 4, res.output
+    assert res.exit_code == 0 and json.loads(res.stdout)[0]["k"] == 4, res.output
     res = CliRunner().invoke(app, ["export", "--to", "inferencex", "--db", str(db), "--out", str(tmp_path / "x"),
                                    "--model-prefix", "qwen2.5c"])
     assert res.exit_code == 0, res.output

@@ -93,7 +93,7 @@ def test_show_experts_prints_the_multiplier(measured):
     _, db = measured
     out = CliRunner().invoke(app, ["show", "--db", str(db), "--experts", "--format", "json"])
     assert out.exit_code == 0, out.output
-    records = {(r["draft_len"], r["batch_size"], r["routing"]): r for r in json.loads(out.output)}
+    records = {(r["k"], r["batch_size"], r["routing"]): r for r in json.loads(out.output)}
     one = records[(3, 1, "router")]
     assert one["distinct_plain"] == 2.0 and 1.0 <= one["multiplier"] <= 4.0
     assert one["ci_low"] is None and one["ci_note"].startswith("n too small")  # 4 conversations

@@ -305,6 +305,6 @@ temperature = [0.7]
     assert result.exit_code == 0, result.output
     shown = CliRunner().invoke(app, ["show", "--db", str(db), "--format", "json"])
     rows = json.loads(shown.stdout)
-    assert {r["speculator"] for r in rows} == {f"mtp:{model}"} and {r["draft_len"] for r in rows} == {2, 3}
+    assert {r["speculator"] for r in rows} == {f"mtp:{model}"} and {r["k"] for r in rows} == {2, 3}
     for row in rows:
-        assert 1.2 < row["acceptance_length"] < row["draft_len"] + 1 - 0.2, row
+        assert 1.2 < row["acceptance_length"] < row["k"] + 1 - 0.2, row

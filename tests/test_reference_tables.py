@@ -17,7 +17,8 @@ REFERENCE = Path(__file__).parents[1] / "tables" / "reference"
 # The full-context measurement: the InferenceX files in golden_al_distribution are its export.
 TABLE = REFERENCE / "qwen2.5-coder-1.5b_mini-swe-agent-full.json"
 # Its store, every run and request, as DuckDB's EXPORT DATABASE writes it (Parquet, zstd: 0.2 MB where the
-# .duckdb file is 7.4 MB, most of it each raw engine reply repeated for the 32 runs it was scored for).
+# .duckdb file is 7.4 MB, most of it primary-key indexes), in the layout before replies were stored once
+# (tests/test_store_replies.py migrates it).
 STORE = REFERENCE / "qwen2.5-coder-1.5b_mini-swe-agent-full-store"
 TARGET = "qwen2.5-coder-1.5b-instruct"
 

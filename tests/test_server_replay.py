@@ -92,8 +92,12 @@ def test_one_plain_server_scores_every_speculator_at_every_k_as_in_process_repla
     con = duckdb.connect(str(db), read_only=True)
     runs = con.execute("SELECT DISTINCT method, responses_from, responses_dtype, features_from FROM runs").fetchall()
     raw = [json.loads(r) for (r,) in con.execute("SELECT response FROM engine_responses").fetchall()]
+    shared = con.execute("SELECT (SELECT count(*) FROM engine_replies), (SELECT count(*) FROM request_replies), "
+                         "(SELECT count(DISTINCT response) FROM engine_responses)").fetchone()
     con.close()
     assert runs == [("replay", "llama.cpp", "as served", None)]
+    # 3 speculators x 3 k = 9 runs scored from each of the 3 replies, each stored once (issue 49)
+    assert len(raw) == shared[1] == 27 and shared[0] == shared[2] <= 3
     assert {len(r["tokens"]) for r in raw} == {24} and all(r["stop_type"] == "limit" for r in raw)
     completions = [body for route, body in plain.requests if route == "/completion"]
     assert len(completions) == 3 and all("n_probs" not in b and "speculative" not in json.dumps(b) for b in completions)
@@ -149,6 +153,8 @@ def test_a_connected_vllm_with_speculative_counters_is_refused_for_replay(tmp_pa
     finally:
         srv.close()
     assert res.exit_code == 4 and f"error: vllm at {srv.url}: the server runs speculative decoding" in res.output
+    # the config's words (issue 49: it said `engine = "replay"`, a key renamed `method`)
+    assert 'plain-engine replay (method = "replay", no server.k)' in res.output and "engine =" not in res.output
 
 
 # -- vLLM's hidden states, read back from the connector's files ------------------------------------------

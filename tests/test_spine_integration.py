@@ -160,7 +160,7 @@ def test_cli_run_prints_table_and_json(tmp_path, smollm, mini_swe_dir):
     rows = json.loads(shown.stdout)
     assert {r["speculator"] for r in rows} == {"ngram:prompt_lookup_max=3,prompt_lookup_min=1", "suffix", f"draft:{smollm}"}
     for row in rows:
-        assert 1.0 <= row["acceptance_length"] <= row["draft_len"] + 1
+        assert 1.0 <= row["acceptance_length"] <= row["k"] + 1
         # self-speculation: the draft is the target
         if row["speculator"].startswith("draft:"):
             assert row["acceptance_length"] > 1.0

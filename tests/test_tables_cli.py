@@ -49,17 +49,21 @@ def test_show_json_rows_use_the_documented_keys(app: typer.Typer, db: Path) -> N
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)
     assert len(rows) == 5
-    assert all(tuple(row) == SHOW_KEYS for row in rows)
-    assert SHOW_KEYS == ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests",
+    # k (issue 49), and for one release its earlier name draft_len, last
+    assert all(tuple(row) == (*SHOW_KEYS, "draft_len") and row["draft_len"] == row["k"] for row in rows)
+    assert SHOW_KEYS == ("target", "speculator", "k", "thinking", "temperature", "dataset", "requests",
                          "steps", "acceptance_length", "ci_low", "ci_high", "ci_note", "macro_acceptance_length")
-    k1 = next(r for r in rows if r["draft_len"] == 1)
+    k1 = next(r for r in rows if r["k"] == 1)
     assert (k1["requests"], k1["steps"]) == (3, 11) and k1["acceptance_length"] == pytest.approx(16 / 11)
 
 
 def test_show_segments_csv_and_table(app: typer.Typer, db: Path) -> None:
     res = invoke(app, "show", "--db", str(db), "--format", "csv", "--segments", "--model", "smollm2-135m-instruct")
     lines = res.output.splitlines()
-    assert lines[0].split(",")[:7] == ["target", "speculator", "draft_len", "thinking", "temperature", "dataset", "segment"]
+    header = lines[0].split(",")
+    assert header[:7] == ["target", "speculator", "k", "thinking", "temperature", "dataset", "segment"]
+    assert header[-1] == "draft_len" and {line.split(",")[2] for line in lines[1:]} == {"2"}
+    assert {line.split(",")[-1] for line in lines[1:]} == {"2"}  # k again, under its earlier name
     assert [line.split(",")[6] for line in lines[1:]] == ["all", "answer"]
     table = invoke(app, "show", "--db", str(db), "--segments", env={"COLUMNS": "200"})
     assert table.exit_code == 0 and "tool_call" in table.output and "95% CI" in table.output
@@ -776,3 +780,16 @@ def test_show_experts_fits_80_columns(capsys: pytest.CaptureFixture, monkeypatch
     _render_experts(two, wide=True)
     wide = capsys.readouterr().out
     assert f"mtp:{model}" in wide and "distinct k=0" in wide and "MB/token k=0" in wide and "2.50" in wide
+
+
+def test_show_experts_rows_name_k_and_for_one_release_draft_len() -> None:
+    """Issue 49: `show --experts --format json|csv` wrote k as `draft_len`; it writes `k`, and `draft_len` last
+    for one release."""
+    from calibrate.tables.experts import ExpertRecord
+
+    row = ExpertRecord(target="m", speculator="mtp:m", k=3, thinking="off", temperature=0.7, dataset="d", batch_size=1,
+                       routing="router", requests=4, conversations=4, steps=10, moe_layers=2, routed_experts=8,
+                       top_k=2, distinct=3.0, distinct_plain=2.0, multiplier=1.5, ci_low=None, ci_high=None,
+                       ci_note="n too small", acceptance_length=2.0, bytes_per_step=1.0, bytes_per_token=0.5,
+                       plain_bytes_per_token=0.4).row()
+    assert list(row)[2] == "k" and list(row)[-1] == "draft_len" and row["k"] == row["draft_len"] == 3

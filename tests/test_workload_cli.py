@@ -93,6 +93,7 @@ def test_show_workload_rows_carry_value_ci_coverage_and_digest(store: Path) -> N
     rows = json.loads(res.stdout)
     assert {r["thinking"] for r in rows} == {"on", "off"}
     for row in rows:
+        assert list(row)[2] == "k" and list(row)[-1] == "draft_len" and row["draft_len"] == row["k"]  # issue 49
         assert row["ci_low"] < row["acceptance_length"] < row["ci_high"]
         assert (row["coverage"], row["filled"], row["workload_digest"]) == (1.0, 0.0, DIGEST)
         assert row["drafted_ci_low"] < row["drafted_acceptance_length"] < row["drafted_ci_high"]

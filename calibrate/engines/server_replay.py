@@ -89,8 +89,9 @@ class ServerReplayEngine:
             if cfg.mode == "connect" and self.backend.speculates(self.server.url, self.server.info,
                                                                 cfg.request_timeout):
                 raise EngineError(f"{self.backend.name} at {self.server.url}: the server runs speculative decoding; "
-                                  "plain-engine replay (engine = \"replay\") needs one started without it (or measure "
-                                  "its own speculation with engine = \"loop\" and server.k)")
+                                  "plain-engine replay (method = \"replay\", no server.k) needs one started without "
+                                  "it (or measure its own speculation: set server.k to the k it runs, with method = "
+                                  "\"loop\" or \"auto\")")
             self.target = self.target_of(self.pair, self.server.url, self.server.info)
             if isinstance(self.features, contextlib.AbstractContextManager):  # the engine's hidden-state server
                 self._open.enter_context(self.features)

@@ -30,12 +30,12 @@ from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, bucket_labels, 
 from calibrate.tables.cost import COST_HELP
 from calibrate.tables.experts import ExpertRecord, load_expert_records
 from calibrate.tables.prefix_cache import HitRate, hit_rate_lines, hit_rates
-from calibrate.tables.records import FROM_EXPORTED, KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
+from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord, with_earlier_names
 from calibrate.tables.selection import csv_text, load_selection, no_match, resolve_filters, short_labels
 from calibrate.tables.store import DEFAULT_TABLE, connect, reading
 
-# The columns of `show --format json|csv`, named as exported tables name them (records.EXPORTED_AS: draft_len).
-SHOW_KEYS = ("target", "speculator", "draft_len", "thinking", "temperature", "dataset", "requests", "steps",
+# The columns of `show --format json|csv` (and, for one release, `draft_len` last: records.SHOWN_ALSO_AS).
+SHOW_KEYS = ("target", "speculator", "k", "thinking", "temperature", "dataset", "requests", "steps",
              "acceptance_length", "ci_low", "ci_high", "ci_note", "macro_acceptance_length")
 
 class ShowFormat(str, Enum):
@@ -59,7 +59,7 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
     and the AL over drafted steps when some steps proposed nothing)."""
     rows = []
     for r in records:
-        row = {key: getattr(r, FROM_EXPORTED.get(key, key)) for key in SHOW_KEYS}
+        row = {key: getattr(r, key) for key in SHOW_KEYS}
         if segments:
             row = {**{k: row[k] for k in SHOW_KEYS[:6]}, "segment": r.segment, **{k: row[k] for k in SHOW_KEYS[6:]}}
         if r.bucket is not None:  # `--by context`: the bucket's column, named by its dimension
@@ -74,7 +74,7 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
             row["interrupted"] = True
         if r.disagreeing_steps:
             row["disagreeing_steps"] = r.disagreeing_steps
-        rows.append(row)
+        rows.append(with_earlier_names(row))
     return rows
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from calibrate.errors import NothingUsable
 from calibrate.tables import stats
 from calibrate.tables.query import DEFAULT_BOOT, DEFAULT_LEVEL, DEFAULT_SEED, Filters, check_conditions
-from calibrate.tables.records import EXPORTED_AS
+from calibrate.tables.records import with_earlier_names
 
 class NoExpertProfile(NothingUsable):
     """The store holds no expert profile (no `[run] experts = true` run, or written before it existed)."""
@@ -62,8 +62,8 @@ class ExpertRecord:
     plain_bytes_per_token: float
 
     def row(self) -> dict[str, Any]:
-        """`show --experts --format json|csv`: named as exported tables name the fields (records.EXPORTED_AS)."""
-        return {EXPORTED_AS.get(name, name): value for name, value in asdict(self).items()}
+        """`show --experts --format json|csv`: the fields, and `draft_len` last for one release (SHOWN_ALSO_AS)."""
+        return with_earlier_names(asdict(self))
 
 
 _SQL = """

@@ -13,7 +13,11 @@ Layout (one row each):
 - `accept_counts`: one per (run, request, segment, accepted) with steps > 0: the histogram itself.
 - `position_counts`: one per (run, request, position) where an engine reports per-position counts only
   (vLLM's `num_accepted_tokens_per_pos`): steps whose draft at that position was accepted.
-- `engine_responses`: a server engine's raw response fields per (run, request), kept for audit.
+- `engine_replies`: a server engine's raw response fields, kept for audit, once per distinct reply, keyed by the
+  sha256 of their JSON text; `request_replies`: one per (run, request) that has one, naming its reply. A plain
+  engine's response is scored at every (speculator, k) of the sweep: its runs share one stored reply (a store
+  written before kept a copy per run: 32 in the reference store). Readers read the view `engine_responses`
+  (run, request, response): the one query that joins them, with the columns the earlier table had.
 - `expert_counts`: the MoE verify-cost profile (`[run] experts = true`, calibrate.replay.experts), one per
   (run, request, k, layer, batch size, routing): verify steps, positions fed, and distinct routed experts
   summed over the steps; k is the run's or 0 (plain decoding, from the same run's accepted positions). A
@@ -88,6 +92,25 @@ TABLES = ("runs", "requests", "segment_counts", "accept_counts", "problems")
 RENAMED_COLUMNS = {"runs": {"draft_len": "k", "engine": "method"}, "expert_counts": {"draft_len": "k"}}
 HASHED_AS = {"k": "draft_len", "method": "engine"}
 
+# Each engine reply once, and per (run, request) which reply it was scored from; `engine_responses` (the view)
+# is how every reader reads them. `_share_replies` moves a store written before (one table, a copy per run) here.
+REPLIES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS engine_replies (
+    reply_sha256 VARCHAR PRIMARY KEY,  -- sha256 of `response` (UTF-8): equal replies are one row
+    response VARCHAR NOT NULL  -- the response fields, JSON with sorted keys
+);
+-- no primary key: a link is written only with its request's row, in one transaction, and `requests` refuses a
+-- second (run, request); an index here would cost more of the file than the copies of the replies it replaces
+CREATE TABLE IF NOT EXISTS request_replies (
+    run_id VARCHAR NOT NULL,
+    request_id VARCHAR NOT NULL,
+    reply_sha256 VARCHAR NOT NULL
+);
+CREATE VIEW IF NOT EXISTS engine_responses AS
+    SELECT l.run_id, l.request_id, r.response
+    FROM request_replies l JOIN engine_replies r USING (reply_sha256);
+"""
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS store_meta (name VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS requests (
@@ -140,12 +163,6 @@ CREATE TABLE IF NOT EXISTS position_counts (
     position INTEGER NOT NULL,
     steps BIGINT NOT NULL,
     PRIMARY KEY (run_id, request_id, position)
-);
-CREATE TABLE IF NOT EXISTS engine_responses (
-    run_id VARCHAR NOT NULL,
-    request_id VARCHAR NOT NULL,
-    response VARCHAR NOT NULL,
-    PRIMARY KEY (run_id, request_id)
 );
 CREATE TABLE IF NOT EXISTS accept_counts (
     run_id VARCHAR NOT NULL,
@@ -369,7 +386,8 @@ def _check_store(con: duckdb.DuckDBPyConnection, path: Path, read_only: bool) ->
                     "measure into a new --db (show / export / lookup still read this one, each request once)"
                 )
         _rename_columns(con)
-        con.execute(SCHEMA + _runs_ddl())
+        _share_replies(con)
+        con.execute(SCHEMA + REPLIES_SCHEMA + _runs_ddl())
         con.execute("INSERT OR REPLACE INTO store_meta VALUES ('identity', ?)", [IDENTITY_VERSION])
     except duckdb.Error as exc:
         raise StoreError(f"{path}: not a readable calibrate store ({_first_line(exc)})") from None
@@ -401,6 +419,37 @@ def _rename_columns(con: duckdb.DuckDBPyConnection) -> None:
         raise
 
 
+def reply_digest(response: str) -> str:
+    """The key of a stored reply: the sha256 of its JSON text, as DuckDB's sha256() computes it in
+    `_share_replies`, so a reply written now and one migrated from an earlier store are the same row."""
+    return hashlib.sha256(response.encode()).hexdigest()
+
+
+def _share_replies(con: duckdb.DuckDBPyConnection) -> None:
+    """Migrate a store written before replies were shared: its `engine_responses` table (a copy of a reply per
+    run scored from it) becomes each distinct reply once plus the (run, request) -> reply links, in one
+    transaction; the view of the same name then reads them back row for row. Run ids and every count are
+    untouched. A store already migrated holds the view, not the table, so this does nothing there."""
+    kind = con.execute("SELECT table_type FROM information_schema.tables WHERE table_catalog = current_database() "
+                       "AND table_schema = 'main' AND table_name = 'engine_responses'").fetchone()
+    if kind is None or kind[0] != "BASE TABLE":
+        return
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute("ALTER TABLE engine_responses RENAME TO engine_responses_unshared")
+        con.execute(REPLIES_SCHEMA)
+        con.execute("INSERT INTO engine_replies SELECT DISTINCT sha256(response), response "
+                    "FROM engine_responses_unshared")
+        con.execute("INSERT INTO request_replies SELECT run_id, request_id, sha256(response) "
+                    "FROM engine_responses_unshared")
+        con.execute("DROP TABLE engine_responses_unshared")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("CHECKPOINT")  # the copies' blocks are free for the next writes
+
+
 def _renamed_views(con: duckdb.DuckDBPyConnection) -> None:
     """A store opened read-only cannot be migrated: temporary views of its renamed tables, under the table's own
     name, show the columns under their new names (DuckDB looks in the temp catalog first), so every reader
@@ -415,8 +464,9 @@ def verify_blocks(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """Read every column of every table once. DuckDB checks a block's checksum only when it reads the block,
     so a store with damaged blocks opens fine and fails later, or never for a run that resumes without
     reading its counts back (`run --no-show`): a store about to be added to is checked whole first."""
-    tables = [name for (name,) in con.execute(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()]
+    tables = [name for (name,) in con.execute(  # views read these tables again
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
+        "AND table_type = 'BASE TABLE'").fetchall()]
     try:
         for table in tables:
             con.execute(f'SELECT bit_xor(hash(COLUMNS(*))) FROM "{table}"').fetchall()
@@ -538,7 +588,8 @@ class Store:
         `raw` maps (run_id, request_id) to a server engine's response fields, stored with the counts;
         `experts` to the request's expert rows, each with its batch's member request ids.
         """
-        rows: dict[str, list[list[Any]]] = {"req": [], "seg": [], "acc": [], "pos": [], "raw": [], "exp": []}
+        rows: dict[str, list[list[Any]]] = {"req": [], "seg": [], "acc": [], "pos": [], "reply": [], "link": [],
+                                            "exp": []}
         for (run_id, request_id), expert_rows in (experts or {}).items():
             rows["exp"].extend([run_id, request_id, e.k, e.layer, e.batch_size, e.routing, e.steps,
                                 e.positions, e.distinct, json.dumps(members)] for e, members in expert_rows)
@@ -551,8 +602,8 @@ class Store:
                 ])
                 _count_rows(rows, run_id, outcome.request_id, counts)
                 if raw and (run_id, outcome.request_id) in raw:
-                    rows["raw"].append([run_id, outcome.request_id,
-                                        json.dumps(raw[(run_id, outcome.request_id)], sort_keys=True, default=str)])
+                    _reply_rows(rows, run_id, outcome.request_id, raw[(run_id, outcome.request_id)])
+        rows["reply"] = list({digest: [digest, text] for digest, text in rows["reply"]}.values())  # each once
         self.con.execute("BEGIN TRANSACTION")
         try:
             for table, cols in _WRITE_SQL.items():
@@ -573,9 +624,19 @@ _WRITE_SQL = {
            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "acc": "INSERT INTO accept_counts VALUES (?, ?, ?, ?, ?)",
     "pos": "INSERT INTO position_counts VALUES (?, ?, ?, ?)",
-    "raw": "INSERT INTO engine_responses VALUES (?, ?, ?)",
+    # a reply stored before (another run was scored from it) is the row it already has
+    "reply": "INSERT OR IGNORE INTO engine_replies VALUES (?, ?)",
+    "link": "INSERT INTO request_replies VALUES (?, ?, ?)",
     "exp": "INSERT INTO expert_counts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 }
+
+
+def _reply_rows(rows: dict[str, list[list[Any]]], run_id: str, request_id: str, response: Any) -> None:
+    """The rows one request's engine reply becomes: the reply (keyed by its digest) and the run's link to it."""
+    text = json.dumps(response, sort_keys=True, default=str)
+    digest = reply_digest(text)
+    rows["reply"].append([digest, text])
+    rows["link"].append([run_id, request_id, digest])
 
 
 def _count_rows(rows: dict[str, list[list[Any]]], run_id: str, request_id: str,

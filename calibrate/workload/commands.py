@@ -21,7 +21,7 @@ from rich.console import Console
 from calibrate.errors import NothingUsable, cli_errors
 from calibrate.tables.buckets import DEFAULT_CONTEXT_EDGES, parse_edges, tokens_text
 from calibrate.tables.query import FilterOptions
-from calibrate.tables.records import AcceptanceRecord
+from calibrate.tables.records import AcceptanceRecord, with_earlier_names
 from calibrate.workload.profile import WorkloadProfile, read_profile
 from calibrate.workload.weighting import STRATA, Weighting, parse_strata, weighted_records
 
@@ -107,7 +107,7 @@ def weighted_rows(records: list[AcceptanceRecord]) -> list[dict[str, Any]]:
     the share filled, the measured sample the weighting rests on, and the workload's digest."""
     rows = []
     for r in records:
-        row: dict[str, Any] = {"target": r.target, "speculator": r.speculator, "draft_len": r.k,
+        row: dict[str, Any] = {"target": r.target, "speculator": r.speculator, "k": r.k,
                                "thinking": r.thinking, "temperature": r.temperature, "dataset": r.dataset,
                                "requests": r.requests, "conversations": r.conversations,
                                "acceptance_length": r.acceptance_length, "ci_low": r.ci_low, "ci_high": r.ci_high}
@@ -116,7 +116,7 @@ def weighted_rows(records: list[AcceptanceRecord]) -> list[dict[str, Any]]:
                        drafted_ci_high=r.drafted_ci_high)
         row.update(coverage=r.coverage, filled=r.filled, workload=r.workload, workload_digest=r.workload_digest,
                    strata=r.strata)
-        rows.append(row)
+        rows.append(with_earlier_names(row))
     return rows
 
 
