@@ -178,7 +178,8 @@ def test_a_filled_share_no_field_carries_is_refused_unless_forced(short_draft: P
         if name in ("atom", "tilert"):
             continue  # they run no draft model: refused as such, filled or not (test_engine_consumers)
         out = tmp_path / name / ("t.parquet" if name == "parquet" else "")
-        res = _export(short_draft, name, out)
+        cost = ("--cost", "draft=0,verify=linear:0.02") if consumer.needs_cost else ()
+        res = _export(short_draft, name, out, *cost)
         if consumer.carries_filled:
             assert res.exit_code == 0, (name, res.output)
             continue
@@ -186,13 +187,13 @@ def test_a_filled_share_no_field_carries_is_refused_unless_forced(short_draft: P
         assert (f"74.9% of {FIXTURE.name}'s output tokens filled from the nearest measured stratum, above "
                 f"--max-filled 5.0%, and {name} reads no field for it") in res.output
         assert not out.exists() or not any(out.iterdir())
-        res = _export(short_draft, name, out, "--force")
+        res = _export(short_draft, name, out, "--force", *cost)
         assert res.exit_code == 0, (name, res.output)
         assert "74.9% filled from the nearest measured stratum" in res.stderr
-        res = _export(short_draft, name, tmp_path / f"{name}-raised", "--max-filled", "0.8")
+        res = _export(short_draft, name, tmp_path / f"{name}-raised", "--max-filled", "0.8", *cost)
         assert res.exit_code == 0, (name, res.output)
         refused.append(name)
-    assert refused == ["inferencex", "inferencex-reference", "sglang", "trtllm", "llamacpp"]
+    assert refused == ["inferencex", "inferencex-reference", "vllm-k-schedule", "sglang", "trtllm", "llamacpp"]
     curve = yaml.safe_load((tmp_path / "inferencex" / "qwen2.5c_draft_model.yaml").read_text())
     assert "filled" not in json.dumps(curve)  # what the loader keeps: the values, nothing about the fill
     res = _invoke("export", "--to", "json", "--db", short_draft, "--max-filled", "0.2")
