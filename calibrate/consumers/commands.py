@@ -8,6 +8,7 @@ on stderr with the exit status of `calibrate.errors`, as there.
 from __future__ import annotations
 
 import sys
+import warnings
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -17,7 +18,7 @@ import typer
 from calibrate import consumers
 from calibrate.consumers import exports, inferencex, runner_env
 from calibrate.consumers.inferencex import Naming
-from calibrate.consumers.lookup import key_filters, lookup_key, open_table
+from calibrate.consumers.lookup import WeightedAnswer, key_filters, lookup_key, open_table
 from calibrate.errors import cli_errors
 from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
 from calibrate.tables.commands import BOOT_OPT, DB_OPT, SEED_OPT, filtered, given_k
@@ -182,9 +183,16 @@ def lookup(
     form = format or "value"
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
     check_workload_options(workload, strata, uncovered, buckets, context)
-    record = lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), table=source,
-                        extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
-                        force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered)
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always", WeightedAnswer)
+        record = lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), table=source,
+                            extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
+                            force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered)
+    for said in heard:  # a weighted answer to an unweighted question is said where the runner reads its errors
+        if issubclass(said.category, WeightedAnswer):
+            typer.echo(f"warning: {said.message}", err=True)
+        else:
+            warnings.showwarning(said.message, said.category, said.filename, said.lineno)
     sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell, force))
     for note in consumers.lookup_warnings(record, form):
         typer.echo(f"warning: {note}", err=True)
