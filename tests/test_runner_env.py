@@ -404,6 +404,9 @@ def test_g4_a_curve_inferencex_has_not_is_no_answer(db: Path, tmp_path: Path) ->
     res = lookup_from_env(db, G4, "--recipe", str(recipe), "--golden-dir", str(golden))
     assert res.exit_code == 2 and res.stdout == "" and f"InferenceX forces AL 2.78 there, and this table answers " \
         f"{forced:.2f}" in res.stderr, res.output
+    res = lookup_from_env(db, G4, "--recipe", str(recipe), "--golden-dir", str(golden), "--model",
+                          "Qwen/Qwen2.5-Coder-1.5B-Instruct")  # the launcher still reads MODEL_PREFIX's curve
+    assert res.exit_code == 2 and "InferenceX forces AL 2.78 there" in res.stderr, res.output
 
 
 @pytest.mark.parametrize("framework", ["trtllm", "tgi", "TRTLLM"])

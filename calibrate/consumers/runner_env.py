@@ -19,9 +19,12 @@ order (`_launcher_gate`, `_llmd_gate`), so a variable they read without a defaul
 where they would read it unset, and where they force nothing (an eval, not agentic, no speculation) lookup says
 so (exit 1); a THINKING_MODE other than thinking_on / thinking_off finds no curve in any loader; a Kimi-K3 DSpark
 recipe whose engine passes the loader no draft_sample_method has no curve (inferencex.loader_sampler); a recipe
-value of the wrong shape is one line naming the file and key. The reference-file launchers read the key
-MODEL_KEYS.get(MODEL_PREFIX, MODEL_PREFIX) as written, so a MODEL_PREFIX outside MODEL_KEYS, which InferenceX's
-file holds no key for, is refused; NUM_SPEC_TOKENS disagreeing with the recipe's generation role is an error;
+value of the wrong shape is one line naming the file and key. Which launcher runs, the FRAMEWORK values it
+serves and how it finds its AL are `launchers.py` (issue 49): a FRAMEWORK the newest launchers do not serve
+forces nothing (exit 1); a curve InferenceX does not commit fails its loader ("No committed golden curve"), and
+a MODEL_PREFIX outside MODEL_KEYS names a reference key InferenceX's file does not hold, so both are refused
+unless --golden-dir / --reference-file name where our export was put: then the value the launcher reads there
+is the answer, and a table answering another value is refused (`Question.check`); NUM_SPEC_TOKENS disagreeing with the recipe's generation role is an error;
 without it, k is the generation role's (decode's in a disaggregated recipe, as the newest launcher reads it),
 with a note where the recipes launcher would read another role's. The newest launchers do not read
 NUM_SPEC_TOKENS at all when a recipe gives k (a note says so). An option given on the command line (--model,
@@ -368,8 +371,8 @@ def _reference_question(env: Mapping[str, str], *, model: str | None, speculator
                          f"backend for it (it has {', '.join(REFERENCE_ENGINES)})")
     override = _override(env)
     prefix = (env.get("MODEL_PREFIX") or "").strip() or None
-    reads_file = model is None and prefix is not None and override is None  # the launcher reads the file's key
-    if reads_file and reference_file is None and prefix not in MODEL_KEYS:
+    reads_file = prefix is not None and override is None  # the launcher reads the file's key, whatever --model asks
+    if reads_file and model is None and reference_file is None and prefix not in MODEL_KEYS:
         raise ValueError(launchers.unknown_reference_key(prefix))  # type: ignore[arg-type]
     given, default_k, notes = k, False, []
     if k is None and env.get("NUM_SPEC_TOKENS", "").strip():
@@ -403,8 +406,8 @@ def _reference_question(env: Mapping[str, str], *, model: str | None, speculator
     forced = None
     if reads_file and reference_file is not None:
         forced = Forced(launchers.reference_value(reference_file, prefix, mode, k),  # type: ignore[arg-type]
-                        f"{reference_file} (key {asked}, {mode}, k={k})")
-    elif reads_file:
+                        f"{reference_file} (key {launchers.reference_key(prefix)}, {mode}, k={k})")  # type: ignore[arg-type]
+    elif reads_file and model is None:
         notes.append(launchers.committed_key_note(prefix))  # type: ignore[arg-type]
     return Question(model=asked, speculator=speculator, k=k, thinking=thinking or mode, framework=framework,
                     prefix=model is None, override=override, default_k=default_k, notes=tuple(notes), forced=forced)
@@ -494,8 +497,8 @@ def question(env: Mapping[str, str], *, model: str | None, speculator: str | Non
     given, notes, forced = k, [], None
     if spec is not None:
         k = k if k is not None else spec.checked_k(str(recipe))
-        if model is None:
-            forced = _golden(prefix, spec, dialect, recipe, golden_dir, _mode(thinking, env), notes)  # type: ignore[arg-type]
+        forced = _golden(prefix, spec, dialect, recipe, golden_dir, _mode(thinking, env), notes,  # type: ignore[arg-type]
+                         asks_table=model is not None)
         if env.get("NUM_SPEC_TOKENS") and given is None:
             notes.append(f"NUM_SPEC_TOKENS={env['NUM_SPEC_TOKENS']} is not read by InferenceX's newest launchers: k "
                          f"is the recipe's, {k}")
@@ -525,9 +528,12 @@ def _our_runner(framework: str) -> bool:
 
 
 def _golden(prefix: str | None, spec: RecipeSpec, dialect: str, recipe: Path, golden_dir: Path | None, mode: str,
-            notes: list[str]) -> Forced | None:
+            notes: list[str], asks_table: bool) -> Forced | None:
     """What the golden loader forces for the recipe: read from `golden_dir` where given; else a note for a curve
-    InferenceX commits (it forces its own file), and a refusal for one it does not ("No committed golden curve")."""
+    InferenceX commits (it forces its own file), and a refusal for one it does not ("No committed golden curve"),
+    unless --model asks the table for a model of its choosing (`asks_table`: the curve is then not checked)."""
+    if asks_table and golden_dir is None:
+        return None
     curve = _curve_check(prefix, spec, dialect, str(recipe))
     if curve is None:
         return None
