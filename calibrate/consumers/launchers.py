@@ -40,28 +40,24 @@ from calibrate.consumers.reference_al import REFERENCE_FILE
 
 @dataclass(frozen=True)
 class Launcher:
-    """One InferenceX launcher: `engines` (FRAMEWORK -> the recipe dialect it reads), and whether a FRAMEWORK
-    outside them fails the launch (`other_fails`) or forces nothing."""
+    """One InferenceX launcher: its name in messages, the file it is read from, and `engines` (its ENGINES:
+    FRAMEWORK -> the recipe dialect it reads). A FRAMEWORK outside them forces nothing in the newest launchers
+    (`unserved`) and fails the recipes launcher (runner_env's reference question)."""
 
     name: str
     source: str
     engines: Mapping[str, str]
-    other_fails: bool
-
-    def serves(self) -> str:
-        return ", ".join(self.engines)
 
 
 SRT = Launcher("InferenceX's SRT launcher", "infx/srt_slurm/synthetic_acceptance.py ENGINES",
                {"sglang": "sglang", "mori-sglang": "sglang", "sglang-disagg": "sglang", "vllm-disagg": "vllm",
                 "vllm": "vllm", "dynamo-vllm": "vllm", "dynamo-sglang": "sglang", "trt": "trtllm",
-                "dynamo-trt": "trtllm", "atom": "atom", "atom-disagg": "atom", "tilert": "tilert"},
-               other_fails=False)
+                "dynamo-trt": "trtllm", "atom": "atom", "atom-disagg": "atom", "tilert": "tilert"})
 LLMD = Launcher("llm-d's role renderer", "benchmarks/multi_node/llm-d/recipe.py role_assignments",
-                {"llmd-vllm": "llmd"}, other_fails=False)
+                {"llmd-vllm": "llmd"})
 RECIPES = Launcher("InferenceX's recipes launcher", "infx/recipes/synthetic_acceptance.py at 18385430d628 ENGINES",
                    {"vllm": "vllm", "dynamo-vllm": "vllm", "dynamo-sglang": "sglang", "trt": "trtllm",
-                    "dynamo-trt": "trtllm"}, other_fails=True)
+                    "dynamo-trt": "trtllm"})
 # The launchers a run without SYNTHETIC_ACCEPTANCE goes through, by FRAMEWORK.
 NEWEST = (SRT, LLMD)
 
