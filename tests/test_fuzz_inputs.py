@@ -178,13 +178,12 @@ recipe_values = st.recursive(
 def test_corrupt_recipes(tmp_path: Path, fuzz_seed: int | None) -> None:
     """Issue 37: a recipe value of the wrong shape was an AttributeError traceback; whatever the recipe holds,
     lookup --from-env answers, says nothing is forced (LookupError, exit 1) or refuses it (ValueError, exit 2)."""
-    from calibrate.consumers import CONSUMERS, runner_env
+    from calibrate.consumers import launchers, runner_env
 
-    dialect_of = {fw: d for c in CONSUMERS.values() for fw, d in c.frameworks.items()}
     env = {"THINKING_MODE": "thinking_on", "IS_AGENTIC": "1", "EVAL_ONLY": "false", "SPEC_DECODING": "mtp"}
 
-    runners = [(fw, False) for fw, d in sorted(dialect_of.items()) if d] + [
-        (fw, True) for fw in runner_env.REFERENCE_ENGINES]  # the newest launchers' and the recipes launcher's
+    runners = [(fw, False) for one in launchers.NEWEST for fw in sorted(one.engines)] + [
+        (fw, True) for fw in launchers.RECIPES.engines]  # the newest launchers' and the recipes launcher's
 
     @settings(FUZZ, max_examples=60)
     @given(recipe=recipe_values, runner=st.sampled_from(runners))
@@ -196,8 +195,7 @@ def test_corrupt_recipes(tmp_path: Path, fuzz_seed: int | None) -> None:
                      **({"SYNTHETIC_ACCEPTANCE": "true", "MODEL_PREFIX": "dsv4"} if reference else
                         {"MODEL_PREFIX": "kimik3"})}
         try:
-            runner_env.question(variables, model=None, speculator=None, k=None, thinking=None, recipe=path,
-                                dialect_of=dialect_of)
+            runner_env.question(variables, model=None, speculator=None, k=None, thinking=None, recipe=path)
         except ValueError as exc:  # bad input: the recipe is named (the runner's variables are all fine)
             assert str(path) in str(exc), exc
         except LookupError:  # the recipe forces nothing

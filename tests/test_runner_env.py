@@ -25,12 +25,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from calibrate.consumers import CONSUMERS, runner_env
+from calibrate.consumers import FRAMEWORKS, launchers, runner_env
 from calibrate.consumers.runner_env import NoSyntheticAcceptance
 
 UNSET = None  # a variable left out of the environment
-# FRAMEWORK -> recipe dialect, from the consumer registry: one FRAMEWORK per dialect and a disaggregated one.
-FRAMEWORK_DIALECTS = {fw: d for c in CONSUMERS.values() for fw, d in c.frameworks.items()}
+# FRAMEWORK -> recipe dialect, from the launcher registry: one FRAMEWORK per dialect and a disaggregated one.
+FRAMEWORK_DIALECTS = {fw: d for launcher in launchers.NEWEST for fw, d in launcher.engines.items()}
 DIALECTS = {fw: FRAMEWORK_DIALECTS[fw] for fw in ("vllm", "vllm-disagg", "sglang", "dynamo-trt", "atom", "llmd-vllm")}
 
 
@@ -87,11 +87,25 @@ def recipe_file(tmp: Path, dialect: str, speculates: bool) -> Path:
     return path
 
 
-def ours(env: dict[str, str], framework: str, recipe: Path) -> str:
+# The curves recipe_file's recipes open for MODEL_PREFIX qwen2.5-coder-1.5b (inferencex.curve_name: the method as
+# the recipe writes it, lowercased), as our export writes them into InferenceX's folder: thinking_off, k = 3.
+RECIPE_CURVES = ("draft_model", "standalone", "draft_target", "eagle3")
+
+
+def golden_folder(tmp: Path) -> Path:
+    folder = tmp / "golden"
+    folder.mkdir(exist_ok=True)
+    for method in RECIPE_CURVES:
+        (folder / f"qwen2.5-coder-1.5b_{method}.yaml").write_text(
+            yaml.safe_dump({"qwen2.5-coder-1.5b-instruct": {"thinking_off": {3: 2.0}}}))
+    return folder
+
+
+def ours(env: dict[str, str], framework: str, recipe: Path, golden: Path) -> str:
     """What lookup --from-env makes of it: 'fails' (exit 2), 'nothing' (exit 1) or 'forces' (a question)."""
     try:
         runner_env.question({**env, "FRAMEWORK": framework}, model=None, speculator=None, k=None,
-                            thinking=None, recipe=recipe, dialect_of=DIALECTS)
+                            thinking=None, recipe=recipe, golden_dir=golden)
     except NoSyntheticAcceptance:
         return "nothing"
     except ValueError:
@@ -103,15 +117,17 @@ def ours(env: dict[str, str], framework: str, recipe: Path) -> str:
 def test_lookup_from_env_fails_and_forces_where_the_launcher_does(framework: str, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Every environment of VALUES, with a recipe that speculates and one that does not: lookup --from-env fails
-    (exit 2) exactly where InferenceX's launcher fails, forces nothing (exit 1) where it forces nothing."""
+    (exit 2) exactly where InferenceX's launcher fails, forces nothing (exit 1) where it forces nothing; the
+    curves the recipes open are in the golden folder (`--golden-dir`), as they are in InferenceX's once ours are."""
     monkeypatch.setattr(runner_env, "read_recipe", functools.lru_cache(runner_env.read_recipe))  # 1,800 questions
     dialect = DIALECTS[framework]
     launcher = llmd_renderer if dialect == "llmd" else srt_launcher
+    golden = golden_folder(tmp_path)
     disagree = []
     for speculates in (True, False):
         recipe = recipe_file(tmp_path, dialect, speculates)
         for env in environments():
-            if (expected := launcher(env, speculates)) != (got := ours(env, framework, recipe)):
+            if (expected := launcher(env, speculates)) != (got := ours(env, framework, recipe, golden)):
                 disagree.append((env, speculates, expected, got))
     assert not disagree, f"{len(disagree)} cases, first: {disagree[:3]}"
 
@@ -134,6 +150,18 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.tables_support import basic_store
 
     return basic_store(tmp_path_factory.mktemp("runner") / "acceptance.duckdb")
+
+
+def export_curves(db: Path, tmp: Path, speculator: str, prefix: str = "qwen2.5-coder-1.5b") -> Path:
+    """InferenceX's curve folder holding this table's export (`export --to inferencex`) for one speculator."""
+    from calibrate.cli import app
+
+    folder = tmp / "golden"
+    res = CliRunner().invoke(app, ["export", "--to", "inferencex", "--db", str(db), "--speculator", speculator,
+                                   "--model", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "--model-prefix", prefix,
+                                   "--out", str(folder)])
+    assert res.exit_code == 0, res.output
+    return folder
 
 
 def lookup_from_env(db: Path, env: dict[str, str | None], *args: str):
@@ -165,7 +193,9 @@ def test_llmd_refuses_run_eval_in_a_synthetic_run(db: Path, tmp_path: Path) -> N
                                                                 '"num_speculative_tokens": 3}'}}))
     res = lookup_from_env(db, env, "--recipe", str(recipe))
     assert res.exit_code == 2 and res.stderr.startswith("error: RUN_EVAL=true in a synthetic-acceptance run"), res.output
-    assert lookup_from_env(db, {**env, "RUN_EVAL": "false"}, "--recipe", str(recipe)).exit_code == 0
+    golden = export_curves(db, tmp_path, "ngram")
+    res = lookup_from_env(db, {**env, "RUN_EVAL": "false"}, "--recipe", str(recipe), "--golden-dir", str(golden))
+    assert res.exit_code == 0, res.output
 
 
 # Issue 37, group 8 (c): a disaggregated recipe listing a prefill of k = 1 before a decode of k = 3. The newest
@@ -198,7 +228,8 @@ def prefill_first(tmp_path: Path, dialect: str) -> Path:
                                                     ("dynamo-trt", "trtllm"), ("atom-disagg", "atom")])
 def test_a_prefill_listed_first_does_not_set_k(db: Path, tmp_path: Path, framework: str, dialect: str) -> None:
     recipe = prefill_first(tmp_path, dialect)
-    res = lookup_from_env(db, {**NEWEST, "FRAMEWORK": framework}, "--recipe", str(recipe), "--force")
+    res = lookup_from_env(db, {**NEWEST, "FRAMEWORK": framework}, "--recipe", str(recipe), "--force",
+                          "--golden-dir", str(export_curves(db, tmp_path, "ngram")))
     assert res.exit_code == 0 and DECODE_K3[dialect] in res.stdout, res.output  # forced: only vLLM runs our n-gram
 
 
@@ -296,3 +327,144 @@ def test_a_kimi_dspark_recipe_without_a_sampler_is_refused_as_the_loader_refuses
         assert f"{refused}: InferenceX's launcher fails for it" in res.stderr
     else:
         assert res.exit_code == 1 and "no model matching 'kimik3'" in res.stderr, res.output
+
+
+# ---- Issue 49, items 1-3: the launcher's own engines, curve files and reference keys -------------------------------
+# Restated from SemiAnalysisAI/InferenceX, our way (launchers.py keeps the one copy the code reads):
+# infx/srt_slurm/synthetic_acceptance.py, newest version in the search index (imports infx.golden_al_distribution;
+# issue 49 ran 4f0503f2): ENGINES below; build_overrides returns [] for a FRAMEWORK outside it, before reading
+# anything; golden_length opens golden_dir / f"{curve}.yaml" and raises "No committed golden curve" when it is not a
+# file, "No golden acceptance" when modes[THINKING_MODE][k] is missing.
+SRT_ENGINES = {"sglang": "sglang", "mori-sglang": "sglang", "sglang-disagg": "sglang", "vllm-disagg": "vllm",
+               "vllm": "vllm", "dynamo-vllm": "vllm", "dynamo-sglang": "sglang", "trt": "trtllm", "dynamo-trt": "trtllm",
+               "atom": "atom", "atom-disagg": "atom", "tilert": "tilert"}
+# infx/recipes/synthetic_acceptance.py at 18385430d628a4e35795a2f6278fc7fc241df79e: ENGINES and MODEL_KEYS.
+RECIPES_ENGINES = {"vllm": "vllm", "dynamo-vllm": "vllm", "dynamo-sglang": "sglang", "trt": "trtllm",
+                   "dynamo-trt": "trtllm"}
+RECIPES_MODEL_KEYS = {"dsv4": "deepseek-v4-pro", "dsr1": "deepseek-r1", "dsv4dspark": "deepseek-v4-pro-0813",
+                      "dsv4dsparkprob": "deepseek-v4-pro-0813"}
+G4 = {"FRAMEWORK": "vllm", "IS_AGENTIC": "1", "EVAL_ONLY": "false", "SPEC_DECODING": "draft",
+      "MODEL_PREFIX": "qwen2.5-coder-1.5b-instruct", "THINKING_MODE": "thinking_off"}
+
+
+def infx_golden_length(golden_dir: Path, curve: str, thinking: str, k: int) -> float:
+    """golden_length's file reads (curves.py in infx/golden_al_distribution), restated: KeyError where it raises."""
+    path = golden_dir / f"{curve}.yaml"
+    if not path.is_file():
+        raise KeyError(f"No committed golden curve for {curve}")
+    (modes,) = yaml.safe_load(path.read_text()).values()
+    return float(modes[thinking][k])
+
+
+def vllm_agg(tmp_path: Path) -> Path:
+    """vllm_agg.yaml as issue 49 ran it: one agg role, vLLM's draft-model speculation at k = 2."""
+    path = tmp_path / "vllm_agg.yaml"
+    path.write_text(yaml.safe_dump({"roles": {"agg": {"args": {"speculative-config": json.dumps(
+        {"method": "draft_model", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "num_speculative_tokens": 2})}}}}))
+    return path
+
+
+def test_the_launcher_registry_is_inferencex_s() -> None:
+    assert dict(launchers.SRT.engines) == SRT_ENGINES and dict(launchers.RECIPES.engines) == RECIPES_ENGINES
+    assert runner_env.MODEL_KEYS == RECIPES_MODEL_KEYS
+    # every runner FRAMEWORK of the consumer registry reads the recipe dialect the launcher that serves it reads
+    for framework, consumer in FRAMEWORKS.items():
+        launcher = launchers.newest_launcher(framework)
+        assert consumer.frameworks[framework] == (launcher.engines[framework] if launcher else None), framework
+
+
+def test_g4_a_curve_inferencex_has_not_is_no_answer(db: Path, tmp_path: Path) -> None:
+    """Issue 49, item 1 (G4): the SRT launcher opens qwen2.5-coder-1.5b-instruct_draft_model.yaml, which InferenceX
+    does not commit: it raises "No committed golden curve", so lookup refuses (exit 2) unless --golden-dir names a
+    folder holding it, and then answers the value the launcher reads there, or refuses where that is not this
+    table's."""
+    recipe = vllm_agg(tmp_path)
+    res = lookup_from_env(db, G4, "--recipe", str(recipe))
+    assert res.exit_code == 2 and res.stdout == "" and res.stderr.count("\n") == 1, res.output
+    assert ("opens infx/golden_al_distribution/qwen2.5-coder-1.5b-instruct_draft_model.yaml, a curve InferenceX does "
+            "not commit") in res.stderr and "pass --golden-dir FOLDER" in res.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(KeyError, match="No committed golden curve"):
+        infx_golden_length(empty, "qwen2.5-coder-1.5b-instruct_draft_model", "thinking_off", 2)
+    res = lookup_from_env(db, G4, "--recipe", str(recipe), "--golden-dir", str(empty))
+    assert res.exit_code == 2 and "No committed golden curve qwen2.5-coder-1.5b-instruct_draft_model.yaml" in res.stderr
+    golden = export_curves(db, tmp_path, "draft:qwen2.5-coder-0.5b-instruct", prefix="qwen2.5-coder-1.5b-instruct")
+    forced = infx_golden_length(golden, "qwen2.5-coder-1.5b-instruct_draft_model", "thinking_off", 2)
+    res = lookup_from_env(db, G4, "--recipe", str(recipe), "--golden-dir", str(golden))
+    assert res.exit_code == 0 and json.loads(res.stdout)["synthetic_acceptance_length"] == forced, res.output
+    with pytest.raises(KeyError):  # no thinking_on curve: the loader raises "No golden acceptance"
+        infx_golden_length(golden, "qwen2.5-coder-1.5b-instruct_draft_model", "thinking_on", 2)
+    res = lookup_from_env(db, {**G4, "THINKING_MODE": "thinking_on"}, "--recipe", str(recipe), "--golden-dir",
+                          str(golden))
+    assert res.exit_code == 2 and "No golden acceptance for qwen2.5-coder-1.5b-instruct_draft_model/thinking_on/2" \
+        in res.stderr, res.output
+    curve = golden / "qwen2.5-coder-1.5b-instruct_draft_model.yaml"
+    curve.write_text(curve.read_text().replace(f"2: {forced:.2f}", "2: 2.78"))  # another table's value
+    res = lookup_from_env(db, G4, "--recipe", str(recipe), "--golden-dir", str(golden))
+    assert res.exit_code == 2 and res.stdout == "" and f"InferenceX forces AL 2.78 there, and this table answers " \
+        f"{forced:.2f}" in res.stderr, res.output
+    res = lookup_from_env(db, G4, "--recipe", str(recipe), "--golden-dir", str(golden), "--model",
+                          "Qwen/Qwen2.5-Coder-1.5B-Instruct")  # the launcher still reads MODEL_PREFIX's curve
+    assert res.exit_code == 2 and "InferenceX forces AL 2.78 there" in res.stderr, res.output
+
+
+@pytest.mark.parametrize("framework", ["trtllm", "tgi", "TRTLLM"])
+def test_g5_a_framework_the_srt_launcher_does_not_serve_forces_nothing(db: Path, tmp_path: Path,
+                                                                       framework: str) -> None:
+    """Issue 49, item 2 (G5): FRAMEWORK=trtllm is no key of the SRT launcher's ENGINES (TensorRT-LLM is trt /
+    dynamo-trt there): build_overrides returns no override, so lookup says nothing is forced (exit 1), also with a
+    recipe; the recipes launcher raises for it ("no synthetic-acceptance backend"), so that path is exit 2."""
+    assert framework.lower() not in SRT_ENGINES and framework.lower() not in RECIPES_ENGINES
+    recipe = tmp_path / "trt.yaml"
+    recipe.write_text(yaml.safe_dump({"roles": {"decode": {"args": {"speculative_config": {
+        "decoding_type": "NGram", "max_draft_len": 3}}}}}))
+    for args in (("--speculator", "ngram", "--force"), ("--recipe", str(recipe), "--force")):
+        res = lookup_from_env(db, {**NEWEST, "FRAMEWORK": framework, "NUM_SPEC_TOKENS": "3"}, *args)
+        assert res.exit_code == 1 and res.stdout == "" and res.stderr.count("\n") == 1, res.output
+        assert f"FRAMEWORK='{framework.lower()}'" in res.stderr and "this run forces nothing" in res.stderr
+    res = lookup_from_env(db, {"SYNTHETIC_ACCEPTANCE": "true", "FRAMEWORK": framework, "MODEL_PREFIX": "dsv4",
+                               "NUM_SPEC_TOKENS": "3"})
+    assert res.exit_code == 2 and "has no synthetic-acceptance backend" in res.stderr, res.output
+    res = lookup_from_env(db, {**NEWEST, "FRAMEWORK": "trt", "NUM_SPEC_TOKENS": "3"}, "--speculator", "ngram", "--force")
+    assert res.exit_code == 0 and "TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS=1.4" in res.stdout, res.output
+
+
+def test_g7_a_key_our_reference_export_writes_is_read_where_inferencex_reads_it(db: Path, tmp_path: Path) -> None:
+    """Issue 49, item 3 (G7): the recipes launcher reads the key MODEL_KEYS.get(MODEL_PREFIX, MODEL_PREFIX) of the
+    reference file, so `qwen2.5c` (outside MODEL_KEYS) is read as written: where our reference export put it in the
+    file (--reference-file), lookup answers what the launcher forces from it; without that file it is exit 2
+    naming MODEL_KEYS, and a file without the key is exit 2 as the launcher raises."""
+    from calibrate.cli import app
+    from tests.test_engine_consumers import UPSTREAM_REFERENCE, infx_reference_al
+
+    reference = tmp_path / "speedbench-reference-al.yaml"
+    reference.write_text(UPSTREAM_REFERENCE)
+    res = CliRunner().invoke(app, ["export", "--to", "inferencex-reference", "--db", str(db), "--speculator", "ngram",
+                                   "--model", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "--model-prefix", "qwen2.5c",
+                                   "--out", str(reference)])
+    assert res.exit_code == 0, res.output
+    env = {"SYNTHETIC_ACCEPTANCE": "true", "MODEL_PREFIX": "qwen2.5c", "FRAMEWORK": "vllm",
+           "THINKING_MODE": "thinking_off"}
+    agree = 0
+    for k in (1, 3):
+        forced = infx_reference_al(yaml.safe_load(reference.read_text()), {**env, "NUM_SPEC_TOKENS": str(k)})
+        res = lookup_from_env(db, {**env, "NUM_SPEC_TOKENS": str(k)}, "--speculator", "ngram", "--reference-file",
+                              str(reference))
+        assert res.exit_code == 0, res.output
+        agree += json.loads(res.stdout)["synthetic_acceptance_length"] == forced
+    assert agree == 2
+    res = lookup_from_env(db, {**env, "NUM_SPEC_TOKENS": "3"}, "--speculator", "ngram")
+    assert res.exit_code == 2 and res.stderr.startswith("error: MODEL_PREFIX=qwen2.5c is not in InferenceX's "
+                                                        "MODEL_KEYS (dsv4, dsv4dspark, dsv4dsparkprob, dsr1)")
+    assert "pass --reference-file FILE" in res.stderr
+    upstream = tmp_path / "upstream.yaml"
+    upstream.write_text(UPSTREAM_REFERENCE)
+    res = lookup_from_env(db, {**env, "NUM_SPEC_TOKENS": "3"}, "--speculator", "ngram", "--reference-file",
+                          str(upstream))
+    assert res.exit_code == 2 and 'model key "qwen2.5c" not found in reference AL data' in res.stderr, res.output
+    res = lookup_from_env(db, {**env, "NUM_SPEC_TOKENS": "2"}, "--speculator", "ngram", "--reference-file",
+                          str(reference))
+    assert res.exit_code == 2 and "num_spec_tokens=2 not found for qwen2.5c" in res.stderr, res.output
+    res = lookup_from_env(db, {**env, "NUM_SPEC_TOKENS": "3"}, "--speculator", "ngram", "--golden-dir", str(tmp_path))
+    assert res.exit_code == 2 and "give --reference-file" in res.stderr

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from calibrate.cli import app
 from calibrate.consumers import CONSUMERS, trtllm_value
+from calibrate.consumers import lookup as lookup_module
 from calibrate.consumers.lookup import lookup, read_exported
 from calibrate.tables.names import NotMeasured
 from calibrate.workload.profile import read_profile
@@ -261,7 +262,8 @@ def test_lookup_python_api_and_exported_tables(store: Path, short_store: Path, t
     again = lookup(MODEL, None, K, "off", table=weighted, workload=FIXTURE)
     assert again.acceptance_length == pytest.approx(
         lookup(MODEL, None, K, "off", table=store, workload=FIXTURE).acceptance_length)
-    assert lookup(MODEL, None, K, "off", table=weighted).workload == FIXTURE.name  # what the table holds
+    with pytest.warns(lookup_module.WeightedAnswer):
+        assert lookup(MODEL, None, K, "off", table=weighted).workload == FIXTURE.name  # what the table holds
     plain = tmp_path / "plain.json"
     assert _invoke("export", "--to", "json", "--db", store, "--out", plain).exit_code == 0
     with pytest.raises(NotMeasured, match="an exported table holds no per-request counts"):
@@ -302,3 +304,42 @@ def test_context_buckets_of_other_edges_export_and_read_back(store: Path, tmp_pa
                                                                 "--thinking", "off")):
         res = _invoke(*command, "--buckets", "2k,8k")
         assert res.exit_code == 2 and "give --context or --workload with it" in res.output
+
+
+def test_a_weighted_export_asked_without_a_workload_says_so(store: Path, tmp_path: Path) -> None:
+    """Issue 49, item 7: an export weighted to a workload answers an unweighted question with that workload's AL,
+    and says so: a warning line on stderr naming the workload and its digest, WeightedAnswer in Python. (An export
+    holds one record per key, plain or weighted: read_exported refuses two that disagree.)"""
+    from calibrate.consumers.lookup import WeightedAnswer
+
+    weighted = tmp_path / "weighted.json"
+    assert _invoke("export", "--to", "json", "--db", store, "--workload", FIXTURE, "--out", weighted).exit_code == 0
+    res = _invoke("lookup", "--db", weighted, "--model", MODEL, "-k", K, "--thinking", "off")
+    with pytest.warns(WeightedAnswer, match=f"weighted to workload cc_traces_workload.jsonl \\({DIGEST}\\) only"):
+        record = lookup(MODEL, None, K, "off", table=weighted)
+    assert res.exit_code == 0 and res.stdout.strip() == record.value() and record.workload == FIXTURE.name
+    assert (f"warning: {record.target} | ngram | k={K} | thinking=off: no workload was asked, and this table holds "
+            f"the key weighted to workload cc_traces_workload.jsonl ({DIGEST}) only") in res.stderr
+
+
+
+def test_a_workload_is_parsed_once_per_content(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 49, item 10: lookup with a workload parses the file once per digest within a process (a second
+    question about it hashes it, ~tens of ms at 20 MB, but does not parse it, ~1 s); a changed file is read again."""
+    from calibrate.workload import profile
+
+    parsed = []
+    count = profile._count
+    monkeypatch.setattr(profile, "_count", lambda *a: parsed.append(a[0]) or count(*a))
+    profile._profile_of.cache_clear()
+    mine = tmp_path / "mine.jsonl"
+    mine.write_bytes(FIXTURE.read_bytes())
+    first = lookup(MODEL, None, K, "off", table=store, workload=mine)
+    again = lookup(MODEL, None, K, "on", table=store, workload=mine)
+    assert len(parsed) == 1 and first.workload_digest == again.workload_digest == DIGEST
+    copy = tmp_path / "copy.jsonl"  # the same bytes under another name: no parse, and the answer names it
+    copy.write_bytes(FIXTURE.read_bytes())
+    assert lookup(MODEL, None, K, "off", table=store, workload=copy).workload == "copy.jsonl" and len(parsed) == 1
+    mine.write_bytes(FIXTURE.read_bytes().splitlines(keepends=True)[0])  # changed content, same path
+    changed = lookup(MODEL, None, K, "off", table=store, workload=mine, uncovered="nearest")
+    assert len(parsed) == 2 and changed.workload_digest != DIGEST

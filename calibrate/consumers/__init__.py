@@ -350,7 +350,7 @@ CONSUMERS: dict[str, Consumer] = {c.name: c for c in (
                          "mori-sglang": "sglang"}),
     Consumer("trtllm", "TensorRT-LLM TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS env", _engine_blocks(trtllm_lines),
              lookup_format="trtllm-env", render=trtllm_lines, env=True, warnings=_trtllm_warnings, forces="trtllm",
-             frameworks={"trt": "trtllm", "trtllm": "trtllm", "dynamo-trt": "trtllm"}),
+             frameworks={"trt": "trtllm", "dynamo-trt": "trtllm"}),
     Consumer("atom", "ATOM server flags", _engine_blocks(atom_args), modes=MODES, lookup_format="atom-args",
              render=atom_args, frameworks={"atom": "atom", "atom-disagg": "atom"}, forces="atom"),
     Consumer("tilert", "TileRT TILERT_SIMULATE_ACC_* env (MTP)", _engine_blocks(tilert_lines),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -18,7 +19,7 @@ import typer
 from calibrate import consumers
 from calibrate.consumers import exports, inferencex, runner_env
 from calibrate.consumers.inferencex import Naming
-from calibrate.consumers.lookup import key_filters, lookup_key, open_table, recommended_k
+from calibrate.consumers.lookup import WeightedAnswer, key_filters, lookup_key, open_table, recommended_k
 from calibrate.errors import cli_errors
 from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
 from calibrate.tables.commands import BOOT_OPT, DB_OPT, SEED_OPT, filtered, given_k
@@ -153,6 +154,12 @@ def lookup(
                                   f"{', '.join(runner_env.ENV_VARIABLES)}, k and method from --recipe."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="--from-env: the engine recipe (srtctl / llm-d "
                                           "YAML) whose generation role holds k and the method."),
+    golden_dir: Optional[Path] = typer.Option(None, "--golden-dir", help="--from-env --recipe: the golden-curve "
+                                              "folder InferenceX's launcher reads (where this table's export was "
+                                              "put); the answer must be the value it forces."),
+    reference_file: Optional[Path] = typer.Option(None, "--reference-file", help="--from-env with "
+                                                  "SYNTHETIC_ACCEPTANCE: the reference AL file InferenceX's recipes "
+                                                  "launcher reads; the answer must be the value it forces."),
     context: Optional[str] = _CONTEXT_OPT,
     force: bool = typer.Option(False, "--force", help="Answer in an engine's form for a speculator that engine runs "
                                "as another algorithm (SGLang's NGRAM is not our n-gram; refused otherwise), with a "
@@ -179,10 +186,9 @@ def lookup(
         check_k([k], "--k")
     match_prefix = False
     if from_env:
-        asked = runner_env.question(runner_env.environment(), model=model, speculator=speculator,
-                                    k=k, thinking=thinking, recipe=recipe,
-                                    dialect_of={fw: d for c in consumers.CONSUMERS.values()
-                                                for fw, d in c.frameworks.items()})
+        asked = runner_env.question(runner_env.environment(), model=model, speculator=speculator, k=k,
+                                    thinking=thinking, recipe=recipe, golden_dir=golden_dir,
+                                    reference_file=reference_file)
         model, speculator, k, thinking, match_prefix = (asked.model, asked.speculator, asked.k,
                                                                 asked.thinking, asked.prefix)
         if format is None:
@@ -196,8 +202,10 @@ def lookup(
                        f"k = {runner_env.REFERENCE_DEFAULT_K}", err=True)
         for note in asked.notes:
             typer.echo(f"note: {note}", err=True)
-    elif recipe is not None:
-        raise ValueError("--recipe is read with --from-env (it needs the runner's FRAMEWORK)")
+    else:
+        for option, given in (("--recipe", recipe), ("--golden-dir", golden_dir), ("--reference-file", reference_file)):
+            if given is not None:
+                raise ValueError(f"{option} is read with --from-env (it needs the runner's FRAMEWORK)")
     missing_opts = [name for name, v in (("--model", model), ("--k", k), ("--thinking", thinking))
                     if v is None]
     if missing_opts:
@@ -205,9 +213,18 @@ def lookup(
     form = format or "value"
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
     check_workload_options(workload, strata, uncovered, buckets, context)
-    record = lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), table=source,
-                        extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
-                        force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered)
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always", WeightedAnswer)
+        record = lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), table=source,
+                            extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
+                            force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered)
+    for said in heard:  # a weighted answer to an unweighted question is said where the runner reads its errors
+        if issubclass(said.category, WeightedAnswer):
+            typer.echo(f"warning: {said.message}", err=True)
+        else:
+            warnings.showwarning(said.message, said.category, said.filename, said.lineno)
+    if from_env:
+        asked.check(record.value())  # InferenceX forces what its file holds: answer only that
     sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell, force))
     for note in consumers.lookup_warnings(record, form):
         typer.echo(f"warning: {note}", err=True)

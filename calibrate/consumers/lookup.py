@@ -30,6 +30,18 @@ from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate 
 from calibrate.tables.store import DEFAULT_TABLE, connect, reading
 
 
+class WeightedAnswer(UserWarning):
+    """A question asked without a workload answered from an exported table that holds this key weighted to one
+    only (`export --workload`): the value is that workload's AL, not the plain AL the question asks for."""
+
+
+def weighted_unasked(record: AcceptanceRecord) -> str:
+    """What a weighted answer to an unweighted question is, in one line (the CLI's warning, the Python warning)."""
+    return (f"{record.target} | {record.speculator} | k={record.k} | thinking={record.thinking}: no workload was "
+            f"asked, and this table holds the key weighted to workload {record.workload} "
+            f"({record.workload_digest}) only: the AL given is that workload's, not the plain AL")
+
+
 class Table(Protocol):
     """Where records come from: the DuckDB store, or an exported table."""
 
@@ -284,6 +296,9 @@ def lookup(
     share of the workload's output tokens) unless `uncovered="nearest"`. The answer's `workload`,
     `workload_digest`, `coverage`, `filled`, `ci_low` / `ci_high` say what it is.
 
+    Asked without `workload`, an exported table that holds the key weighted to a workload only answers with that
+    weighted AL and a WeightedAnswer warning (a UserWarning naming the workload and its digest).
+
     `draft_len=` is k's earlier name, read for one release with a FutureWarning (shown to users by default).
     """
     k = _k_argument(k, draft_len)
@@ -325,6 +340,8 @@ def lookup_key(
         raise NotMeasured(f"no counts for {what} of {entry.target} with {entry.speculator}, k={entry.k}, "
                           f"thinking={entry.thinking} in {source.source}: {source.held(entry)}")
     record = _unless_contradicted(record, force)
+    if record.workload is not None:  # an export weighted to a workload, asked without one (WeightedAnswer)
+        warnings.warn(weighted_unasked(record), WeightedAnswer, stacklevel=2)
     return record if target_k is None else extrapolate_record(record, target_k)
 
 
@@ -374,14 +391,15 @@ def weighted_answer(source: Table, entry: CatalogEntry, workload: str | os.PathL
     """The entry's AL weighted to the workload: computed from a store, or read from an export weighted to the
     same file (same digest and strata); a plain export holds no per-request counts to weight."""
     from calibrate.workload.commands import nearest_asked
-    from calibrate.workload.profile import read_profile
+    from calibrate.workload.profile import profile_by_digest
     from calibrate.workload.weighting import Weighting, parse_strata, weighted_records
 
     if refused is not None:
         raise ValueError(f"lookup with a workload: {refused}")
     if not isinstance(workload, (str, os.PathLike)):
         raise TypeError(f"lookup: workload must be a path, got {type(workload).__name__} {workload!r}")
-    weighting = Weighting(read_profile(workload, edges), turn=parse_strata(strata), nearest=nearest_asked(uncovered))
+    weighting = Weighting(profile_by_digest(workload, edges), turn=parse_strata(strata),
+                          nearest=nearest_asked(uncovered))
     if isinstance(source, DuckDBTable):
         with source._reading() as con:
             records = weighted_records(con, _entry_filters(entry, None), weighting, n_boot=source.n_boot,

@@ -19,9 +19,12 @@ order (`_launcher_gate`, `_llmd_gate`), so a variable they read without a defaul
 where they would read it unset, and where they force nothing (an eval, not agentic, no speculation) lookup says
 so (exit 1); a THINKING_MODE other than thinking_on / thinking_off finds no curve in any loader; a Kimi-K3 DSpark
 recipe whose engine passes the loader no draft_sample_method has no curve (inferencex.loader_sampler); a recipe
-value of the wrong shape is one line naming the file and key. The reference-file launchers read the key
-MODEL_KEYS.get(MODEL_PREFIX, MODEL_PREFIX) as written, so a MODEL_PREFIX outside MODEL_KEYS, which InferenceX's
-file holds no key for, is refused; NUM_SPEC_TOKENS disagreeing with the recipe's generation role is an error;
+value of the wrong shape is one line naming the file and key. Which launcher runs, the FRAMEWORK values it
+serves and how it finds its AL are `launchers.py` (issue 49): a FRAMEWORK the newest launchers do not serve
+forces nothing (exit 1); a curve InferenceX does not commit fails its loader ("No committed golden curve"), and
+a MODEL_PREFIX outside MODEL_KEYS names a reference key InferenceX's file does not hold, so both are refused
+unless --golden-dir / --reference-file name where our export was put: then the value the launcher reads there
+is the answer, and a table answering another value is refused (`Question.check`); NUM_SPEC_TOKENS disagreeing with the recipe's generation role is an error;
 without it, k is the generation role's (decode's in a disaggregated recipe, as the newest launcher reads it),
 with a note where the recipes launcher would read another role's. The newest launchers do not read
 NUM_SPEC_TOKENS at all when a recipe gives k (a note says so). An option given on the command line (--model,
@@ -41,15 +44,16 @@ from typing import Any
 
 import yaml
 
-from calibrate.consumers import inferencex
+from calibrate.consumers import inferencex, launchers
 from calibrate.consumers.inferencex import RECIPE_METHODS
-from calibrate.consumers.reference_al import MODEL_KEYS, REFERENCE_FILE
+from calibrate.consumers.launchers import RECIPES
+from calibrate.consumers.reference_al import MODEL_KEYS
+from calibrate.tables.names import normalize_thinking
 
 ENV_VARIABLES = ("MODEL_PREFIX", "FRAMEWORK", "THINKING_MODE", "NUM_SPEC_TOKENS", "IS_AGENTIC", "SPEC_DECODING",
                  "EVAL_ONLY", "RUN_EVAL", "SYNTHETIC_ACCEPTANCE", "SYNTHETIC_ACCEPTANCE_LENGTH")
 # The recipes launcher's FRAMEWORK -> engine (synthetic_acceptance.py ENGINES); any other FRAMEWORK it refuses.
-REFERENCE_ENGINES = {"vllm": "vllm", "dynamo-vllm": "vllm", "dynamo-sglang": "sglang", "trt": "trtllm",
-                     "dynamo-trt": "trtllm"}
+REFERENCE_ENGINES = RECIPES.engines
 REFERENCE_DEFAULT_K = 2  # _spec_tokens when no role names k
 DEFAULT_THINKING = "thinking_on"  # the recipes launcher's default when THINKING_MODE is unset
 # THINKING_MODE as every InferenceX loader reads it: the curve's key itself (modes[THINKING_MODE]), no other spelling.
@@ -88,6 +92,15 @@ class RecipeSpec:
 
 
 @dataclass(frozen=True)
+class Forced:
+    """The AL InferenceX's launcher forces, read as it reads it from the file it reads (`--golden-dir`,
+    `--reference-file`): lookup answers only where the table's answer is that value."""
+
+    value: float
+    where: str  # the file, and the cell in it
+
+
+@dataclass(frozen=True)
 class Question:
     """What the runner asks: model (a MODEL_PREFIX when `prefix`), speculator, k, thinking, output form."""
 
@@ -100,6 +113,13 @@ class Question:
     override: float | None = None  # SYNTHETIC_ACCEPTANCE_LENGTH: the recipes launcher forces it, reading no table
     default_k: bool = False  # the recipes launcher fell back to k = 2: no role of the recipe names k
     notes: tuple[str, ...] = ()  # what InferenceX does differently from what the environment suggests
+    forced: Forced | None = None  # what the launcher forces, read from its file (None: that file was not given)
+
+    def check(self, answer: str) -> None:
+        """Refuse an answer (the table's AL as every consumer writes it) that is not what the launcher forces."""
+        if self.forced is not None and float(answer) != self.forced.value:
+            raise ValueError(f"{self.forced.where}: InferenceX forces AL {self.forced.value:g} there, and this table "
+                             f"answers {answer}: export this table into it, or ask the table it was exported from")
 
 
 def _mapping(value: object, where: str, source: str) -> Mapping[str, Any]:
@@ -282,15 +302,16 @@ def _synthetic_gate(env: Mapping[str, str]) -> None:
         raise NoSyntheticAcceptance("EVAL_ONLY=true: accuracy runs verify drafts for real, with no forced acceptance")
 
 
-def _curve_check(prefix: str | None, spec: RecipeSpec, dialect: str, source: str) -> None:
-    """Refuse what InferenceX's golden loader refuses for this recipe: a curve name it cannot form, or a Kimi-K3
-    DSpark curve without the draft_sample_method the engine's recipe hands it (inferencex.sampler_seen)."""
+def _curve_check(prefix: str | None, spec: RecipeSpec, dialect: str, source: str) -> str | None:
+    """The curve InferenceX's golden loader opens for this recipe (None without a MODEL_PREFIX); refuse what it
+    refuses: a curve name it cannot form, or a Kimi-K3 DSpark curve without the draft_sample_method the engine's
+    recipe hands it (inferencex.sampler_seen)."""
     if prefix is None:
-        return
+        return None
     engine = "vllm" if dialect == "llmd" else dialect  # llm-d's --speculative-config is vLLM's, whole
     try:
-        inferencex.curve_name(prefix, spec.method, spec.draft_model,
-                              inferencex.sampler_seen(engine, spec.method, spec.draft_sample_method))
+        return inferencex.curve_name(prefix, spec.method, spec.draft_model,
+                                     inferencex.sampler_seen(engine, spec.method, spec.draft_sample_method))
     except inferencex.SamplerRequired as exc:
         passes = "passes none" if inferencex.RECIPE_SAMPLERS[engine] is None else "names none"
         raise ValueError(f"{source}: {exc}, and this {dialect} recipe {passes}: InferenceX's launcher fails for "
@@ -335,9 +356,10 @@ def _integer_k(found: object, where: str) -> int:
 
 
 def _reference_question(env: Mapping[str, str], *, model: str | None, speculator: str | None, k: int | None,
-                        thinking: str | None, recipe: Path | None, dialect_of: Mapping[str, str | None]) -> Question:
+                        thinking: str | None, recipe: Path | None, reference_file: Path | None) -> Question:
     """The recipes launcher's question (SYNTHETIC_ACCEPTANCE is set): its gate, override, FRAMEWORK and key; k as
-    the newest launcher reads it (`_reference_k`)."""
+    the newest launcher reads it (`_reference_k`); the value it forces from `reference_file` where one is given
+    (launchers.reference_value), else a refusal for a key InferenceX's own file does not hold."""
     if env["SYNTHETIC_ACCEPTANCE"].strip().lower() != "true":
         raise NoSyntheticAcceptance(f"SYNTHETIC_ACCEPTANCE={env['SYNTHETIC_ACCEPTANCE']}: InferenceX forces "
                                     "acceptance only when it is true")
@@ -349,12 +371,9 @@ def _reference_question(env: Mapping[str, str], *, model: str | None, speculator
                          f"backend for it (it has {', '.join(REFERENCE_ENGINES)})")
     override = _override(env)
     prefix = (env.get("MODEL_PREFIX") or "").strip() or None
-    if model is None and prefix is not None and override is None and prefix not in MODEL_KEYS:
-        raise ValueError(f"MODEL_PREFIX={prefix} is not in InferenceX's MODEL_KEYS ({', '.join(MODEL_KEYS)}): its "
-                         "reference-file launchers (infx/recipes/synthetic_acceptance.py at 18385430d628, "
-                         "runners/inject_synthetic_acceptance.py at 843c6254f) then read the key "
-                         f"{prefix!r} of {REFERENCE_FILE} as written, which InferenceX's file does not hold, and fail; "
-                         "give --model to ask the table for a model")
+    reads_file = prefix is not None and override is None  # the launcher reads the file's key, whatever --model asks
+    if reads_file and model is None and reference_file is None and prefix not in MODEL_KEYS:
+        raise ValueError(launchers.unknown_reference_key(prefix))  # type: ignore[arg-type]
     given, default_k, notes = k, False, []
     if k is None and env.get("NUM_SPEC_TOKENS", "").strip():
         k = _integer_k(env["NUM_SPEC_TOKENS"].strip(), "NUM_SPEC_TOKENS")
@@ -362,7 +381,7 @@ def _reference_question(env: Mapping[str, str], *, model: str | None, speculator
         if framework is None:
             raise ValueError(f"--recipe needs FRAMEWORK set (one of {', '.join(REFERENCE_ENGINES)})")
         data = read_recipe(recipe)
-        spec = spec_of(data, dialect_of.get(framework) or REFERENCE_ENGINES[framework], str(recipe))
+        spec = spec_of(data, REFERENCE_ENGINES[framework], str(recipe))
         if k is None:
             k, default_k, notes = _reference_k(data, spec, REFERENCE_ENGINES[framework], str(recipe))
         elif given is None and spec is not None and spec.k and str(spec.k) != str(k):
@@ -382,10 +401,21 @@ def _reference_question(env: Mapping[str, str], *, model: str | None, speculator
     if model is None and prefix is None:
         raise ValueError("--from-env needs MODEL_PREFIX set (or --model)")
     # The reference file's key names the model: MODEL_KEYS' codes stand for it (dsv4dspark -> deepseek-v4-pro-0813).
-    asked = model or MODEL_KEYS.get(prefix, prefix)  # type: ignore[arg-type]
-    return Question(model=asked, speculator=speculator, k=k,
-                    thinking=thinking or _thinking(env, DEFAULT_THINKING), framework=framework, prefix=model is None,
-                    override=override, default_k=default_k, notes=tuple(notes))
+    asked = model or launchers.reference_key(prefix)  # type: ignore[arg-type]
+    mode = _mode(thinking, env)
+    forced = None
+    if reads_file and reference_file is not None:
+        forced = Forced(launchers.reference_value(reference_file, prefix, mode, k),  # type: ignore[arg-type]
+                        f"{reference_file} (key {launchers.reference_key(prefix)}, {mode}, k={k})")  # type: ignore[arg-type]
+    elif reads_file and model is None:
+        notes.append(launchers.committed_key_note(prefix))  # type: ignore[arg-type]
+    return Question(model=asked, speculator=speculator, k=k, thinking=thinking or mode, framework=framework,
+                    prefix=model is None, override=override, default_k=default_k, notes=tuple(notes), forced=forced)
+
+
+def _mode(thinking: str | None, env: Mapping[str, str]) -> str:
+    """The curve's key a run reads: THINKING_MODE as InferenceX reads it, or --thinking standing in for it."""
+    return f"thinking_{normalize_thinking(thinking)}" if thinking else _thinking(env, DEFAULT_THINKING)
 
 
 def _override(env: Mapping[str, str]) -> float | None:
@@ -424,23 +454,38 @@ def _reference_k(data: Mapping[str, Any], spec: RecipeSpec | None, engine: str,
 
 
 def question(env: Mapping[str, str], *, model: str | None, speculator: str | None, k: int | None,
-             thinking: str | None, recipe: Path | None, dialect_of: Mapping[str, str | None]) -> Question:
+             thinking: str | None, recipe: Path | None, golden_dir: Path | None = None,
+             reference_file: Path | None = None) -> Question:
     """Fill what the command line left out from the runner's environment and recipe (explicit options win).
 
-    `dialect_of`: FRAMEWORK -> the recipe dialect its engine reads (from the consumer registry). An empty
-    SYNTHETIC_ACCEPTANCE is no reference-launcher run (the newest launchers do not read it)."""
+    The launcher is the one InferenceX runs (launchers.py): the recipes launcher where SYNTHETIC_ACCEPTANCE is
+    set (not empty), else the one whose ENGINES serve FRAMEWORK; a FRAMEWORK none serves forces nothing (exit 1),
+    unless it is one of our own runners' (an engine no InferenceX launcher runs, such as llama.cpp). `golden_dir`
+    / `reference_file`: the folder / file that launcher reads, where this table's export was put."""
     if env.get("SYNTHETIC_ACCEPTANCE", "").strip():
+        if golden_dir is not None:
+            raise ValueError("--golden-dir is read by the golden-curve launchers; with SYNTHETIC_ACCEPTANCE set "
+                             f"{RECIPES.name} reads the reference file: give --reference-file")
         return _reference_question(env, model=model, speculator=speculator, k=k, thinking=thinking,
-                                   recipe=recipe, dialect_of=dialect_of)
+                                   recipe=recipe, reference_file=reference_file)
+    if reference_file is not None:
+        raise ValueError(f"--reference-file is read by {RECIPES.name}, which runs where SYNTHETIC_ACCEPTANCE is set; "
+                         "the newest launchers read golden curves: give --golden-dir")
     framework = (env.get("FRAMEWORK") or "").strip().lower() or None
     prefix = (env.get("MODEL_PREFIX") or "").strip() or None
-    dialect = dialect_of.get(framework) if framework else None
+    launcher = launchers.newest_launcher(framework) if framework else None
+    if framework is not None and launcher is None and not _our_runner(framework):
+        raise NoSyntheticAcceptance(launchers.unserved(framework))
+    dialect = launcher.engines[framework] if launcher is not None else None  # type: ignore[index]
     spec = None
     if recipe is not None:
         if dialect is None:
             raise ValueError(f"--recipe needs FRAMEWORK set to an engine whose recipe InferenceX reads; "
-                             f"FRAMEWORK={framework!r} (known: {', '.join(f for f, d in dialect_of.items() if d)})")
+                             f"FRAMEWORK={framework!r} (served: "
+                             f"{', '.join(f for one in launchers.NEWEST for f in one.engines)})")
         spec = spec_of(read_recipe(recipe), dialect, str(recipe))
+    elif golden_dir is not None:
+        raise ValueError("--golden-dir needs --recipe: the curve InferenceX opens is named by the recipe's method")
     speculates = None if recipe is None else spec is not None
     asked = {"MODEL_PREFIX": model, "THINKING_MODE": thinking}
     if dialect is None:
@@ -449,11 +494,11 @@ def question(env: Mapping[str, str], *, model: str | None, speculator: str | Non
         _llmd_gate(env, speculates, asked, str(recipe))
     else:
         _launcher_gate(env, speculates, asked, str(recipe))
-    given, notes = k, []
+    given, notes, forced = k, [], None
     if spec is not None:
         k = k if k is not None else spec.checked_k(str(recipe))
-        if model is None:
-            _curve_check(prefix, spec, dialect, str(recipe))  # type: ignore[arg-type]
+        forced = _golden(prefix, spec, dialect, recipe, golden_dir, _mode(thinking, env), notes,  # type: ignore[arg-type]
+                         asks_table=model is not None)
         if env.get("NUM_SPEC_TOKENS") and given is None:
             notes.append(f"NUM_SPEC_TOKENS={env['NUM_SPEC_TOKENS']} is not read by InferenceX's newest launchers: k "
                          f"is the recipe's, {k}")
@@ -471,7 +516,35 @@ def question(env: Mapping[str, str], *, model: str | None, speculator: str | Non
         raise ValueError("--from-env needs MODEL_PREFIX set (or --model)")
     return Question(model=model or prefix, speculator=speculator, k=k,
                     thinking=thinking or _thinking(env, DEFAULT_THINKING), framework=framework, prefix=model is None,
-                    notes=tuple(notes))
+                    notes=tuple(notes), forced=forced)
+
+
+def _our_runner(framework: str) -> bool:
+    """A FRAMEWORK of our registry that no InferenceX launcher runs (its recipe dialect is None: llama.cpp)."""
+    from calibrate.consumers import FRAMEWORKS  # the registry imports this package's modules, not this one
+
+    found = FRAMEWORKS.get(framework)
+    return found is not None and found.frameworks[framework] is None
+
+
+def _golden(prefix: str | None, spec: RecipeSpec, dialect: str, recipe: Path, golden_dir: Path | None, mode: str,
+            notes: list[str], asks_table: bool) -> Forced | None:
+    """What the golden loader forces for the recipe: read from `golden_dir` where given; else a note for a curve
+    InferenceX commits (it forces its own file), and a refusal for one it does not ("No committed golden curve"),
+    unless --model asks the table for a model of its choosing (`asks_table`: the curve is then not checked)."""
+    if asks_table and golden_dir is None:
+        return None
+    curve = _curve_check(prefix, spec, dialect, str(recipe))
+    if curve is None:
+        return None
+    k = spec.checked_k(str(recipe))  # the loader reads the recipe's k
+    if golden_dir is not None:
+        return Forced(launchers.golden_value(golden_dir, curve, mode, k), f"{golden_dir / curve}.yaml ({mode}, k={k})")
+    note = launchers.committed_curve_note(curve)
+    if note is None:
+        raise ValueError(launchers.uncommitted_curve(curve, prefix))  # type: ignore[arg-type]
+    notes.append(note)
+    return None
 
 
 def environment() -> dict[str, str]:

@@ -10,6 +10,9 @@ so a 2 GB corpus is profiled in the memory of its largest trace.
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import functools
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +116,46 @@ def read_profile(path: str | Path, edges: Sequence[int] | None = None, console: 
         with RunProgress(console, f"reading {path.name}", total=-(-size // MIB), what="MiB") as progress:
             return _count(path, cuts, size, progress)
     return _count(path, cuts, size, None)
+
+
+PROFILES_KEPT = 4  # workload profiles `profile_by_digest` keeps per process (each a few KiB of counts)
+
+
+def file_digest(path: str | Path) -> str:
+    """`sha256:<hex>` of a file's bytes, as WorkloadFile reports it (reading a 20 MB file takes tens of ms, its
+    parse about a second)."""
+    with open(path, "rb") as handle:
+        return f"sha256:{hashlib.file_digest(handle, 'sha256').hexdigest()}"
+
+
+@dataclass(frozen=True)
+class _Content:
+    """A workload file named by its bytes' digest: equal (and hashing equal) for equal bytes whatever its path,
+    so the profile cache below is keyed by content, never by path or mtime."""
+
+    digest: str
+    path: Path = field(compare=False)
+
+
+@functools.lru_cache(maxsize=PROFILES_KEPT)
+def _profile_of(content: _Content, edges: tuple[int, ...]) -> WorkloadProfile:
+    return _count(content.path, edges, content.path.stat().st_size, None)
+
+
+def profile_by_digest(path: str | Path, edges: Sequence[int] | None = None) -> WorkloadProfile:
+    """read_profile for repeated questions about one workload (`lookup --workload`, `calibrate.lookup(...,
+    workload=...)`): the file is hashed on every call (a changed file is read again), and parsed only when no
+    profile of its digest and edges is held. The cache is functools.lru_cache (PROFILES_KEPT profiles per process,
+    keyed by digest and edges); the profile returned names `path`, and is shared: callers must not change it."""
+    path = Path(path)
+    cuts = tuple(edges) if edges is not None else DEFAULT_CONTEXT_EDGES
+    context_dimension(cuts)  # validates the edges
+    WorkloadFile(path)  # a missing file, a directory or a suffix that is no workload: the reader's own message
+    digest = file_digest(path)
+    profile = _profile_of(_Content(digest, path), cuts)
+    if profile.digest != digest:  # the file changed between hashing and parsing: what was read is not kept
+        _profile_of.cache_clear()
+    return profile if profile.path == path else dataclasses.replace(profile, path=path)
 
 
 def _count(path: Path, edges: tuple[int, ...], size: int, progress: RunProgress | None) -> WorkloadProfile:
