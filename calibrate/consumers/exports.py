@@ -73,6 +73,14 @@ def table_rows(records: Sequence[AcceptanceRecord]) -> list[dict[str, Any]]:
     return [r.to_dict() for r in records]
 
 
+def full_rows(records: Sequence[AcceptanceRecord]) -> list[dict[str, Any]]:
+    """The rows with every column any of them has (an optional column, e.g. `chat_template`, on some rows
+    only), None where a row has none: what a CSV header and a Parquet schema need."""
+    rows = table_rows(records)
+    columns = list(dict.fromkeys(name for row in rows for name in row))
+    return [{name: row.get(name) for name in columns} for row in rows]
+
+
 def render_json(records: Sequence[AcceptanceRecord], stamp: Stamp) -> str:
     """The full table in an envelope `lookup` recognises (schema name, tool version, date)."""
     doc = {"schema": EXPORT_SCHEMA, "tool_version": stamp.tool_version, "generated": stamp.day,
@@ -82,7 +90,7 @@ def render_json(records: Sequence[AcceptanceRecord], stamp: Stamp) -> str:
 
 def render_csv(records: Sequence[AcceptanceRecord]) -> str:
     """One row per record; list columns (histogram, rates, provenance lists) are JSON in their cell."""
-    rows = table_rows(records)
+    rows = full_rows(records)
     out = io.StringIO()
     if rows:
         writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
@@ -99,7 +107,7 @@ def parquet_bytes(records: Sequence[AcceptanceRecord], stamp: Stamp) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pylist(table_rows(records))
+    table = pa.Table.from_pylist(full_rows(records))
     table = table.replace_schema_metadata({
         "schema": EXPORT_SCHEMA, "tool_version": stamp.tool_version, "generated": stamp.day,
     })

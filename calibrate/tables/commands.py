@@ -72,8 +72,15 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
             row["interrupted"] = True
         if r.disagreeing_steps:
             row["disagreeing_steps"] = r.disagreeing_steps
+        for condition in RUN_CONDITIONS:  # conditions a benchmark sets, where a run recorded one
+            if getattr(r, condition) is not None:
+                row[condition] = getattr(r, condition)
         rows.append(row)
     return rows
+
+
+# Record fields of the conditions a benchmark sets that move AL (calibrate.tables.records), shown where recorded.
+RUN_CONDITIONS = ("chat_template", "adaptive_verification")
 
 
 # Headers of the 80-column table (`--wide` keeps the long ones); the caption explains the short ones.
@@ -107,6 +114,10 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
     dims = sorted({b.dimension for b in buckets if b is not None})
     for dim in dims:  # `--by`: one bucket per row
         cells[dim] = [b.label if b is not None else "all" for b in buckets]
+    if any(r.chat_template is not None for r in records):  # only where some run went without the template
+        cells["template"] = [r.chat_template or "on" for r in records]
+    if any(r.adaptive_verification is not None for r in records):
+        cells["adaptive"] = [r.adaptive_verification or "-" for r in records]
     cells["reqs"] = [f"{r.requests}{'*' if interrupted(r) else ''}{'!' if r.disagreeing_steps else ''}"
                      for r in records]
     cells["steps"] = [str(r.steps) for r in records]
@@ -119,8 +130,13 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
     if any(r.empty_steps for r in records):
         cells["drafted AL"] = ["-" if r.drafted_acceptance_length is None else f"{r.drafted_acceptance_length:.3f}"
                                for r in records]
-    constant = _constants(cells, ("target", "think", "temperature", "top_p", "top_k", "dataset"))
+    constant = _constants(cells, ("target", "think", "temperature", "top_p", "top_k", "dataset", "template",
+                                  "adaptive"))
     notes = []
+    if "template" in cells:
+        notes.append("template: the target's chat template (on), or prompts sent without one (off)")
+    if "adaptive" in cells:
+        notes.append("adaptive: the serving engine's adaptive verification, where its own speculation was counted")
     if "drafted AL" in cells:
         notes.append("drafted: the drafted AL, over the steps that proposed drafts, as vLLM logs it; AL counts every "
                      "target pass")
