@@ -21,7 +21,7 @@ from typing import Any
 from calibrate.consumers.inferencex import Naming, sampling
 from calibrate.consumers.exported_table import EXPORT_SCHEMA
 from calibrate.errors import NothingUsable
-from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
+from calibrate.tables.records import RUN_CONDITIONS, SEGMENT_ALL, AcceptanceRecord
 from calibrate.version import __version__
 
 MODES = ("length", "rates")
@@ -53,8 +53,9 @@ class Stamp:
 
 def label(r: AcceptanceRecord) -> str:
     """The key of a record in one line, for the comment above its engine lines."""
+    conditions = "".join(f" | {name}={getattr(r, name)}" for name in RUN_CONDITIONS if getattr(r, name) is not None)
     return (f"{r.target} | {r.speculator} | k={r.k} | thinking={r.thinking} | "
-            f"dataset={r.dataset} | {sampling(r)}" + (f" | requests {r.bucket}" if r.bucket else ""))
+            f"dataset={r.dataset} | {sampling(r)}" + (f" | requests {r.bucket}" if r.bucket else "") + conditions)
 
 
 def overall(records: Sequence[AcceptanceRecord]) -> list[AcceptanceRecord]:

@@ -28,7 +28,7 @@ from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, bucket_labels, 
                                      from_name, parse_edges)
 from calibrate.tables.experts import ExpertRecord, load_expert_records
 from calibrate.tables.prefix_cache import HitRate, hit_rate_lines, hit_rates
-from calibrate.tables.records import FROM_EXPORTED, KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord
+from calibrate.tables.records import FROM_EXPORTED, KEY_FIELDS, RUN_CONDITIONS, SEGMENT_ALL, AcceptanceRecord
 from calibrate.tables.selection import csv_text, load_selection, no_match, resolve_filters, short_labels
 from calibrate.tables.store import DEFAULT_TABLE, connect, reading
 
@@ -77,10 +77,6 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
                 row[condition] = getattr(r, condition)
         rows.append(row)
     return rows
-
-
-# Record fields of the conditions a benchmark sets that move AL (calibrate.tables.records), shown where recorded.
-RUN_CONDITIONS = ("chat_template", "adaptive_verification")
 
 
 # Headers of the 80-column table (`--wide` keeps the long ones); the caption explains the short ones.

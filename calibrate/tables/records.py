@@ -351,6 +351,10 @@ def workload_lines(records: Sequence[AcceptanceRecord]) -> list[str]:
 
 
 # Columns a plain table leaves out (a record of a bucket, or weighted to a workload, has them).
+# The record fields of conditions a benchmark sets that move AL: shown, and named in exports' comments, where a
+# run recorded one.
+RUN_CONDITIONS = ("chat_template", "adaptive_verification")
+
 OPTIONAL_COLUMNS = ("bucket", "workload", "workload_digest", "coverage", "filled", "strata", "weighted_proposal_rate",
                     "drafted_ci_low", "drafted_ci_high", "chat_template", "adaptive_verification")
 
