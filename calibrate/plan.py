@@ -299,8 +299,9 @@ class Measurement:
         ks = ",".join(str(k) for k in self.ks)
         how = {"in-process": "in-process", "plain server": f"{self.backend} plain server",
                "speculating server": f"{self.backend} speculating"}[self.source]
+        untemplated = " without chat template" if any(run.spec.chat_template for run in self.runs) else ""
         return (f"{self.target} via {how}, {self.scorer} of {names} at k={ks} thinking={self.thinking} "
-                f"T={self.sampling.temperature:g}")
+                f"T={self.sampling.temperature:g}{untemplated}")
 
 
 @dataclass(frozen=True)

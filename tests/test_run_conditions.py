@@ -87,6 +87,9 @@ def test_chat_template_false_changes_the_plan_s_run_ids(tmp_path, pair):
     assert default == run_ids(config(tmp_path, target, name="d.toml", chat_template=True))
     off = run_ids(config(tmp_path, target, name="o.toml", chat_template=False))
     assert len(off) == len(default) and not set(off) & set(default)
+    cfg = load_routed_config(tmp_path / "o.toml")
+    [m] = plan(cfg, prepare(cfg))
+    assert m.label.endswith("T=0 without chat template") and m.runs[0].spec.chat_template == "off"
 
 
 # -- rendering -----------------------------------------------------------------------------------------------
