@@ -97,7 +97,8 @@ def test_chat_template_false_changes_the_plan_s_run_ids(tmp_path, pair):
 def test_without_the_template_the_prompt_is_the_messages_text(pair):
     tok = load_tokenizer(str(pair[0]))
     text = raw_text(request())
-    assert text == 'You fix bugs.\n\nFix the test.\n\nLooking.\n{"arguments": {"cmd": "ls"}, "name": "bash"}\n\na.py b.py'
+    assert text == ('You fix bugs.\n\nFix the test.\n\nLooking.\n{"arguments": {"cmd": "ls"}, "name": "bash"}'
+                    '\n\na.py b.py')
     raw = render_raw(request(), tok, context_tokens=4096)
     templated = render_prompt(request(), tok, thinking="off", context_tokens=4096, model_name="tiny")
     assert raw.ids == list(tok(text, add_special_tokens=True)["input_ids"]) != templated.ids
@@ -275,7 +276,8 @@ def test_a_connected_sglang_s_setting_is_stored_and_shown(tmp_path, pair):
 def test_a_resumed_run_must_agree_on_adaptive_verification(tmp_path):
     db = tmp_path / "a.duckdb"
     with Store(db) as store:
-        write_run(store, make_spec(method="sglang", adaptive_verification="off"), [Req("r0", "c0", {"answer": [1, 1, 1, 1]})])
+        write_run(store, make_spec(method="sglang", adaptive_verification="off"),
+                  [Req("r0", "c0", {"answer": [1, 1, 1, 1]})])
         assert store.begin_run(make_spec(method="sglang", adaptive_verification="off"))  # agrees: resumed
         with pytest.raises(StoreError, match="adaptive_verification = 'off', this engine has 'on'"):
             store.begin_run(make_spec(method="sglang", adaptive_verification="on"))
