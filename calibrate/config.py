@@ -298,10 +298,23 @@ class PairConfig(_Strict):
     are refused."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra arguments for the target's chat template (its thinking switch, where it is not detected)."""
+    chat_template: bool = True
+    """Render prompts with the target's chat template (the default), or `false`: as a benchmark that skips the
+    template sends them (InferenceX's DeepSeek-V4 recipes, `use_chat_template: false`), the messages' text
+    joined, no role markers, tokenized with the tokenizer's own special tokens (calibrate.data.raw_prompt).
+    It changes the prompt tokens, so `false` is part of the run's identity (`runs.chat_template = 'off'`);
+    without a template there is no thinking switch, so only `sweep.thinking = ["off"]` is measured."""
     backend: Literal["transformers", "llama.cpp", "vllm", "sglang"] = "transformers"
     """Where the target runs: `transformers` in this process, or a serving engine (needs `[pairs.server]`)."""
     server: ServerConfig | None = None
     """`[pairs.server]`: how a server backend is launched or reached (below)."""
+
+    @model_validator(mode="after")
+    def _template_kwargs_need_template(self) -> PairConfig:
+        if not self.chat_template and self.chat_template_kwargs:
+            raise ValueError("chat_template_kwargs are read by the chat template, and chat_template = false renders "
+                             "without one: drop one of them")
+        return self
 
     @model_validator(mode="after")
     def _backend(self) -> PairConfig:
@@ -416,6 +429,14 @@ class Config(_Strict):
     """`[[pairs]]`: one table per target."""
     sweep: SweepConfig
     """`[sweep]`: draft lengths, thinking modes, sampling."""
+
+    @model_validator(mode="after")
+    def _thinking_needs_template(self) -> Config:
+        raw = [n for n, p in enumerate(self.pairs) if not p.chat_template]
+        if raw and "on" in self.sweep.thinking:
+            raise ValueError(f"pairs{raw} set chat_template = false, which renders no thinking switch: sweep.thinking "
+                             "\"on\" cannot be honoured there; measure thinking = [\"off\"], or the template")
+        return self
 
     @model_validator(mode="after")
     def _experts_in_process(self) -> Config:

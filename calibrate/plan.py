@@ -299,8 +299,9 @@ class Measurement:
         ks = ",".join(str(k) for k in self.ks)
         how = {"in-process": "in-process", "plain server": f"{self.backend} plain server",
                "speculating server": f"{self.backend} speculating"}[self.source]
+        untemplated = " without chat template" if any(run.spec.chat_template for run in self.runs) else ""
         return (f"{self.target} via {how}, {self.scorer} of {names} at k={ks} thinking={self.thinking} "
-                f"T={self.sampling.temperature:g}")
+                f"T={self.sampling.temperature:g}{untemplated}")
 
 
 @dataclass(frozen=True)
@@ -460,7 +461,8 @@ def _run_spec(config: Config, selected: Selected, provenance: Provenance, pair: 
         sampling_seed=ds.seed if sampled else None, verification=group.verification if sampled else None,
         responses_from=group.responses_from, responses_dtype=group.responses_dtype,
         features_from=group.features_from if spec.reads_hidden_states else None,
-        served_model=target.served_model, target_id=target.model_id, speculator_kind=spec.kind,
+        served_model=target.served_model, chat_template=None if pair.chat_template else "off",
+        target_id=target.model_id, speculator_kind=spec.kind,
         draft_id=spec.described.draft_id, dataset_format=selected.dataset_format, selection=selected.selection,
         device=target.device or selected.device, seed=ds.seed,
         versions=provenance.versions, git_commit=provenance.git_commit,
@@ -514,8 +516,11 @@ def settle(run: PlannedRun, launched: Launched) -> RunSpec:
         if planned != AT_LOAD and planned != value:
             raise PlanMismatch(f"run {run.speculator} k={run.k}: the plan says {name} = {planned!r}, the engine "
                                f"measures {value!r}")
+    server = dict(launched.server)
+    adaptive = server.pop("adaptive_verification", None)  # its own column (calibrate.engines.adaptive)
     return replace(spec, target_hash=launched.target_fingerprint, draft_hash=built.draft_hash,
-                   target_id=launched.target_id, draft_id=built.draft_id, server=dict(launched.server))
+                   target_id=launched.target_id, draft_id=built.draft_id, server=server,
+                   adaptive_verification=adaptive)
 
 
 # -- provenance ---------------------------------------------------------------------------------------------------

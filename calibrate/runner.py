@@ -24,6 +24,7 @@ from rich.console import Console
 from calibrate.config import Config, PairConfig
 from calibrate.data import RenderedPrompt, label_segments, render_prompt, select_from_source
 from calibrate.data.conversation import Problem, ReplayRequest
+from calibrate.data.raw_prompt import render_raw
 from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
 from calibrate.engines import Engine, PairEngines
 from calibrate.errors import NothingUsable
@@ -86,8 +87,7 @@ def prepare(config: Config) -> Prepared:
             spec = pair.speculators[i]
             speculator_kind(spec.kind).check(spec, pair.target, tokenizer)  # e.g. a head's shapes, before weights
         for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
-            render_prompt(requests[0], tokenizer, thinking=thinking, context_tokens=ds.context_tokens,
-                          model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
+            render(config, pair, requests[0], tokenizer, thinking)
         if config.run.experts:
             check_moe(pair.target)
     return Prepared(requests=requests, selection=picked.provenance, fingerprint=picked.fingerprint,
@@ -233,11 +233,19 @@ def _announce_dtype(choice: DtypeChoice, device: str, console: Console) -> None:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
 
 
+def render(config: Config, pair: PairConfig, request: ReplayRequest, tokenizer: Any,
+           thinking: str) -> RenderedPrompt:
+    """A request as the pair's target sees it: through its chat template, or without one where the pair says
+    `chat_template = false` (calibrate.data.raw_prompt; the config allows thinking "off" only there)."""
+    if not pair.chat_template:
+        return render_raw(request, tokenizer, context_tokens=config.dataset.context_tokens)
+    return render_prompt(request, tokenizer, thinking=thinking, context_tokens=config.dataset.context_tokens,
+                         model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
+
+
 def _prompts(config: Config, pair: PairConfig, prepared: Prepared, tokenizer: Any,
              thinking: str) -> list[RenderedPrompt]:
-    return [render_prompt(r, tokenizer, thinking=thinking, context_tokens=config.dataset.context_tokens,
-                          model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
-            for r in prepared.requests]
+    return [render(config, pair, r, tokenizer, thinking) for r in prepared.requests]
 
 
 def lanes(config: Config, pair: PairConfig) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 from calibrate.consumers.inferencex import Naming, sampling
 from calibrate.consumers.exported_table import EXPORT_SCHEMA
 from calibrate.errors import NothingUsable
-from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord
+from calibrate.tables.records import RUN_CONDITIONS, SEGMENT_ALL, AcceptanceRecord
 from calibrate.version import __version__
 
 MODES = ("length", "rates")
@@ -61,8 +61,9 @@ class Stamp:
 
 def label(r: AcceptanceRecord) -> str:
     """The key of a record in one line, for the comment above its engine lines."""
+    conditions = "".join(f" | {name}={getattr(r, name)}" for name in RUN_CONDITIONS if getattr(r, name) is not None)
     return (f"{r.target} | {r.speculator} | k={r.k} | thinking={r.thinking} | "
-            f"dataset={r.dataset} | {sampling(r)}" + (f" | requests {r.bucket}" if r.bucket else ""))
+            f"dataset={r.dataset} | {sampling(r)}" + (f" | requests {r.bucket}" if r.bucket else "") + conditions)
 
 
 def overall(records: Sequence[AcceptanceRecord]) -> list[AcceptanceRecord]:
@@ -81,6 +82,14 @@ def table_rows(records: Sequence[AcceptanceRecord]) -> list[dict[str, Any]]:
     return [r.to_dict() for r in records]
 
 
+def full_rows(records: Sequence[AcceptanceRecord]) -> list[dict[str, Any]]:
+    """The rows with every column any of them has (an optional column, e.g. `chat_template`, on some rows
+    only), None where a row has none: what a CSV header and a Parquet schema need."""
+    rows = table_rows(records)
+    columns = list(dict.fromkeys(name for row in rows for name in row))
+    return [{name: row.get(name) for name in columns} for row in rows]
+
+
 def render_json(records: Sequence[AcceptanceRecord], stamp: Stamp) -> str:
     """The full table in an envelope `lookup` recognises (schema name, tool version, date)."""
     doc = {"schema": EXPORT_SCHEMA, "tool_version": stamp.tool_version, "generated": stamp.day,
@@ -90,7 +99,7 @@ def render_json(records: Sequence[AcceptanceRecord], stamp: Stamp) -> str:
 
 def render_csv(records: Sequence[AcceptanceRecord]) -> str:
     """One row per record; list columns (histogram, rates, provenance lists) are JSON in their cell."""
-    rows = table_rows(records)
+    rows = full_rows(records)
     out = io.StringIO()
     if rows:
         writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
@@ -107,7 +116,7 @@ def parquet_bytes(records: Sequence[AcceptanceRecord], stamp: Stamp) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pylist(table_rows(records))
+    table = pa.Table.from_pylist(full_rows(records))
     table = table.replace_schema_metadata({
         "schema": EXPORT_SCHEMA, "tool_version": stamp.tool_version, "generated": stamp.day,
     })

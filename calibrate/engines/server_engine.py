@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from calibrate.data import RenderedPrompt
+from calibrate.engines.adaptive import adaptive_verification
 from calibrate.engines.audit import Placement, Twin, disagreeing_steps, place_steps, reconciled_counts
 from calibrate.engines.base import BatchResult, Budget, Labeller, Measured, TargetIdentity
 from calibrate.engines.inflight import concurrently
@@ -180,7 +181,12 @@ class ServerEngine:
 
     @property
     def provenance(self) -> dict[str, Any]:
-        return {**self.server.provenance, **({"prefix_cache": True} if self.slots is not None else {})}
+        """The server's provenance, and the engine's adaptive verification where its backend has one (taken
+        into the run's own column by calibrate.plan.settle)."""
+        launched = self.server.launched
+        adaptive = adaptive_verification(self.name, None if launched is None else launched.command, self.server.info)
+        return {**self.server.provenance, **({"prefix_cache": True} if self.slots is not None else {}),
+                **({"adaptive_verification": adaptive} if adaptive is not None else {})}
 
     @property
     def served_model(self) -> str | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from calibrate.engines.adaptive import SGLANG_INFO
 from calibrate.engines.base import Budget
 from calibrate.engines.replies import Asked, Fields, FinishReasons
 from calibrate.engines.server_engine import Generated, Reply, Served
@@ -127,7 +128,8 @@ class SGLangBackend:
             raise EngineError(f"sglang at {url}: /get_server_info names no model_path: is this an SGLang server?")
         return {"engine_version": info.get("version"), "model": info.get("model_path"),
                 "speculative_algorithm": info.get("speculative_algorithm"),
-                "speculative_num_draft_tokens": info.get("speculative_num_draft_tokens")}
+                "speculative_num_draft_tokens": info.get("speculative_num_draft_tokens"),
+                SGLANG_INFO: info.get(SGLANG_INFO)}  # its adaptive verification (calibrate.engines.adaptive)
 
     def speculates(self, url: str, info: dict[str, Any], timeout: float) -> bool:
         return bool(info.get("speculative_algorithm"))

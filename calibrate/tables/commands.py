@@ -30,7 +30,8 @@ from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, bucket_labels, 
 from calibrate.tables.cost import COST_HELP
 from calibrate.tables.experts import ExpertRecord, load_expert_records
 from calibrate.tables.prefix_cache import HitRate, hit_rate_lines, hit_rates
-from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord, with_earlier_names
+from calibrate.tables.records import (FROM_EXPORTED, KEY_FIELDS, RUN_CONDITIONS, SEGMENT_ALL, AcceptanceRecord,
+                                     with_earlier_names)
 from calibrate.tables.selection import csv_text, load_selection, no_match, resolve_filters, short_labels
 from calibrate.tables.store import DEFAULT_TABLE, connect, reading
 
@@ -74,6 +75,9 @@ def show_rows(records: Sequence[AcceptanceRecord], segments: bool) -> list[dict[
             row["interrupted"] = True
         if r.disagreeing_steps:
             row["disagreeing_steps"] = r.disagreeing_steps
+        for condition in RUN_CONDITIONS:  # conditions a benchmark sets, where a run recorded one
+            if getattr(r, condition) is not None:
+                row[condition] = getattr(r, condition)
         rows.append(with_earlier_names(row))
     return rows
 
@@ -109,6 +113,10 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
     dims = sorted({b.dimension for b in buckets if b is not None})
     for dim in dims:  # `--by`: one bucket per row
         cells[dim] = [b.label if b is not None else "all" for b in buckets]
+    if any(r.chat_template is not None for r in records):  # only where some run went without the template
+        cells["template"] = [r.chat_template or "on" for r in records]
+    if any(r.adaptive_verification is not None for r in records):
+        cells["adaptive"] = [r.adaptive_verification or "-" for r in records]
     cells["reqs"] = [f"{r.requests}{'*' if interrupted(r) else ''}{'!' if r.disagreeing_steps else ''}"
                      for r in records]
     cells["steps"] = [str(r.steps) for r in records]
@@ -121,8 +129,13 @@ def _render_table(records: Sequence[AcceptanceRecord], segments: bool, wide: boo
     if any(r.empty_steps for r in records):
         cells["drafted AL"] = ["-" if r.drafted_acceptance_length is None else f"{r.drafted_acceptance_length:.3f}"
                                for r in records]
-    constant = _constants(cells, ("target", "think", "temperature", "top_p", "top_k", "dataset"))
+    constant = _constants(cells, ("target", "think", "temperature", "top_p", "top_k", "dataset", "template",
+                                  "adaptive"))
     notes = []
+    if "template" in cells:
+        notes.append("template: the target's chat template (on), or prompts sent without one (off)")
+    if "adaptive" in cells:
+        notes.append("adaptive: the serving engine's adaptive verification, where its own speculation was counted")
     if "drafted AL" in cells:
         notes.append("drafted: the drafted AL, over the steps that proposed drafts, as vLLM logs it; AL counts every "
                      "target pass")

@@ -395,9 +395,12 @@ def _request_positions(con: duckdb.DuckDBPyConnection, keyed: str, params: list[
 
 def _key_rows(scope: _Scope) -> list[tuple[Any, ...]]:
     """Per key: its fields, then its provenance lists (what `_record` unpacks), in key order."""
-    # A store from before the verification rule was recorded, opened read-only, lacks the column.
-    rules = ("list_sort(list_distinct(list(verification) FILTER (WHERE verification IS NOT NULL)))"
-             if "verification" in _columns(scope.con, "runs") else "[]")
+    # A store from before the verification rule (the chat template, adaptive verification) was recorded,
+    # opened read-only, lacks the column.
+    present = _columns(scope.con, "runs")
+    rules, templates, adaptive = (
+        f"list_sort(list_distinct(list({col}) FILTER (WHERE {col} IS NOT NULL)))" if col in present else "[]"
+        for col in ("verification", "chat_template", "adaptive_verification"))
     return scope.run(
         f"""SELECT key_ix, {_KEY_COLS},
                list_sort(list_distinct(list(target_id))), list_sort(list_distinct(list(speculator_kind))),
@@ -405,7 +408,7 @@ def _key_rows(scope: _Scope) -> list[tuple[Any, ...]]:
                list_sort(list_distinct(list(method))), list_sort(list_distinct(list(dataset_fingerprint))),
                list_sort(list_distinct(list(status))), list_sort(list_distinct(list(git_commit))),
                list_sort(list_distinct(list(versions))), min(started_at), max(finished_at),
-               list_sort(list_distinct(list(target_hash))), {rules}
+               list_sort(list_distinct(list(target_hash))), {rules}, {templates}, {adaptive}
         FROM runs JOIN keyed USING (run_id)
         GROUP BY key_ix, {_KEY_COLS} ORDER BY key_ix"""
     ).fetchall()
@@ -597,7 +600,7 @@ def _record(
     tokens, censored, expected_sum, expected_steps, drafted, empty = totals
     key = dict(zip(KEY_FIELDS, key_row[1:1 + len(KEY_FIELDS)]))
     (target_ids, kinds, draft_ids, run_ids, methods, fingerprints, statuses, commits, versions,
-     started, finished, target_hashes, rules) = key_row[1 + len(KEY_FIELDS):]
+     started, finished, target_hashes, rules, templates, adaptive) = key_row[1 + len(KEY_FIELDS):]
     expected = (
         float(stats.expected_acceptance_length(expected_sum, expected_steps))
         if expected_sum is not None and expected_steps else None
@@ -638,6 +641,8 @@ def _record(
         samples=facts.samples,
         disagreeing_steps=facts.disagreeing_steps if facts.audited else None,
         verifications=tuple(rules or ()),
+        chat_template="+".join(templates) if templates else None,  # one run per key: conditions never mix
+        adaptive_verification="+".join(adaptive) if adaptive else None,
         speculator_kinds=tuple(kinds),
         draft_ids=tuple(draft_ids),
         run_ids=tuple(run_ids),

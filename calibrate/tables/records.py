@@ -160,6 +160,13 @@ class AcceptanceRecord(RunKey):
     samples: int = 1
     # Verification rules of the runs at temperature > 0 ("probabilistic", "target-only"); () at temperature 0.
     verifications: tuple[str, ...] = ()
+    # Conditions a benchmark sets that move AL (columns only where they have a value, so earlier tables read as
+    # they did): `chat_template` "off" where the prompts were sent without the target's chat template
+    # (`[[pairs]] chat_template = false`), None through it; `adaptive_verification` the setting of the serving
+    # engine whose own speculation was counted ("on", "off", "not reported"; calibrate.engines.adaptive), None
+    # where none was or the engine has no such setting.
+    chat_template: str | None = None
+    adaptive_verification: str | None = None
     # Why the record carries no confidence interval although it is measured (stats.ci_withheld: too few
     # conversations for a clustered bootstrap); None when it carries one, or is an extrapolation.
     ci_note: str | None = None
@@ -355,8 +362,12 @@ def workload_lines(records: Sequence[AcceptanceRecord]) -> list[str]:
 
 
 # Columns a plain table leaves out (a record of a bucket, or weighted to a workload, has them).
+# The record fields of conditions a benchmark sets that move AL: shown, and named in exports' comments, where a
+# run recorded one.
+RUN_CONDITIONS = ("chat_template", "adaptive_verification")
+
 OPTIONAL_COLUMNS = ("bucket", "workload", "workload_digest", "coverage", "filled", "strata", "weighted_proposal_rate",
-                    "drafted_ci_low", "drafted_ci_high")
+                    "drafted_ci_low", "drafted_ci_high", "chat_template", "adaptive_verification")
 
 
 def _plain(value: Any) -> Any:

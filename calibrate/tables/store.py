@@ -212,8 +212,11 @@ def _condition(sql: str, omit_none: bool = False, **default: Any) -> Any:
     return field(metadata={"role": CONDITION, "sql": sql, "omit_none": omit_none}, **default)
 
 
-def _provenance(sql: str, **default: Any) -> Any:
-    return field(metadata={"role": PROVENANCE, "sql": sql}, **default)
+def _provenance(sql: str, must_agree: bool = False, **default: Any) -> Any:
+    """Provenance: recorded beside the identity. `must_agree`: a condition only launching tells (an engine's own
+    setting), which a resumed run must have as the stored run has it (`Store.begin_run`), or its counts would
+    pool with counts made otherwise."""
+    return field(metadata={"role": PROVENANCE, "sql": sql, "must_agree": must_agree}, **default)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,6 +247,9 @@ class RunSpec(RunKey):
     # A connected server that serves another model than the target (`[pairs.server] served_model`, checked
     # against what it says it serves: calibrate.engines.served_model); None where it serves the target itself.
     served_model: str | None = _condition("VARCHAR", omit_none=True, default=None)
+    # How the prompts were rendered: None with the target's chat template (the default, and every run stored
+    # before this was recorded), "off" without one (`[[pairs]] chat_template = false`, calibrate.data.raw_prompt).
+    chat_template: str | None = _condition("VARCHAR", omit_none=True, default=None)
     # provenance: recorded, not identity
     target_id: str = _provenance("VARCHAR")
     speculator_kind: str = _provenance("VARCHAR")
@@ -255,6 +261,10 @@ class RunSpec(RunKey):
     versions: dict[str, str] = _provenance("JSON", default_factory=dict)
     git_commit: str | None = _provenance("VARCHAR", default=None)
     dtype_reason: str | None = _provenance("VARCHAR", default=None)  # why `dtype` was chosen ("auto: ...")
+    # A speculating server's adaptive verification (calibrate.engines.adaptive): "on", "off", or "not reported"
+    # (a connected server that does not say); None where no serving engine's own speculation was counted, or
+    # the engine has no such setting. Read at launch, so provenance; a resumed run must agree with it.
+    adaptive_verification: str | None = _provenance("VARCHAR", must_agree=True, default=None)
 
     def identity(self) -> dict[str, Any]:
         """The fields that define what was measured, as stored (JSON fields encoded), under the names the run id
@@ -272,6 +282,10 @@ class RunSpec(RunKey):
     def run_id(self) -> str:
         blob = json.dumps({"identity": IDENTITY_VERSION, **self.identity()}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _shown(value: Any) -> str:
+    return "none recorded" if value is None else repr(value)
 
 
 def _column_value(f: Any, value: Any) -> Any:
@@ -527,6 +541,7 @@ class Store:
         row = spec.row()
         exists = self.con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone()
         if exists:
+            self._check_agrees(run_id, row)
             names = fields_of(PROVENANCE)
             self.con.execute(
                 f"UPDATE runs SET status = 'running', {', '.join(f'{n} = ?' for n in names)} WHERE run_id = ?",
@@ -540,6 +555,17 @@ class Store:
             [row[c] for c in cols],
         )
         return run_id
+
+    def _check_agrees(self, run_id: str, row: dict[str, Any]) -> None:
+        """A resumed run whose must-agree provenance (an engine's adaptive verification) differs from the stored
+        run's is a StoreError naming both: the new counts would pool with counts made otherwise. A stored NULL
+        (not recorded then) agrees with anything."""
+        names = [f.name for f in fields(RunSpec) if f.metadata.get("must_agree")]
+        stored = self.con.execute(f"SELECT {', '.join(names)} FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        for name, before in zip(names, stored):
+            if before is not None and before != row[name]:
+                raise StoreError(f"{self.path}: run {run_id} was measured with {name} = {before!r}, this engine has "
+                                 f"{_shown(row[name])}: its counts would pool with those; measure into another store")
 
     def finish_run(self, run_id: str, status: str = "finished") -> None:
         now = datetime.now(timezone.utc).replace(tzinfo=None)
