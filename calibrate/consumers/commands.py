@@ -24,7 +24,8 @@ from calibrate.tables.commands import BOOT_OPT, DB_OPT, SEED_OPT, filtered, give
 from calibrate.tables.selection import load_selection
 from calibrate.tables.query import FilterOptions
 from calibrate.terms import check_k
-from calibrate.workload.commands import (BUCKETS_OPT, STRATA_OPT, UNCOVERED_OPT, WORKLOAD_OPT, check_workload_options,
+from calibrate.workload.commands import (BUCKETS_OPT, STRATA_OPT, UNCOVERED_OPT, WINDOW_OPT, WORKLOAD_OPT,
+                                         check_workload_options,
                                          edges_of, load_weighting, weighted_selection)
 
 # Choices the CLI offers come from the consumer registry (calibrate.consumers) and InferenceX's names.
@@ -85,14 +86,15 @@ def export(
     buckets: Optional[str] = BUCKETS_OPT,
     strata: str = STRATA_OPT,
     uncovered: str = UNCOVERED_OPT,
+    window: Optional[str] = WINDOW_OPT,
 ) -> None:
     """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
     target = consumers.consumer(to)
-    check_workload_options(workload, strata, uncovered, buckets, context)
+    check_workload_options(workload, strata, uncovered, buckets, context, window)
     if workload is not None:
         if context is not None:
             raise ValueError("--context picks one bucket; --workload weights over all of them: give one of the two")
-        records = weighted_selection(db, filters, load_weighting(workload, buckets, strata, uncovered),
+        records = weighted_selection(db, filters, load_weighting(workload, buckets, strata, uncovered, window),
                                      bootstrap, seed)
     else:
         records = load_selection(db, filters, target.segments, bootstrap, seed,
@@ -147,6 +149,7 @@ def lookup(
     buckets: Optional[str] = BUCKETS_OPT,
     strata: str = STRATA_OPT,
     uncovered: str = UNCOVERED_OPT,
+    window: Optional[str] = WINDOW_OPT,
 ) -> None:
     """The measured AL of one (model, speculator, k, thinking), rendered for a runner or an engine."""
     # The table is read (an export strictly) before anything else: a malformed one is named, whatever else is wrong.
@@ -181,10 +184,11 @@ def lookup(
         raise ValueError(f"missing {', '.join(missing_opts)} (or use --from-env)")
     form = format or "value"
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
-    check_workload_options(workload, strata, uncovered, buckets, context)
+    check_workload_options(workload, strata, uncovered, buckets, context, window)
     record = lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), table=source,
                         extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
-                        force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered)
+                        force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered,
+                        window=window)
     sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell, force))
     for note in consumers.lookup_warnings(record, form):
         typer.echo(f"warning: {note}", err=True)

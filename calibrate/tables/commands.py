@@ -298,7 +298,8 @@ _FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out wou
 
 # `show --workload`: the weighting lives in calibrate.workload, which reads this package; the CLI hands it to
 # `show_command` (calibrate.cli), so the tables never import it.
-WeightedShow = Callable[[Path, query.FilterOptions, Optional[Path], Optional[str], str, str, str, int, int], None]
+WeightedShow = Callable[[Path, query.FilterOptions, Optional[Path], Optional[str], str, str, str, int, int,
+                         Optional[str]], None]
 
 
 def show_command(weighted: WeightedShow) -> Callable[..., None]:
@@ -330,6 +331,9 @@ def show_command(weighted: WeightedShow) -> Callable[..., None]:
         strata: str = typer.Option("context", "--strata", help="With --workload: context or context,turn."),
         uncovered: str = typer.Option("refuse", "--uncovered", help="With --workload: refuse a stratum measured with < "
                                       "10 conversations, or fill it from the nearest measured one (nearest)."),
+        window: Optional[str] = typer.Option(
+            None, "--window", help="With --workload (CC traces): only the requests the benchmark measures, "
+            "`start=0.25-0.75,warmup=10` or a preset (agentx); see calibrate workload inspect --window."),
     ) -> None:
         """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
         if experts:
@@ -338,11 +342,11 @@ def show_command(weighted: WeightedShow) -> Callable[..., None]:
                                  f"{'--by' if by is not None else '--segments' if segments else '--workload'}")
             _show_experts(db, filters, format, bootstrap, seed, wide)
             return
-        if workload is not None or strata != "context" or uncovered != "refuse":
+        if workload is not None or strata != "context" or uncovered != "refuse" or window is not None:
             if by is not None or segments:
                 raise ValueError(f"--workload gives one weighted row per key: it does not combine with "
                                  f"{'--by' if by is not None else '--segments'}")
-            weighted(db, filters, workload, buckets, strata, uncovered, format.value, bootstrap, seed)
+            weighted(db, filters, workload, buckets, strata, uncovered, format.value, bootstrap, seed, window)
             return
         if buckets is not None and (by is None or by.value != CONTEXT.name):
             raise ValueError("--buckets sets context edges: give --by context or --workload with it")
