@@ -317,8 +317,9 @@ def show_command(weighted: WeightedShow) -> Callable[..., None]:
         seed: int = SEED_OPT,
         wide: bool = typer.Option(False, "--wide", help="Table: full speculator labels, however wide."),
         by: Optional[ByDimension] = typer.Option(
-            None, "--by", help=f"One row per bucket: context ({CONTEXT.description}: {bucket_labels(CONTEXT)}) or turn "
-            f"({TURN.description}: {bucket_labels(TURN)})."),
+            None, "--by", help=f"One row per bucket: context ({CONTEXT.description}: {bucket_labels(CONTEXT)}), turn "
+            f"({TURN.description}: {bucket_labels(TURN)}) or position (the response token a step starts at, powers "
+            "of two: 1, 2-3, 4-7, ..., 32768+; runs stored before position counts were kept have none)."),
         experts: bool = typer.Option(False, "--experts", help="The MoE verify-cost profile instead (runs with "
                                      "`[run] experts = true`): touch multiplier, CI, expert bytes per step and token; "
                                      "json / csv export it."),

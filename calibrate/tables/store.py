@@ -13,6 +13,10 @@ Layout (one row each):
 - `accept_counts`: one per (run, request, segment, accepted) with steps > 0: the histogram itself.
 - `position_counts`: one per (run, request, position) where an engine reports per-position counts only
   (vLLM's `num_accepted_tokens_per_pos`): steps whose draft at that position was accepted.
+- `running_counts`: one per (run, request, running-position bin, accepted) with steps > 0: the histogram of
+  the steps that start at response tokens 2^bin .. 2^(bin+1) - 1 (`calibrate.terms.position_bin`), all
+  segments together: AL along the response. Written for step-walked responses (replay, loop, an engine's
+  per-step list); runs stored before it was kept, and engines that give totals only, have no rows.
 - `engine_responses`: a server engine's raw response fields per (run, request), kept for audit.
 - `expert_counts`: the MoE verify-cost profile (`[run] experts = true`, calibrate.replay.experts), one per
   (run, request, k, layer, batch size, routing): verify steps, positions fed, and distinct routed experts
@@ -140,6 +144,16 @@ CREATE TABLE IF NOT EXISTS position_counts (
     position INTEGER NOT NULL,
     steps BIGINT NOT NULL,
     PRIMARY KEY (run_id, request_id, position)
+);
+-- AL along the response: accepted-draft histograms per running-position bin (calibrate.terms.position_bin); a
+-- store written before has no rows for its runs (they are in no running-position bucket)
+CREATE TABLE IF NOT EXISTS running_counts (
+    run_id VARCHAR NOT NULL,
+    request_id VARCHAR NOT NULL,
+    position_bin INTEGER NOT NULL,
+    accepted INTEGER NOT NULL,
+    steps BIGINT NOT NULL,
+    PRIMARY KEY (run_id, request_id, position_bin, accepted)
 );
 CREATE TABLE IF NOT EXISTS engine_responses (
     run_id VARCHAR NOT NULL,
@@ -538,7 +552,7 @@ class Store:
         `raw` maps (run_id, request_id) to a server engine's response fields, stored with the counts;
         `experts` to the request's expert rows, each with its batch's member request ids.
         """
-        rows: dict[str, list[list[Any]]] = {"req": [], "seg": [], "acc": [], "pos": [], "raw": [], "exp": []}
+        rows: dict[str, list[list[Any]]] = {name: [] for name in _WRITE_SQL}
         for (run_id, request_id), expert_rows in (experts or {}).items():
             rows["exp"].extend([run_id, request_id, e.k, e.layer, e.batch_size, e.routing, e.steps,
                                 e.positions, e.distinct, json.dumps(members)] for e, members in expert_rows)
@@ -573,6 +587,7 @@ _WRITE_SQL = {
            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "acc": "INSERT INTO accept_counts VALUES (?, ?, ?, ?, ?)",
     "pos": "INSERT INTO position_counts VALUES (?, ?, ?, ?)",
+    "running": "INSERT INTO running_counts VALUES (?, ?, ?, ?, ?)",
     "raw": "INSERT INTO engine_responses VALUES (?, ?, ?)",
     "exp": "INSERT INTO expert_counts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 }
@@ -595,3 +610,5 @@ def _count_rows(rows: dict[str, list[list[Any]]], run_id: str, request_id: str,
             seg.drafted_tokens, seg.empty_steps, int(accepted_drafts(hist)), True,
         ])
         rows["acc"].extend([run_id, request_id, segment, int(a), int(n)] for a, n in enumerate(hist) if n > 0)
+    rows["running"].extend([run_id, request_id, b, int(a), int(n)] for b, hist in sorted(counts.positions.items())
+                           for a, n in enumerate(hist) if n > 0)

@@ -2,7 +2,8 @@
 
 `--workload FILE` (a CC-trace JSONL or a plain table: `calibrate.workload.reader`), `--buckets 1k,2k,...`
 (context edges, default doubling 1k..1M), `--strata context[,turn]`, `--uncovered nearest` and `--window`
-(the part of each trace the benchmark measures: `calibrate.workload.window`) are spelled here once; `weighted_selection` is what each command reads with them. Errors are one line with the exit
+(the part of each trace the benchmark measures: `calibrate.workload.window`) are spelled here once;
+`weighted_selection` is what each command reads with them. Errors are one line with the exit
 status of `calibrate.errors`: 2 for a bad file or option (naming file:line and the field), 1 for a stratum
 that was not measured (naming it and its share of the workload's output tokens).
 """

@@ -69,12 +69,15 @@ def _number(value: float) -> float:
 def window_summary(profile: WorkloadProfile) -> dict[str, Any]:
     """The window and the share of the file it counts (requests, output and decode tokens)."""
     whole, kept = profile.whole, profile.total
+
+    def share(part: float, of: float) -> float:
+        return round(part / of, 6) if of else 0.0
+
     return {"window": profile.window.text if profile.window else None,
             "file_requests": whole.requests, "file_output_tokens": whole.output_tokens,
-            "file_decode_tokens": whole.decode_tokens,
-            "share_of_requests": round(kept.requests / whole.requests, 6) if whole.requests else 0.0,
-            "share_of_output_tokens": round(kept.output_tokens / whole.output_tokens, 6) if whole.output_tokens else 0.0,
-            "share_of_decode_tokens": round(kept.decode_tokens / whole.decode_tokens, 6) if whole.decode_tokens else 0.0}
+            "file_decode_tokens": whole.decode_tokens, "share_of_requests": share(kept.requests, whole.requests),
+            "share_of_output_tokens": share(kept.output_tokens, whole.output_tokens),
+            "share_of_decode_tokens": share(kept.decode_tokens, whole.decode_tokens)}
 
 
 def window_line(profile: WorkloadProfile) -> str:
