@@ -205,5 +205,5 @@ def inspect_command(
         typer.echo(f"wrote {plot_profile(profile, plot, force)}", err=True)
 
 
-__all__ = ["workload_app", "WORKLOAD_OPT", "BUCKETS_OPT", "STRATA_OPT", "UNCOVERED_OPT", "WINDOW_OPT", "load_weighting",
-           "weighted_selection", "render_weighted", "check_workload_options"]
+__all__ = ["workload_app", "WORKLOAD_OPT", "BUCKETS_OPT", "STRATA_OPT", "UNCOVERED_OPT", "WINDOW_OPT",
+           "load_weighting", "weighted_selection", "render_weighted", "check_workload_options"]

@@ -14,7 +14,7 @@ which share the window holds.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,7 +137,8 @@ def _count(path: Path, edges: tuple[int, ...], size: int, progress: RunProgress 
     source = WorkloadFile(path, on_bytes)
     profile = WorkloadProfile(path=path, digest="", size_bytes=size, edges=edges, window=window)
 
-    def every(requests):  # noqa: ANN001, ANN202 - the file's requests, each counted once in `whole`
+    def every(requests: Iterable[WorkloadRequest]) -> Iterator[WorkloadRequest]:
+        """The file's requests, each counted once in `whole` as it passes."""
         for request in requests:
             profile.whole.add(request)
             yield request

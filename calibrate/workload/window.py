@@ -39,8 +39,6 @@ from dataclasses import dataclass
 
 from calibrate.workload.reader import WorkloadError, WorkloadRequest
 
-AGENTX_SOURCE = ("SemiAnalysisAI/agentx-harness src/aiperf/common/scenario/inferencex_agentx_mvp.py (AGENTX) at "
-                 "6f666ba0ff5e8a09a2d44d4e162b236846b63dd9")
 _RATIO = r"(?:\d+(?:\.\d*)?|\.\d+)"
 _START = re.compile(rf"^({_RATIO})(?:-({_RATIO}))?$")
 SPELLING = "start=LO-HI,warmup=N (ratios in [0, 1], N >= 0) or a preset: agentx"
