@@ -59,12 +59,24 @@ class SegmentCounts:
     empty_steps: int = 0
 
 
+def position_bin(position: int) -> int:
+    """The running-position bin of a step that starts at response token `position` (0-based; steps start at 1,
+    the prefill emits token 0): floor(log2(position)), so bins 0, 1, 2, ... hold positions 1, 2-3, 4-7, ...
+    AL falls along a response (output-length decay, arXiv 2605.09329); these bins measure it."""
+    if position < 1:
+        raise ValueError(f"a step starts at response position >= 1 (the prefill emits position 0), got {position}")
+    return position.bit_length() - 1
+
+
 @dataclass
 class StepCounts:
-    """Acceptance outcome of one request at one draft length k, per segment."""
+    """Acceptance outcome of one request at one draft length k, per segment, and per running-position bin
+    (`position_bin` of the token each step starts at: histograms over all segments) where the engine gave
+    the step's position."""
 
     k: int
     segments: dict[str, SegmentCounts] = field(default_factory=dict)
+    positions: dict[int, np.ndarray] = field(default_factory=dict)  # bin -> hist (k+1,) of its steps
 
     def _segment(self, segment: str) -> SegmentCounts:
         if segment not in SEGMENTS:
@@ -74,9 +86,9 @@ class StepCounts:
         return self.segments[segment]
 
     def add_step(self, segment: str, accepted: int | None, tokens: int, proposed: int,
-                 expected: float | None = None) -> None:
-        """Record one step that started in `segment` and proposed `proposed` drafts; `accepted=None` marks
-        a censored step."""
+                 expected: float | None = None, position: int | None = None) -> None:
+        """Record one step that started in `segment` at response token `position` (None: not known) and
+        proposed `proposed` drafts; `accepted=None` marks a censored step (in no histogram)."""
         seg = self._segment(segment)
         seg.tokens += tokens
         if accepted is None:
@@ -85,6 +97,9 @@ class StepCounts:
         if not 0 <= accepted <= proposed <= self.k:
             raise ValueError(f"need 0 <= accepted ({accepted}) <= proposed ({proposed}) <= k ({self.k})")
         seg.hist[accepted] += 1
+        if position is not None:
+            bin_hist = self.positions.setdefault(position_bin(position), np.zeros(self.k + 1, dtype=np.int64))
+            bin_hist[accepted] += 1
         seg.drafted_tokens += proposed
         seg.empty_steps += proposed == 0
         if expected is not None:

@@ -34,13 +34,16 @@ def loop_results(target, speculator, prompts, **kw) -> list[LoopResult]:
 
 
 def same_counts(replayed: StepCounts, looped: StepCounts) -> None:
-    """Every count a segment stores, but the analytic expectation the loop alone computes."""
+    """Every count a segment stores, but the analytic expectation the loop alone computes; and the running-position
+    histograms."""
     assert replayed.segments.keys() == looped.segments.keys()
     for name, seg in looped.segments.items():
         mine = replayed.segments[name]
         assert mine.hist.tolist() == seg.hist.tolist(), name
         assert (mine.tokens, mine.censored_steps, mine.drafted_tokens, mine.empty_steps) == \
             (seg.tokens, seg.censored_steps, seg.drafted_tokens, seg.empty_steps), name
+    # AL by running position: both bin each step by the response token it starts at
+    assert {b: h.tolist() for b, h in replayed.positions.items()} == {b: h.tolist() for b, h in looped.positions.items()}
 
 
 def replay_the_loops_responses(target, speculator, prompts, *, ks, labeller, **kw) -> list[LoopResult]:

@@ -27,8 +27,9 @@ from calibrate.tables.cost import COST_HELP
 from calibrate.tables.selection import load_selection
 from calibrate.tables.query import FilterOptions
 from calibrate.terms import check_k
-from calibrate.workload.commands import (BUCKETS_OPT, STRATA_OPT, UNCOVERED_OPT, WORKLOAD_OPT, check_workload_options,
-                                         edges_of, load_weighting, nearest_asked, weighted_selection)
+from calibrate.workload.commands import (BUCKETS_OPT, STRATA_OPT, UNCOVERED_OPT, WINDOW_OPT, WORKLOAD_OPT,
+                                         check_workload_options, edges_of, load_weighting, nearest_asked,
+                                         weighted_selection)
 
 # Choices the CLI offers come from the consumer registry (calibrate.consumers) and InferenceX's names.
 TokenMode = Enum("TokenMode", {mode: mode for mode in consumers.SGLANG_TOKEN_MODES}, type=str)
@@ -95,16 +96,17 @@ def export(
     strata: str = STRATA_OPT,
     uncovered: str = UNCOVERED_OPT,
     max_filled: float = _MAX_FILLED_OPT,
+    window: Optional[str] = WINDOW_OPT,
 ) -> None:
     """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
     target = consumers.consumer(to)
-    check_workload_options(workload, strata, uncovered, buckets, context)
+    check_workload_options(workload, strata, uncovered, buckets, context, window)
     if max_filled != exports.MAX_FILLED and not nearest_asked(uncovered):
         raise ValueError("--max-filled bounds what --uncovered nearest fills: give --workload FILE --uncovered nearest")
     if workload is not None:
         if context is not None:
             raise ValueError("--context picks one bucket; --workload weights over all of them: give one of the two")
-        records = weighted_selection(db, filters, load_weighting(workload, buckets, strata, uncovered),
+        records = weighted_selection(db, filters, load_weighting(workload, buckets, strata, uncovered, window),
                                      bootstrap, seed)
     else:
         records = load_selection(db, filters, target.segments, bootstrap, seed,
@@ -168,6 +170,7 @@ def lookup(
     buckets: Optional[str] = BUCKETS_OPT,
     strata: str = STRATA_OPT,
     uncovered: str = UNCOVERED_OPT,
+    window: Optional[str] = WINDOW_OPT,
     best_k: bool = typer.Option(False, "--best-k", help="Answer which k instead: the throughput-optimal k per batch "
                                 "size under --cost (value: the k, or B:k lines; json: the rows), without --k."),
     cost: Optional[str] = typer.Option(None, "--cost", help="With --best-k: " + COST_HELP),
@@ -212,12 +215,13 @@ def lookup(
         raise ValueError(f"missing {', '.join(missing_opts)} (or use --from-env)")
     form = format or "value"
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
-    check_workload_options(workload, strata, uncovered, buckets, context)
+    check_workload_options(workload, strata, uncovered, buckets, context, window)
     with warnings.catch_warnings(record=True) as heard:
         warnings.simplefilter("always", WeightedAnswer)
         record = lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), table=source,
                             extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
-                            force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered)
+                            force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered,
+                            window=window)
     for said in heard:  # a weighted answer to an unweighted question is said where the runner reads its errors
         if issubclass(said.category, WeightedAnswer):
             typer.echo(f"warning: {said.message}", err=True)

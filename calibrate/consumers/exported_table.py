@@ -128,6 +128,8 @@ def weighted_problem(r: AcceptanceRecord) -> str | None:
     and its drafted AL = 1 + (AL - 1) / the share of steps that draft (stats.weighted_summary)."""
     if not isinstance(r.workload, str) or not isinstance(r.workload_digest, str) or not DIGEST.fullmatch(r.workload_digest):
         return f"field workload_digest {r.workload_digest!r} is not sha256:<64 hex digits> of a workload file"
+    if r.workload_window is not None and (not isinstance(r.workload_window, str) or "start=" not in r.workload_window):
+        return f"field workload_window {r.workload_window!r} is not a window (start=LO-HI,warmup=N)"
     shares = {"coverage": r.coverage, "filled": r.filled or 0.0, "weighted_proposal_rate": r.weighted_proposal_rate}
     for name, value in shares.items():
         if value is not None and not (_real(value) and -1e-9 <= value <= 1 + 1e-9):

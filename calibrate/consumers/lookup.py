@@ -279,6 +279,7 @@ def lookup(
     buckets: str | Sequence[int] | None = None,
     strata: str = "context",
     uncovered: str = "refuse",
+    window: str | None = None,
 ) -> AcceptanceRecord:
     """The measured acceptance of (model, speculator, k, thinking), as a frozen record.
 
@@ -294,7 +295,9 @@ def lookup(
     to it, over those buckets and `strata` ("context"
     or "context,turn"); a stratum measured with too few conversations raises (a LookupError naming it and its
     share of the workload's output tokens) unless `uncovered="nearest"`. The answer's `workload`,
-    `workload_digest`, `coverage`, `filled`, `ci_low` / `ci_high` say what it is.
+    `workload_digest`, `coverage`, `filled`, `ci_low` / `ci_high` say what it is. `window` (a CC-trace workload
+    only: "start=0.25-0.75,warmup=10" or a preset, "agentx") counts only the requests the benchmark measures
+    (calibrate.workload.window); the answer's `workload_window` says which.
 
     Asked without `workload`, an exported table that holds the key weighted to a workload only answers with that
     weighted AL and a WeightedAnswer warning (a UserWarning naming the workload and its digest).
@@ -305,7 +308,8 @@ def lookup(
     _check_arguments(model, speculator, k, thinking, dataset, temperature, segment, table, context)
     return lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), table=table,
                       extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
-                      force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered)
+                      force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered,
+                      window=window)
 
 
 def lookup_key(
@@ -321,6 +325,7 @@ def lookup_key(
     buckets: str | Sequence[int] | None = None,
     strata: str = "context",
     uncovered: str = "refuse",
+    window: str | None = None,
 ) -> AcceptanceRecord:
     """`lookup`'s answer for filters that name one key (the record `show` and `export` filter with, one value
     each; `calibrate lookup` builds it from its options); the other arguments as `lookup` documents them."""
@@ -330,9 +335,11 @@ def lookup_key(
     bucket = context_bucket(context, edges)
     source = table if hasattr(table, "catalog") else open_table(table)  # type: ignore[arg-type]
     entry, target_k = resolve(source.catalog(), filters, extrapolate=extrapolate, match_prefix=match_prefix)
+    if window is not None and workload is None:
+        raise ValueError("a window picks the requests of a workload: give workload= with it")
     if workload is not None:
         record = weighted_answer(source, entry, workload, edges, strata, uncovered,
-                                 refused=_unweightable(segment, bucket, target_k))
+                                 refused=_unweightable(segment, bucket, target_k), window=window)
         return _unless_contradicted(record, force)
     record = source.record(entry, segment, bucket)
     if record is None:
@@ -387,10 +394,11 @@ def _unweightable(segment: str, bucket: Bucket | None, target_k: int | None) -> 
 
 
 def weighted_answer(source: Table, entry: CatalogEntry, workload: str | os.PathLike, edges: Sequence[int] | None,
-                    strata: str, uncovered: str, refused: str | None = None) -> AcceptanceRecord:
+                    strata: str, uncovered: str, refused: str | None = None,
+                    window: str | None = None) -> AcceptanceRecord:
     """The entry's AL weighted to the workload: computed from a store, or read from an export weighted to the
-    same file (same digest and strata); a plain export holds no per-request counts to weight."""
-    from calibrate.workload.commands import nearest_asked
+    same file (same digest, window and strata); a plain export holds no per-request counts to weight."""
+    from calibrate.workload.commands import nearest_asked, window_of
     from calibrate.workload.profile import profile_by_digest
     from calibrate.workload.weighting import Weighting, parse_strata, weighted_records
 
@@ -398,7 +406,8 @@ def weighted_answer(source: Table, entry: CatalogEntry, workload: str | os.PathL
         raise ValueError(f"lookup with a workload: {refused}")
     if not isinstance(workload, (str, os.PathLike)):
         raise TypeError(f"lookup: workload must be a path, got {type(workload).__name__} {workload!r}")
-    weighting = Weighting(profile_by_digest(workload, edges), turn=parse_strata(strata),
+    kept = window_of(window)
+    weighting = Weighting(profile_by_digest(workload, edges, window=kept), turn=parse_strata(strata),
                           nearest=nearest_asked(uncovered))
     if isinstance(source, DuckDBTable):
         with source._reading() as con:
@@ -406,12 +415,17 @@ def weighted_answer(source: Table, entry: CatalogEntry, workload: str | os.PathL
                                        seed=source.seed)
         return next(r for r in records if r.key == entry.key)
     mine = [r for r in getattr(source, "records", ()) if r.key == entry.key and r.segment == SEGMENT_ALL]
+    wanted = kept.text if kept else None
     found = next((r for r in mine if r.workload_digest == weighting.profile.digest
-                  and r.strata == weighting.describe()), None)
+                  and r.workload_window == wanted and r.strata == weighting.describe()), None)
     if found is None:
-        held = sorted({f"{r.workload} ({r.workload_digest}, strata {r.strata})" for r in mine if r.workload})
+        def named(digest: str | None, window: str | None) -> str:
+            return f"{digest}{f', window {window}' if window else ''}"
+
+        held = sorted({f"{r.workload} ({named(r.workload_digest, r.workload_window)}, strata {r.strata})"
+                       for r in mine if r.workload})
         raise NotMeasured(f"{source.source} holds no answer weighted to {weighting.profile.name} "
-                          f"({weighting.profile.digest}, strata {weighting.describe()}): "
+                          f"({named(weighting.profile.digest, wanted)}, strata {weighting.describe()}): "
                           + (f"it is weighted to {'; '.join(held)}" if held else
                              "an exported table holds no per-request counts to weight; weight from the .duckdb "
                              "store, or export with --workload"))

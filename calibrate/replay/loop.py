@@ -385,7 +385,7 @@ def _counts(loop: Loop, labeller: Callable[[list[int]], list[str]] | None) -> St
     for rec in loop.records:
         segment = labels[rec.start] if labels is not None else "answer"
         if rec.is_step:
-            counts.add_step(segment, rec.accepted, rec.tokens, rec.proposed, rec.expected)
+            counts.add_step(segment, rec.accepted, rec.tokens, rec.proposed, rec.expected, position=rec.start)
         else:
             counts.add_tokens(segment, rec.tokens)
     return counts

@@ -74,7 +74,7 @@ def walk_steps(
         accepted = step_accepted(run, k, remaining, ended)
         emitted = remaining if accepted is None else min(accepted + 1, remaining)
         segment = segments[t] if segments is not None else "answer"
-        counts.add_step(segment, accepted, tokens=emitted, proposed=proposed)
+        counts.add_step(segment, accepted, tokens=emitted, proposed=proposed, position=t)
         t += emitted
     return counts
 

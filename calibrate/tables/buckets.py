@@ -1,4 +1,5 @@
-"""Request buckets: AL by prompt length (context) and by turn depth, each bucket a subset of a key's requests.
+"""Request buckets: AL by prompt length (context) and by turn depth, each bucket a subset of a key's requests;
+and step buckets: AL by running position within the response, each bucket a subset of its steps.
 
 A benchmark that replays long contexts needs the AL measured at its length, not the average over every
 turn: model-free drafters find more to copy in a long prompt, and users report MTP / DFlash acceptance
@@ -16,6 +17,11 @@ Dimensions and their edges (half-open [low, high); 1k = 1,024 tokens, 1M = 1,024
               doubles from 1k to 1M: <1k, 1k-2k, 2k-4k, ..., 512k-1M, >1M
     turn      the answer's depth in its conversation: 1 for the first assistant message, 2 for the next ...:
               1, 2-3, 4-7, 8-15, 16-31, 32+; requests stored before depth was recorded are `unrecorded`
+    position  (steps, not requests) the response token a verify step starts at, 1 for the first step (the
+              prefill emits token 0): 1, 2-3, 4-7, ..., 16384-32767, 32768+ (powers of two, as stored:
+              `running_counts`, calibrate.terms.position_bin). AL falls along a long response (output-length
+              decay, arXiv 2605.09329). Runs stored before these counts were kept have no steps here, and
+              engines that report totals only have none either: such keys have no position rows
 
 A bucket is named by its label ("16k-32k"), or by a length inside it ("20k", "20000" for context; "5" for
 turn), so a runner can pass the length it replays. The open ends are also spelled without shell
@@ -61,12 +67,13 @@ class Dimension:
     columns: tuple[str, ...]  # requests columns the value reads (a store without them has no value)
     buckets: tuple[Bucket, ...]  # ordered, covering every value; an unrecorded bucket last where there is one
     description: str
+    per_step: bool = False  # buckets of a key's steps (running position), not of its requests
 
     def condition(self, bucket: Bucket, present: set[str]) -> str:
         """SQL selecting the bucket's requests. A store read before the columns existed holds no value: every
         request is unrecorded there. Edges are integers (this module's or parsed ones), never user text."""
-        if bucket.dimension != self.name:
-            raise ValueError(f"bucket {bucket.name} is not a {self.name} bucket")
+        if bucket.dimension != self.name or self.per_step:
+            raise ValueError(f"bucket {bucket.name} is not a {self.name} bucket of requests")
         value = self.value_sql if set(self.columns) <= present else "NULL"
         if bucket.low is None:
             return f"({value}) IS NULL"
@@ -177,7 +184,20 @@ TURN = Dimension(
              Bucket("turn", UNRECORDED, None)),
     description="the answer's turn in its conversation (1 = the first assistant message)",
 )
-DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (CONTEXT, TURN)}
+POSITION_BINS = 15  # bins 0..14 hold positions 1..32767; every later step is in the last bucket, 32768+
+POSITION = Dimension(
+    name="position",
+    value_sql="",
+    columns=(),
+    buckets=(*(Bucket("position", str(1 << b) if b == 0 else f"{1 << b}-{(2 << b) - 1}", 1 << b, 2 << b)
+               for b in range(POSITION_BINS)),
+             Bucket("position", f"{1 << POSITION_BINS}+", 1 << POSITION_BINS, None)),
+    description="the response token a verify step starts at (1 = the first step; the prefill emits token 0); "
+                "AL of those steps, all segments; runs stored before these counts were kept are in no position "
+                "bucket",
+    per_step=True,
+)
+DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (CONTEXT, TURN, POSITION)}
 
 
 def dimension(name: str, edges: Sequence[int] | None = None) -> Dimension:
@@ -210,10 +230,11 @@ def from_name(name: str) -> Bucket:
     dim, _, label = name.partition("=")
     if dim == CONTEXT.name and (bucket := _context_label(label)) is not None:
         return bucket
-    for bucket in TURN.buckets if dim == TURN.name else ():
+    for bucket in {TURN.name: TURN.buckets, POSITION.name: POSITION.buckets}.get(dim, ()):
         if bucket.label == label:
             return bucket
-    raise ValueError(f"{name!r} is no request bucket (context=<label> or turn=<label>)")
+    raise ValueError(f"{name!r} is no request bucket (context=<label> or turn=<label>) nor position bucket "
+                     "(position=<label>)")
 
 
 def bucket_labels(dim: Dimension) -> str:

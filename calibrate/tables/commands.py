@@ -313,7 +313,8 @@ _FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out wou
 
 # `show --workload`: the weighting lives in calibrate.workload, which reads this package; the CLI hands it to
 # `show_command` (calibrate.cli), so the tables never import it.
-WeightedShow = Callable[[Path, query.FilterOptions, Optional[Path], Optional[str], str, str, str, int, int], None]
+WeightedShow = Callable[[Path, query.FilterOptions, Optional[Path], Optional[str], str, str, str, int, int,
+                         Optional[str]], None]
 
 
 def show_command(weighted: WeightedShow) -> Callable[..., None]:
@@ -331,8 +332,9 @@ def show_command(weighted: WeightedShow) -> Callable[..., None]:
         seed: int = SEED_OPT,
         wide: bool = typer.Option(False, "--wide", help="Table: full speculator labels, however wide."),
         by: Optional[ByDimension] = typer.Option(
-            None, "--by", help=f"One row per bucket: context ({CONTEXT.description}: {bucket_labels(CONTEXT)}) or turn "
-            f"({TURN.description}: {bucket_labels(TURN)})."),
+            None, "--by", help=f"One row per bucket: context ({CONTEXT.description}: {bucket_labels(CONTEXT)}), turn "
+            f"({TURN.description}: {bucket_labels(TURN)}) or position (the response token a step starts at, powers "
+            "of two: 1, 2-3, 4-7, ..., 32768+; runs stored before position counts were kept have none)."),
         best_k: bool = typer.Option(False, "--best-k", help="The recommended k per batch size instead: highest "
                                     "AL(k) / cost(k, B), with the bootstrap's interval; needs --cost."),
         cost: Optional[str] = typer.Option(None, "--cost", help="With --best-k: " + COST_HELP),
@@ -348,6 +350,9 @@ def show_command(weighted: WeightedShow) -> Callable[..., None]:
         strata: str = typer.Option("context", "--strata", help="With --workload: context or context,turn."),
         uncovered: str = typer.Option("refuse", "--uncovered", help="With --workload: refuse a stratum measured with < "
                                       "10 conversations, or fill it from the nearest measured one (nearest)."),
+        window: Optional[str] = typer.Option(
+            None, "--window", help="With --workload (CC traces): only the requests the benchmark measures, "
+            "`start=0.25-0.75,warmup=10` or a preset (agentx); see calibrate workload inspect --window."),
     ) -> None:
         """One row per (target, speculator, k, thinking, temperature, dataset): requests, steps, AL, CI, macro AL."""
         if best_k or cost is not None:
@@ -362,11 +367,11 @@ def show_command(weighted: WeightedShow) -> Callable[..., None]:
                                  f"{'--by' if by is not None else '--segments' if segments else '--workload'}")
             _show_experts(db, filters, format, bootstrap, seed, wide)
             return
-        if workload is not None or strata != "context" or uncovered != "refuse":
+        if workload is not None or strata != "context" or uncovered != "refuse" or window is not None:
             if by is not None or segments:
                 raise ValueError(f"--workload gives one weighted row per key: it does not combine with "
                                  f"{'--by' if by is not None else '--segments'}")
-            weighted(db, filters, workload, buckets, strata, uncovered, format.value, bootstrap, seed)
+            weighted(db, filters, workload, buckets, strata, uncovered, format.value, bootstrap, seed, window)
             return
         if buckets is not None and (by is None or by.value != CONTEXT.name):
             raise ValueError("--buckets sets context edges: give --by context or --workload with it")

@@ -21,7 +21,7 @@ import numpy as np
 
 from calibrate.data.segments import SEGMENTS
 from calibrate.tables import stats
-from calibrate.tables.buckets import DIMENSIONS, Bucket, Dimension
+from calibrate.tables.buckets import DIMENSIONS, POSITION_BINS, Bucket, Dimension
 from calibrate.tables.records import KEY_FIELDS, SEGMENT_ALL, AcceptanceRecord, RunKey
 from calibrate.tables.store import CONDITION_FIELDS, RENAMED_COLUMNS, RunSpec
 from calibrate.terms import UNSEGMENTED
@@ -298,12 +298,88 @@ def load_bucketed(
 ) -> list[AcceptanceRecord]:
     """`load_records` once per bucket of `dimension` (segment 'all'), sorted by key, then bucket; a bucket no
     request of a key falls in has no record for that key. Every request is in exactly one bucket, so nothing
-    measured is left out (the unrecorded bucket holds what was stored before its value was)."""
+    measured is left out (the unrecorded bucket holds what was stored before its value was). A dimension of
+    steps (running position) is read from its own counts (`load_running`)."""
     order = {bucket.name: i for i, bucket in enumerate(dimension.buckets)}
-    records = [record for bucket in dimension.buckets
-               for record in load_records(con, replace(filters, bucket=bucket), n_boot=n_boot, seed=seed,
-                                          level=level)]
+    if dimension.per_step:
+        records = load_running(con, dimension, filters, n_boot=n_boot, seed=seed, level=level)
+    else:
+        records = [record for bucket in dimension.buckets
+                   for record in load_records(con, replace(filters, bucket=bucket), n_boot=n_boot, seed=seed,
+                                              level=level)]
     return sorted(records, key=lambda r: (_sort_key(r.key), order[r.bucket]))
+
+
+def load_running(
+    con: duckdb.DuckDBPyConnection,
+    dimension: Dimension,
+    filters: Filters = Filters(),
+    *,
+    n_boot: int = DEFAULT_BOOT,
+    seed: int = DEFAULT_SEED,
+    level: float = DEFAULT_LEVEL,
+) -> list[AcceptanceRecord]:
+    """AL by running position (`running_counts`, calibrate.tables.buckets POSITION): per key and position
+    bucket, the steps that start there, pooled and bootstrapped by conversation as any record (segment 'all').
+    Its `tokens` are what those steps emit (accepted + 1 each) and `requests` those with a step there; drafted
+    steps and censored steps are not kept per position (drafted AL and censored counts are absent). A run
+    stored before these counts were kept, or by an engine that gives totals only, has no rows: its key has no
+    record here."""
+    check_conditions(con, filters)
+    tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    if "running_counts" not in tables:  # a store written before, opened read-only
+        return []
+    keyed, params = _keyed(con, filters)
+    scope = _Scope(con, keyed, params, False)
+    keys = _key_rows(scope)
+    if not keys:
+        return []
+    last = POSITION_BINS
+    counts = scope.run(
+        f""", per_request AS (
+            SELECT key_ix, least(position_bin, {last}) AS pb, run_id, request_id, conversation_id, accepted,
+                   sum(c.steps) AS n
+            FROM running_counts c JOIN requests r USING (run_id, request_id)
+                 JOIN chosen USING (run_id, request_id) JOIN keyed USING (run_id)
+            GROUP BY ALL
+        )
+        SELECT key_ix, pb,
+               dense_rank() OVER (PARTITION BY key_ix, pb ORDER BY run_id, request_id) - 1 AS req,
+               dense_rank() OVER (PARTITION BY key_ix, pb ORDER BY conversation_id) - 1 AS conv,
+               accepted, n
+        FROM per_request ORDER BY key_ix, pb"""
+    ).fetchnumpy()
+    stat = dict(n_boot=n_boot, seed=seed, level=level)
+    records = []
+    for key, pb, hist, clusters in _grouped(counts, "pb", keys):
+        summary = stats.summarize(hist, clusters, **stat)
+        tokens = int((hist * (np.arange(hist.shape[1]) + 1)).sum())
+        record = _record(keys[key], SEGMENT_ALL, summary, (tokens, 0, None, None, None, None), RequestFacts(), **stat)
+        records.append(replace(record, censored_steps=0, bucket=dimension.buckets[int(pb)].name))
+    return records
+
+
+def _grouped(counts: dict[str, Any], group: str, keys: Sequence[Any]
+             ) -> Iterator[tuple[int, Any, np.ndarray, np.ndarray]]:
+    """Rows (key_ix, group, req, conv, accepted, n) ordered by key and group (each group a contiguous slice) ->
+    per group the per-request histograms (requests x k+1) and each request's conversation cluster. SQL sums and
+    ranks; numpy only scatters the rows into arrays."""
+    key_ix = np.asarray(counts["key_ix"], dtype=np.int64)
+    if key_ix.size == 0:
+        return
+    grp = np.asarray(counts[group], dtype=object)
+    req_all, conv_all, acc_all, n_all = (np.asarray(counts[c], dtype=np.int64)
+                                         for c in ("req", "conv", "accepted", "n"))
+    change = np.flatnonzero((key_ix[1:] != key_ix[:-1]) | (grp[1:] != grp[:-1])) + 1
+    for lo, hi in zip(np.concatenate([[0], change]), np.concatenate([change, [key_ix.size]])):
+        key = int(key_ix[lo])
+        req = req_all[lo:hi]
+        n_req = int(req.max()) + 1
+        hist = np.zeros((n_req, int(keys[key][3]) + 1), dtype=np.int64)
+        np.add.at(hist, (req, acc_all[lo:hi]), n_all[lo:hi])
+        clusters = np.zeros(n_req, dtype=np.int64)
+        clusters[req] = conv_all[lo:hi]
+        yield key, grp[lo], hist, clusters
 
 
 @dataclass(frozen=True)
@@ -488,23 +564,8 @@ def _histograms(scope: _Scope, keys: Sequence[Any]) -> Iterator[tuple[int, str, 
                accepted, n
         FROM per_request ORDER BY key_ix, seg"""
     ).fetchnumpy()
-    key_ix = np.asarray(counts["key_ix"], dtype=np.int64)
-    if key_ix.size == 0:
-        return
-    seg = np.asarray(counts["seg"], dtype=object)
-    req_all, conv_all, acc_all, n_all = (np.asarray(counts[c], dtype=np.int64)
-                                         for c in ("req", "conv", "accepted", "n"))
-    # Rows are ordered by (key, segment): each group is a contiguous slice.
-    change = np.flatnonzero((key_ix[1:] != key_ix[:-1]) | (seg[1:] != seg[:-1])) + 1
-    for lo, hi in zip(np.concatenate([[0], change]), np.concatenate([change, [key_ix.size]])):
-        key = int(key_ix[lo])
-        req = req_all[lo:hi]
-        n_req = int(req.max()) + 1
-        hist = np.zeros((n_req, int(keys[key][3]) + 1), dtype=np.int64)
-        np.add.at(hist, (req, acc_all[lo:hi]), n_all[lo:hi])
-        clusters = np.zeros(n_req, dtype=np.int64)
-        clusters[req] = conv_all[lo:hi]
-        yield key, str(seg[lo]), hist, clusters
+    for key, seg, hist, clusters in _grouped(counts, "seg", keys):
+        yield key, str(seg), hist, clusters
 
 
 def _totals_keys(con: duckdb.DuckDBPyConnection, keyed: str, params: list[Any]) -> set[int]:

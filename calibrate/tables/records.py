@@ -181,6 +181,8 @@ class AcceptanceRecord(RunKey):
     # interval; expected AL is None. All None on a plain record.
     workload: str | None = None  # the workload file's name
     workload_digest: str | None = None  # `sha256:<hex>` of its bytes
+    # the part of each trace counted (calibrate.workload.window: `start=0.25-0.75,warmup=10 (agentx)`); None: all
+    workload_window: str | None = None
     coverage: float | None = None  # share of its output tokens in strata measured with >= 10 conversations
     filled: float | None = None  # share of its output tokens filled from the nearest measured stratum
     strata: str | None = None  # how it was split: the context edges, `turn`, `thinking`
@@ -280,6 +282,7 @@ class AcceptanceRecord(RunKey):
         if self.workload is None:
             return None
         fields = {"file": self.workload, "digest": self.workload_digest,
+                  **({"window": self.workload_window} if self.workload_window else {}),
                   "acceptance_length": round(self.acceptance_length, 4), "ci95": _pair(self.ci_low, self.ci_high)}
         if self.uses_drafted:
             fields.update(drafted_acceptance_length=round(self.exported_length, 4),
@@ -296,7 +299,8 @@ class AcceptanceRecord(RunKey):
         interval = "no CI" if low is None else f"95% CI {low:.2f}-{high:.2f}"
         filled = (f", {self.filled:.1%} filled from the nearest measured stratum (--uncovered nearest)"
                   if self.filled else "")
-        return (f"weighted to workload {self.workload} ({self.workload_digest}): "
+        window = f", window {self.workload_window}" if self.workload_window else ""
+        return (f"weighted to workload {self.workload} ({self.workload_digest}{window}): "
                 f"AL {self.value()}{' over drafted steps' if self.uses_drafted else ''}, {interval} (conversations "
                 f"resampled within strata), coverage {self.coverage:.1%} of its output tokens{filled}; "
                 f"strata {self.strata}")
@@ -366,8 +370,9 @@ def workload_lines(records: Sequence[AcceptanceRecord]) -> list[str]:
 # run recorded one.
 RUN_CONDITIONS = ("chat_template", "adaptive_verification")
 
-OPTIONAL_COLUMNS = ("bucket", "workload", "workload_digest", "coverage", "filled", "strata", "weighted_proposal_rate",
-                    "drafted_ci_low", "drafted_ci_high", "chat_template", "adaptive_verification")
+OPTIONAL_COLUMNS = ("bucket", "workload", "workload_digest", "workload_window", "coverage", "filled", "strata",
+                    "weighted_proposal_rate", "drafted_ci_low", "drafted_ci_high", "chat_template",
+                    "adaptive_verification")
 
 
 def _plain(value: Any) -> Any:

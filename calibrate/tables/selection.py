@@ -71,6 +71,10 @@ def load_selection(db: Path, options: query.FilterOptions, segments: bool, n_boo
                 records = query.load_bucketed(con, by, filters, n_boot=n_boot, seed=seed)
             else:
                 records = query.load_records(con, filters, segments=segments, n_boot=n_boot, seed=seed)
+            if not records and by is not None and by.per_step and query.load_records(con, filters, n_boot=1):
+                raise NotMeasured(f"no {by.name} counts in {db} for this selection: its runs were stored before AL "
+                                  f"by {by.name} was kept (or by an engine that reports totals only); measure again "
+                                  "to have them")
             if not records and filters.narrowed and query.catalog(con):
                 raise no_match(con, filters, db)
             if not records and bucket is not None and query.catalog(con):

@@ -13,6 +13,10 @@ Layout (one row each):
 - `accept_counts`: one per (run, request, segment, accepted) with steps > 0: the histogram itself.
 - `position_counts`: one per (run, request, position) where an engine reports per-position counts only
   (vLLM's `num_accepted_tokens_per_pos`): steps whose draft at that position was accepted.
+- `running_counts`: one per (run, request, running-position bin, accepted) with steps > 0: the histogram of
+  the steps that start at response tokens 2^bin .. 2^(bin+1) - 1 (`calibrate.terms.position_bin`), all
+  segments together: AL along the response. Written for step-walked responses (replay, loop, an engine's
+  per-step list); runs stored before it was kept, and engines that give totals only, have no rows.
 - `engine_replies`: a server engine's raw response fields, kept for audit, once per distinct reply, keyed by the
   sha256 of their JSON text; `request_replies`: one per (run, request) that has one, naming its reply. A plain
   engine's response is scored at every (speculator, k) of the sweep: its runs share one stored reply (a store
@@ -163,6 +167,16 @@ CREATE TABLE IF NOT EXISTS position_counts (
     position INTEGER NOT NULL,
     steps BIGINT NOT NULL,
     PRIMARY KEY (run_id, request_id, position)
+);
+-- AL along the response: accepted-draft histograms per running-position bin (calibrate.terms.position_bin); a
+-- store written before has no rows for its runs (they are in no running-position bucket)
+CREATE TABLE IF NOT EXISTS running_counts (
+    run_id VARCHAR NOT NULL,
+    request_id VARCHAR NOT NULL,
+    position_bin INTEGER NOT NULL,
+    accepted INTEGER NOT NULL,
+    steps BIGINT NOT NULL,
+    PRIMARY KEY (run_id, request_id, position_bin, accepted)
 );
 CREATE TABLE IF NOT EXISTS accept_counts (
     run_id VARCHAR NOT NULL,
@@ -614,8 +628,7 @@ class Store:
         `raw` maps (run_id, request_id) to a server engine's response fields, stored with the counts;
         `experts` to the request's expert rows, each with its batch's member request ids.
         """
-        rows: dict[str, list[list[Any]]] = {"req": [], "seg": [], "acc": [], "pos": [], "reply": [], "link": [],
-                                            "exp": []}
+        rows: dict[str, list[list[Any]]] = {name: [] for name in _WRITE_SQL}
         for (run_id, request_id), expert_rows in (experts or {}).items():
             rows["exp"].extend([run_id, request_id, e.k, e.layer, e.batch_size, e.routing, e.steps,
                                 e.positions, e.distinct, json.dumps(members)] for e, members in expert_rows)
@@ -653,6 +666,7 @@ _WRITE_SQL = {
     # a reply stored before (another run was scored from it) is the row it already has
     "reply": "INSERT OR IGNORE INTO engine_replies VALUES (?, ?)",
     "link": "INSERT INTO request_replies VALUES (?, ?, ?)",
+    "running": "INSERT INTO running_counts VALUES (?, ?, ?, ?, ?)",
     "exp": "INSERT INTO expert_counts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 }
 
@@ -682,3 +696,5 @@ def _count_rows(rows: dict[str, list[list[Any]]], run_id: str, request_id: str,
             seg.drafted_tokens, seg.empty_steps, int(accepted_drafts(hist)), True,
         ])
         rows["acc"].extend([run_id, request_id, segment, int(a), int(n)] for a, n in enumerate(hist) if n > 0)
+    rows["running"].extend([run_id, request_id, b, int(a), int(n)] for b, hist in sorted(counts.positions.items())
+                           for a, n in enumerate(hist) if n > 0)

@@ -1,8 +1,9 @@
 """`calibrate workload inspect`, and the options that weight `show`, `export` and `lookup` to a workload.
 
 `--workload FILE` (a CC-trace JSONL or a plain table: `calibrate.workload.reader`), `--buckets 1k,2k,...`
-(context edges, default doubling 1k..1M), `--strata context[,turn]` and `--uncovered nearest` are spelled
-here once; `weighted_selection` is what each command reads with them. Errors are one line with the exit
+(context edges, default doubling 1k..1M), `--strata context[,turn]`, `--uncovered nearest` and `--window`
+(the part of each trace the benchmark measures: `calibrate.workload.window`) are spelled here once;
+`weighted_selection` is what each command reads with them. Errors are one line with the exit
 status of `calibrate.errors`: 2 for a bad file or option (naming file:line and the field), 1 for a stratum
 that was not measured (naming it and its share of the workload's output tokens).
 """
@@ -24,6 +25,7 @@ from calibrate.tables.query import FilterOptions
 from calibrate.tables.records import AcceptanceRecord, with_earlier_names
 from calibrate.workload.profile import WorkloadProfile, read_profile
 from calibrate.workload.weighting import STRATA, Weighting, parse_strata, weighted_records
+from calibrate.workload.window import PRESETS, Window, parse_window
 
 workload_app = typer.Typer(help="Look at the workload a benchmark replays (CC traces or a plain request table).",
                            no_args_is_help=True, rich_markup_mode=None)
@@ -54,6 +56,11 @@ BUCKETS_OPT = typer.Option(
     f"{_DEFAULT_EDGES}.")
 STRATA_OPT = typer.Option("context", "--strata", help=f"With --workload: {' or '.join(STRATA)} (thinking splits by "
                           "itself where the workload says which requests think).")
+WINDOW_OPT = typer.Option(
+    None, "--window", help="With --workload (CC traces): count only the requests the benchmark measures: sessions "
+    "start at a turn drawn from START (a share of each trace's turns) and their first N requests warm up uncounted, "
+    "`start=0.25-0.75,warmup=10`; or a preset: " + ", ".join(f"{name} ({w.text.split(' (')[0]})"
+                                                            for name, w in PRESETS.items()) + ".")
 UNCOVERED_OPT = typer.Option(
     "refuse", "--uncovered", help="With --workload: a stratum measured with < 10 conversations is refused "
     "(refuse), or filled from the nearest measured stratum (nearest), flagged with the share filled in every output.")
@@ -64,19 +71,29 @@ def edges_of(buckets: str | None) -> tuple[int, ...] | None:
     return None if buckets is None else parse_edges(buckets)
 
 
-def load_weighting(workload: Path, buckets: str | None, strata: str, uncovered: str) -> Weighting:
-    """Read the workload (progress on stderr for a large file) and say how to weight to it."""
-    turn, nearest = parse_strata(strata), nearest_asked(uncovered)
-    profile = read_profile(workload, edges_of(buckets), Console(file=sys.stderr))
+def window_of(window: str | None) -> Window | None:
+    """--window as a Window (None: every request once); a bad one is a ValueError of one line."""
+    return None if window is None else parse_window(window)
+
+
+def load_weighting(workload: Path, buckets: str | None, strata: str, uncovered: str,
+                   window: str | None = None) -> Weighting:
+    """Read the workload (progress on stderr for a large file), counting the requests `window` keeps, and say how
+    to weight to it."""
+    turn, nearest, kept = parse_strata(strata), nearest_asked(uncovered), window_of(window)
+    profile = read_profile(workload, edges_of(buckets), Console(file=sys.stderr), kept)
     return Weighting(profile, turn=turn, nearest=nearest)
 
 
 def check_workload_options(workload: Path | None, strata: str, uncovered: str, buckets: str | None = None,
-                           context: str | None = None) -> None:
-    """--strata / --uncovered mean something only with --workload, --buckets only with it or --context: refused
-    without them, not ignored."""
+                           context: str | None = None, window: str | None = None) -> None:
+    """--strata / --uncovered / --window mean something only with --workload, --buckets only with it or
+    --context: refused without them, not ignored; a bad --window is refused before any file is read."""
     if workload is None and (strata != "context" or nearest_asked(uncovered)):
         raise ValueError("--strata and --uncovered weight to a workload: give --workload FILE")
+    window_of(window)
+    if workload is None and window is not None:
+        raise ValueError("--window picks the requests of a workload: give --workload FILE")
     if workload is None and context is None and buckets is not None:
         raise ValueError("--buckets sets context edges: give --context or --workload with it")
 
@@ -92,11 +109,12 @@ def weighted_selection(db: Path, options: FilterOptions, weighting: Weighting, n
 
 
 def show_weighted(db: Path, options: FilterOptions, workload: Path | None, buckets: str | None, strata: str,
-                  uncovered: str, fmt: str, n_boot: int, seed: int) -> None:
+                  uncovered: str, fmt: str, n_boot: int, seed: int, window: str | None = None) -> None:
     """`show --workload`: one row per key of the store, weighted to the workload (calibrate.tables.commands
     `show_command` is handed this by the CLI, so the tables never import the workload)."""
-    check_workload_options(workload, strata, uncovered)
-    records = weighted_selection(db, options, load_weighting(workload, buckets, strata, uncovered), n_boot, seed)
+    check_workload_options(workload, strata, uncovered, window=window)
+    records = weighted_selection(db, options, load_weighting(workload, buckets, strata, uncovered, window),
+                                 n_boot, seed)
     if not records:
         raise NothingUsable(f"nothing to show: no measurements in {db}")
     render_weighted(records, fmt)
@@ -115,7 +133,7 @@ def weighted_rows(records: list[AcceptanceRecord]) -> list[dict[str, Any]]:
             row.update(drafted_acceptance_length=r.drafted_acceptance_length, drafted_ci_low=r.drafted_ci_low,
                        drafted_ci_high=r.drafted_ci_high)
         row.update(coverage=r.coverage, filled=r.filled, workload=r.workload, workload_digest=r.workload_digest,
-                   strata=r.strata)
+                   **({"workload_window": r.workload_window} if r.workload_window else {}), strata=r.strata)
         rows.append(with_earlier_names(row))
     return rows
 
@@ -140,6 +158,8 @@ def render_weighted(records: list[AcceptanceRecord], fmt: str, console: Console 
     one_target = len(targets) == 1
     legend = [f"{brief} = {label}" for label, brief in short.items() if brief != label]
     caption = [*([f"target {targets[0]}"] if one_target else []), *legend, first.workload_digest,
+               *([f"window: {first.workload_window} (the part of each trace counted)"]
+                 if first.workload_window else []),
                f"strata: {first.strata}", "AL over all verify steps; drafted: over the steps that proposed (model-free "
                "drafters' engine exports); 95% CI, conversations resampled within strata; cover: share of the "
                "workload's output tokens in strata measured with >= 10 conversations; filled: from the nearest "
@@ -170,11 +190,13 @@ def inspect_command(
     buckets: Optional[str] = BUCKETS_OPT,
     format: InspectFormat = typer.Option(InspectFormat.table, "--format", help="table or json."),
     force: bool = typer.Option(False, "--force", help="Replace an existing --plot file (refused otherwise)."),
+    window: Optional[str] = WINDOW_OPT,
 ) -> None:
-    """Requests and output tokens by context bucket, turn depth, main agent vs subagent, and output types."""
+    """Requests and output tokens by context bucket, turn depth, main agent vs subagent, and output types (with
+    --window: of the requests the benchmark measures, and their share of the file)."""
     from calibrate.workload.inspect import plot_profile, print_profile, summary
 
-    profile: WorkloadProfile = read_profile(file, edges_of(buckets), Console(file=sys.stderr))
+    profile: WorkloadProfile = read_profile(file, edges_of(buckets), Console(file=sys.stderr), window_of(window))
     if format is InspectFormat.json:
         typer.echo(json.dumps(summary(profile), indent=2))
     else:
@@ -183,5 +205,5 @@ def inspect_command(
         typer.echo(f"wrote {plot_profile(profile, plot, force)}", err=True)
 
 
-__all__ = ["workload_app", "WORKLOAD_OPT", "BUCKETS_OPT", "STRATA_OPT", "UNCOVERED_OPT", "load_weighting",
-           "weighted_selection", "render_weighted", "check_workload_options"]
+__all__ = ["workload_app", "WORKLOAD_OPT", "BUCKETS_OPT", "STRATA_OPT", "UNCOVERED_OPT", "WINDOW_OPT",
+           "load_weighting", "weighted_selection", "render_weighted", "check_workload_options"]

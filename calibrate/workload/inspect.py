@@ -2,7 +2,9 @@
 
 Requests, output tokens and their shares by context bucket (split by thinking where the file says), turn
 depth, main agent vs subagent (and how deep), output type, stop reason and request type. A request counts
-under each of its output types, so those shares add up to more than 100%.
+under each of its output types, so those shares add up to more than 100%. With a window
+(`calibrate.workload.window`) every figure is of the requests it counts, as expected counts, and a line says
+which share of the file's requests and output tokens that is.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from rich.table import Table
 from calibrate.outfiles import refuse_overwrite
 from calibrate.tables.report import _save as save_png  # how every plot of ours is written (errors name the file)
 from calibrate.tables.buckets import TURN, tokens_text
-from calibrate.workload.profile import Tally, WorkloadProfile
+from calibrate.workload.profile import Tally, WorkloadProfile, count_text
 
 AGENTS = {0: "main agent", 1: "subagent"}
 
@@ -47,16 +49,44 @@ def sections(profile: WorkloadProfile) -> dict[str, list[tuple[str, Tally]]]:
 def summary(profile: WorkloadProfile) -> dict[str, Any]:
     """The profile as JSON (`inspect --format json`)."""
     def rows(items: list[tuple[str, Tally]]) -> list[dict[str, Any]]:
-        return [{"label": label, "requests": t.requests, "output_tokens": t.output_tokens,
-                 "decode_tokens": t.decode_tokens, "share_of_output_tokens": round(profile.share(t.output_tokens), 6)}
-                for label, t in items]
+        return [{"label": label, "requests": _number(t.requests), "output_tokens": _number(t.output_tokens),
+                 "decode_tokens": _number(t.decode_tokens),
+                 "share_of_output_tokens": round(profile.share(t.output_tokens), 6)} for label, t in items]
 
     return {"file": str(profile.path), "digest": profile.digest, "bytes": profile.size_bytes,
-            "traces": profile.traces, "requests": profile.total.requests,
-            "output_tokens": profile.total.output_tokens, "decode_tokens": profile.total.decode_tokens,
-            "max_context_tokens": profile.max_context,
+            "traces": profile.traces, **({"window": window_summary(profile)} if profile.window else {}),
+            "requests": _number(profile.total.requests), "output_tokens": _number(profile.total.output_tokens),
+            "decode_tokens": _number(profile.total.decode_tokens), "max_context_tokens": profile.max_context,
             "context_edges": [tokens_text(e) for e in profile.edges],
             **{name.replace(" ", "_"): rows(items) for name, items in sections(profile).items()}}
+
+
+def _number(value: float) -> float:
+    """A count for JSON: an integer as it is, an expected count (under a window) to 3 decimals."""
+    return value if isinstance(value, int) else round(value, 3)
+
+
+def window_summary(profile: WorkloadProfile) -> dict[str, Any]:
+    """The window and the share of the file it counts (requests, output and decode tokens)."""
+    whole, kept = profile.whole, profile.total
+
+    def share(part: float, of: float) -> float:
+        return round(part / of, 6) if of else 0.0
+
+    return {"window": profile.window.text if profile.window else None,
+            "file_requests": whole.requests, "file_output_tokens": whole.output_tokens,
+            "file_decode_tokens": whole.decode_tokens, "share_of_requests": share(kept.requests, whole.requests),
+            "share_of_output_tokens": share(kept.output_tokens, whole.output_tokens),
+            "share_of_decode_tokens": share(kept.decode_tokens, whole.decode_tokens)}
+
+
+def window_line(profile: WorkloadProfile) -> str:
+    """The window's share of the file, in one line."""
+    share = window_summary(profile)
+    return (f"window {profile.window.text if profile.window else '-'}: counts {share['share_of_requests']:.1%} of "
+            f"its {profile.whole.requests:,} requests, {share['share_of_output_tokens']:.1%} of its "
+            f"{profile.whole.output_tokens:,} output tokens ({share['share_of_decode_tokens']:.1%} of the decode "
+            "tokens), as expected counts over each trace's possible session starts")
 
 
 TITLES = {"context": "by context (prompt tokens, `in`; 1k = 1,024)", "turn": "by turn depth (within its agent)",
@@ -69,8 +99,11 @@ def print_profile(profile: WorkloadProfile, console: Console) -> None:
     """The profile for a person, in 80 columns."""
     console.print(f"[bold]{profile.path}[/bold]  {profile.digest}", soft_wrap=True, highlight=False)
     traces = f"{profile.traces:,} traces, " if profile.traces else ""
-    console.print(f"{traces}{profile.total.requests:,} requests, {profile.total.output_tokens:,} output tokens "
-                  f"({profile.total.decode_tokens:,} decoded after the first of each request), largest context "
+    if profile.window is not None:
+        console.print(window_line(profile), highlight=False)
+    total = profile.total
+    console.print(f"{traces}{count_text(total.requests)} requests, {count_text(total.output_tokens)} output tokens "
+                  f"({count_text(total.decode_tokens)} decoded after the first of each request), largest context "
                   f"{profile.max_context:,} tokens", highlight=False)
     for name, items in sections(profile).items():
         if not items:
@@ -80,8 +113,8 @@ def print_profile(profile: WorkloadProfile, console: Console) -> None:
         for header in ("requests", "output tokens", "share", "decode tokens"):
             table.add_column(header, justify="right")
         for label, tally in items:
-            table.add_row(label, f"{tally.requests:,}", f"{tally.output_tokens:,}",
-                          f"{profile.share(tally.output_tokens):.1%}", f"{tally.decode_tokens:,}")
+            table.add_row(label, count_text(tally.requests), count_text(tally.output_tokens),
+                          f"{profile.share(tally.output_tokens):.1%}", count_text(tally.decode_tokens))
         console.print(table)
 
 
@@ -113,7 +146,9 @@ def plot_profile(profile: WorkloadProfile, out: Path, force: bool = False) -> Pa
         ax.bar([label for label, _ in parts[name]], [t.output_tokens for _, t in parts[name]])
         ax.set_title(f"output tokens {title}")
         ax.tick_params(axis="x", rotation=30)
-    fig.suptitle(f"{profile.name}: {profile.total.requests:,} requests, {profile.total.output_tokens:,} output tokens",
+    window = f", window {profile.window.text}" if profile.window else ""
+    fig.suptitle(f"{profile.name}{window}: {count_text(profile.total.requests)} requests, "
+                 f"{count_text(profile.total.output_tokens)} output tokens",
                  fontsize="medium")
     fig.tight_layout()
     return save_png(fig, out)

@@ -5,6 +5,10 @@ Decode tokens are what speculation acts on: a request's output tokens after its 
 emits (`out - 1`, none for an empty answer). They weight the AL (`calibrate.workload.weighting`); coverage is
 a share of output tokens, as the issue that defined it says. Counts are kept per stratum, never per request,
 so a 2 GB corpus is profiled in the memory of its largest trace.
+
+With a window (`calibrate.workload.window`: the part of each trace a benchmark measures) each request counts
+times its weight, so the tallies hold expected counts (fractions); `whole` keeps the file's own, to say
+which share the window holds.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import bisect
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +25,8 @@ from rich.console import Console
 
 from calibrate.progress import RunProgress
 from calibrate.tables.buckets import DEFAULT_CONTEXT_EDGES, TURN, context_dimension
-from calibrate.workload.reader import WorkloadFile, WorkloadRequest
+from calibrate.workload.reader import WorkloadError, WorkloadFile, WorkloadRequest
+from calibrate.workload.window import Window, windowed
 
 PROGRESS_BYTES = 64 * 2**20  # files at least this large report progress on stderr as they are read
 MIB = 2**20
@@ -29,16 +34,17 @@ MIB = 2**20
 
 @dataclass
 class Tally:
-    """Requests and their tokens (output, and decode: output after the first)."""
+    """Requests and their tokens (output, and decode: output after the first); expected counts (floats) under a
+    window whose weights are fractions, integers otherwise."""
 
-    requests: int = 0
-    output_tokens: int = 0
-    decode_tokens: int = 0
+    requests: float = 0
+    output_tokens: float = 0
+    decode_tokens: float = 0
 
-    def add(self, request: WorkloadRequest) -> None:
-        self.requests += 1
-        self.output_tokens += request.output_tokens
-        self.decode_tokens += max(request.output_tokens - 1, 0)
+    def add(self, request: WorkloadRequest, weight: float = 1) -> None:
+        self.requests += weight
+        self.output_tokens += request.output_tokens * weight
+        self.decode_tokens += max(request.output_tokens - 1, 0) * weight
 
     def merge(self, other: Tally) -> None:
         self.requests += other.requests
@@ -67,6 +73,8 @@ class WorkloadProfile:
     by_kind: dict[str, Tally] = field(default_factory=dict)  # n / s / row
     total: Tally = field(default_factory=Tally)
     max_context: int = 0
+    window: Window | None = None  # the part of each trace counted (None: every request, once)
+    whole: Tally = field(default_factory=Tally)  # every request of the file, once (what `window` takes its share of)
 
     @property
     def name(self) -> str:
@@ -104,18 +112,19 @@ class WorkloadProfile:
 UNRECORDED_TURN = len(TURN.buckets) - 1  # TURN's last bucket holds the requests without a depth
 
 
-def read_profile(path: str | Path, edges: Sequence[int] | None = None, console: Console | None = None
-                 ) -> WorkloadProfile:
-    """Read a workload file once and count it into strata (context `edges`, default doubling 1k..1M); a file of
-    PROGRESS_BYTES or more reports its progress on `console` (stderr) as it is read."""
+def read_profile(path: str | Path, edges: Sequence[int] | None = None, console: Console | None = None,
+                 window: Window | None = None) -> WorkloadProfile:
+    """Read a workload file once and count it into strata (context `edges`, default doubling 1k..1M), each
+    request times its weight in `window` (none: once); a file of PROGRESS_BYTES or more reports its progress on
+    `console` (stderr) as it is read."""
     path = Path(path)
     cuts = tuple(edges) if edges is not None else DEFAULT_CONTEXT_EDGES
     context_dimension(cuts)  # validates the edges
     size = path.stat().st_size if path.is_file() else 0
     if console is not None and size >= PROGRESS_BYTES:
         with RunProgress(console, f"reading {path.name}", total=-(-size // MIB), what="MiB") as progress:
-            return _count(path, cuts, size, progress)
-    return _count(path, cuts, size, None)
+            return _count(path, cuts, size, progress, window)
+    return _count(path, cuts, size, None, window)
 
 
 PROFILES_KEPT = 4  # workload profiles `profile_by_digest` keeps per process (each a few KiB of counts)
@@ -138,27 +147,30 @@ class _Content:
 
 
 @functools.lru_cache(maxsize=PROFILES_KEPT)
-def _profile_of(content: _Content, edges: tuple[int, ...]) -> WorkloadProfile:
-    return _count(content.path, edges, content.path.stat().st_size, None)
+def _profile_of(content: _Content, edges: tuple[int, ...], window: Window | None) -> WorkloadProfile:
+    return _count(content.path, edges, content.path.stat().st_size, None, window)
 
 
-def profile_by_digest(path: str | Path, edges: Sequence[int] | None = None) -> WorkloadProfile:
+def profile_by_digest(path: str | Path, edges: Sequence[int] | None = None,
+                      window: Window | None = None) -> WorkloadProfile:
     """read_profile for repeated questions about one workload (`lookup --workload`, `calibrate.lookup(...,
     workload=...)`): the file is hashed on every call (a changed file is read again), and parsed only when no
-    profile of its digest and edges is held. The cache is functools.lru_cache (PROFILES_KEPT profiles per process,
-    keyed by digest and edges); the profile returned names `path`, and is shared: callers must not change it."""
+    profile of its digest, edges and window is held. The cache is functools.lru_cache (PROFILES_KEPT profiles per
+    process, keyed by digest, edges and window); the profile returned names `path`, and is shared: callers must not
+    change it."""
     path = Path(path)
     cuts = tuple(edges) if edges is not None else DEFAULT_CONTEXT_EDGES
     context_dimension(cuts)  # validates the edges
     WorkloadFile(path)  # a missing file, a directory or a suffix that is no workload: the reader's own message
     digest = file_digest(path)
-    profile = _profile_of(_Content(digest, path), cuts)
+    profile = _profile_of(_Content(digest, path), cuts, window)
     if profile.digest != digest:  # the file changed between hashing and parsing: what was read is not kept
         _profile_of.cache_clear()
     return profile if profile.path == path else dataclasses.replace(profile, path=path)
 
 
-def _count(path: Path, edges: tuple[int, ...], size: int, progress: RunProgress | None) -> WorkloadProfile:
+def _count(path: Path, edges: tuple[int, ...], size: int, progress: RunProgress | None,
+           window: Window | None) -> WorkloadProfile:
     read = [0, 0]  # bytes read, MiB reported
 
     def on_bytes(n: int) -> None:
@@ -168,8 +180,15 @@ def _count(path: Path, edges: tuple[int, ...], size: int, progress: RunProgress 
             read[1] = read[0] // MIB
 
     source = WorkloadFile(path, on_bytes)
-    profile = WorkloadProfile(path=path, digest="", size_bytes=size, edges=edges)
-    for request in source:
+    profile = WorkloadProfile(path=path, digest="", size_bytes=size, edges=edges, window=window)
+
+    def every(requests: Iterable[WorkloadRequest]) -> Iterator[WorkloadRequest]:
+        """The file's requests, each counted once in `whole` as it passes."""
+        for request in requests:
+            profile.whole.add(request)
+            yield request
+
+    for request, weight in windowed(every(source), window, path.name):
         cell = (bisect.bisect_right(edges, request.context_tokens), TURN.index(request.turn), request.thinking)
         tallies = [profile.cells.setdefault(cell, Tally()), profile.by_agent.setdefault(request.agent_depth, Tally()),
                    profile.by_kind.setdefault(request.kind, Tally()), profile.total,
@@ -177,11 +196,25 @@ def _count(path: Path, edges: tuple[int, ...], size: int, progress: RunProgress 
         if request.stop is not None:
             tallies.append(profile.by_stop.setdefault(request.stop, Tally()))
         for tally in tallies:
-            tally.add(request)
+            tally.add(request, weight)
         profile.max_context = max(profile.max_context, request.context_tokens)
         if progress is not None:
             progress.generated(request.output_tokens)
     profile.digest = source.digest or ""
     profile.traces = source.traces
+    if window is not None and not profile.total.requests:
+        raise WorkloadError(f"{path}: --window {window.text} counts none of its {profile.whole.requests:,} "
+                            "requests (each session's warm-up covers the rest of its trace)")
     return profile
+
+
+def count_text(value: float) -> str:
+    """A tally's count for a person: an integer as it is, an expected count (under a window) to one decimal."""
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
+
+
+def short_of(part: float, whole: float) -> bool:
+    """Whether `part` (a sum over some cells) falls short of `whole` (the same requests summed in file order):
+    expected counts are float sums, equal up to rounding."""
+    return whole - part > 1e-9 * max(abs(whole), 1.0)
 

@@ -87,6 +87,7 @@ class WorkloadRequest:
     output_types: tuple[str, ...] = ()
     stop: str | None = None
     kind: str = "row"  # `n` / `s` for a trace's request, `row` for a plain table's
+    trace: int | None = None  # which trace of the file it belongs to (1 = the first); None in a plain table
 
 
 class WorkloadFile:
@@ -147,7 +148,7 @@ class WorkloadFile:
             raise WorkloadError(f"{where}: a {type(value).__name__}, not a trace or a request row (a JSON object)")
         if "requests" in value:
             self.traces += 1
-            yield from _agent(value["requests"], where, "", 0)
+            yield from _agent(value["requests"], where, "", 0, self.traces)
         elif "context_tokens" in value:
             yield _row(value, where)
         else:
@@ -177,7 +178,7 @@ def _text_lines(path: Path, sha: Any, progress: Callable[[int], None] | None) ->
                 raise WorkloadError(f"{path}:{number}: not UTF-8 text") from None
 
 
-def _agent(entries: Any, where: str, path: str, depth: int) -> Iterator[WorkloadRequest]:
+def _agent(entries: Any, where: str, path: str, depth: int, trace: int) -> Iterator[WorkloadRequest]:
     """An agent's requests in order, its subagents' (at any depth) where they sit."""
     if not isinstance(entries, list):
         raise WorkloadError(f"{where}: field {path}requests is a {type(entries).__name__}, not a list")
@@ -190,7 +191,7 @@ def _agent(entries: Any, where: str, path: str, depth: int) -> Iterator[Workload
         if kind == SUBAGENT:
             if "requests" not in entry:
                 raise WorkloadError(f"{where}: field {at}.requests missing (a subagent lists its requests)")
-            yield from _agent(entry["requests"], where, f"{at}.", depth + 1)
+            yield from _agent(entry["requests"], where, f"{at}.", depth + 1, trace)
             continue
         if kind is not None and kind not in REQUEST_TYPES:
             raise WorkloadError(f"{where}: field {at}.type {kind!r} is none of n, s, subagent")
@@ -202,7 +203,7 @@ def _agent(entries: Any, where: str, path: str, depth: int) -> Iterator[Workload
         yield WorkloadRequest(
             context_tokens=_count(entry, "in", where, at), output_tokens=_count(entry, "out", where, at),
             turn=turn, thinking=None if types is None else THINKING in types, agent_depth=depth,
-            output_types=types or (), stop=stop, kind=kind or "s")
+            output_types=types or (), stop=stop, kind=kind or "s", trace=trace)
 
 
 def _types(value: Any, where: str, field: str) -> tuple[str, ...] | None:

@@ -33,7 +33,7 @@ from calibrate.tables import query, stats
 from calibrate.tables.buckets import TURN, tokens_text
 from calibrate.tables.names import NotMeasured
 from calibrate.tables.records import KEY_FIELDS, AcceptanceRecord
-from calibrate.workload.profile import UNRECORDED_TURN, WorkloadProfile
+from calibrate.workload.profile import UNRECORDED_TURN, WorkloadProfile, count_text, short_of
 
 STRATA = ("context", "context,turn")
 
@@ -57,14 +57,14 @@ class Weighting:
     nearest: bool = False
 
     def __post_init__(self) -> None:
-        if self.turn and self.profile.turns_known < self.profile.total.requests:
+        total = self.profile.total.requests
+        if self.turn and short_of(self.profile.turns_known, total):
             raise ValueError(f"--strata context,turn: {self.profile.name} gives no turn depth for "
-                             f"{self.profile.total.requests - self.profile.turns_known} of its "
-                             f"{self.profile.total.requests} requests")
+                             f"{count_text(total - self.profile.turns_known)} of its {count_text(total)} requests")
         known = self.profile.thinking_known
-        if 0 < known < self.profile.total.requests:
-            raise ValueError(f"{self.profile.name} says which requests think for {known} of its "
-                             f"{self.profile.total.requests} requests only: the weighting by thinking mode needs "
+        if known and short_of(known, total):
+            raise ValueError(f"{self.profile.name} says which requests think for {count_text(known)} of its "
+                             f"{count_text(total)} requests only: the weighting by thinking mode needs "
                              "all or none (output_types on every request, or a full thinking column)")
 
     @property
@@ -263,7 +263,8 @@ def _weighted_record(record: AcceptanceRecord, sources: list[AcceptanceRecord], 
         else None, draft_acceptance_rate=None,
         run_ids=_union(sources, "run_ids"), methods=_union(sources, "methods"),
         dataset_fingerprints=_union(sources, "dataset_fingerprints"), statuses=_union(sources, "statuses"),
-        workload=weighting.profile.name, workload_digest=weighting.profile.digest, coverage=plan.coverage,
+        workload=weighting.profile.name, workload_digest=weighting.profile.digest,
+        workload_window=weighting.profile.window.text if weighting.profile.window else None, coverage=plan.coverage,
         filled=plan.filled, strata=weighting.describe(), weighted_proposal_rate=summary.proposal_rate,
         drafted_ci_low=summary.drafted_ci_low, drafted_ci_high=summary.drafted_ci_high,
     )
