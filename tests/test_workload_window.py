@@ -209,6 +209,7 @@ def test_weighted_outputs_record_the_window_and_lookup_matches_it(store: Path, t
             continue  # TileRT runs MTP only
         out = tmp_path / name / ("t.parquet" if name == "parquet" else "")
         forced = ("--force",) if consumer.forces not in (None, "vllm") else ()
+        forced += ("--cost", "draft=0,verify=linear:0.02") if consumer.needs_cost else ()
         res = _invoke("export", "--to", name, "--db", store, "--workload", long_traces, "--window", "agentx",
                       "--thinking", "off", "--model-prefix", "qwen2.5c", *BOOT, *forced,
                       *(("--out", out) if name in ("parquet", "specdec-profile") else ()))

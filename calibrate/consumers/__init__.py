@@ -232,14 +232,17 @@ def _write_vllm_schedule(c: Consumer, records: Sequence[AcceptanceRecord], optio
         best = recommend(curve, model)
         entries = schedule(best)
         named = dict(zip(GROUP_FIELDS, curve.group))
+        # a curve weighted to a workload names it, its window and coverage, as vLLM's rows do
+        weighted = next((r for r in records
+                         if r.workload and tuple(getattr(r, f) for f in GROUP_FIELDS) == curve.group), None)
         if all(k == 0 for _, _, k in entries):
             raise NothingToExport(f"{named['target']} | {named['speculator']} | thinking={named['thinking']}: plain "
                                   f"decoding is faster than every measured k at every batch size under {model.source}"
                                   ": serve it without speculation")
         rows.append({"model": named["target"], "speculator": named["speculator"], "thinking": named["thinking"],
                      "dataset": named["dataset"], "temperature": named["temperature"], "al_over": c.basis.name,
-                     "cost_model": model.source, "speedup": {str(r.batch_size or "any"): round(r.speedup, 4)
-                                                            for r in best},
+                     **({"workload": weighted.workload_fields()} if weighted else {}), "cost_model": model.source,
+                     "speedup": {str(r.batch_size or "any"): round(r.speedup, 4) for r in best},
                      "speculative_config": {"num_speculative_tokens": max(k for _, _, k in entries),
                                             "num_speculative_tokens_per_batch_size": entries}})
     return json.dumps(rows, indent=2) + "\n"
