@@ -367,10 +367,18 @@ def vllm_agg(tmp_path: Path) -> Path:
 def test_the_launcher_registry_is_inferencex_s() -> None:
     assert dict(launchers.SRT.engines) == SRT_ENGINES and dict(launchers.RECIPES.engines) == RECIPES_ENGINES
     assert runner_env.MODEL_KEYS == RECIPES_MODEL_KEYS
-    # every runner FRAMEWORK of the consumer registry reads the recipe dialect the launcher that serves it reads
-    for framework, consumer in FRAMEWORKS.items():
-        launcher = launchers.newest_launcher(framework)
-        assert consumer.frameworks[framework] == (launcher.engines[framework] if launcher else None), framework
+
+
+def test_runner_frameworks_are_the_launchers_own() -> None:
+    """One place for each fact: the consumer registry's runner FRAMEWORK values are derived from the launchers'
+    ENGINES (SRT_ENGINES above, and llm-d's `llmd-vllm`, which benchmarks/multi_node/llm-d/recipe.py renders as
+    vLLM), each naming the consumer that forces its dialect; only our own llama.cpp runners have none."""
+    consumer_of_dialect = {"vllm": "vllm", "llmd": "vllm", "sglang": "sglang", "trtllm": "trtllm", "atom": "atom",
+                           "tilert": "tilert"}
+    expected = {fw: (consumer_of_dialect[d], d) for fw, d in {**SRT_ENGINES, "llmd-vllm": "llmd"}.items()}
+    expected |= {"llamacpp": ("llamacpp", None), "llama.cpp": ("llamacpp", None)}
+    assert {fw: (c.name, c.frameworks[fw]) for fw, c in FRAMEWORKS.items()} == expected
+    assert not [fw for fw in launchers.RECIPES.engines if fw not in launchers.SRT.engines]  # none left unnamed
 
 
 def test_g4_a_curve_inferencex_has_not_is_no_answer(db: Path, tmp_path: Path) -> None:

@@ -520,11 +520,11 @@ def question(env: Mapping[str, str], *, model: str | None, speculator: str | Non
 
 
 def _our_runner(framework: str) -> bool:
-    """A FRAMEWORK of our registry that no InferenceX launcher runs (its recipe dialect is None: llama.cpp)."""
+    """A FRAMEWORK of our registry that no InferenceX launcher runs (a consumer's `runners`: llama.cpp)."""
     from calibrate.consumers import FRAMEWORKS  # the registry imports this package's modules, not this one
 
     found = FRAMEWORKS.get(framework)
-    return found is not None and found.frameworks[framework] is None
+    return found is not None and framework in found.runners
 
 
 def _golden(prefix: str | None, spec: RecipeSpec, dialect: str, recipe: Path, golden_dir: Path | None, mode: str,
