@@ -476,3 +476,15 @@ def test_g7_a_key_our_reference_export_writes_is_read_where_inferencex_reads_it(
     assert res.exit_code == 2 and "num_spec_tokens=2 not found for qwen2.5c" in res.stderr, res.output
     res = lookup_from_env(db, {**env, "NUM_SPEC_TOKENS": "3"}, "--speculator", "ngram", "--golden-dir", str(tmp_path))
     assert res.exit_code == 2 and "give --reference-file" in res.stderr
+
+
+@pytest.mark.parametrize(("method", "prefix", "kind"), [
+    ("nextn", "minimaxm3", "eagle3"), ("EAGLE", "minimaxm3", "eagle3"), ("nextn", "dsv4", "mtp"), ("eagle", None, "mtp"),
+    ("STANDALONE", None, "draft"), ("draft_model", "dsr1", "draft"), ("Draft_Target", None, "draft"),
+    ("NGram", None, "ngram"), ("eagle3", "dsv4", "eagle3"), ("mtp", "minimaxm3", "mtp"), ("dspark", "dsv4", "dspark"),
+    ("DFlash", None, "dflash")])
+def test_a_recipe_method_is_the_kind_inferencex_s_loader_reads(method: str, prefix: str | None, kind: str) -> None:
+    """speculator_of reads a method as inferencex.loader_method does (the one copy of SGLang's eagle / nextn rule:
+    the model's own head, eagle3 for minimaxm3, as infx/srt_slurm's curve_name resolves it; see inferencex.py), then
+    maps an engine's method name to our kind (RECIPE_METHODS); an engine-only method stays itself."""
+    assert runner_env.speculator_of(method, prefix) == kind

@@ -219,11 +219,10 @@ def read_recipe(path: Path) -> Mapping[str, Any]:
 
 
 def speculator_of(method: str, model_prefix: str | None) -> str:
-    """Our speculator kind for a recipe method (SGLang's eagle / nextn are the model's head, as InferenceX
-    reads them: mtp, eagle3 for minimaxm3); an engine-only method (dspark, dflash) stays itself."""
-    method = method.lower()
-    if method in ("eagle", "nextn"):
-        return "eagle3" if model_prefix == "minimaxm3" else "mtp"
+    """Our speculator kind for a recipe method, read as InferenceX's loader reads it (inferencex.loader_method:
+    SGLang's eagle / nextn are the model's head, mtp, eagle3 for minimaxm3); an engine-only method (dspark,
+    dflash) stays itself."""
+    method = inferencex.loader_method(model_prefix or "", method)
     return KIND_OF_METHOD.get(method, method)
 
 
