@@ -23,7 +23,8 @@ from pathlib import Path
 
 from calibrate.consumers import inferencex, launchers, reference_al, specdec_profile
 from calibrate.consumers.exports import (
-    MODES, ExportOptions, NothingToExport, Stamp, blocks, overall, parquet_bytes, render_csv, render_json,
+    MODES, ExportOptions, NothingToExport, Stamp, blocks, check_max_filled, overall, parquet_bytes, render_csv,
+    render_json,
 )
 from calibrate.outfiles import write_files
 from calibrate.speculators.runs_on import measured_on, runs_as_measured
@@ -443,29 +444,32 @@ def check_algorithm(c: Consumer, records: Sequence[AcceptanceRecord], force: boo
             raise ValueError(f"{other}: pass --force to write it anyway")
 
 
-def check_filled(reader: str, carries: bool, records: Sequence[AcceptanceRecord], max_filled: float,
+def check_filled(reader: str | None, carries: bool, records: Sequence[AcceptanceRecord], max_filled: float,
                  force: bool) -> None:
     """Refuse, unless forced, a weighted record filled from the nearest measured stratum above `max_filled` of its
     workload's output tokens for a consumer that reads no field for the share: InferenceX's loaders and the
     engines drop the comment that says it, and lookup's bare value has none, so the benchmark would take the fill
     for our measurement. `reader` (a consumer, or a lookup form) `carries` it in a field: the tables, vLLM's rows
-    (`workload.filled_from_nearest`), the specdec profile (`measured` false) and lookup's json."""
+    (`workload.filled_from_nearest`), the specdec profile (`measured` false) and lookup's json. `reader` None:
+    a Python caller of `lookup` that set `max_filled` itself (its record carries the share, but it asked a bound)."""
     over = [r for r in records if (r.filled or 0.0) > max_filled]
     if carries or force or not over:
         return
     r = over[0]
     more = f" (and {len(over) - 1} more rows)" if len(over) > 1 else ""
     carry = ", ".join(n for n, e in CONSUMERS.items() if e.carries_filled)
-    raise ValueError(f"{r.target} | {r.speculator} | k={r.k} | thinking={r.thinking}: {r.filled:.1%} of {r.workload}'s "
-                     f"output tokens filled from the nearest measured stratum{more}, above --max-filled "
-                     f"{max_filled:.1%}, and {reader} reads no field for it (a comment only): pass --force to write it "
-                     f"anyway, or use a form that carries it (export --to {carry}; lookup --format json)")
+    said = (f"{r.target} | {r.speculator} | k={r.k} | thinking={r.thinking}: {r.filled:.1%} of {r.workload}'s "
+            f"output tokens filled from the nearest measured stratum{more}, above ")
+    if reader is None:
+        raise ValueError(said + f"max_filled={max_filled:.1%}, the bound asked: pass force=True to take it anyway")
+    raise ValueError(said + f"--max-filled {max_filled:.1%}, and {reader} reads no field for it (a comment only): pass "
+                     f"--force to write it anyway, or use a form that carries it (export --to {carry}; lookup --format "
+                     "json)")
 
 
 def check_options(c: Consumer, options: ExportOptions) -> None:
     """Refuse an option value the consumer has no use for, rather than ignore it."""
-    if not 0.0 <= options.max_filled <= 1.0:
-        raise ValueError(f"--max-filled {options.max_filled:g}: a share of the workload's output tokens, in [0, 1]")
+    check_max_filled(options.max_filled)
     if c.modes and options.mode not in c.modes:
         raise ValueError(f"{c.name} has no --mode {options.mode} (modes: {', '.join(c.modes)})")
     if options.token_mode not in SGLANG_TOKEN_MODES:

@@ -18,7 +18,9 @@ from typing import Any, Protocol
 
 import duckdb
 
+from calibrate.consumers import check_filled
 from calibrate.consumers.exported_table import read_exported
+from calibrate.consumers.exports import check_max_filled
 from calibrate.consumers.inferencex import MODEL_PREFIXES
 from calibrate.errors import NothingUsable
 from calibrate.terms import check_k
@@ -280,6 +282,7 @@ def lookup(
     strata: str = "context",
     uncovered: str = "refuse",
     window: str | None = None,
+    max_filled: float | None = None,
 ) -> AcceptanceRecord:
     """The measured acceptance of (model, speculator, k, thinking), as a frozen record.
 
@@ -297,7 +300,10 @@ def lookup(
     share of the workload's output tokens) unless `uncovered="nearest"`. The answer's `workload`,
     `workload_digest`, `coverage`, `filled`, `ci_low` / `ci_high` say what it is. `window` (a CC-trace workload
     only: "start=0.25-0.75,warmup=10" or a preset, "agentx") counts only the requests the benchmark measures
-    (calibrate.workload.window); the answer's `workload_window` says which.
+    (calibrate.workload.window); the answer's `workload_window` says which. `max_filled` (a share in [0, 1], as
+    `--max-filled` takes it; only with `uncovered="nearest"` unless it is the CLI's default, exports.MAX_FILLED)
+    refuses, a ValueError unless `force`, an answer filled above it; None (the default): no bound, the record's
+    `filled` says the share (as `lookup --format json` carries it).
 
     Asked without `workload`, an exported table that holds the key weighted to a workload only answers with that
     weighted AL and a WeightedAnswer warning (a UserWarning naming the workload and its digest).
@@ -309,7 +315,7 @@ def lookup(
     return lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), table=table,
                       extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
                       force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered,
-                      window=window)
+                      window=window, max_filled=max_filled)
 
 
 def lookup_key(
@@ -326,11 +332,16 @@ def lookup_key(
     strata: str = "context",
     uncovered: str = "refuse",
     window: str | None = None,
+    max_filled: float | None = None,
 ) -> AcceptanceRecord:
     """`lookup`'s answer for filters that name one key (the record `show` and `export` filter with, one value
     each; `calibrate lookup` builds it from its options); the other arguments as `lookup` documents them."""
     if segment not in query.SEGMENT_ORDER:
         raise ValueError(f"unknown segment {segment!r} (expected one of {', '.join(query.SEGMENT_ORDER)})")
+    if max_filled is not None:  # export's and the CLI's check (exports.check_max_filled), then its refusal
+        from calibrate.workload.commands import nearest_asked
+
+        check_max_filled(max_filled, workload is not None and nearest_asked(uncovered))
     edges = parse_edges(buckets) if isinstance(buckets, str) else buckets
     bucket = context_bucket(context, edges)
     source = table if hasattr(table, "catalog") else open_table(table)  # type: ignore[arg-type]
@@ -340,6 +351,8 @@ def lookup_key(
     if workload is not None:
         record = weighted_answer(source, entry, workload, edges, strata, uncovered,
                                  refused=_unweightable(segment, bucket, target_k), window=window)
+        if max_filled is not None:
+            check_filled(None, False, [record], max_filled, force)
         return _unless_contradicted(record, force)
     record = source.record(entry, segment, bucket)
     if record is None:
