@@ -367,10 +367,18 @@ def vllm_agg(tmp_path: Path) -> Path:
 def test_the_launcher_registry_is_inferencex_s() -> None:
     assert dict(launchers.SRT.engines) == SRT_ENGINES and dict(launchers.RECIPES.engines) == RECIPES_ENGINES
     assert runner_env.MODEL_KEYS == RECIPES_MODEL_KEYS
-    # every runner FRAMEWORK of the consumer registry reads the recipe dialect the launcher that serves it reads
-    for framework, consumer in FRAMEWORKS.items():
-        launcher = launchers.newest_launcher(framework)
-        assert consumer.frameworks[framework] == (launcher.engines[framework] if launcher else None), framework
+
+
+def test_runner_frameworks_are_the_launchers_own() -> None:
+    """One place for each fact: the consumer registry's runner FRAMEWORK values are derived from the launchers'
+    ENGINES (SRT_ENGINES above, and llm-d's `llmd-vllm`, which benchmarks/multi_node/llm-d/recipe.py renders as
+    vLLM), each naming the consumer that forces its dialect; only our own llama.cpp runners have none."""
+    consumer_of_dialect = {"vllm": "vllm", "llmd": "vllm", "sglang": "sglang", "trtllm": "trtllm", "atom": "atom",
+                           "tilert": "tilert"}
+    expected = {fw: (consumer_of_dialect[d], d) for fw, d in {**SRT_ENGINES, "llmd-vllm": "llmd"}.items()}
+    expected |= {"llamacpp": ("llamacpp", None), "llama.cpp": ("llamacpp", None)}
+    assert {fw: (c.name, c.frameworks[fw]) for fw, c in FRAMEWORKS.items()} == expected
+    assert not [fw for fw in launchers.RECIPES.engines if fw not in launchers.SRT.engines]  # none left unnamed
 
 
 def test_g4_a_curve_inferencex_has_not_is_no_answer(db: Path, tmp_path: Path) -> None:
@@ -468,3 +476,15 @@ def test_g7_a_key_our_reference_export_writes_is_read_where_inferencex_reads_it(
     assert res.exit_code == 2 and "num_spec_tokens=2 not found for qwen2.5c" in res.stderr, res.output
     res = lookup_from_env(db, {**env, "NUM_SPEC_TOKENS": "3"}, "--speculator", "ngram", "--golden-dir", str(tmp_path))
     assert res.exit_code == 2 and "give --reference-file" in res.stderr
+
+
+@pytest.mark.parametrize(("method", "prefix", "kind"), [
+    ("nextn", "minimaxm3", "eagle3"), ("EAGLE", "minimaxm3", "eagle3"), ("nextn", "dsv4", "mtp"), ("eagle", None, "mtp"),
+    ("STANDALONE", None, "draft"), ("draft_model", "dsr1", "draft"), ("Draft_Target", None, "draft"),
+    ("NGram", None, "ngram"), ("eagle3", "dsv4", "eagle3"), ("mtp", "minimaxm3", "mtp"), ("dspark", "dsv4", "dspark"),
+    ("DFlash", None, "dflash")])
+def test_a_recipe_method_is_the_kind_inferencex_s_loader_reads(method: str, prefix: str | None, kind: str) -> None:
+    """speculator_of reads a method as inferencex.loader_method does (the one copy of SGLang's eagle / nextn rule:
+    the model's own head, eagle3 for minimaxm3, as infx/srt_slurm's curve_name resolves it; see inferencex.py), then
+    maps an engine's method name to our kind (RECIPE_METHODS); an engine-only method stays itself."""
+    assert runner_env.speculator_of(method, prefix) == kind

@@ -423,6 +423,31 @@ def test_lookup_asks_with_the_filters_show_and_export_take(tables: dict[str, Pat
         lookup_key(FilterOptions(model=Q, k=[3]), table=db)
 
 
+def test_lookup_options_are_declared_once(tables: dict[str, Path]) -> None:
+    """Issue 52: lookup and lookup_key take one LookupOptions (their options declared once), or its fields as
+    keyword arguments, as docs/exports.md documents them; a keyword wins over `options=`, an unknown one is a
+    TypeError, and both signatures list every field for help()."""
+    import inspect
+    from dataclasses import fields
+
+    from calibrate.consumers.lookup import LookupOptions, key_filters, lookup_key
+
+    db, exported = tables["duckdb"], tables["json"]
+    by_keyword = lookup(Q, "ngram", 3, "on", table=db, segment="answer")
+    assert lookup(Q, "ngram", 3, "on", options=LookupOptions(table=db, segment="answer")) == by_keyword
+    assert lookup_key(key_filters(Q, "ngram", 3, "on"), LookupOptions(table=db, segment="answer")) == by_keyword
+    assert by_keyword.segment == "answer"
+    assert lookup(Q, "ngram", 3, "on", options=LookupOptions(table=exported, segment="thinking"), table=db,
+                  segment="answer") == by_keyword  # the keywords win, field by field
+    with pytest.raises(TypeError, match="lookup\\(\\) got an unexpected keyword argument 'segmnt'"):
+        lookup(Q, "ngram", 3, "on", table=db, segmnt="answer")
+    with pytest.raises(TypeError, match="lookup_key: options must be a LookupOptions, got dict"):
+        lookup_key(key_filters(Q, "ngram", 3, "on"), {"table": db})
+    for function in (lookup, lookup_key):
+        keyword_only = {n for n, p in inspect.signature(function).parameters.items() if p.kind is p.KEYWORD_ONLY}
+        assert {f.name for f in fields(LookupOptions)} <= keyword_only, function
+
+
 def test_show_export_and_report_declare_their_filters_once() -> None:
     """The filter options are written once (`tables.commands.filtered`): show and export offer all of them,
     report all but k's, each command receiving them as one FilterOptions."""

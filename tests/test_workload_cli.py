@@ -248,6 +248,36 @@ def test_lookup_cli_spellings(short_store: Path) -> None:
     assert res.exit_code == 2 and "give --workload FILE" in res.output
 
 
+def test_lookup_max_filled_is_export_s(short_store: Path) -> None:
+    """Issue 49 loose end: `lookup --max-filled` is export's option (one definition, exports.check_max_filled and
+    consumers.check_filled): the 74.9% filled answer is refused above it in forms without a field for the share,
+    given below it, carried by json whatever the bound; and the Python `lookup(max_filled=...)` bounds the record."""
+    args = ("lookup", "--db", short_store, "--model", MODEL, "-k", K, "--thinking", "off", "--workload", FIXTURE,
+            "--uncovered", "nearest", "--buckets", "1k,2k,4k,8k")
+    res = _invoke(*args, "--max-filled", "0.5")
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert "above --max-filled 50.0%, and lookup --format value reads no field for it" in res.output
+    assert _invoke(*args, "--max-filled", "0.5", "--format", "sglang-env").exit_code == 2
+    res = _invoke(*args, "--max-filled", "0.8")
+    filled = lookup(MODEL, None, K, "off", table=short_store, workload=FIXTURE, uncovered="nearest",
+                    buckets="1k,2k,4k,8k")
+    assert res.exit_code == 0 and res.stdout.strip() == filled.value(), res.output
+    assert _invoke(*args, "--max-filled", "0", "--format", "json").exit_code == 0  # json carries the share
+    res = _invoke(*args, "--max-filled", "1.5")
+    assert res.exit_code == 2 and "--max-filled 1.5: a share of the workload's output tokens, in [0, 1]" in res.output
+    res = _invoke("lookup", "--db", short_store, "--model", MODEL, "-k", K, "--thinking", "off", "--max-filled", "0.2")
+    assert res.exit_code == 2 and "--max-filled bounds what --uncovered nearest fills" in res.output
+    asked = dict(table=short_store, workload=FIXTURE, uncovered="nearest", buckets="1k,2k,4k,8k")
+    with pytest.raises(ValueError, match=r"74.9% of .* above max_filled=50.0%, the bound asked: pass force=True"):
+        lookup(MODEL, None, K, "off", max_filled=0.5, **asked)
+    assert lookup(MODEL, None, K, "off", max_filled=0.8, **asked) == filled
+    assert lookup(MODEL, None, K, "off", max_filled=0.5, force=True, **asked) == filled
+    with pytest.raises(ValueError, match=r"--max-filled 2: a share"):
+        lookup(MODEL, None, K, "off", max_filled=2, **asked)
+    with pytest.raises(ValueError, match="bounds what --uncovered nearest fills"):
+        lookup(MODEL, None, K, "off", table=short_store, max_filled=0.2)
+
+
 def test_lookup_python_api_and_exported_tables(store: Path, short_store: Path, tmp_path: Path) -> None:
     record = lookup(MODEL, "ngram", K, "off", table=store, workload=str(FIXTURE), buckets="1k,2k,4k,8k,16k,32k,64k")
     assert record.workload_digest == DIGEST and record.strata.startswith("context at 1k,2k,4k,8k,16k,32k,64k +")

@@ -17,13 +17,14 @@ imports nothing from here. The manual's page is docs/exports.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from calibrate.consumers import inferencex, reference_al, specdec_profile
+from calibrate.consumers import inferencex, launchers, reference_al, specdec_profile
 from calibrate.consumers.exports import (
-    MODES, ExportOptions, NothingToExport, Stamp, blocks, overall, parquet_bytes, render_csv, render_json,
+    MODES, ExportOptions, NothingToExport, Stamp, blocks, check_max_filled, overall, parquet_bytes, render_csv,
+    render_json,
 )
 from calibrate.outfiles import write_files
 from calibrate.speculators.runs_on import measured_on, runs_as_measured
@@ -158,8 +159,10 @@ class Consumer:
     each in its own column. `engine`: an engine setting (one value per key, segment all). `segments`: its export
     needs the per-segment records too. `modes`: accepted --mode values (empty: --mode means nothing here).
     `render`: one record as the engine reads it (lookup, and the export's blocks). `env`: render gives KEY=VALUE
-    lines (lookup adds a comment line, --shell prefixes `export`). `frameworks`: runner FRAMEWORK values that mean
-    this consumer -> the InferenceX recipe dialect `lookup --from-env --recipe` reads. `serves`: speculator kinds
+    lines (lookup adds a comment line, --shell prefixes `export`). `dialects`: the InferenceX recipe dialects
+    whose FRAMEWORK values run this engine; which FRAMEWORK values those are is launchers.py's table, the one
+    place it is kept (`frameworks` derives them). `runners`: our own runners' FRAMEWORK values for it, which no
+    InferenceX launcher runs (so they have no dialect). `serves`: speculator kinds
     the engine runs at all; a setting for another is refused, not written. `forces`: the engine the setting
     forces, as calibrate.speculators.runs_on names it; a setting for a kind that engine does not run as measured
     (SGLang's NGRAM is not our n-gram) is refused unless forced, and then written with a warning.
@@ -177,7 +180,8 @@ class Consumer:
     lookup_format: str | None = None
     render: Render | None = None
     env: bool = False
-    frameworks: Mapping[str, str | None] = field(default_factory=dict)
+    dialects: tuple[str, ...] = ()  # recipe dialects (launchers.py) whose FRAMEWORK values mean this consumer
+    runners: tuple[str, ...] = ()  # our own runners' FRAMEWORK values for it (no InferenceX launcher runs them)
     serves: frozenset[str] | None = None  # the speculator kinds the engine can run (None: any)
     forces: str | None = None  # the engine whose drafter the setting forces (None: not an engine's setting)
     warnings: Selection | None = None  # what the user must know beyond the basis note
@@ -186,6 +190,12 @@ class Consumer:
     # a field its reader reads (not a comment) carries a weighted record's filled share (check_filled)
     carries_filled: bool = False
     needs_cost: bool = False  # the export recommends k: it needs `--cost` (calibrate.tables.cost)
+
+    @property
+    def frameworks(self) -> dict[str, str | None]:
+        """Runner FRAMEWORK values that mean this consumer -> the recipe dialect `lookup --from-env --recipe`
+        reads (None for our own runners): the newest launchers' FRAMEWORK values of its dialects, then `runners`."""
+        return {**launchers.frameworks_reading(self.dialects), **dict.fromkeys(self.runners)}
 
     @property
     def basis_line(self) -> str:
@@ -344,24 +354,23 @@ CONSUMERS: dict[str, Consumer] = {c.name: c for c in (
              notes=lambda rs, o: reference_al.notes(rs, o.naming.model_prefix), merge=_merge_reference),
     Consumer("vllm", "vLLM --speculative-config fragments", _write_vllm, modes=MODES, lookup_format="vllm-config",
              render=lambda r, o: json.dumps(vllm_config(r, o)) + "\n", forces="vllm", carries_filled=True,
-             frameworks={"vllm": "vllm", "dynamo-vllm": "vllm", "vllm-disagg": "vllm", "llmd-vllm": "llmd"}),
+             dialects=("vllm", "llmd")),
     Consumer("vllm-k-schedule", "vLLM --speculative-config num_speculative_tokens_per_batch_size (needs --cost)",
              _write_vllm_schedule, basis=ALL_STEPS, why=THROUGHPUT_WHY, engine=False, modes=(), needs_cost=True),
     Consumer("sglang", "SGLang SGLANG_SIMULATE_ACC_* env and speculative flags", _engine_blocks(sglang_lines),
              lookup_format="sglang-env", render=sglang_lines, env=True, forces="sglang",
-             frameworks={"sglang": "sglang", "dynamo-sglang": "sglang", "sglang-disagg": "sglang",
-                         "mori-sglang": "sglang"}),
+             dialects=("sglang",)),
     Consumer("trtllm", "TensorRT-LLM TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS env", _engine_blocks(trtllm_lines),
              lookup_format="trtllm-env", render=trtllm_lines, env=True, warnings=_trtllm_warnings, forces="trtllm",
-             frameworks={"trt": "trtllm", "dynamo-trt": "trtllm"}),
+             dialects=("trtllm",)),
     Consumer("atom", "ATOM server flags", _engine_blocks(atom_args), modes=MODES, lookup_format="atom-args",
-             render=atom_args, frameworks={"atom": "atom", "atom-disagg": "atom"}, forces="atom"),
+             render=atom_args, dialects=("atom",), forces="atom"),
     Consumer("tilert", "TileRT TILERT_SIMULATE_ACC_* env (MTP)", _engine_blocks(tilert_lines),
-             lookup_format="tilert-env", render=tilert_lines, env=True, frameworks={"tilert": "tilert"},
+             lookup_format="tilert-env", render=tilert_lines, env=True, dialects=("tilert",),
              serves=frozenset(inferencex.RECIPE_METHODS["tilert"]), forces="tilert"),
     Consumer("llamacpp", "llama-server flags", _engine_blocks(llamacpp_args), modes=MODES,
              lookup_format="llamacpp-args", render=llamacpp_args,
-             frameworks={"llamacpp": None, "llama.cpp": None}, forces="llama.cpp"),
+             runners=("llamacpp", "llama.cpp"), forces="llama.cpp"),
     Consumer("specdec-profile", "specdec_bench speculation_profile.json v1.0 (Dynamo mocker, AIC)", _write_profiles,
              basis=ALL_STEPS, why=SPECDEC_WHY, engine=False, segments=True, modes=(), carries_filled=True),
     Consumer("csv", "the full table as CSV", lambda c, rs, o, st, out: render_csv(rs), basis=None, why=TABLE_WHY,
@@ -438,29 +447,32 @@ def check_algorithm(c: Consumer, records: Sequence[AcceptanceRecord], force: boo
             raise ValueError(f"{other}: pass --force to write it anyway")
 
 
-def check_filled(reader: str, carries: bool, records: Sequence[AcceptanceRecord], max_filled: float,
+def check_filled(reader: str | None, carries: bool, records: Sequence[AcceptanceRecord], max_filled: float,
                  force: bool) -> None:
     """Refuse, unless forced, a weighted record filled from the nearest measured stratum above `max_filled` of its
     workload's output tokens for a consumer that reads no field for the share: InferenceX's loaders and the
     engines drop the comment that says it, and lookup's bare value has none, so the benchmark would take the fill
     for our measurement. `reader` (a consumer, or a lookup form) `carries` it in a field: the tables, vLLM's rows
-    (`workload.filled_from_nearest`), the specdec profile (`measured` false) and lookup's json."""
+    (`workload.filled_from_nearest`), the specdec profile (`measured` false) and lookup's json. `reader` None:
+    a Python caller of `lookup` that set `max_filled` itself (its record carries the share, but it asked a bound)."""
     over = [r for r in records if (r.filled or 0.0) > max_filled]
     if carries or force or not over:
         return
     r = over[0]
     more = f" (and {len(over) - 1} more rows)" if len(over) > 1 else ""
     carry = ", ".join(n for n, e in CONSUMERS.items() if e.carries_filled)
-    raise ValueError(f"{r.target} | {r.speculator} | k={r.k} | thinking={r.thinking}: {r.filled:.1%} of {r.workload}'s "
-                     f"output tokens filled from the nearest measured stratum{more}, above --max-filled "
-                     f"{max_filled:.1%}, and {reader} reads no field for it (a comment only): pass --force to write it "
-                     f"anyway, or use a form that carries it (export --to {carry}; lookup --format json)")
+    said = (f"{r.target} | {r.speculator} | k={r.k} | thinking={r.thinking}: {r.filled:.1%} of {r.workload}'s "
+            f"output tokens filled from the nearest measured stratum{more}, above ")
+    if reader is None:
+        raise ValueError(said + f"max_filled={max_filled:.1%}, the bound asked: pass force=True to take it anyway")
+    raise ValueError(said + f"--max-filled {max_filled:.1%}, and {reader} reads no field for it (a comment only): pass "
+                     f"--force to write it anyway, or use a form that carries it (export --to {carry}; lookup --format "
+                     "json)")
 
 
 def check_options(c: Consumer, options: ExportOptions) -> None:
     """Refuse an option value the consumer has no use for, rather than ignore it."""
-    if not 0.0 <= options.max_filled <= 1.0:
-        raise ValueError(f"--max-filled {options.max_filled:g}: a share of the workload's output tokens, in [0, 1]")
+    check_max_filled(options.max_filled)
     if c.modes and options.mode not in c.modes:
         raise ValueError(f"{c.name} has no --mode {options.mode} (modes: {', '.join(c.modes)})")
     if options.token_mode not in SGLANG_TOKEN_MODES:

@@ -47,11 +47,13 @@ _EXPORT_FORCE_OPT = typer.Option(
     "setting or an inferencex curve for an engine that runs the speculator as another algorithm, and (inferencex) "
     "a curve InferenceX ships under a MODEL_PREFIX of another model (each with a warning); and a row the engine "
     "audit marked (its engine's own counts contradict its own tokens).")
+# export and lookup: one option, one check (exports.check_max_filled), one refusal (consumers.check_filled).
 _MAX_FILLED_OPT = typer.Option(
     exports.MAX_FILLED, "--max-filled", help="With --workload --uncovered nearest: the largest share of the "
     "workload's output tokens filled from the nearest measured stratum written unforced to a consumer that reads no "
-    "field for it (InferenceX curves, engine env files and flags: a comment only); above it refused unless --force, "
-    "and a specdec-profile says measured false. json, csv, parquet and vllm carry the share as a field.")
+    "field for it (InferenceX curves, engine env files and flags, lookup's value and engine forms: a comment only); "
+    "above it refused unless --force, and a specdec-profile says measured false. json, csv, parquet and vllm (and "
+    "lookup --format json) carry the share as a field.")
 _CONTEXT_OPT = typer.Option(
     None, "--context", help=f"Only requests whose prompt, after truncation (what the target saw), is in this bucket "
     f"({bucket_labels(CONTEXT)}; 0-1k and 1M+ spell the ends; other edges with --buckets) or the bucket of this "
@@ -101,8 +103,7 @@ def export(
     """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
     target = consumers.consumer(to)
     check_workload_options(workload, strata, uncovered, buckets, context, window)
-    if max_filled != exports.MAX_FILLED and not nearest_asked(uncovered):
-        raise ValueError("--max-filled bounds what --uncovered nearest fills: give --workload FILE --uncovered nearest")
+    exports.check_max_filled(max_filled, nearest_asked(uncovered))
     if workload is not None:
         if context is not None:
             raise ValueError("--context picks one bucket; --workload weights over all of them: give one of the two")
@@ -170,6 +171,7 @@ def lookup(
     buckets: Optional[str] = BUCKETS_OPT,
     strata: str = STRATA_OPT,
     uncovered: str = UNCOVERED_OPT,
+    max_filled: float = _MAX_FILLED_OPT,
     window: Optional[str] = WINDOW_OPT,
     best_k: bool = typer.Option(False, "--best-k", help="Answer which k instead: the throughput-optimal k per batch "
                                 "size under --cost (value: the k, or B:k lines; json: the rows), without --k."),
@@ -216,6 +218,7 @@ def lookup(
     form = format or "value"
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
     check_workload_options(workload, strata, uncovered, buckets, context, window)
+    exports.check_max_filled(max_filled, nearest_asked(uncovered))
     with warnings.catch_warnings(record=True) as heard:
         warnings.simplefilter("always", WeightedAnswer)
         record = lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), table=source,
@@ -229,7 +232,8 @@ def lookup(
             warnings.showwarning(said.message, said.category, said.filename, said.lineno)
     if from_env:
         asked.check(record.value())  # InferenceX forces what its file holds: answer only that
-    sys.stdout.write(consumers.render_lookup(record, form, exports.ExportOptions(mode=mode.value), shell, force))
+    options = exports.ExportOptions(mode=mode.value, max_filled=max_filled)
+    sys.stdout.write(consumers.render_lookup(record, form, options, shell, force))
     for note in consumers.lookup_warnings(record, form):
         typer.echo(f"warning: {note}", err=True)
     if record.extrapolated:

@@ -26,11 +26,20 @@ from calibrate.version import __version__
 
 MODES = ("length", "rates")
 # The largest share of a workload's output tokens filled from the nearest measured stratum (--uncovered nearest)
-# that a consumer with no machine-read field for the share is given unforced (`export --max-filled`); above it the
-# export is refused unless --force, and a specdec_bench profile says measured false. 5%: a fill moves the weighted AL
+# that a consumer with no machine-read field for the share is given unforced (`export` / `lookup --max-filled`); above
+# it the export or answer is refused unless --force, and a specdec_bench profile says measured false. 5%: a fill moves the weighted AL
 # by at most its share times the gap between strata, so at 5% by a few hundredths for strata a few tenths apart,
 # about the width of a measured key's 95% CI; beyond that the number is more fill than measurement.
 MAX_FILLED = 0.05
+
+
+def check_max_filled(max_filled: float, nearest: bool | None = None) -> None:
+    """A --max-filled value, as export and lookup both take it: a share of the workload's output tokens, and
+    (where `nearest`, whether --uncovered nearest was asked, is known) only with the fill it bounds."""
+    if nearest is False and max_filled != MAX_FILLED:
+        raise ValueError("--max-filled bounds what --uncovered nearest fills: give --workload FILE --uncovered nearest")
+    if isinstance(max_filled, bool) or not isinstance(max_filled, (int, float)) or not 0.0 <= max_filled <= 1.0:
+        raise ValueError(f"--max-filled {max_filled!r}: a share of the workload's output tokens, in [0, 1]")
 
 
 @dataclass(frozen=True)

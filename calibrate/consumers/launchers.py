@@ -67,6 +67,12 @@ def newest_launcher(framework: str) -> Launcher | None:
     return next((launcher for launcher in NEWEST if framework in launcher.engines), None)
 
 
+def frameworks_reading(dialects: tuple[str, ...]) -> dict[str, str]:
+    """The FRAMEWORK values the newest launchers serve with one of `dialects`, each -> its dialect, in the
+    launchers' order: the consumer registry's runner names (calibrate.consumers.Consumer.frameworks) are these."""
+    return {fw: dialect for launcher in NEWEST for fw, dialect in launcher.engines.items() if dialect in dialects}
+
+
 def unserved(framework: str) -> str:
     """Why a run of a FRAMEWORK no newest launcher serves forces nothing, in one line."""
     served = ", ".join(f for launcher in NEWEST for f in launcher.engines)

@@ -9,16 +9,19 @@ measured per-position curve only when the caller asks for it (`extrapolate=True`
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import duckdb
 
+from calibrate.consumers import check_filled
 from calibrate.consumers.exported_table import read_exported
+from calibrate.consumers.exports import check_max_filled
 from calibrate.consumers.inferencex import MODEL_PREFIXES
 from calibrate.errors import NothingUsable
 from calibrate.terms import check_k
@@ -260,6 +263,47 @@ def _check_arguments(model: object, speculator: object, k: object, thinking: obj
         raise TypeError(f"lookup: table must be a path or an opened Table, got {type(table).__name__}")
 
 
+@dataclass(frozen=True)
+class LookupOptions:
+    """How `lookup` and `lookup_key` answer, besides which key: declared once for both (issue 52), each field as
+    `lookup` documents it. Both take one (`options=`), or its fields as keyword arguments, which win over it."""
+
+    table: str | Path | Table | None = None
+    extrapolate: bool = False
+    segment: str = SEGMENT_ALL
+    match_prefix: bool = False
+    context: str | None = None
+    force: bool = False
+    workload: str | os.PathLike | None = None
+    buckets: str | Sequence[int] | None = None
+    strata: str = "context"
+    uncovered: str = "refuse"
+    window: str | None = None
+    max_filled: float | None = None
+
+    @classmethod
+    def given(cls, options: LookupOptions | None, keywords: Mapping[str, Any], caller: str) -> LookupOptions:
+        """`options` (default: every field's default) with `keywords` on top; a keyword that is no field is the
+        TypeError Python gives for an unexpected keyword argument."""
+        if options is not None and not isinstance(options, cls):
+            raise TypeError(f"{caller}: options must be a LookupOptions, got {type(options).__name__}")
+        unknown = sorted(set(keywords) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+        return replace(options or cls(), **keywords)
+
+
+def _takes_options(function: Callable[..., AcceptanceRecord]) -> Callable[..., AcceptanceRecord]:
+    """Show LookupOptions' fields as the function's keyword parameters (help(), inspect), as they are accepted."""
+    signature = inspect.signature(function)
+    own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    function.__signature__ = signature.replace(parameters=own + [  # type: ignore[attr-defined]
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+        for f in fields(LookupOptions)])
+    return function
+
+
+@_takes_options
 def lookup(
     model: str,
     speculator: str | None,
@@ -267,19 +311,10 @@ def lookup(
     thinking: str | None = None,
     *,
     draft_len: int | None = None,
-    table: str | Path | Table | None = None,
     dataset: str | None = None,
     temperature: float | None = None,
-    extrapolate: bool = False,
-    segment: str = SEGMENT_ALL,
-    match_prefix: bool = False,
-    context: str | None = None,
-    force: bool = False,
-    workload: str | os.PathLike | None = None,
-    buckets: str | Sequence[int] | None = None,
-    strata: str = "context",
-    uncovered: str = "refuse",
-    window: str | None = None,
+    options: LookupOptions | None = None,
+    **keywords: Any,
 ) -> AcceptanceRecord:
     """The measured acceptance of (model, speculator, k, thinking), as a frozen record.
 
@@ -297,56 +332,53 @@ def lookup(
     share of the workload's output tokens) unless `uncovered="nearest"`. The answer's `workload`,
     `workload_digest`, `coverage`, `filled`, `ci_low` / `ci_high` say what it is. `window` (a CC-trace workload
     only: "start=0.25-0.75,warmup=10" or a preset, "agentx") counts only the requests the benchmark measures
-    (calibrate.workload.window); the answer's `workload_window` says which.
+    (calibrate.workload.window); the answer's `workload_window` says which. `max_filled` (a share in [0, 1], as
+    `--max-filled` takes it; only with `uncovered="nearest"` unless it is the CLI's default, exports.MAX_FILLED)
+    refuses, a ValueError unless `force`, an answer filled above it; None (the default): no bound, the record's
+    `filled` says the share (as `lookup --format json` carries it).
 
     Asked without `workload`, an exported table that holds the key weighted to a workload only answers with that
     weighted AL and a WeightedAnswer warning (a UserWarning naming the workload and its digest).
 
+    The options after `temperature` are LookupOptions' fields, given as keyword arguments or as `options=`.
+
     `draft_len=` is k's earlier name, read for one release with a FutureWarning (shown to users by default).
     """
+    o = LookupOptions.given(options, keywords, "lookup")
     k = _k_argument(k, draft_len)
-    _check_arguments(model, speculator, k, thinking, dataset, temperature, segment, table, context)
-    return lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), table=table,
-                      extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
-                      force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered,
-                      window=window)
+    _check_arguments(model, speculator, k, thinking, dataset, temperature, o.segment, o.table, o.context)
+    return lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), o)
 
 
-def lookup_key(
-    filters: FilterOptions,
-    *,
-    table: str | Path | Table | None = None,
-    extrapolate: bool = False,
-    segment: str = SEGMENT_ALL,
-    match_prefix: bool = False,
-    context: str | None = None,
-    force: bool = False,
-    workload: str | os.PathLike | None = None,
-    buckets: str | Sequence[int] | None = None,
-    strata: str = "context",
-    uncovered: str = "refuse",
-    window: str | None = None,
-) -> AcceptanceRecord:
+@_takes_options
+def lookup_key(filters: FilterOptions, options: LookupOptions | None = None, **keywords: Any) -> AcceptanceRecord:
     """`lookup`'s answer for filters that name one key (the record `show` and `export` filter with, one value
-    each; `calibrate lookup` builds it from its options); the other arguments as `lookup` documents them."""
-    if segment not in query.SEGMENT_ORDER:
-        raise ValueError(f"unknown segment {segment!r} (expected one of {', '.join(query.SEGMENT_ORDER)})")
-    edges = parse_edges(buckets) if isinstance(buckets, str) else buckets
-    bucket = context_bucket(context, edges)
-    source = table if hasattr(table, "catalog") else open_table(table)  # type: ignore[arg-type]
-    entry, target_k = resolve(source.catalog(), filters, extrapolate=extrapolate, match_prefix=match_prefix)
-    if window is not None and workload is None:
+    each; `calibrate lookup` builds it from its options); the options (LookupOptions) as `lookup` documents them."""
+    o = LookupOptions.given(options, keywords, "lookup_key")
+    if o.segment not in query.SEGMENT_ORDER:
+        raise ValueError(f"unknown segment {o.segment!r} (expected one of {', '.join(query.SEGMENT_ORDER)})")
+    if o.max_filled is not None:  # export's and the CLI's check (exports.check_max_filled), then its refusal
+        from calibrate.workload.commands import nearest_asked
+
+        check_max_filled(o.max_filled, o.workload is not None and nearest_asked(o.uncovered))
+    edges = parse_edges(o.buckets) if isinstance(o.buckets, str) else o.buckets
+    bucket = context_bucket(o.context, edges)
+    source = o.table if hasattr(o.table, "catalog") else open_table(o.table)  # type: ignore[arg-type]
+    entry, target_k = resolve(source.catalog(), filters, extrapolate=o.extrapolate, match_prefix=o.match_prefix)
+    if o.window is not None and o.workload is None:
         raise ValueError("a window picks the requests of a workload: give workload= with it")
-    if workload is not None:
-        record = weighted_answer(source, entry, workload, edges, strata, uncovered,
-                                 refused=_unweightable(segment, bucket, target_k), window=window)
-        return _unless_contradicted(record, force)
-    record = source.record(entry, segment, bucket)
+    if o.workload is not None:
+        record = weighted_answer(source, entry, o.workload, edges, o.strata, o.uncovered,
+                                 refused=_unweightable(o.segment, bucket, target_k), window=o.window)
+        if o.max_filled is not None:
+            check_filled(None, False, [record], o.max_filled, o.force)
+        return _unless_contradicted(record, o.force)
+    record = source.record(entry, o.segment, bucket)
     if record is None:
-        what = f"segment {segment!r}" + (f" in {bucket.name}" if bucket is not None else "")
+        what = f"segment {o.segment!r}" + (f" in {bucket.name}" if bucket is not None else "")
         raise NotMeasured(f"no counts for {what} of {entry.target} with {entry.speculator}, k={entry.k}, "
                           f"thinking={entry.thinking} in {source.source}: {source.held(entry)}")
-    record = _unless_contradicted(record, force)
+    record = _unless_contradicted(record, o.force)
     if record.workload is not None:  # an export weighted to a workload, asked without one (WeightedAnswer)
         warnings.warn(weighted_unasked(record), WeightedAnswer, stacklevel=2)
     return record if target_k is None else extrapolate_record(record, target_k)

@@ -219,11 +219,10 @@ def read_recipe(path: Path) -> Mapping[str, Any]:
 
 
 def speculator_of(method: str, model_prefix: str | None) -> str:
-    """Our speculator kind for a recipe method (SGLang's eagle / nextn are the model's head, as InferenceX
-    reads them: mtp, eagle3 for minimaxm3); an engine-only method (dspark, dflash) stays itself."""
-    method = method.lower()
-    if method in ("eagle", "nextn"):
-        return "eagle3" if model_prefix == "minimaxm3" else "mtp"
+    """Our speculator kind for a recipe method, read as InferenceX's loader reads it (inferencex.loader_method:
+    SGLang's eagle / nextn are the model's head, mtp, eagle3 for minimaxm3); an engine-only method (dspark,
+    dflash) stays itself."""
+    method = inferencex.loader_method(model_prefix or "", method)
     return KIND_OF_METHOD.get(method, method)
 
 
@@ -520,11 +519,11 @@ def question(env: Mapping[str, str], *, model: str | None, speculator: str | Non
 
 
 def _our_runner(framework: str) -> bool:
-    """A FRAMEWORK of our registry that no InferenceX launcher runs (its recipe dialect is None: llama.cpp)."""
+    """A FRAMEWORK of our registry that no InferenceX launcher runs (a consumer's `runners`: llama.cpp)."""
     from calibrate.consumers import FRAMEWORKS  # the registry imports this package's modules, not this one
 
     found = FRAMEWORKS.get(framework)
-    return found is not None and found.frameworks[framework] is None
+    return found is not None and framework in found.runners
 
 
 def _golden(prefix: str | None, spec: RecipeSpec, dialect: str, recipe: Path, golden_dir: Path | None, mode: str,
