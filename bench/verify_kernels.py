@@ -2,6 +2,7 @@
 
     python bench/verify_kernels.py            # full sweep on CUDA
     python bench/verify_kernels.py --quick    # the headline configuration only
+    python bench/verify_kernels.py --tune     # kernel times at the headline over tile widths, warps, splits
 
 Sweep: B in {1, 16, 64, 256} requests, k in {1, 4, 8} drafts, V in {32k, 152k}, logits in bf16 and fp32,
 rejection sampling at T = 0.8 with an n-gram drafter (q = one-hot, so the logits are the only big input).
@@ -72,8 +73,10 @@ def run_cuda(args) -> None:
         configs.append(("greedy", 64, 4, "152k", dtype))
         configs.append(("sample+q", 64, 4, "152k", dtype))
     headline = {}
-    tune = {"num_warps": args.num_warps, **({"block_v": args.block_v} if args.block_v else {})}
-    print(f"tiles: BLOCK_V={args.block_v or 'default'}, num_warps={args.num_warps}")
+    tune = {"num_warps": args.num_warps, "splits": args.splits,
+            **({"block_v": args.block_v} if args.block_v else {})}
+    print(f"tiles: BLOCK_V={args.block_v or 'default'}, num_warps={args.num_warps}, "
+          f"vocabulary splits={args.splits or 'default (fill the device)'}")
     for mode, b, k, v, dtype in configs:
         vocab = VOCABS[v]
         logits, drafts, drafted, q = make_batch(b, k, vocab, dtype, dev, with_q=mode == "sample+q")
@@ -112,6 +115,29 @@ def run_cuda(args) -> None:
               f"{'MET' if speed >= 3 else 'NOT MET'}")
 
 
+TUNE = [(1024, 4, None), (2048, 4, None), (2048, 8, None), (4096, 8, None), (4096, 16, None), (1024, 4, 8),
+        (2048, 8, 8), (2048, 8, 2)]  # (BLOCK_V, num_warps, vocabulary splits; None: fill the device)
+
+
+def run_tune() -> None:
+    """Kernel time (us) of rejection sampling at the headline shape per TUNE entry, to choose the defaults."""
+    from triton.testing import do_bench
+
+    from calibrate.kernels import triton_verify as T
+
+    print(f"{'mode':<9} {'dtype':<5} {'BLOCK_V':>7} {'warps':>5} {'splits':>6} {'us':>8}")
+    temp = torch.full((64,), 0.8, device="cuda")
+    for dtype in (torch.bfloat16, torch.float32):
+        logits, drafts, drafted, _ = make_batch(64, 4, VOCABS["152k"], dtype, "cuda", with_q=False)
+        for block_v, warps, splits in TUNE:
+            us = 1e3 * do_bench(lambda: T.rejection_verify(logits, drafts, drafted, temperature=temp, max_k=4,  # noqa
+                                                           block_v=block_v, num_warps=warps, splits=splits),
+                                warmup=10, rep=50)
+            name = "bf16" if dtype == torch.bfloat16 else "fp32"
+            print(f"{'sample':<9} {name:<5} {block_v:>7} {warps:>5} {splits or 'auto':>6} {us:>8.1f}", flush=True)
+        del logits
+
+
 def run_cpu_reference() -> None:
     print("bench/verify_kernels.py measures the fused Triton kernels and NEEDS CUDA: no CUDA device here.")
     print("CPU-only figure: the torch reference (the specification) on CPU, fp32, rejection sampling, T=0.8.")
@@ -134,9 +160,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="only the headline configuration")
     parser.add_argument("--block-v", type=int, default=None, help="vocabulary tile width (power of two)")
     parser.add_argument("--num-warps", type=int, default=4)
+    parser.add_argument("--splits", type=int, default=None, help="vocabulary chunks per row (default: fill the GPU)")
+    parser.add_argument("--tune", action="store_true",
+                        help="time only the kernel at B=64, k=4, V=152k over tile widths, warps and splits")
     args = parser.parse_args()
     if torch.cuda.is_available():
-        run_cuda(args)
+        run_tune() if args.tune else run_cuda(args)
     else:
         run_cpu_reference()
 
