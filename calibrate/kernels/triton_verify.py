@@ -2,7 +2,7 @@
 
 The vocabulary of each verified position (row) is split into n_split chunks, one program per (request, row,
 chunk), so that few rows still fill the GPU (one program per row streams a whole 152k vocabulary serially
-and leaves most of the machine idle). Launches, with no host-side tensor work between them:
+and leaves most of the machine idle). Two launches (three with q), no host-side tensor work between them:
 
 1. `_split_kernel`, grid (B, max_k + 1, n_split). A program derives its row from `drafted` in-kernel (a
    prefix sum over at most B values), streams its chunk of the row's logits in tiles of BLOCK_V, with
@@ -16,13 +16,12 @@ and leaves most of the machine idle). Launches, with no host-side tensor work be
    - T > 0 with draft probabilities q: the residual max(p - q, 0) needs the normalised p, so a first launch
      (STATS) writes only the chunks' max / sum-exp; in the second, every program merges its row's partials
      into (m, 1 / Z) and runs its chunk's races max(p - q, 0) / E_j and p / E_j while reading q once.
-2. `_merge_kernel`, grid (B, max_k + 1): merges a row's partials exactly (max and lowest-index argmax are
-   associative, so the sample is the one a single pass over the row finds), computes p(d) from the merged
-   normaliser and writes p(d), q(d) and the row's sample. Full probability tensors never exist.
-3. `_combine_kernel`, grid (B,), walks each request's <= k + 1 rows: with q, accept iff p(d) > 0 and
-   u * q(d) <= p(d), with u drawn in-kernel from the (seed, request, position, ACCEPT) stream; without q
-   (and at T = 0), accept iff the row's sample is the draft; writes the emitted tokens, the accepted count
-   and the expected acceptance sum_i prod_{j<=i} min(1, p_j/q_j).
+2. `_combine_kernel`, grid (B,), walks each request's <= k + 1 rows, merging each row's partials exactly
+   (max and lowest-index argmax are associative, so the sample is the one a single pass over the row finds)
+   and computing p(d) from the merged normaliser; with q, accept iff p(d) > 0 and u * q(d) <= p(d), with u
+   drawn in-kernel from the (seed, request, position, ACCEPT) stream; without q (and at T = 0), accept iff
+   the row's sample is the draft; writes the emitted tokens, the accepted count and the expected acceptance
+   sum_i prod_{j<=i} min(1, p_j/q_j). Full probability tensors never exist.
 
 Randomness: `_stream_key` / `_lane_uniform` below compute, with wrapping uint32 arithmetic, exactly the
 bits of calibrate.kernels.rng (which forms the same 32-bit products in int64 torch), keyed by the vocabulary
@@ -85,11 +84,13 @@ def _request_start(num_draft_ptr, r, BLOCK_B: tl.constexpr):
 
 @triton.jit
 def _online_softmax_update(m_vec, z_vec, s):
-    """One tile of the per-lane online max / sum-exp: rescale the running sum to the new max, add exp(s)."""
-    m_new = tl.maximum(m_vec, s)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    z_vec = z_vec * tl.exp(m_vec - m_safe) + tl.exp(s - m_safe)
-    return m_new, z_vec
+    """One tile of the per-lane online max / sum-exp with ONE exp per element: exp(-|s - m|) is the rescale
+    of the running sum when s is the new max and the added term otherwise (the same bits as rescaling by
+    exp(m - m_new) and adding exp(s - m_new), whose other factor is exp(0) = 1). -inf lanes add nothing."""
+    gap = s - tl.where(s == float("-inf"), 0.0, m_vec)  # -inf where s is (never -inf - -inf = nan)
+    e = tl.exp(-tl.abs(gap))
+    z_vec = tl.where(gap > 0.0, z_vec * e + 1.0, z_vec + e)
+    return tl.maximum(m_vec, s), z_vec
 
 
 @triton.jit
@@ -220,7 +221,7 @@ def _residual_chunk(base, q_row, lo, hi, inv_t, floor, m, inv_z, is_draft, key, 
 @triton.jit
 def _row_normaliser(part_f, part_plane, row_slots, inside):
     """(m, 1 / Z) of a row from its chunks' (max, sum-exp) partials (planes 0 and 1), so p_j = exp(s_j - m) / Z.
-    The split and merge launches run this same code on the same partials (and num_warps), so the race's p
+    The split and combine launches run this same code on the same partials (and num_warps), so the race's p
     and p(d) share the normaliser bit for bit, as in the reference."""
     m, z = _sum_exp(tl.load(part_f + row_slots, mask=inside, other=float("-inf")),
                     tl.load(part_f + part_plane + row_slots, mask=inside, other=0.0))
@@ -296,70 +297,71 @@ def _split_kernel(
 
 
 @triton.jit
-def _merge_kernel(
-    logits_ptr, logits_stride, draft_probs_ptr, probs_stride, draft_tokens_ptr, num_draft_ptr,
-    temperature_ptr, floor_ptr,  # as _split_kernel
-    part_f, part_i, part_plane, n_split,  # the partials _split_kernel wrote
-    p_out, q_out, sample_out,  # (N,) float32, float32, int64
-    V,
-    HAS_Q: tl.constexpr, HAS_FLOOR: tl.constexpr, GREEDY: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr,
-):
-    """Row i of request r: p(d), q(d) and the row's sample (the target's token if the draft stops here)."""
-    r = tl.program_id(0)
-    i = tl.program_id(1)
-    k = tl.load(num_draft_ptr + r)
-    if i <= k:
-        row, didx, is_draft, d = _row_of(draft_tokens_ptr, num_draft_ptr, r, i, k, BLOCK_B)
-        greedy, inv_t, floor = _row_sampling(temperature_ptr, floor_ptr, r, row, GREEDY, HAS_FLOOR)
-        splits = tl.arange(0, BLOCK_S)
-        row_slots = row.to(tl.int64) * n_split + splits
-        inside = splits < n_split
-        q_d = 0.0
-        if is_draft:
-            if HAS_Q:
-                q_d = tl.load(draft_probs_ptr + didx.to(tl.int64) * probs_stride + d).to(tl.float32)
-            else:
-                q_d = 1.0
-        top_r, sample = _merged_winner(part_f, part_i, part_plane, 2, row_slots, inside, V)
-        if greedy:  # p one-hot at the argmax
-            p_d = tl.where(is_draft & (d == sample), 1.0, 0.0)
+def _row_outcome(logits_ptr, logits_stride, q_d_ptr, part_f, part_i, part_plane, n_split, row, is_draft, d,
+                 greedy, inv_t, floor, V, HAS_Q: tl.constexpr, BLOCK_S: tl.constexpr):
+    """(p(d), q(d), sample) of a row from its chunks' partials: the sample is the lowest index reaching the
+    row's best race score (the argmax at T = 0), so it is the one a single pass over the row finds."""
+    splits = tl.arange(0, BLOCK_S)
+    row_slots = row.to(tl.int64) * n_split + splits
+    inside = splits < n_split
+    q_d = 0.0
+    if is_draft:
+        if HAS_Q:
+            q_d = tl.load(q_d_ptr + d).to(tl.float32)
         else:
-            if HAS_Q:  # the residual sample, or the p sample when nothing is left over
-                _, sample_p = _merged_winner(part_f, part_i, part_plane, 3, row_slots, inside, V)
-                sample = tl.where(top_r > 0.0, sample, sample_p)
-            m, inv_z = _row_normaliser(part_f, part_plane, row_slots, inside)
-            s_d = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + tl.maximum(d, 0)).to(tl.float32) * inv_t
-            p_d = tl.where(is_draft & (s_d >= floor), tl.exp(s_d - m) * inv_z, 0.0)
-        tl.store(p_out + row, p_d)
-        tl.store(q_out + row, q_d)
-        tl.store(sample_out + row, sample.to(tl.int64))
+            q_d = 1.0
+    top_r, sample = _merged_winner(part_f, part_i, part_plane, 2, row_slots, inside, V)
+    if greedy:  # p one-hot at the argmax
+        p_d = tl.where(is_draft & (d == sample), 1.0, 0.0)
+    else:
+        if HAS_Q:  # the residual sample, or the p sample when nothing is left over
+            _, sample_p = _merged_winner(part_f, part_i, part_plane, 3, row_slots, inside, V)
+            sample = tl.where(top_r > 0.0, sample, sample_p)
+        m, inv_z = _row_normaliser(part_f, part_plane, row_slots, inside)
+        s_d = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + tl.maximum(d, 0)).to(tl.float32) * inv_t
+        p_d = tl.where(is_draft & (s_d >= floor), tl.exp(s_d - m) * inv_z, 0.0)
+    return p_d, q_d, sample
 
 
 @triton.jit
 def _combine_kernel(
-    p_ptr, q_ptr, sample_ptr,  # (N,) from _rows_kernel
-    draft_tokens_ptr, num_draft_ptr,  # (sum k,), (B,)
+    logits_ptr, logits_stride, draft_probs_ptr, probs_stride, draft_tokens_ptr, num_draft_ptr,
+    temperature_ptr, floor_ptr,  # as _split_kernel
+    part_f, part_i, part_plane, n_split,  # the partials _split_kernel wrote
     request_ids_ptr, positions_ptr, seed_hash,
     tokens_ptr, tokens_stride,  # (B, MAX_K + 1) int64 out
     accepted_ptr, expected_ptr,  # (B,) int64, float32 out
-    HAS_Q: tl.constexpr, MAX_K: tl.constexpr, BLOCK_B: tl.constexpr,
+    V,
+    HAS_Q: tl.constexpr, HAS_FLOOR: tl.constexpr, GREEDY: tl.constexpr, MAX_K: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
+    """Request r: merges each of its k + 1 rows' partials into (p(d), q(d), sample) and decides: with q,
+    accept iff p(d) > 0 and u * q(d) <= p(d); without q (and at T = 0), iff the row's sample is the draft.
+    Emits the accepted drafts, then the sample of the row the request stops at (the bonus row when all
+    are accepted)."""
     r = tl.program_id(0)
     k = tl.load(num_draft_ptr + r)
     draft_start, row_start = _request_start(num_draft_ptr, r, BLOCK_B)
+    greedy, inv_t, _ = _row_sampling(temperature_ptr, floor_ptr, r, row_start, GREEDY, False)
     req = tl.load(request_ids_ptr + r)
     pos = tl.load(positions_ptr + r)
     out = tokens_ptr + r.to(tl.int64) * tokens_stride
     going = k >= 0  # scalar "all accepted so far"
     n_acc = k * 0
+    last = n_acc
     prod = 1.0
     expected = 0.0
-    for i in range(MAX_K):
+    for i in range(MAX_K + 1):
         valid = i < k
-        p = tl.load(p_ptr + row_start + i, mask=valid, other=0.0)
-        q = tl.load(q_ptr + row_start + i, mask=valid, other=0.0)
-        d = tl.load(draft_tokens_ptr + draft_start + i, mask=valid, other=-1)
+        row = row_start + tl.minimum(i, k)  # rows past the bonus row repeat it, unused
+        didx = draft_start + tl.minimum(i, tl.maximum(k - 1, 0))
+        d = tl.load(draft_tokens_ptr + didx, mask=valid, other=-1)
+        floor = float("-inf")
+        if HAS_FLOOR:
+            floor = tl.load(floor_ptr + row)
+        p, q, sample = _row_outcome(logits_ptr, logits_stride, draft_probs_ptr + didx.to(tl.int64) * probs_stride,
+                                    part_f, part_i, part_plane, n_split, row, valid, d, greedy, inv_t, floor, V,
+                                    HAS_Q, BLOCK_S)
         alpha = tl.where(q > 0.0, tl.minimum(p / tl.where(q > 0.0, q, 1.0), 1.0), tl.where(p > 0.0, 1.0, 0.0))
         prod = tl.where(valid, prod * alpha, 0.0)
         expected += prod
@@ -367,21 +369,26 @@ def _combine_kernel(
             u = tl.sum(_lane_uniform(_stream_key(seed_hash, req, pos + i, 1), tl.zeros([1], tl.int32)), axis=0)
             acc = going & valid & (p > 0.0) & (u * q <= p)
         else:  # coupled: the row's keyed sample (the argmax at T = 0) is the draft
-            acc = going & valid & (tl.load(sample_ptr + row_start + i, mask=valid, other=-2) == d)
+            acc = going & valid & (sample == d)
+        last = tl.where(going & ~acc, sample, last)  # the row the request stops at
         going = acc
         n_acc += acc.to(n_acc.dtype)
         tl.store(out + i, tl.where(acc, d, -1))
-    tl.store(out + MAX_K, -1)
-    last = tl.load(sample_ptr + row_start + n_acc)
-    tl.store(out + n_acc, last)
+    tl.store(out + n_acc, last.to(tl.int64))
     tl.store(accepted_ptr + r, n_acc.to(tl.int64))
     tl.store(expected_ptr + r, expected)
 
 
 def _request_tensor(value, batch: int, dtype: torch.dtype, device, default) -> torch.Tensor:
-    """Per-request parameter as a contiguous (B,) device tensor; passes matching tensors through untouched."""
+    """Per-request parameter as a contiguous (B,) device tensor; passes matching tensors through untouched.
+    A scalar (or None: `default`) becomes a device-side fill, not a host-to-device copy, which blocks the
+    host on every call."""
+    if value is None:
+        value = default
     if isinstance(value, torch.Tensor) and value.dtype == dtype and value.device == device and value.shape == (batch,):
         return value.contiguous()
+    if isinstance(value, (int, float)):
+        return torch.full((batch,), value, dtype=dtype, device=device)
     return reference._per_request(value, batch, dtype, device, default)
 
 
@@ -427,7 +434,8 @@ def _launch(logits, draft_tokens, drafted, draft_probs, temperature, floor, requ
     if max_k is None:
         max_k = int(drafted.max())  # one device sync; callers that know it pass max_k
     temperature = _request_tensor(temperature, b, torch.float32, dev, 1.0)
-    request_ids = _request_tensor(request_ids, b, torch.int64, dev, list(range(b)))
+    request_ids = torch.arange(b, device=dev) if request_ids is None else \
+        _request_tensor(request_ids, b, torch.int64, dev, None)
     positions = _request_tensor(positions, b, torch.int64, dev, 0)
     has_q = draft_probs is not None
     if has_q and draft_probs.stride(1) != 1:
@@ -435,9 +443,6 @@ def _launch(logits, draft_tokens, drafted, draft_probs, temperature, floor, requ
     n_split, chunk = _vocab_split(n_rows, vocab, block_v, dev, splits)
     part_f = torch.empty((4, n_rows * n_split), dtype=torch.float32, device=dev)
     part_i = torch.empty((2, n_rows * n_split), dtype=torch.int32, device=dev)
-    p = torch.empty(n_rows, dtype=torch.float32, device=dev)
-    q = torch.empty(n_rows, dtype=torch.float32, device=dev)
-    sample = torch.empty(n_rows, dtype=torch.int64, device=dev)
     tokens = torch.empty((b, max_k + 1), dtype=torch.int64, device=dev)
     accepted = torch.empty(b, dtype=torch.int64, device=dev)
     expected = torch.empty(b, dtype=torch.float32, device=dev)
@@ -445,34 +450,31 @@ def _launch(logits, draft_tokens, drafted, draft_probs, temperature, floor, requ
     block_b = max(triton.next_power_of_2(b), 16)
     block_s = max(triton.next_power_of_2(n_split), 16)
     inputs = (logits, logits.stride(0), draft_probs if has_q else logits, draft_probs.stride(0) if has_q else 0,
-              draft_tokens, drafted, temperature, floor if floor is not None else p)
+              draft_tokens, drafted, temperature, floor if floor is not None else part_f)
     flags = dict(HAS_Q=has_q, HAS_FLOOR=floor is not None, GREEDY=greedy, BLOCK_B=block_b, BLOCK_S=block_s)
     for stats in ((True, False) if has_q and not greedy else (False,)):
         _split_kernel[(b, max_k + 1, n_split)](
             *inputs, request_ids, positions, seed_hash, part_f, part_i, part_f.stride(0), vocab, chunk,
             STATS=stats, BLOCK_V=block_v, num_warps=num_warps, **flags,
         )
-    _merge_kernel[(b, max_k + 1)](
-        *inputs, part_f, part_i, part_f.stride(0), n_split, p, q, sample, vocab, num_warps=num_warps, **flags,
-    )
     _combine_kernel[(b,)](
-        p, q, sample, draft_tokens, drafted, request_ids, positions, seed_hash,
-        tokens, tokens.stride(0), accepted, expected,
-        HAS_Q=has_q, MAX_K=max_k, BLOCK_B=block_b,
+        *inputs, part_f, part_i, part_f.stride(0), n_split, request_ids, positions, seed_hash,
+        tokens, tokens.stride(0), accepted, expected, vocab, MAX_K=max_k, num_warps=num_warps, **flags,
     )
     return VerifyOutput(tokens=tokens, num_accepted=accepted, expected_accepted=expected)
 
 
 def _block_v(vocab: int, block_v: int | None) -> int:
-    """Tile width: 1024 lanes = 8 per thread at 4 warps, which keeps the six per-lane running vectors of the
-    sampling path in registers (wider tiles spill); tune with bench/verify_kernels.py --block-v."""
+    """Tile width: 2048 lanes = 8 per thread at the default 8 warps, which keeps the six per-lane running
+    vectors of the sampling path in registers (wider per-thread tiles spill); 2048 x 8 warps was fastest
+    of bench/verify_kernels.py --tune on an H200 (bf16 and fp32). Tune with --block-v / --num-warps."""
     if block_v is not None:
         return block_v
-    return min(1024, triton.next_power_of_2(vocab))
+    return min(2048, triton.next_power_of_2(vocab))
 
 
 def greedy_verify(logits: torch.Tensor, draft_tokens, drafted, *, max_k: int | None = None,
-                  block_v: int | None = None, num_warps: int = 4, splits: int | None = None) -> VerifyOutput:
+                  block_v: int | None = None, num_warps: int = 8, splits: int | None = None) -> VerifyOutput:
     """Fused greedy verification; same contract as reference.greedy_verify. `splits` forces the number of
     vocabulary chunks per row (default: enough to fill the device)."""
     return _launch(logits, draft_tokens, drafted, None, 0.0, None, None, None, 0, max_k, True,
@@ -481,7 +483,7 @@ def greedy_verify(logits: torch.Tensor, draft_tokens, drafted, *, max_k: int | N
 
 def rejection_verify(logits: torch.Tensor, draft_tokens, drafted, *, draft_probs: torch.Tensor | None = None,
                      temperature=1.0, top_k=None, top_p=None, seed: int = 0, request_ids=None, positions=None,
-                     max_k: int | None = None, block_v: int | None = None, num_warps: int = 4,
+                     max_k: int | None = None, block_v: int | None = None, num_warps: int = 8,
                      splits: int | None = None) -> VerifyOutput:
     """Fused rejection-sampling verification; same contract as reference.rejection_verify.
 
