@@ -30,26 +30,35 @@ SCRIPT = textwrap.dedent("""
     from triton.compiler import ASTSource
     from calibrate.kernels import triton_verify as T
 
-    rows = {"logits_ptr": None, "logits_stride": "i64", "draft_probs_ptr": "*fp32", "probs_stride": "i64",
-            "draft_tokens_ptr": "*i64", "num_draft_ptr": "*i64", "temperature_ptr": "*fp32",
-            "floor_ptr": "*fp32", "request_ids_ptr": "*i64", "positions_ptr": "*i64", "seed_hash": "i64",
-            "p_out": "*fp32", "q_out": "*fp32", "sample_out": "*i64", "V": "i32", "HAS_Q": "constexpr",
-            "HAS_FLOOR": "constexpr", "GREEDY": "constexpr", "BLOCK_B": "constexpr", "BLOCK_V": "constexpr"}
-    combine = {"p_ptr": "*fp32", "q_ptr": "*fp32", "sample_ptr": "*i64", "draft_tokens_ptr": "*i64",
-               "num_draft_ptr": "*i64", "request_ids_ptr": "*i64", "positions_ptr": "*i64", "seed_hash": "i64",
-               "tokens_ptr": "*i64", "tokens_stride": "i64", "accepted_ptr": "*i64", "expected_ptr": "*fp32",
-               "HAS_Q": "constexpr", "MAX_K": "constexpr", "BLOCK_B": "constexpr"}
+    common = {"logits_ptr": None, "logits_stride": "i64", "draft_probs_ptr": "*fp32", "probs_stride": "i64",
+              "draft_tokens_ptr": "*i64", "num_draft_ptr": "*i64", "temperature_ptr": "*fp32",
+              "floor_ptr": "*fp32"}
+    split = {**common, "request_ids_ptr": "*i64", "positions_ptr": "*i64", "seed_hash": "i64",
+             "part_f": "*fp32", "part_i": "*i32", "part_plane": "i64", "V": "i32", "chunk": "i32",
+             "HAS_Q": "constexpr", "HAS_FLOOR": "constexpr", "GREEDY": "constexpr", "STATS": "constexpr",
+             "BLOCK_B": "constexpr", "BLOCK_S": "constexpr", "BLOCK_V": "constexpr"}
+    combine = {**common, "part_f": "*fp32", "part_i": "*i32", "part_plane": "i64", "n_split": "i32",
+               "request_ids_ptr": "*i64", "positions_ptr": "*i64", "seed_hash": "i64", "tokens_ptr": "*i64",
+               "tokens_stride": "i64", "accepted_ptr": "*i64", "expected_ptr": "*fp32", "V": "i32",
+               "HAS_Q": "constexpr", "HAS_FLOOR": "constexpr", "GREEDY": "constexpr", "MAX_K": "constexpr",
+               "BLOCK_B": "constexpr", "BLOCK_S": "constexpr"}
+
+    def build(kernel, sig, consts, target):
+        assert "cubin" in triton.compile(ASTSource(kernel, sig, consts), target=target).asm
+
     n = 0
     for arch in (80, 90):
         target = GPUTarget("cuda", arch, 32)
         for dtype, has_q, has_floor, greedy in itertools.product(("*bf16", "*fp32"), *[(False, True)] * 3):
-            sig = dict(rows, logits_ptr=dtype)
-            consts = {"HAS_Q": has_q, "HAS_FLOOR": has_floor, "GREEDY": greedy, "BLOCK_B": 64, "BLOCK_V": 4096}
-            assert "cubin" in triton.compile(ASTSource(T._rows_kernel, sig, consts), target=target).asm
-            n += 1
-        for has_q in (False, True):  # without q (and at T = 0) the coupled rule, with q the u <= p / q test
-            consts = {"HAS_Q": has_q, "MAX_K": 8, "BLOCK_B": 256}
-            assert "cubin" in triton.compile(ASTSource(T._combine_kernel, combine, consts), target=target).asm
+            if greedy and (has_q or has_floor):  # greedy_verify launches neither
+                continue
+            flags = {"HAS_Q": has_q, "HAS_FLOOR": has_floor, "GREEDY": greedy, "BLOCK_B": 64, "BLOCK_S": 256}
+            for stats in (False, True) if has_q else (False,):  # the q path's two split launches
+                build(T._split_kernel, dict(split, logits_ptr=dtype), {**flags, "STATS": stats, "BLOCK_V": 4096},
+                      target)
+                n += 1
+            # without q (and at T = 0) the coupled rule, with q the u <= p / q test
+            build(T._combine_kernel, dict(combine, logits_ptr=dtype), {**flags, "MAX_K": 8}, target)
             n += 1
     print("compiled", n)
 """)
@@ -64,4 +73,4 @@ def test_kernels_compile_to_cubin():
     if "ptxas" in proc.stderr and "not found" in proc.stderr:
         pytest.skip("this triton install has no ptxas")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "compiled 36" in proc.stdout
+    assert "compiled 48" in proc.stdout

@@ -264,6 +264,90 @@ def test_triton_rejection_equals_reference_with_top_k_top_p_and_bf16(with_q):
         assert torch.equal(got.num_accepted, want.num_accepted)
 
 
+# Vocabulary splits: 37 = 4 chunks of 10 (BLOCK_V = 2, 5 tiles each) with a short last one; 2 and 3 chunks;
+# one chunk per tile (19 chunks of 2, the last of 1); and the device default.
+SPLITS = [(37, 2, 4), (37, 8, 2), (37, 8, 3), (37, 2, 19), (37, 8, None)]
+
+
+@needs_triton_device
+@pytest.mark.parametrize("vocab,block_v,splits", SPLITS)
+@pytest.mark.parametrize("with_q", [True, False])
+def test_split_vocabulary_equals_reference(vocab, block_v, splits, with_q):
+    """The chunks' partials (max / sum-exp, the races' best and argmax, greedy argmax) merge into the
+    reference's result, whatever the number of chunks, including a last chunk shorter than the others."""
+    drafted = [3, 0, 2, 1]
+    for seed in range(2):
+        logits, drafts, q = ragged_case(20 + seed, drafted, vocab, match_bias=0.85)
+        kw = dict(draft_probs=q if with_q else None, temperature=torch.tensor([0.0, 0.7, 1.0, 1.6]), seed=seed,
+                  request_ids=torch.arange(4) * 5 + 1, positions=torch.arange(4) * 3)
+        want = R.rejection_verify(logits, drafts, drafted, **kw)
+        got = tri(T.rejection_verify)(logits, drafts, drafted, block_v=block_v, splits=splits, **kw)
+        assert torch.equal(got.tokens, want.tokens)
+        assert torch.equal(got.num_accepted, want.num_accepted)
+        torch.testing.assert_close(got.expected_accepted, want.expected_accepted, rtol=1e-5, atol=1e-6)
+        want_g = R.greedy_verify(logits, drafts, drafted)
+        got_g = tri(T.greedy_verify)(logits, drafts, drafted, block_v=block_v, splits=splits)
+        assert torch.equal(got_g.tokens, want_g.tokens)
+
+
+@needs_triton_device
+@pytest.mark.parametrize("with_q", [True, False])
+def test_split_vocabulary_with_top_k_top_p(with_q):
+    """A chunk can hold no allowed token at all (all of s at -inf): it merges as nothing."""
+    drafted, vocab = [2, 3], 29
+    logits, drafts, q = ragged_case(6, drafted, vocab, match_bias=0.9)
+    kw = dict(draft_probs=q if with_q else None, temperature=[0.8, 1.2], top_k=[3, 0], top_p=[1.0, 0.5], seed=2)
+    want = R.rejection_verify(logits, drafts, drafted, **kw)
+    got = tri(T.rejection_verify)(logits, drafts, drafted, block_v=4, splits=4, **kw)
+    assert torch.equal(got.tokens, want.tokens)
+    assert torch.equal(got.num_accepted, want.num_accepted)
+
+
+@needs_triton_device
+def test_ties_across_chunks_go_to_the_lowest_index():
+    """Exact ties between tokens in different chunks (and inside one): the lowest token id wins, as in
+    reference.greedy_verify (torch's argmax) and in the merged races. Row 0 ties tokens 3 (chunk 0) and 30
+    (chunk 3); row 1 ties 12 and 13 (chunk 1) with 25 (chunk 2); a flat row gives token 0."""
+    vocab, drafted = 37, [1]
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(3))
+    top = float(logits.max()) + 1
+    logits[0, [3, 30]] = top
+    logits[1, [25, 13, 12]] = top
+    drafts = torch.tensor([30])
+    for splits in (1, 4):
+        got = tri(T.greedy_verify)(logits, drafts, drafted, block_v=2, splits=splits)
+        assert got.tokens.tolist() == [[3, -1]]
+        flat = torch.zeros(2, vocab)
+        got = tri(T.greedy_verify)(logits[[1, 1]], torch.tensor([12]), drafted, block_v=2, splits=splits)
+        assert got.tokens.tolist() == [[12, 12]]
+        got = tri(T.greedy_verify)(flat, torch.tensor([5]), drafted, block_v=2, splits=splits)
+        assert got.tokens.tolist() == [[0, -1]]
+    # Sampling: one-hot targets with the mass tied between two chunks' tokens race on the keyed noise alone,
+    # and p = 1/2 at both; the kernel draws what the reference draws for every split count.
+    two = torch.full((4, vocab), float("-inf"))
+    two[:, [4, 33]] = 0.0
+    for splits in (1, 2, 4):
+        for seed in range(4):
+            kw = dict(temperature=1.0, seed=seed, request_ids=torch.tensor([seed, seed + 9]))
+            want = R.rejection_verify(two, torch.tensor([4, 33]), [1, 1], **kw)
+            got = tri(T.rejection_verify)(two, torch.tensor([4, 33]), [1, 1], block_v=2, splits=splits, **kw)
+            assert torch.equal(got.tokens, want.tokens)
+
+
+@pytest.mark.parametrize("rows,vocab,block_v,sms,want", [
+    (320, 151_936, 1024, 132, (4, 38 * 1024)),  # B=64, k=4: 4 chunks per row fill 8 programs per SM
+    (2, 151_936, 1024, 132, (149, 1024)),  # B=1, k=1: one tile per program (149 tiles)
+    (2304, 32_000, 1024, 132, (1, 32 * 1024)),  # enough rows: no split
+    (1, 37, 8, 1, (5, 8)),  # the interpreter's default (one 'SM'): a chunk per tile
+])
+def test_vocab_split_fills_the_device(rows, vocab, block_v, sms, want, monkeypatch):
+    monkeypatch.setattr(T, "_sm_count", lambda device: sms)
+    n_split, chunk = T._vocab_split(rows, vocab, block_v, torch.device("cpu"), None)
+    assert (n_split, chunk) == want
+    assert chunk % block_v == 0 and (n_split - 1) * chunk < vocab <= n_split * chunk
+    assert T._vocab_split(rows, vocab, block_v, torch.device("cpu"), 3)[0] == min(3, triton.cdiv(vocab, block_v))
+
+
 @needs_triton_device
 def test_results_do_not_depend_on_batch_order():
     drafted, vocab = [2, 3, 1, 4], 21
