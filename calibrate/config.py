@@ -364,7 +364,7 @@ class SweepConfig(_Strict):
     """What is swept for every pair: draft lengths, thinking modes, sampling."""
 
     k: list[int] = Field(min_length=1)
-    """The draft lengths, each 1..64 (calibrate.replay.counts.MAX_K); a k of at least `max_new_tokens` is
+    """The draft lengths, each 1..64 (calibrate.terms.MAX_K); a k of at least `max_new_tokens` is
     warned about."""
     thinking: list[Literal["on", "off"]] = Field(default_factory=lambda: ["off"], min_length=1)
     """Thinking modes, rendered with the target's own switch; a mode its template cannot honour is refused."""
