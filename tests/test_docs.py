@@ -366,3 +366,35 @@ def test_references_check_fails_on_a_stale_page(tmp_path: Path, monkeypatch: pyt
     page = tmp_path / "docs" / "reference" / "cli.md"
     page.write_text(page.read_text(encoding="utf-8") + "stale\n", encoding="utf-8")
     assert references.main(["--check"]) == 1
+
+
+def test_validator_bounds_are_in_the_reference() -> None:
+    """A bound only a validator enforces (k = 1..64 for each item) is in the bounds column, and is the bound the
+    validator enforces: 64 loads, 65 is refused."""
+    from pydantic import ValidationError
+
+    from calibrate.terms import MAX_K
+
+    assert f"each 1..{MAX_K}" in config_reference.bounds(config.SweepConfig.model_fields["k"])
+    assert config_reference.bounds(config.ServerConfig.model_fields["k"]) == f"1..{MAX_K}"
+    config.SweepConfig.model_validate({"k": [MAX_K]})
+    with pytest.raises(ValidationError, match=f"1..{MAX_K}"):
+        config.SweepConfig.model_validate({"k": [MAX_K + 1]})
+
+
+def test_key_examples_come_from_the_example_files() -> None:
+    """Each example in the reference is a `key = value` line some examples/*.toml writes (parsed back, the value
+    is the file's), and the keys every sweep needs have one."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+
+    found = config_reference.examples()
+    assert {"dataset.source", "pairs.target", "sweep.k", "speculators[kind=ngram].prompt_lookup_max"} <= set(found)
+    texts = {name: (ROOT / "examples" / name).read_text(encoding="utf-8") for name in {s for _, s in found.values()}}
+    for where, (text, source) in found.items():
+        key, value = next(iter(tomllib.loads(text).items()))
+        assert where.endswith("." + key)
+        assert re.search(rf"\b{re.escape(key)}\s*=", texts[source]), (where, source)
+    assert "| `k = [1, 3]` (vllm.toml) |" in config_reference.render()
