@@ -1,5 +1,6 @@
 """Pages of the manual whose commands a newcomer types in order run as shown: the Quickstart's "Next steps"
-(right after `make quickstart`) and steps 2-4 of "Calibrate for an InferenceX run" (after step 1's run).
+(right after `make quickstart`), steps 2-4 of "Calibrate for an InferenceX run" (after step 1's run) and
+"Weight to AgentX's traces" (all but its `calibrate run`).
 
 Each page's commands are read from its ```bash blocks (a `\\` continuation joined, `NAME=value` prefixes taken
 as the environment) and its ```python block, and run word for word in a folder holding the store the page's
@@ -48,9 +49,11 @@ def commands(text: str) -> list[tuple[dict[str, str], list[str]]]:
     return found
 
 
-def store_like(config: str, path: Path) -> None:
-    """The store `calibrate run CONFIG` writes, with drawn counts: every speculator of every pair at every k."""
+def store_like(config: str, path: Path, contexts: tuple[int, ...] = (100,)) -> None:
+    """The store `calibrate run CONFIG` writes, with drawn counts: every speculator of every pair at every k,
+    each conversation with one request at each prompt length of `contexts` (after truncation)."""
     cfg = load_config(ROOT / config)
+    conversations = cfg.dataset.max_requests or cfg.dataset.conversations
     rng = np.random.default_rng(0)
     with Store(path) as store:
         for pair in cfg.pairs:
@@ -60,8 +63,9 @@ def store_like(config: str, path: Path) -> None:
                     run = make_spec(target=pair.target, speculator=name, k=k, thinking="off",
                                     dataset=cfg.dataset.name, max_new_tokens=cfg.dataset.max_new_tokens,
                                     context_tokens=cfg.dataset.context_tokens)
-                    write_run(store, run, [Req(f"r{c}", f"c{c}", {"answer": iid_hist(rng, 0.3 + 0.1 * n, k, 12)})
-                                           for c in range(cfg.dataset.max_requests)])
+                    write_run(store, run, [
+                        Req(f"r{c}-{t}", f"c{c}", {"answer": iid_hist(rng, 0.3 + 0.1 * n, k, 12)}, prompt_tokens=t)
+                        for c in range(conversations) for t in contexts])
 
 
 def run_all(found: list[tuple[dict[str, str], list[str]]]) -> None:
@@ -106,3 +110,25 @@ def test_the_inferencex_howto_runs_as_shown(tmp_path: Path, monkeypatch: pytest.
         run_all(found)
     assert [p.name for p in golden.iterdir()] == ["qwen2.5coder_ngram.yaml"]
     assert (reference / "speedbench-reference-al.yaml").exists()
+
+
+def test_the_agentx_howto_runs_as_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/howto-agentx.md after its sweep (every turn up to a 32k window): inspect the traces (the fixture
+    from AgentX's corpus, tests/fixtures/cc_traces_workload.jsonl, under the page's file name), AL by context,
+    then weighted show, InferenceX export and lookup, which fill the buckets past the window as the page says."""
+    import shutil
+
+    work = tmp_path / "work"
+    (work / "tables").mkdir(parents=True)
+    (tmp_path / "InferenceX" / "infx" / "golden_al_distribution").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    shutil.copy(ROOT / "tests" / "fixtures" / "cc_traces_workload.jsonl", work / "cc-traces-weka-062126.jsonl")
+    found = [c for heading in ("1. See where the traces spend their tokens", "2. Measure at those contexts",
+                               "3. Weight, then export or look up")
+             for c in commands(section("howto-agentx.md", heading))]
+    (sweep,) = {argv[1] for _, argv in found if argv[0] == "run"}
+    store_like(sweep, work / "tables" / "acceptance.duckdb", contexts=(500, 1500, 3000, 6000, 12000, 20000, 30000))
+    run_all([(env, argv) for env, argv in found if argv[0] != "run"])
+    assert (work / "tables" / "agentx-workload.png").exists()
+    assert [p.name for p in (tmp_path / "InferenceX" / "infx" / "golden_al_distribution").iterdir()] == \
+        ["qwen2.5coder_ngram.yaml"]
