@@ -37,6 +37,7 @@ def stale(root: Path = Path(".")) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from calibrate.cli_reference import UndocumentedOptions
     from calibrate.config_reference import UndocumentedKeys
 
     parser = argparse.ArgumentParser(prog=f"{REGENERATE}", description=__doc__.split("\n")[0])
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             page.parent.mkdir(parents=True, exist_ok=True)
             page.write_text(render(), encoding="utf-8")
             print(f"wrote {page}", file=sys.stderr)
-    except UndocumentedKeys as exc:
+    except (UndocumentedKeys, UndocumentedOptions) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

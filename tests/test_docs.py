@@ -398,3 +398,25 @@ def test_key_examples_come_from_the_example_files() -> None:
         assert where.endswith("." + key)
         assert re.search(rf"\b{re.escape(key)}\s*=", texts[source]), (where, source)
     assert "| `k = [1, 3]` (vllm.toml) |" in config_reference.render()
+
+
+def test_an_option_without_help_is_refused() -> None:
+    """The CLI page is never written with a hole: an option `--help` shows without a text is an error naming
+    the command and the option (every option of `calibrate` has one: the page renders)."""
+    import typer
+
+    from calibrate import cli_reference
+
+    app = typer.Typer()
+
+    @app.command()
+    def probe(db: str = typer.Option("x", "--db", help="A store."), seed: int = typer.Option(0, "--seed")) -> None:
+        """A probe."""
+
+    @app.command()
+    def other() -> None:
+        """Another."""
+
+    with pytest.raises(cli_reference.UndocumentedOptions, match=r"probe --seed"):
+        cli_reference.render(app)
+    cli_reference.render()
