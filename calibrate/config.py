@@ -146,7 +146,8 @@ class RunConfig(_Strict):
     """The MoE verify-cost profile (calibrate.replay.experts): distinct routed experts per layer touched by each
     verify pass, per request and for batches of each size in `expert_batch_sizes`. It needs the step-by-step
     loop, so it picks method `loop` at T = 0 too; a dense target is refused from its config."""
-    expert_batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    expert_batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1,
+                                          json_schema_extra=checked("each 1..`batch_size`"))
     """With `experts = true`: the batch sizes B whose union of experts is profiled (B requests of one engine
     batch decoded together), each 1..`batch_size`. Set without `experts`, it is refused."""
     prefix_reuse: bool = True
