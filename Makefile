@@ -21,7 +21,7 @@ install: $(VENV)/.installed
 # wheel is built once per machine into a cache outside the repo (setuptools-scm cannot see the version in
 # an sdist, hence the pretend version) and installed from there. The sdist builds every llama.cpp tool;
 # make/llama-server-only.cmake leaves only llama-server (and what it links) in the build, for this CPU only
-# (GGML_NATIVE): about 8 min on 2 cores where the whole build took 13-21 min (docs/engines.md). AMX is left out: these
+# (GGML_NATIVE): about 8 min on 2 cores where the whole build took 13-21 min (docs/install.md). AMX is left out: these
 # machines' CPUs report AMX tiles that their VMs do not grant, and ggml's AMX kernels then die of an illegal
 # instruction (tilezero) at the first matmul. The cache folder is keyed by the flags, so a change rebuilds.
 LLAMACPP_VERSION ?= 11434.0.0

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_va
 from calibrate.data.loader import SourceSpec
 from calibrate.kernels import triton_unavailable
 from calibrate.limits import INT32_MAX, MAX_BATCH, MAX_SAMPLES, MAX_SEED, MAX_TIMEOUT_SECONDS, MAX_TOKENS
-from calibrate.terms import check_k
+from calibrate.terms import MAX_K, check_k
 from calibrate.speculators.configs import CONFIG_TABLE, ModelName
 from calibrate.speculators.registry import KINDS, SpeculatorConfigUnion
 
@@ -32,6 +32,17 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
+
+
+# A bound a validator enforces (a list's items, a rule across values) where pydantic's constraint metadata cannot
+# say it: `checked(...)` puts it on the field, and the configuration reference shows it in its bounds column.
+CHECKED = "checked"
+
+
+def checked(bound: str) -> dict[str, str]:
+    """Field(json_schema_extra=checked("each 1..64")): the bound the field's validator enforces, as a reader
+    writes it; the validator stays what enforces it."""
+    return {CHECKED: bound}
 
 
 class _Strict(BaseModel):
@@ -135,7 +146,8 @@ class RunConfig(_Strict):
     """The MoE verify-cost profile (calibrate.replay.experts): distinct routed experts per layer touched by each
     verify pass, per request and for batches of each size in `expert_batch_sizes`. It needs the step-by-step
     loop, so it picks method `loop` at T = 0 too; a dense target is refused from its config."""
-    expert_batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    expert_batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1,
+                                          json_schema_extra=checked("each 1..`batch_size`"))
     """With `experts = true`: the batch sizes B whose union of experts is profiled (B requests of one engine
     batch decoded together), each 1..`batch_size`. Set without `experts`, it is refused."""
     prefix_reuse: bool = True
@@ -177,7 +189,7 @@ class ServerConfig(_Strict):
     server you run, reached at `url`."""
     url: str | None = None
     """connect: the server's http:// or https:// URL with a host (no user:password@)."""
-    k: int | None = None
+    k: int | None = Field(default=None, json_schema_extra=checked(f"1..{MAX_K}"))
     """connect: the k a speculating server was started with; unset: a plain server, measured by replay."""
     model: ModelName | None = None
     """launch: what the engine loads (a GGUF file for llama.cpp, a folder or hub id for vLLM / SGLang)."""
@@ -376,12 +388,13 @@ class PairConfig(_Strict):
 class SweepConfig(_Strict):
     """What is swept for every pair: draft lengths, thinking modes, sampling."""
 
-    k: list[int] = Field(min_length=1)
-    """The draft lengths, each 1..64 (calibrate.replay.counts.MAX_K); a k of at least `max_new_tokens` is
+    k: list[int] = Field(min_length=1, json_schema_extra=checked(f"each 1..{MAX_K}; repeats merged"))
+    """The draft lengths, each 1..64 (calibrate.terms.MAX_K); a k of at least `max_new_tokens` is
     warned about."""
     thinking: list[Literal["on", "off"]] = Field(default_factory=lambda: ["off"], min_length=1)
     """Thinking modes, rendered with the target's own switch; a mode its template cannot honour is refused."""
-    temperature: list[float] = Field(default_factory=lambda: [0.0], min_length=1)
+    temperature: list[float] = Field(default_factory=lambda: [0.0], min_length=1,
+                                     json_schema_extra=checked("each finite, >= 0"))
     """Sampling temperatures (a number or a list), each >= 0; 0 is greedy."""
     top_p: float | None = Field(default=None, gt=0, le=1)
     """Nucleus sampling at T > 0, in (0, 1]; unset: off."""

@@ -121,6 +121,9 @@ def bounds(field: FieldInfo) -> str:
         pattern = getattr(meta, "pattern", None)
         if isinstance(pattern, str):
             out.append(f"matches `{pattern}`")
+    checked = (field.json_schema_extra or {}).get(config.CHECKED) if isinstance(field.json_schema_extra, dict) else None
+    if checked:  # a bound a validator enforces (calibrate.config.checked), which pydantic's metadata cannot hold
+        out.append(str(checked))
     return ", ".join(out)
 
 
@@ -138,21 +141,75 @@ def tables(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, type
         yield from tables(found[0], path)
 
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"  # the repository's example sweep files
+
+
+def _record(found: dict[str, tuple[str, str]], where: str, key: str, value: Any, source: str) -> None:
+    """Keep the shortest `key = value` seen for a key: an example that fits its cell."""
+    text = f"{key} = {_toml(value)}"
+    if where + "." + key not in found or len(text) < len(found[where + "." + key][0]):
+        found[where + "." + key] = (text, source)
+
+
+def _walk(model: type[BaseModel], data: dict[str, Any], where: str, source: str,
+          found: dict[str, tuple[str, str]]) -> None:
+    for key, value in data.items():
+        field = model.model_fields.get(key)
+        if field is None:
+            continue
+        inner = _models_in(field.annotation)
+        if key == "speculators" and isinstance(value, list):
+            for entry in value:
+                if isinstance(entry, dict) and entry.get("kind") in KINDS:
+                    kind = entry["kind"]
+                    for k, v in entry.items():
+                        _record(found, f"speculators[kind={kind}]", k, v, source)
+        elif len(inner) == 1 and isinstance(value, dict):
+            _walk(inner[0], value, f"{where}.{key}" if where else key, source, found)
+        elif len(inner) == 1 and isinstance(value, list) and all(isinstance(v, dict) for v in value):
+            for entry in value:
+                _walk(inner[0], entry, f"{where}.{key}" if where else key, source, found)
+        else:
+            _record(found, where, key, value, source)
+
+
+def examples(folder: Path = EXAMPLES) -> dict[str, tuple[str, str]]:
+    """`table.key` -> (its shortest `key = value` among the repository's example sweep files, the file): real
+    values the examples run with, so the reference shows each key as it is written, and a key no example uses
+    shows none rather than an invented one."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+
+    found: dict[str, tuple[str, str]] = {}
+    for path in sorted(folder.glob("*.toml")):
+        _walk(config.Config, tomllib.loads(path.read_text(encoding="utf-8")), "", path.name, found)
+    return found
+
+
 def _anchor(header: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", header.lower()).strip("-")
 
 
-def _field_rows(model: type[BaseModel], where: str, missing: list[str]) -> list[str]:
-    rows = ["| key | type | default | bounds | what it is |", "|---|---|---|---|---|"]
+def _example(found: dict[str, tuple[str, str]], where: str, key: str) -> str:
+    if f"{where}.{key}" not in found:
+        return ""
+    text, source = found[f"{where}.{key}"]
+    return f"{_words('`' + text + '`')} ({source})"
+
+
+def _field_rows(model: type[BaseModel], where: str, missing: list[str], found: dict[str, tuple[str, str]]) -> list[str]:
+    rows = ["| key | type | default | bounds | what it is | example |", "|---|---|---|---|---|---|"]
     for key, field in model.model_fields.items():
         if not field.description:
             missing.append(f"{where}.{key} ({model.__module__}.{model.__qualname__})")
         rows.append(f"| `{key}` | {type_name(field.annotation)} | {default(field)} | {_words(bounds(field))} | "
-                    f"{_words(field.description)} |")
+                    f"{_words(field.description)} | {_example(found, where, key)} |")
     return rows
 
 
-def _kind_section(kind: str, cls: Any, missing: list[str]) -> list[str]:
+def _kind_section(kind: str, cls: Any, missing: list[str], found: dict[str, tuple[str, str]]) -> list[str]:
     model = cls.config_model
     if cls.in_process:
         runs = "Runs in this process; a serving backend runs it itself on: " + (", ".join(sorted(cls.backends)) or "none")
@@ -160,28 +217,31 @@ def _kind_section(kind: str, cls: Any, missing: list[str]) -> list[str]:
         runs = "Runs only inside a serving engine (the pair's `backend`), its method passed as written"
     return [f'### `kind = "{kind}"` {{#kind-{kind}}}', "", _words(model.__doc__ or cls.__doc__), "",
             f"{runs}.", "",
-            *_field_rows(model, f"speculators[kind={kind}]", missing), ""]
+            *_field_rows(model, f"speculators[kind={kind}]", missing, found), ""]
 
 
 def render() -> str:
     """The whole page; UndocumentedKeys names every key without a description."""
     missing: list[str] = []
+    found = examples()
     lines = ["<!-- Generated by `" + REGENERATE + "` from calibrate/config.py and the speculator registry: "
              "do not edit; change a key's docstring and regenerate. -->", "",
              "# Configuration reference", "",
              "Every key a sweep file (`calibrate run CONFIG.toml`) reads, from the config models themselves. "
              "An unknown key, a value of another type (nothing is coerced: `k = [\"1\"]` is refused; an integer "
              "is a float), NaN or infinity is an error naming the file, table and key before any model loads "
-             "(exit 2). The guide to what the keys do together is [Configuration](../configuration.md).", ""]
+             "(exit 2). The guide to what the keys do together is [Configuration](../configuration.md). "
+             "A key's example is the shortest value the repository's sweep files (`examples/*.toml`) give it, "
+             "with the file; a key no example sets has none.", ""]
     for header, model in tables(config.Config):
         lines += [f"## `{header}` {{#{_anchor(header)}}}", "", _words(model.__doc__), "",
-                  *_field_rows(model, header.strip("[]"), missing), ""]
+                  *_field_rows(model, header.strip("[]"), missing, found), ""]
     lines += ["## Speculator kinds {#speculator-kinds}", "",
               "Each entry of a pair's `speculators` list is an inline table whose `kind` picks one of these "
               "(the registry, `calibrate/speculators/registry.py`). A speculator is named in tables by its "
               "kind plus every setting that differs from the default, so different settings never pool.", ""]
     for kind, cls in KINDS.items():
-        lines += _kind_section(kind, cls, missing)
+        lines += _kind_section(kind, cls, missing, found)
     renamed = getattr(config, "RENAMED", {})
     if renamed:
         lines += ["## Renamed keys {#renamed-keys}", "",

@@ -27,6 +27,9 @@ from typing import Any
 
 
 class ExitCode(IntEnum):
+    """The exit status of every `calibrate` command; what each means is this module's docstring (and the
+    manual's Troubleshooting page)."""
+
     OK = 0
     NO_ANSWER = 1
     BAD_INPUT = 2

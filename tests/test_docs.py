@@ -287,3 +287,136 @@ def test_every_key_the_manual_names_exists() -> None:
                 problems.append(f"{page.relative_to(ROOT)}: [{table}] has no key {key!r}")
     assert seen > 20
     assert not problems, "\n".join(problems)
+
+
+# -- the generated command-line and Python API pages ----------------------------------------------------------
+
+
+def test_generated_reference_pages_are_current() -> None:
+    """docs/reference/{configuration,cli,api}.md are what the code renders now: an option, command, key or
+    public object added, renamed or re-described without `python -m calibrate.references` fails here."""
+    from calibrate import references
+
+    stale = references.stale(ROOT)
+    assert not stale, f"out of date: {[str(p) for p in stale]}: run `{references.REGENERATE}` and commit the result"
+
+
+def test_the_cli_reference_has_every_command_and_option() -> None:
+    """Each command of the Typer app, and each option its --help shows, is on the CLI page; a hidden option
+    (an old name kept one release) is not."""
+    from typer.main import get_command
+
+    from calibrate import cli_reference
+    from calibrate.cli import app
+
+    page = cli_reference.render()
+    root = get_command(app)
+    seen = 0
+    for path, command in cli_reference._commands(root):
+        if path:
+            assert f"`calibrate {' '.join(path)}` {{#{cli_reference._anchor(path)}}}" in page, path
+        ctx = cli_reference._context(path, command, root)
+        for param in command.get_params(ctx):
+            if param.name == "help" or param.get_help_record(ctx) is None:  # click's own, or hidden
+                continue
+            for opt in param.opts:
+                if opt.startswith("--"):
+                    seen += 1
+                    assert opt in page, (path, opt)
+    assert seen > 50
+    assert "draft-len" not in page  # k's old option name is hidden and stays off the page
+
+
+def test_the_cli_reference_escapes_metavars() -> None:
+    """`<path>` and `a|b` metavars are shown, not read as an HTML tag or a table column."""
+    from calibrate import cli_reference
+
+    page = cli_reference.render()
+    assert "<code>--db &lt;path&gt;</code>" in page
+    assert "<code>--format &lt;table&#124;json&#124;csv&gt;</code>" in page
+
+
+def test_every_public_api_object_imports_and_has_a_docstring() -> None:
+    """Each object the API page lists exists, and a function or class there says what it does (the page's
+    text is its docstring)."""
+    import inspect
+
+    from calibrate import api_reference
+
+    names = [dotted for group in api_reference.PUBLIC for dotted in group.objects]
+    assert len(names) == len(set(names))
+    for dotted in names:
+        obj = api_reference.resolve(dotted)
+        if inspect.isfunction(obj) or inspect.isclass(obj):
+            assert (obj.__doc__ or "").strip(), f"{dotted} has no docstring"
+    page = api_reference.render()
+    assert all(f"::: {dotted}\n" in page for dotted in names)
+    import calibrate
+
+    assert calibrate.lookup is api_reference.resolve("calibrate.consumers.lookup.lookup")
+
+
+def test_references_check_fails_on_a_stale_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m calibrate.references --check` exits 1 where a page differs and 0 once it was written."""
+    from calibrate import references
+
+    monkeypatch.chdir(tmp_path)
+    assert references.main([]) == 0
+    assert references.main(["--check"]) == 0
+    page = tmp_path / "docs" / "reference" / "cli.md"
+    page.write_text(page.read_text(encoding="utf-8") + "stale\n", encoding="utf-8")
+    assert references.main(["--check"]) == 1
+
+
+def test_validator_bounds_are_in_the_reference() -> None:
+    """A bound only a validator enforces (k = 1..64 for each item) is in the bounds column, and is the bound the
+    validator enforces: 64 loads, 65 is refused."""
+    from pydantic import ValidationError
+
+    from calibrate.terms import MAX_K
+
+    assert f"each 1..{MAX_K}" in config_reference.bounds(config.SweepConfig.model_fields["k"])
+    assert config_reference.bounds(config.ServerConfig.model_fields["k"]) == f"1..{MAX_K}"
+    config.SweepConfig.model_validate({"k": [MAX_K]})
+    with pytest.raises(ValidationError, match=f"1..{MAX_K}"):
+        config.SweepConfig.model_validate({"k": [MAX_K + 1]})
+
+
+def test_key_examples_come_from_the_example_files() -> None:
+    """Each example in the reference is a `key = value` line some examples/*.toml writes (parsed back, the value
+    is the file's), and the keys every sweep needs have one."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+
+    found = config_reference.examples()
+    assert {"dataset.source", "pairs.target", "sweep.k", "speculators[kind=ngram].prompt_lookup_max"} <= set(found)
+    texts = {name: (ROOT / "examples" / name).read_text(encoding="utf-8") for name in {s for _, s in found.values()}}
+    for where, (text, source) in found.items():
+        key, value = next(iter(tomllib.loads(text).items()))
+        assert where.endswith("." + key)
+        assert re.search(rf"\b{re.escape(key)}\s*=", texts[source]), (where, source)
+    assert "| `k = [1, 3]` (vllm.toml) |" in config_reference.render()
+
+
+def test_an_option_without_help_is_refused() -> None:
+    """The CLI page is never written with a hole: an option `--help` shows without a text is an error naming
+    the command and the option (every option of `calibrate` has one: the page renders)."""
+    import typer
+
+    from calibrate import cli_reference
+
+    app = typer.Typer()
+
+    @app.command()
+    def probe(db: str = typer.Option("x", "--db", help="A store."), seed: int = typer.Option(0, "--seed")) -> None:
+        """A probe."""
+
+    @app.command()
+    def other() -> None:
+        """Another."""
+
+    with pytest.raises(cli_reference.UndocumentedOptions, match=r"probe --seed"):
+        cli_reference.render(app)
+    cli_reference.render()

@@ -811,3 +811,22 @@ def test_show_experts_rows_name_k_and_for_one_release_draft_len() -> None:
                        ci_note="n too small", acceptance_length=2.0, bytes_per_step=1.0, bytes_per_token=0.5,
                        plain_bytes_per_token=0.4).row()
     assert list(row)[2] == "k" and list(row)[-1] == "draft_len" and row["k"] == row["draft_len"] == 3
+
+
+def test_a_missing_default_store_names_the_stores_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right after the quickstart (which writes tables/quickstart.duckdb), `calibrate export` without --db reads
+    the default store, which is not there: the one line says so and names the store to pass (exit 2)."""
+    from typer.testing import CliRunner
+
+    from calibrate.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "quickstart.duckdb").touch()
+    for args in (["export", "--to", "vllm"], ["show"], ["lookup", "--model", "m", "--k", "1", "--thinking", "off"]):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2, (args, res.output)
+        assert "(the default store)" in res.output and "--db tables/quickstart.duckdb" in res.output, res.output
+    (tmp_path / "tables" / "quickstart.duckdb").unlink()
+    res = CliRunner().invoke(app, ["show"])
+    assert res.exit_code == 2 and "give the store `calibrate run` wrote with --db" in res.output, res.output

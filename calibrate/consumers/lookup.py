@@ -30,7 +30,7 @@ from calibrate.tables.buckets import CONTEXT, Bucket, context_bucket, parse_edge
 from calibrate.tables.names import AmbiguousMatch, NotMeasured, match_speculator, match_target, normalize_thinking
 from calibrate.tables.query import CatalogEntry, FilterOptions, Filters
 from calibrate.tables.records import SEGMENT_ALL, AcceptanceRecord, extrapolate as extrapolate_record
-from calibrate.tables.store import DEFAULT_TABLE, connect, reading
+from calibrate.tables.store import DEFAULT_TABLE, connect, missing_store, reading
 
 
 class WeightedAnswer(UserWarning):
@@ -136,7 +136,7 @@ def open_table(table: str | Path | None = None) -> Table:
     if path.suffix in (".json", ".parquet"):
         return ExportedTable(path)
     if not path.exists():
-        raise FileNotFoundError(f"no acceptance database at {path} (pass --db / table= a .duckdb or an export)")
+        raise FileNotFoundError(missing_store(path) + " (or table= in Python; an export .json / .parquet answers too)")
     return DuckDBTable(path)
 
 

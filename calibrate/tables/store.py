@@ -356,6 +356,19 @@ def check_writable(path: Path) -> None:
         raise StoreError(f"cannot write the store {path}: the file is read-only") from None
 
 
+def missing_store(path: Path) -> str:
+    """The one line for a store to read that is not there, with what would be: a command run without `--db`
+    reads the default store, which the quickstart (`--db tables/quickstart.duckdb`) never writes, so the
+    stores beside it are named and the option to pick one."""
+    text = f"no acceptance database at {path}"
+    others = sorted(p.name for p in path.parent.glob("*.duckdb")) if path.parent.is_dir() else []
+    default = " (the default store)" if path == DEFAULT_TABLE else ""
+    if others:
+        return f"{text}{default}; {path.parent} holds {', '.join(others)}: pick one with --db, e.g. " \
+               f"--db {path.parent / others[0]}"
+    return f"{text}{default}; give the store `calibrate run` wrote with --db"
+
+
 def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open a store (initialised / migrated when writable). Every failure is one message naming the file:
     StoreBusy when another process holds the write lock, StoreError when it is no readable calibrate store,
@@ -364,7 +377,7 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
     if path.is_dir():
         raise StoreError(f"{path} is a directory, not a store (give a .duckdb file path)")
     if read_only and not path.exists():
-        raise FileNotFoundError(f"no acceptance database at {path}")
+        raise FileNotFoundError(missing_store(path))
     if not read_only:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
