@@ -208,3 +208,17 @@ def test_show_weighs_by_position_from_the_command_line(tmp_path: Path) -> None:
     assert row["acceptance_length"] == pytest.approx(_weigh(tmp_path / "w.duckdb", workload).acceptance_length,
                                                      rel=1e-12)
     assert row["strata"].endswith("+ position")
+
+
+def test_turn_and_position_together_split_both(tmp_path: Path) -> None:
+    """Every measured request is a first turn, so with a workload of first turns the turn stratum changes
+    nothing; a workload of later turns finds them unmeasured."""
+    _write(tmp_path / "w.duckdb", _decaying)
+    first = tmp_path / "first.csv"
+    first.write_text("context_tokens,output_tokens,turn\n1300,50,1\n4500,12,1\n")
+    assert _weigh(tmp_path / "w.duckdb", first, "context,turn,position").acceptance_length == pytest.approx(
+        _weigh(tmp_path / "w.duckdb", first).acceptance_length, rel=1e-12)
+    later = tmp_path / "later.csv"
+    later.write_text("context_tokens,output_tokens,turn\n1300,50,2\n")
+    with pytest.raises(Uncovered, match="falls entirely outside .* context=1k-2k, turn=1, position=32-63;"):
+        _weigh(tmp_path / "w.duckdb", later, "context,turn,position")
