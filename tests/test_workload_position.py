@@ -165,6 +165,7 @@ def test_each_context_and_position_stratum_weighs_by_hand(tmp_path: Path) -> Non
     assert record.ci_low <= record.acceptance_length <= record.ci_high
     assert record.requests == 48 and record.conversations == 48  # requests, not (request, bin) rows
     assert record.macro_acceptance_length is None and record.drafted_acceptance_length is None
+    assert record.weighted_proposal_rate is None and record.unconditional_rates == ()  # not kept per position
 
 
 def test_bins_beyond_the_measured_responses_are_refused_or_filled_and_flagged(tmp_path: Path) -> None:

@@ -12,14 +12,14 @@ What each stratum assumes:
 - context: a request's AL depends on its context through the bucket only, and the benchmark's engine sees
   the workload's `in` tokens of context (the measurement its prompt after truncation).
 - turn: within a context bucket, AL depends on turn depth through TURN's buckets only (1, 2-3, 4-7, ...).
-- position (`--strata context,position` or `context,turn,position`): within its other strata, AL depends on
-  the running position in the response through POSITION's bins (1, 2-3, 4-7, ...; output-length decay) only.
-  A request's `out` tokens put its decode tokens at positions 1..out-1 (`profile.decode_positions`; its first
-  token, which the prefill emits, rides with bin 1); each bin's AL is that of the measured steps starting there
+- position (`--strata context,position` or `context,turn,position`): within its other strata, AL depends on the
+  running position in the response through POSITION's bins (1, 2-3, 4-7, ...; output-length decay) only. A request's
+  `out` tokens put its decode tokens at positions 1..out-1 (`profile.decode_positions`; its first token, which the
+  prefill emits, counts as output in bin 0, position 1); each bin's AL is that of the measured steps starting there
   (`running_counts`). Drafted steps are not kept per position, so a weighting by position has no drafted AL,
-  proposal rate or per-position rates, and a key whose exports carry the drafted AL (n-gram / suffix) is
-  refused; nor a per-request macro AL (a request spans several bins). A key with runs stored before running
-  counts were kept is refused.
+  proposal rate or per-position rates, and a key whose exports carry the drafted AL (n-gram / suffix) is refused;
+  nor a per-request macro AL (a request spans several bins). A key with runs stored before running counts were kept
+  is refused.
 - thinking: a request the workload marks as thinking is decoded as the key measured with thinking on; the
   others as measured with thinking off. So the thinking=on row of a key is weighted from both modes (the
   thinking=off key must be measured), and the thinking=off row from thinking off alone: a model run with
@@ -350,7 +350,7 @@ def weighted_records(con: duckdb.DuckDBPyConnection, filters: query.Filters, wei
         return []
     totals = query.request_totals(con, both)
     if weighting.position:
-        totals = _by_position(con, both, totals, everything, selected, weighting)
+        totals = _by_position(con, both, totals, selected, weighting)
     out = []
     for record in selected:
         twins = {mode: (everything[key], totals[key]) for mode in ("on", "off")
@@ -361,8 +361,8 @@ def weighted_records(con: duckdb.DuckDBPyConnection, filters: query.Filters, wei
 
 
 def _by_position(con: duckdb.DuckDBPyConnection, filters: query.Filters,
-                 totals: dict[tuple[Any, ...], query.RequestTotals], everything: dict[tuple[Any, ...], AcceptanceRecord],
-                 selected: list[AcceptanceRecord], weighting: Weighting) -> dict[tuple[Any, ...], query.RequestTotals]:
+                 totals: dict[tuple[Any, ...], query.RequestTotals], selected: list[AcceptanceRecord],
+                 weighting: Weighting) -> dict[tuple[Any, ...], query.RequestTotals]:
     """The keys' totals per (request, position bin) for `--strata ...,position`, refusing in one line a key whose
     exports carry the drafted AL (not kept per position) and a key (or the twin it reads) with requests stored
     without running counts (module notes)."""
