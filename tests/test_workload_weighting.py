@@ -212,7 +212,7 @@ def test_turn_depth_is_a_second_stratum_on_request(tmp_path: Path) -> None:
     table = tmp_path / "w.csv"
     table.write_text("context_tokens,output_tokens,turn\n1200,100,1\n1300,300,2\n1400,50,5\n")
     profile = read_profile(table)
-    assert parse_strata("context,turn") is True and parse_strata("context") is False
+    assert parse_strata("context,turn") == (True, False) and parse_strata("context") == (False, False)
     (by_turn,) = _weighted(db, Weighting(profile, turn=True)).values()
     assert by_turn.acceptance_length == pytest.approx(_by_hand(profile, written, lambda t: "off", turn=True),
                                                       rel=1e-12)

@@ -328,7 +328,7 @@ def lookup(
     `buckets` sets the context edges ("1k,2k,4k" or ints; default doubling 1k..1M) for `context` and `workload`.
     `workload` (a CC-trace JSONL or a CSV / JSONL of requests: calibrate.workload) answers with the AL weighted
     to it, over those buckets and `strata` ("context"
-    or "context,turn"); a stratum measured with too few conversations raises (a LookupError naming it and its
+    or "context,turn", each optionally ",position"); a stratum measured with too few conversations raises (a LookupError naming it and its
     share of the workload's output tokens) unless `uncovered="nearest"`. The answer's `workload`,
     `workload_digest`, `coverage`, `filled`, `ci_low` / `ci_high` say what it is. `window` (a CC-trace workload
     only: "start=0.25-0.75,warmup=10" or a preset, "agentx") counts only the requests the benchmark measures
@@ -439,8 +439,9 @@ def weighted_answer(source: Table, entry: CatalogEntry, workload: str | os.PathL
     if not isinstance(workload, (str, os.PathLike)):
         raise TypeError(f"lookup: workload must be a path, got {type(workload).__name__} {workload!r}")
     kept = window_of(window)
-    weighting = Weighting(profile_by_digest(workload, edges, window=kept), turn=parse_strata(strata),
-                          nearest=nearest_asked(uncovered))
+    turn, position = parse_strata(strata)
+    weighting = Weighting(profile_by_digest(workload, edges, window=kept), turn=turn,
+                          nearest=nearest_asked(uncovered), position=position)
     if isinstance(source, DuckDBTable):
         with source._reading() as con:
             records = weighted_records(con, _entry_filters(entry, None), weighting, n_boot=source.n_boot,

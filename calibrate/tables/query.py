@@ -393,6 +393,8 @@ class RequestTotals:
     conversations: np.ndarray  # (R,) conversation ids
     prompt_tokens: np.ndarray  # (R,)
     turn_depth: np.ndarray  # (R,), -1 where unrecorded
+    position_bin: np.ndarray | None = None  # (R,) per (request, position bin) rows (`running_totals`); else None
+    request_ids: np.ndarray | None = None  # (R,) "run/request" where a request has several rows; else None
 
 
 def request_totals(con: duckdb.DuckDBPyConnection, filters: Filters = Filters()) -> dict[tuple[Any, ...], RequestTotals]:
@@ -432,6 +434,45 @@ def request_totals(con: duckdb.DuckDBPyConnection, filters: Filters = Filters())
             totals=totals, conversations=np.array([g[3] for g in group], dtype=object),
             prompt_tokens=np.array([g[4] for g in group], dtype=np.int64),
             turn_depth=np.array([g[5] for g in group], dtype=np.int64))
+    return out
+
+
+def running_totals(con: duckdb.DuckDBPyConnection, filters: Filters = Filters()
+                   ) -> dict[tuple[Any, ...], RequestTotals]:
+    """Key -> one row per (request, running-position bin) of its steps (`running_counts`, bins capped as
+    `load_running` caps them): steps and accepted drafts; empty steps and per-position counts NaN (not kept per
+    bin), with the request's conversation, prompt tokens and turn depth as `request_totals` gives them. A key
+    with no running counts is absent (a store written before they were kept, or an engine that gives totals)."""
+    check_conditions(con, filters)
+    if "running_counts" not in {t for (t,) in con.execute(
+            "SELECT table_name FROM information_schema.tables").fetchall()}:
+        return {}
+    keyed, params = _keyed(con, filters)
+    depth = "coalesce(r.turn_depth, -1)" if "turn_depth" in _columns(con, "requests") else "-1"
+    rows = con.execute(
+        f"""{keyed} SELECT key_ix, run_id, request_id, least(c.position_bin, {POSITION_BINS}) AS pb,
+               any_value(r.conversation_id), any_value(r.prompt_tokens), any_value({depth}),
+               sum(c.steps), sum(c.accepted * c.steps)
+        FROM running_counts c JOIN requests r USING (run_id, request_id) JOIN chosen USING (run_id, request_id)
+             JOIN keyed USING (run_id)
+        GROUP BY key_ix, run_id, request_id, pb HAVING sum(c.steps) > 0
+        ORDER BY key_ix, run_id, request_id, pb""", params).fetchall()
+    keys = {int(row[0]): tuple(row[1:]) for row in scope_keys(con, keyed, params)}
+    grouped: dict[int, list[Any]] = {}
+    for row in rows:
+        grouped.setdefault(int(row[0]), []).append(row)
+    out = {}
+    for key_ix, group in grouped.items():
+        k = int(dict(zip(KEY_FIELDS, keys[key_ix]))["k"])
+        totals = np.full((len(group), stats.FIRST_POSITION + k), np.nan)
+        totals[:, 0] = [g[7] for g in group]
+        totals[:, 1] = [g[8] for g in group]
+        out[keys[key_ix]] = RequestTotals(
+            totals=totals, conversations=np.array([g[4] for g in group], dtype=object),
+            prompt_tokens=np.array([g[5] for g in group], dtype=np.int64),
+            turn_depth=np.array([g[6] for g in group], dtype=np.int64),
+            position_bin=np.array([g[3] for g in group], dtype=np.int64),
+            request_ids=np.array([f"{g[1]}/{g[2]}" for g in group], dtype=object))
     return out
 
 

@@ -1,7 +1,7 @@
 """`calibrate workload inspect`, and the options that weight `show`, `export` and `lookup` to a workload.
 
 `--workload FILE` (a CC-trace JSONL or a plain table: `calibrate.workload.reader`), `--buckets 1k,2k,...`
-(context edges, default doubling 1k..1M), `--strata context[,turn]`, `--uncovered nearest` and `--window`
+(context edges, default doubling 1k..1M), `--strata context[,turn][,position]`, `--uncovered nearest` and `--window`
 (the part of each trace the benchmark measures: `calibrate.workload.window`) are spelled here once;
 `weighted_selection` is what each command reads with them. Errors are one line with the exit
 status of `calibrate.errors`: 2 for a bad file or option (naming file:line and the field), 1 for a stratum
@@ -80,9 +80,9 @@ def load_weighting(workload: Path, buckets: str | None, strata: str, uncovered: 
                    window: str | None = None) -> Weighting:
     """Read the workload (progress on stderr for a large file), counting the requests `window` keeps, and say how
     to weight to it."""
-    turn, nearest, kept = parse_strata(strata), nearest_asked(uncovered), window_of(window)
+    (turn, position), nearest, kept = parse_strata(strata), nearest_asked(uncovered), window_of(window)
     profile = read_profile(workload, edges_of(buckets), Console(file=sys.stderr), kept)
-    return Weighting(profile, turn=turn, nearest=nearest)
+    return Weighting(profile, turn=turn, nearest=nearest, position=position)
 
 
 def check_workload_options(workload: Path | None, strata: str, uncovered: str, buckets: str | None = None,

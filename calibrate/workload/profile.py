@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.console import Console
 
 from calibrate.progress import RunProgress
-from calibrate.tables.buckets import DEFAULT_CONTEXT_EDGES, TURN, context_dimension
+from calibrate.tables.buckets import DEFAULT_CONTEXT_EDGES, POSITION_BINS, TURN, context_dimension
 from calibrate.workload.reader import WorkloadError, WorkloadFile, WorkloadRequest
 from calibrate.workload.window import Window, windowed
 
@@ -75,6 +75,7 @@ class WorkloadProfile:
     max_context: int = 0
     window: Window | None = None  # the part of each trace counted (None: every request, once)
     whole: Tally = field(default_factory=Tally)  # every request of the file, once (what `window` takes its share of)
+    positions: dict[Cell, dict[int, float]] = field(default_factory=dict)  # cell -> position bin -> decode tokens
 
     @property
     def name(self) -> str:
@@ -197,6 +198,9 @@ def _count(path: Path, edges: tuple[int, ...], size: int, progress: RunProgress 
             tallies.append(profile.by_stop.setdefault(request.stop, Tally()))
         for tally in tallies:
             tally.add(request, weight)
+        bins = profile.positions.setdefault(cell, {})
+        for b, n in decode_positions(request.output_tokens):
+            bins[b] = bins.get(b, 0) + n * weight
         profile.max_context = max(profile.max_context, request.context_tokens)
         if progress is not None:
             progress.generated(request.output_tokens)
@@ -206,6 +210,22 @@ def _count(path: Path, edges: tuple[int, ...], size: int, progress: RunProgress 
         raise WorkloadError(f"{path}: --window {window.text} counts none of its {profile.whole.requests:,} "
                             "requests (each session's warm-up covers the rest of its trace)")
     return profile
+
+
+def decode_positions(output_tokens: int) -> list[tuple[int, int]]:
+    """(position bin, decode tokens) of a response of `output_tokens` tokens: its decode tokens are at response
+    positions 1..out-1 (the prefill emits position 0, as `calibrate.terms.position_bin` counts), so bin b holds
+    min(out - 1, 2^(b+1) - 1) - 2^b + 1 of them where out - 1 >= 2^b; positions past the last bin's start are in
+    it (`POSITION_BINS`, as `show --by position`). The counts sum to the response's decode tokens."""
+    last = output_tokens - 1
+    out = []
+    b = 0
+    while last >= 1 << b and b < POSITION_BINS:
+        out.append((b, min(last, (2 << b) - 1) - (1 << b) + 1))
+        b += 1
+    if last >= 1 << POSITION_BINS:
+        out.append((POSITION_BINS, last - (1 << POSITION_BINS) + 1))
+    return out
 
 
 def count_text(value: float) -> str:
