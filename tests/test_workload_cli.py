@@ -8,37 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from calibrate.cli import app
 from calibrate.consumers import CONSUMERS, trtllm_value
 from calibrate.consumers import lookup as lookup_module
 from calibrate.consumers.lookup import lookup, read_exported
 from calibrate.tables.names import NotMeasured
 from calibrate.workload.profile import read_profile
-from tests.workload_support import FIXTURE, K, SHORT, bucket_al, write_store
-
-MODEL = "qwen2.5-coder-1.5b-instruct"
-BOOT = ("--bootstrap", "200")
-
-
-def _invoke(*args: str):
-    return CliRunner().invoke(app, [str(a) for a in args], terminal_width=200)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    db = tmp_path_factory.mktemp("w") / "w.duckdb"
-    write_store(db)
-    return db
-
-
-@pytest.fixture(scope="module")
-def short_store(tmp_path_factory) -> Path:
-    """Measured at short contexts only (as a 2,048-token budget leaves it), plus a thin 4k-8k stratum."""
-    db = tmp_path_factory.mktemp("s") / "s.duckdb"
-    write_store(db, lengths=SHORT, thinking=("off",), extra={6000: 4})
-    return db
+from tests.workload_support import BOOT, FIXTURE, K, MODEL, bucket_al, invoke
+from tests.workload_support import short_store, store  # noqa: F401  (the module's fixtures)
 
 
 DIGEST = read_profile(FIXTURE).digest
@@ -47,7 +24,7 @@ DIGEST = read_profile(FIXTURE).digest
 # ---- calibrate workload inspect ----------------------------------------------------------------------------------
 
 def test_workload_inspect_prints_every_breakdown(tmp_path: Path) -> None:
-    res = _invoke("workload", "inspect", FIXTURE, "--plot", tmp_path / "w.png")
+    res = invoke("workload", "inspect", FIXTURE, "--plot", tmp_path / "w.png")
     assert res.exit_code == 0, res.output
     text = " ".join(res.stdout.split())
     assert DIGEST in text and "2 traces, 13 requests, 2,232 output tokens" in text and "largest context 66,880" in text
@@ -56,12 +33,12 @@ def test_workload_inspect_prints_every_breakdown(tmp_path: Path) -> None:
         assert heading in text, heading
     assert "32k-64k 2 660 29.6% 658" in text and "subagent at depth 2 2 237 10.6% 235" in text
     assert (tmp_path / "w.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "wrote" in res.stderr
-    res = _invoke("workload", "inspect", FIXTURE, "--plot", tmp_path / "w.png")
+    res = invoke("workload", "inspect", FIXTURE, "--plot", tmp_path / "w.png")
     assert res.exit_code == 2 and "exists" in res.output  # never overwritten unforced
 
 
 def test_workload_inspect_json_and_buckets() -> None:
-    res = _invoke("workload", "inspect", FIXTURE, "--format", "json", "--buckets", "4k,64k")
+    res = invoke("workload", "inspect", FIXTURE, "--format", "json", "--buckets", "4k,64k")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["digest"] == DIGEST and doc["context_edges"] == ["4k", "64k"]
@@ -82,14 +59,14 @@ def test_a_bad_workload_is_one_line_with_exit_2(tmp_path: Path, content: str, me
     bad = tmp_path / "w.jsonl"
     bad.write_text(content)
     for args in (("workload", "inspect", bad), ("show", "--db", tmp_path / "none.duckdb", "--workload", bad)):
-        res = _invoke(*args)
+        res = invoke(*args)
         assert res.exit_code == 2 and res.output.count("\n") == 1 and message in res.output, res.output
 
 
 # ---- show ------------------------------------------------------------------------------------------------------
 
 def test_show_workload_rows_carry_value_ci_coverage_and_digest(store: Path) -> None:
-    res = _invoke("show", "--db", store, "--workload", FIXTURE, "--format", "json", *BOOT)
+    res = invoke("show", "--db", store, "--workload", FIXTURE, "--format", "json", *BOOT)
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)
     assert {r["thinking"] for r in rows} == {"on", "off"}
@@ -98,33 +75,33 @@ def test_show_workload_rows_carry_value_ci_coverage_and_digest(store: Path) -> N
         assert row["ci_low"] < row["acceptance_length"] < row["ci_high"]
         assert (row["coverage"], row["filled"], row["workload_digest"]) == (1.0, 0.0, DIGEST)
         assert row["drafted_ci_low"] < row["drafted_acceptance_length"] < row["drafted_ci_high"]
-    table = _invoke("show", "--db", store, "--workload", FIXTURE, *BOOT)
+    table = invoke("show", "--db", store, "--workload", FIXTURE, *BOOT)
     assert table.exit_code == 0 and "AL weighted to cc_traces_workload.jsonl" in table.stdout
     assert DIGEST in "".join(table.stdout.split())  # folded to 80 columns
 
 
 def test_show_by_context_takes_bucket_edges(store: Path) -> None:
-    res = _invoke("show", "--db", store, "--by", "context", "--buckets", "2k,8k", "--format", "json", *BOOT)
+    res = invoke("show", "--db", store, "--by", "context", "--buckets", "2k,8k", "--format", "json", *BOOT)
     assert res.exit_code == 0, res.output
     assert sorted({row["context"] for row in json.loads(res.stdout)}) == ["2k-8k", "<2k", ">8k"]
-    res = _invoke("show", "--db", store, "--buckets", "2k,8k")
+    res = invoke("show", "--db", store, "--buckets", "2k,8k")
     assert res.exit_code == 2 and "--buckets sets context edges" in res.output
 
 
 def test_show_workload_spellings_strata_and_uncovered(store: Path, short_store: Path, tmp_path: Path) -> None:
     turns = tmp_path / "t.csv"
     turns.write_text("context_tokens,output_tokens,turn\n700,100,1\n1800,300,2\n2500,50,3\n")
-    res = _invoke("show", "--db", store, "--workload", turns, "--strata", "context", "--thinking", "off",
+    res = invoke("show", "--db", store, "--workload", turns, "--strata", "context", "--thinking", "off",
                   "--format", "json", *BOOT)
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)[0]["strata"] == "context at 1k,2k,4k,8k,16k,32k,64k,128k,256k,512k,1M"
     # by turn too, each of this store's (context, turn) strata holds 2-3 conversations: none is covered
-    res = _invoke("show", "--db", store, "--workload", turns, "--strata", "context,turn", "--thinking", "off", *BOOT)
+    res = invoke("show", "--db", store, "--workload", turns, "--strata", "context,turn", "--thinking", "off", *BOOT)
     assert res.exit_code == 1 and res.output.count("\n") == 1
     assert "t.csv falls entirely outside what was measured: coverage 0.0%" in res.output
-    res = _invoke("show", "--db", short_store, "--workload", FIXTURE)
+    res = invoke("show", "--db", short_store, "--workload", FIXTURE)
     assert res.exit_code == 1 and res.output.count("\n") == 1 and "context=32k-64k holds 29.6%" in res.output
-    res = _invoke("show", "--db", short_store, "--workload", FIXTURE, "--uncovered", "nearest", "--format", "json",
+    res = invoke("show", "--db", short_store, "--workload", FIXTURE, "--uncovered", "nearest", "--format", "json",
                   *BOOT)
     assert res.exit_code == 0, res.output
     (row,) = json.loads(res.stdout)
@@ -135,7 +112,7 @@ def test_show_workload_spellings_strata_and_uncovered(store: Path, short_store: 
                           (("--workload", FIXTURE, "--strata", "turn"), "--strata 'turn'"),
                           (("--workload", FIXTURE, "--by", "context"), "does not combine with --by"),
                           (("--workload", FIXTURE, "--buckets", "4k,2k"), "edges must increase")):
-        res = _invoke("show", "--db", store, *args)
+        res = invoke("show", "--db", store, *args)
         assert res.exit_code == 2 and res.output.count("\n") == 1 and message in res.output, (args, res.output)
 
 
@@ -153,7 +130,7 @@ def test_every_consumer_carries_value_ci_coverage_and_digest(store: Path, tmp_pa
     """Through the registry: each consumer writes the weighted value, and in its own comment or field its CI,
     coverage and the workload's digest (engine blocks and InferenceX files: a comment line; vLLM rows and the
     specdec profile: a `workload` field; the tables: columns)."""
-    res = _invoke("show", "--db", store, "--workload", FIXTURE, "--format", "json", *BOOT)
+    res = invoke("show", "--db", store, "--workload", FIXTURE, "--format", "json", *BOOT)
     weighted = {row["thinking"]: row for row in json.loads(res.stdout)}
     value = f"{weighted['off']['drafted_acceptance_length']:.2f}"
     record = lookup(MODEL, None, K, "off", table=store, workload=FIXTURE)
@@ -167,7 +144,7 @@ def test_every_consumer_carries_value_ci_coverage_and_digest(store: Path, tmp_pa
             continue  # the recommended k's schedule needs --cost (tests/test_best_k.py)
         out = tmp_path / name / ("t.parquet" if name == "parquet" else "")
         forced = ("--force",) if consumer.forces not in (None, "vllm") else ()  # only vLLM runs our n-gram
-        res = _invoke("export", "--to", name, "--db", store, "--workload", FIXTURE, "--thinking", "off",
+        res = invoke("export", "--to", name, "--db", store, "--workload", FIXTURE, "--thinking", "off",
                       "--model-prefix", "qwen2.5c", *BOOT, *forced,
                       *(("--out", out) if name in ("parquet", "specdec-profile") else ()))
         assert res.exit_code == 0, (name, res.output)
@@ -200,50 +177,50 @@ def test_every_consumer_carries_value_ci_coverage_and_digest(store: Path, tmp_pa
 
 def test_nothing_is_exported_half_weighted(short_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "t.json"
-    res = _invoke("export", "--to", "json", "--db", short_store, "--workload", FIXTURE, "--out", out)
+    res = invoke("export", "--to", "json", "--db", short_store, "--workload", FIXTURE, "--out", out)
     assert res.exit_code == 1 and res.output.count("\n") == 1 and "context=32k-64k holds 29.6%" in res.output
     assert not out.exists()
-    res = _invoke("export", "--to", "json", "--db", short_store, "--workload", FIXTURE, "--uncovered", "nearest",
+    res = invoke("export", "--to", "json", "--db", short_store, "--workload", FIXTURE, "--uncovered", "nearest",
                   "--out", out, *BOOT)
     assert res.exit_code == 0, res.output
     assert "74.9% filled from the nearest measured stratum" in res.stderr  # said where a person reads it too
     (row,) = json.loads(out.read_text())["records"]
     assert row["filled"] == pytest.approx(1 - 561 / 2232) and row["histogram"] == [] and "bucket" not in row
-    res = _invoke("export", "--to", "json", "--db", short_store, "--workload", FIXTURE, "--context", "2k")
+    res = invoke("export", "--to", "json", "--db", short_store, "--workload", FIXTURE, "--context", "2k")
     assert res.exit_code == 2 and "give one of the two" in res.output
 
 
 # ---- lookup ----------------------------------------------------------------------------------------------------
 
 def test_lookup_cli_answers_weighted_with_its_ci_coverage_and_digest(store: Path, tmp_path: Path) -> None:
-    res = _invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "on", "--workload", FIXTURE)
+    res = invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "on", "--workload", FIXTURE)
     assert res.exit_code == 0, res.output
     record = lookup(MODEL, None, K, "on", table=store, workload=FIXTURE)
     assert res.stdout.strip() == record.value()
     assert f"note: weighted to workload cc_traces_workload.jsonl ({DIGEST}): AL {record.value()}" in res.stderr
     assert "95% CI" in res.stderr and "coverage 100.0%" in res.stderr
-    res = _invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "on", "--workload", FIXTURE,
+    res = invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "on", "--workload", FIXTURE,
                   "--format", "json")
     doc = json.loads(res.stdout)
     assert (doc["workload_digest"], doc["coverage"], doc["acceptance_length"]) == (DIGEST, 1.0, record.acceptance_length)
-    res = _invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "on", "--workload", FIXTURE,
+    res = invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "on", "--workload", FIXTURE,
                   "--format", "sglang-env", "--force")
     assert DIGEST in res.stdout.splitlines()[0] and f"SGLANG_SIMULATE_ACC_LEN={record.value()}" in res.stdout
 
 
 def test_lookup_cli_spellings(short_store: Path) -> None:
     args = ("lookup", "--db", short_store, "--model", MODEL, "-k", K, "--thinking", "off", "--workload", FIXTURE)
-    res = _invoke(*args)
+    res = invoke(*args)
     assert res.exit_code == 1 and res.output.count("\n") == 1 and "pass --uncovered nearest" in res.output
-    res = _invoke(*args, "--uncovered", "nearest", "--strata", "context", "--buckets", "1k,2k,4k,8k")
+    res = invoke(*args, "--uncovered", "nearest", "--strata", "context", "--buckets", "1k,2k,4k,8k")
     # 74.9% filled, above the default --max-filled: a bare value carries no field for it (issue 49, item 6)
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "lookup --format value reads no field" in res.output
-    res = _invoke(*args, "--uncovered", "nearest", "--strata", "context", "--buckets", "1k,2k,4k,8k", "--force")
+    res = invoke(*args, "--uncovered", "nearest", "--strata", "context", "--buckets", "1k,2k,4k,8k", "--force")
     assert res.exit_code == 0, res.output
     filled = lookup(MODEL, None, K, "off", table=short_store, workload=FIXTURE, uncovered="nearest", buckets="1k,2k,4k,8k")
     assert res.stdout.strip() == filled.value() and "filled from the nearest measured stratum" in res.stderr
     assert filled.strata == "context at 1k,2k,4k,8k + thinking"
-    res = _invoke("lookup", "--db", short_store, "--model", MODEL, "-k", K, "--thinking", "off", "--uncovered",
+    res = invoke("lookup", "--db", short_store, "--model", MODEL, "-k", K, "--thinking", "off", "--uncovered",
                   "nearest")
     assert res.exit_code == 2 and "give --workload FILE" in res.output
 
@@ -254,18 +231,18 @@ def test_lookup_max_filled_is_export_s(short_store: Path) -> None:
     given below it, carried by json whatever the bound; and the Python `lookup(max_filled=...)` bounds the record."""
     args = ("lookup", "--db", short_store, "--model", MODEL, "-k", K, "--thinking", "off", "--workload", FIXTURE,
             "--uncovered", "nearest", "--buckets", "1k,2k,4k,8k")
-    res = _invoke(*args, "--max-filled", "0.5")
+    res = invoke(*args, "--max-filled", "0.5")
     assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
     assert "above --max-filled 50.0%, and lookup --format value reads no field for it" in res.output
-    assert _invoke(*args, "--max-filled", "0.5", "--format", "sglang-env").exit_code == 2
-    res = _invoke(*args, "--max-filled", "0.8")
+    assert invoke(*args, "--max-filled", "0.5", "--format", "sglang-env").exit_code == 2
+    res = invoke(*args, "--max-filled", "0.8")
     filled = lookup(MODEL, None, K, "off", table=short_store, workload=FIXTURE, uncovered="nearest",
                     buckets="1k,2k,4k,8k")
     assert res.exit_code == 0 and res.stdout.strip() == filled.value(), res.output
-    assert _invoke(*args, "--max-filled", "0", "--format", "json").exit_code == 0  # json carries the share
-    res = _invoke(*args, "--max-filled", "1.5")
+    assert invoke(*args, "--max-filled", "0", "--format", "json").exit_code == 0  # json carries the share
+    res = invoke(*args, "--max-filled", "1.5")
     assert res.exit_code == 2 and "--max-filled 1.5: a share of the workload's output tokens, in [0, 1]" in res.output
-    res = _invoke("lookup", "--db", short_store, "--model", MODEL, "-k", K, "--thinking", "off", "--max-filled", "0.2")
+    res = invoke("lookup", "--db", short_store, "--model", MODEL, "-k", K, "--thinking", "off", "--max-filled", "0.2")
     assert res.exit_code == 2 and "--max-filled bounds what --uncovered nearest fills" in res.output
     asked = dict(table=short_store, workload=FIXTURE, uncovered="nearest", buckets="1k,2k,4k,8k")
     with pytest.raises(ValueError, match=r"74.9% of .* above max_filled=50.0%, the bound asked: pass force=True"):
@@ -288,14 +265,14 @@ def test_lookup_python_api_and_exported_tables(store: Path, short_store: Path, t
         lookup(MODEL, None, K, "off", table=short_store, workload=FIXTURE)
     # an export weighted to the workload answers for it; a plain one, or one weighted to another file, does not
     weighted = tmp_path / "weighted.json"
-    assert _invoke("export", "--to", "json", "--db", store, "--workload", FIXTURE, "--out", weighted).exit_code == 0
+    assert invoke("export", "--to", "json", "--db", store, "--workload", FIXTURE, "--out", weighted).exit_code == 0
     again = lookup(MODEL, None, K, "off", table=weighted, workload=FIXTURE)
     assert again.acceptance_length == pytest.approx(
         lookup(MODEL, None, K, "off", table=store, workload=FIXTURE).acceptance_length)
     with pytest.warns(lookup_module.WeightedAnswer):
         assert lookup(MODEL, None, K, "off", table=weighted).workload == FIXTURE.name  # what the table holds
     plain = tmp_path / "plain.json"
-    assert _invoke("export", "--to", "json", "--db", store, "--out", plain).exit_code == 0
+    assert invoke("export", "--to", "json", "--db", store, "--out", plain).exit_code == 0
     with pytest.raises(NotMeasured, match="an exported table holds no per-request counts"):
         lookup(MODEL, None, K, "off", table=plain, workload=FIXTURE)
     other = tmp_path / "other.csv"
@@ -315,24 +292,24 @@ def test_the_weighted_value_is_the_by_hand_harmonic_mean(store: Path, tmp_path: 
     from tests.workload_support import requests as written_requests
 
     reqs = written_requests((500, 1500, 3000, 6000, 12000, 50000, 70000), 12, seed=11, prefix="off-")
-    res = _invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "off", "--workload", one,
+    res = invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "off", "--workload", one,
                   "--format", "json")
     assert json.loads(res.stdout)["acceptance_length"] == pytest.approx(bucket_al(reqs, 1)[0], rel=1e-14)
 
 
 def test_context_buckets_of_other_edges_export_and_read_back(store: Path, tmp_path: Path) -> None:
-    res = _invoke("export", "--to", "vllm", "--db", store, "--context", "2k-8k", "--buckets", "2k,8k", *BOOT)
+    res = invoke("export", "--to", "vllm", "--db", store, "--context", "2k-8k", "--buckets", "2k,8k", *BOOT)
     assert res.exit_code == 0, res.output
     assert {row["bucket"] for row in json.loads(res.stdout)} == {"context=2k-8k"}
     out = tmp_path / "b.json"
-    assert _invoke("export", "--to", "json", "--db", store, "--context", "3000", "--buckets", "2k,8k", "--out", out,
+    assert invoke("export", "--to", "json", "--db", store, "--context", "3000", "--buckets", "2k,8k", "--out", out,
                    *BOOT).exit_code == 0
-    res = _invoke("lookup", "--db", out, "--model", MODEL, "-k", K, "--thinking", "off", "--context", "2k-8k",
+    res = invoke("lookup", "--db", out, "--model", MODEL, "-k", K, "--thinking", "off", "--context", "2k-8k",
                   "--buckets", "2k,8k", "--format", "json")
     assert res.exit_code == 0 and json.loads(res.stdout)["bucket"] == "context=2k-8k"
     for command in (("export", "--to", "vllm", "--db", store), ("lookup", "--db", store, "--model", MODEL, "-k", K,
                                                                 "--thinking", "off")):
-        res = _invoke(*command, "--buckets", "2k,8k")
+        res = invoke(*command, "--buckets", "2k,8k")
         assert res.exit_code == 2 and "give --context or --workload with it" in res.output
 
 
@@ -343,14 +320,13 @@ def test_a_weighted_export_asked_without_a_workload_says_so(store: Path, tmp_pat
     from calibrate.consumers.lookup import WeightedAnswer
 
     weighted = tmp_path / "weighted.json"
-    assert _invoke("export", "--to", "json", "--db", store, "--workload", FIXTURE, "--out", weighted).exit_code == 0
-    res = _invoke("lookup", "--db", weighted, "--model", MODEL, "-k", K, "--thinking", "off")
+    assert invoke("export", "--to", "json", "--db", store, "--workload", FIXTURE, "--out", weighted).exit_code == 0
+    res = invoke("lookup", "--db", weighted, "--model", MODEL, "-k", K, "--thinking", "off")
     with pytest.warns(WeightedAnswer, match=f"weighted to workload cc_traces_workload.jsonl \\({DIGEST}\\) only"):
         record = lookup(MODEL, None, K, "off", table=weighted)
     assert res.exit_code == 0 and res.stdout.strip() == record.value() and record.workload == FIXTURE.name
     assert (f"warning: {record.target} | ngram | k={K} | thinking=off: no workload was asked, and this table holds "
             f"the key weighted to workload cc_traces_workload.jsonl ({DIGEST}) only") in res.stderr
-
 
 
 def test_a_workload_is_parsed_once_per_content(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,34 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from calibrate.cli import app
 from calibrate.consumers import CONSUMERS
 from calibrate.consumers.lookup import read_exported
-from tests.workload_support import FIXTURE, K, SHORT, context_index, requests, write_store
+from tests.workload_support import BOOT, FIXTURE, K, MODEL, SHORT, context_index, invoke, requests, write_store
+from tests.workload_support import short_store, store  # noqa: F401  (the module's fixtures)
 
-MODEL = "qwen2.5-coder-1.5b-instruct"
-BOOT = ("--bootstrap", "200")
 FILLED = 1 - 561 / 2232  # the short store's fill of FIXTURE (test_workload_cli)
-
-
-def _invoke(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args], terminal_width=200)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    db = tmp_path_factory.mktemp("w") / "w.duckdb"
-    write_store(db)
-    return db
-
-
-@pytest.fixture(scope="module")
-def short_store(tmp_path_factory) -> Path:
-    db = tmp_path_factory.mktemp("s") / "s.duckdb"
-    write_store(db, lengths=SHORT, thinking=("off",), extra={6000: 4})
-    return db
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +84,7 @@ def specdec_rebuild(profile: dict) -> dict:
 
 def _profile(store: Path, tmp_path: Path, workload: Path, *extra: object) -> dict:
     out = tmp_path / "profiles"
-    res = _invoke("export", "--to", "specdec-profile", "--db", store, "--workload", workload, "--thinking", "off",
+    res = invoke("export", "--to", "specdec-profile", "--db", store, "--workload", workload, "--thinking", "off",
                   "--speculator", "ngram", "--out", out, *BOOT, *extra)
     assert res.exit_code == 0, res.output
     (path,) = out.glob("*/speculation_profile.json")
@@ -117,7 +96,7 @@ def test_a_weighted_profile_is_rebuilt_by_specdec_bench(store: Path, tmp_path: P
     per_step_mean_accept_length gave None and build_profile failed on every one. Now specdec_bench's own rules,
     applied to the file, rebuild the profile: the per-step mean is the weighted AL `show --workload` reports, the
     marginals are the profile's, the consistency check passes, and the per-request mean is a number."""
-    res = _invoke("show", "--db", store, "--workload", FIXTURE, "--thinking", "off", "--speculator", "ngram",
+    res = invoke("show", "--db", store, "--workload", FIXTURE, "--thinking", "off", "--speculator", "ngram",
                   "--format", "json", *BOOT)
     (shown,) = json.loads(res.stdout)
     profile = _profile(store, tmp_path, FIXTURE)
@@ -129,7 +108,7 @@ def test_a_weighted_profile_is_rebuilt_by_specdec_bench(store: Path, tmp_path: P
     assert rebuilt["consistent"] and profile["validation"]["mean_consistency"]["passed"]
     assert sum(profile["acceptance_length_histogram"].values()) == pytest.approx(1.0, abs=1e-5)
     assert 1 <= profile["mean_accept_length_per_request"] <= K + 1
-    res = _invoke("export", "--to", "json", "--db", store, "--workload", FIXTURE, "--thinking", "off", "--speculator",
+    res = invoke("export", "--to", "json", "--db", store, "--workload", FIXTURE, "--thinking", "off", "--speculator",
                   "ngram", *BOOT)
     (row,) = json.loads(res.stdout)["records"]  # the table's column is the profile's per-request mean
     assert row["macro_acceptance_length"] == pytest.approx(profile["mean_accept_length_per_request"], abs=1e-6)
@@ -163,7 +142,7 @@ def test_the_weighted_histogram_is_the_strata_histograms_mixed_by_step_share(sto
 # ---- a filled share, where each consumer reads it ------------------------------------------------------------------
 
 def _export(short_store: Path, name: str, out: Path | None, *extra: object):
-    return _invoke("export", "--to", name, "--db", short_store, "--workload", FIXTURE, "--uncovered", "nearest",
+    return invoke("export", "--to", name, "--db", short_store, "--workload", FIXTURE, "--uncovered", "nearest",
                    "--model-prefix", "qwen2.5c", *BOOT, *(("--out", out) if out else ()), *extra)
 
 
@@ -196,7 +175,7 @@ def test_a_filled_share_no_field_carries_is_refused_unless_forced(short_draft: P
     assert refused == ["inferencex", "inferencex-reference", "vllm-k-schedule", "sglang", "trtllm", "llamacpp"]
     curve = yaml.safe_load((tmp_path / "inferencex" / "qwen2.5c_draft_model.yaml").read_text())
     assert "filled" not in json.dumps(curve)  # what the loader keeps: the values, nothing about the fill
-    res = _invoke("export", "--to", "json", "--db", short_draft, "--max-filled", "0.2")
+    res = invoke("export", "--to", "json", "--db", short_draft, "--max-filled", "0.2")
     assert res.exit_code == 2 and "--max-filled bounds what --uncovered nearest fills" in res.output
     res = _export(short_draft, "json", None, "--max-filled", "1.5")
     assert res.exit_code == 2 and "--max-filled 1.5: a share of the workload's output tokens, in [0, 1]" in res.output

@@ -13,9 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from calibrate.cli import app
 from calibrate.consumers import CONSUMERS
 from calibrate.consumers.lookup import lookup
 from calibrate.tables.names import NotMeasured
@@ -23,21 +21,8 @@ from calibrate.workload.profile import read_profile
 from calibrate.workload.reader import WorkloadRequest
 from calibrate.workload.window import PRESETS, Window, parse_window
 from tests.test_workload_cli import _exported_text
-from tests.workload_support import FIXTURE, K, WIDE, bucket_al, requests, write_store
-
-MODEL = "qwen2.5-coder-1.5b-instruct"
-BOOT = ("--bootstrap", "200")
-
-
-def _invoke(*args: str):
-    return CliRunner().invoke(app, [str(a) for a in args], terminal_width=200)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    db = tmp_path_factory.mktemp("w") / "w.duckdb"
-    write_store(db)
-    return db
+from tests.workload_support import BOOT, FIXTURE, K, MODEL, WIDE, bucket_al, invoke, requests
+from tests.workload_support import store  # noqa: F401  (the module's fixture)
 
 
 def _trace(contexts: list[int], out: int = 40, subagent_after: int | None = None) -> dict:
@@ -157,12 +142,12 @@ def test_a_window_needs_traces_and_something_left(tmp_path: Path) -> None:
 
 def test_inspect_shows_the_window_and_its_share(tmp_path: Path, long_traces: Path) -> None:
     path = _write(tmp_path / "t.jsonl", _trace([1500] * 4 + [6000] * 4))
-    res = _invoke("workload", "inspect", path, "--window", "start=0.5-0.5", "--format", "json")
+    res = invoke("workload", "inspect", path, "--window", "start=0.5-0.5", "--format", "json")
     assert res.exit_code == 0, res.output
     window = json.loads(res.stdout)["window"]
     assert window["window"] == "start=0.5-0.5,warmup=0"
     assert (window["share_of_requests"], window["share_of_output_tokens"]) == (0.5, 0.5)
-    table = _invoke("workload", "inspect", long_traces, "--window", "agentx")
+    table = invoke("workload", "inspect", long_traces, "--window", "agentx")
     assert table.exit_code == 0, table.output
     assert "window start=0.25-0.75,warmup=10 (agentx): counts" in table.stdout
 
@@ -170,7 +155,7 @@ def test_inspect_shows_the_window_and_its_share(tmp_path: Path, long_traces: Pat
 def test_the_window_weights_the_al_by_hand(store: Path, tmp_path: Path) -> None:
     """Only the 4k-8k turns are in the window: the answer is that stratum's AL, exactly."""
     path = _write(tmp_path / "t.jsonl", _trace([1500] * 4 + [6000] * 4))
-    res = _invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "off", "--workload", path,
+    res = invoke("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "off", "--workload", path,
                   "--window", "start=0.5", "--format", "json")
     assert res.exit_code == 0, res.output
     answer = json.loads(res.stdout)
@@ -184,16 +169,16 @@ def _weighted_numbers(rows: list[dict]) -> list[dict]:
 
 
 def test_the_identity_window_gives_byte_identical_weighted_numbers(store: Path, tmp_path: Path) -> None:
-    plain = _invoke("show", "--db", store, "--workload", FIXTURE, "--format", "json", *BOOT)
-    same = _invoke("show", "--db", store, "--workload", FIXTURE, "--window", "start=0-0,warmup=0", "--format", "json",
+    plain = invoke("show", "--db", store, "--workload", FIXTURE, "--format", "json", *BOOT)
+    same = invoke("show", "--db", store, "--workload", FIXTURE, "--window", "start=0-0,warmup=0", "--format", "json",
                    *BOOT)
     assert plain.exit_code == same.exit_code == 0, same.output
     assert _weighted_numbers(json.loads(same.stdout)) == json.loads(plain.stdout)
     assert {row["workload_window"] for row in json.loads(same.stdout)} == {"start=0-0,warmup=0"}
     out_plain, out_same = tmp_path / "p.json", tmp_path / "s.json"
-    assert _invoke("export", "--to", "json", "--db", store, "--workload", FIXTURE, "--out", out_plain,
+    assert invoke("export", "--to", "json", "--db", store, "--workload", FIXTURE, "--out", out_plain,
                    *BOOT).exit_code == 0
-    assert _invoke("export", "--to", "json", "--db", store, "--workload", FIXTURE, "--window", "start=0",
+    assert invoke("export", "--to", "json", "--db", store, "--workload", FIXTURE, "--window", "start=0",
                    "--out", out_same, *BOOT).exit_code == 0
     same_rows, plain_rows = (json.loads(out.read_text())["records"] for out in (out_same, out_plain))
     assert _weighted_numbers(same_rows) == plain_rows
@@ -201,7 +186,7 @@ def test_the_identity_window_gives_byte_identical_weighted_numbers(store: Path, 
 
 def test_weighted_outputs_record_the_window_and_lookup_matches_it(store: Path, tmp_path: Path,
                                                                   long_traces: Path) -> None:
-    res = _invoke("export", "--to", "vllm", "--db", store, "--workload", long_traces, "--window", "agentx", *BOOT)
+    res = invoke("export", "--to", "vllm", "--db", store, "--workload", long_traces, "--window", "agentx", *BOOT)
     assert res.exit_code == 0, res.output
     assert '"window": "start=0.25-0.75,warmup=10 (agentx)"' in res.stdout
     for name, consumer in CONSUMERS.items():  # every consumer records the window beside the digest
@@ -210,13 +195,13 @@ def test_weighted_outputs_record_the_window_and_lookup_matches_it(store: Path, t
         out = tmp_path / name / ("t.parquet" if name == "parquet" else "")
         forced = ("--force",) if consumer.forces not in (None, "vllm") else ()
         forced += ("--cost", "draft=0,verify=linear:0.02") if consumer.needs_cost else ()
-        res = _invoke("export", "--to", name, "--db", store, "--workload", long_traces, "--window", "agentx",
+        res = invoke("export", "--to", name, "--db", store, "--workload", long_traces, "--window", "agentx",
                       "--thinking", "off", "--model-prefix", "qwen2.5c", *BOOT, *forced,
                       *(("--out", out) if name in ("parquet", "specdec-profile") else ()))
         assert res.exit_code == 0, (name, res.output)
         assert "start=0.25-0.75,warmup=10 (agentx)" in _exported_text(name, out, res.stdout), name
     out = tmp_path / "agentx.json"
-    assert _invoke("export", "--to", "json", "--db", store, "--workload", long_traces, "--window", "agentx",
+    assert invoke("export", "--to", "json", "--db", store, "--workload", long_traces, "--window", "agentx",
                    "--out", out, *BOOT).exit_code == 0
     answer = lookup(MODEL, None, K, "off", table=out, workload=long_traces, window="agentx")
     assert answer.workload_window == "start=0.25-0.75,warmup=10 (agentx)"
@@ -226,7 +211,7 @@ def test_weighted_outputs_record_the_window_and_lookup_matches_it(store: Path, t
     assert whole.acceptance_length != direct.acceptance_length  # the window moves the AL
     with pytest.raises(NotMeasured, match="window start=0.25-0.75,warmup=10"):
         lookup(MODEL, None, K, "off", table=out, workload=long_traces)  # weighted without a window: not this answer
-    profile = _invoke("export", "--to", "specdec-profile", "--db", store, "--workload", long_traces, "--window",
+    profile = invoke("export", "--to", "specdec-profile", "--db", store, "--workload", long_traces, "--window",
                       "agentx", "--thinking", "off", *BOOT)
     assert profile.exit_code == 0, profile.output
     assert '"window": "start=0.25-0.75,warmup=10 (agentx)"' in profile.stdout
@@ -242,7 +227,7 @@ def test_every_command_refuses_a_bad_window_in_one_line_with_exit_2(store: Path,
     args = [a.format(store=store, fixture=FIXTURE) for a in command]
     for window, message in (("start=0.8-0.2", "the low end is above the high end"),
                             ("agentz", "unknown preset"), ("start=0.1,warmup=-2", "is not a number of requests")):
-        res = _invoke(*args, "--window", window)
+        res = invoke(*args, "--window", window)
         assert res.exit_code == 2, res.output
         lines = [line for line in res.output.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and message in lines[0]
@@ -251,5 +236,5 @@ def test_every_command_refuses_a_bad_window_in_one_line_with_exit_2(store: Path,
 def test_a_window_without_a_workload_is_refused(store: Path) -> None:
     for args in (("show", "--db", store), ("export", "--to", "vllm", "--db", store),
                  ("lookup", "--db", store, "--model", MODEL, "-k", K, "--thinking", "off")):
-        res = _invoke(*args, "--window", "agentx")
+        res = invoke(*args, "--window", "agentx")
         assert res.exit_code == 2 and "--window picks the requests of a workload" in res.output

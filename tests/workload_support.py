@@ -7,7 +7,10 @@ import bisect
 from pathlib import Path
 
 import numpy as np
+import pytest
+from typer.testing import CliRunner
 
+from calibrate.cli import app
 from calibrate.tables.buckets import DEFAULT_CONTEXT_EDGES, TURN
 from calibrate.tables.store import Store
 from tests.tables_support import Req, make_spec, write_run
@@ -17,6 +20,29 @@ FIXTURE = Path(__file__).parent / "fixtures" / "cc_traces_workload.jsonl"
 # The fixture's context buckets (prompt tokens inside each) and a second bucket set short of them.
 WIDE = (500, 1500, 3000, 6000, 12000, 50000, 70000)
 SHORT = (500, 1500, 3000)
+MODEL = "qwen2.5-coder-1.5b-instruct"
+BOOT = ("--bootstrap", "200")
+
+
+def invoke(*args: object):
+    """The CLI in this process, wide enough that no line the tests read is wrapped."""
+    return CliRunner().invoke(app, [str(a) for a in args], terminal_width=200)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    """Every context bucket of the fixture measured, both thinking modes (a module's tests share it)."""
+    db = tmp_path_factory.mktemp("w") / "w.duckdb"
+    write_store(db)
+    return db
+
+
+@pytest.fixture(scope="module")
+def short_store(tmp_path_factory) -> Path:
+    """Measured at short contexts only (as a 2,048-token budget leaves it), plus a thin 4k-8k stratum."""
+    db = tmp_path_factory.mktemp("s") / "s.duckdb"
+    write_store(db, lengths=SHORT, thinking=("off",), extra={6000: 4})
+    return db
 
 
 def requests(lengths: tuple[int, ...], conversations: int, seed: int, prefix: str = "", depths: int = 5) -> list[Req]:
