@@ -107,9 +107,11 @@ def histogram(record: AcceptanceRecord) -> dict[str, float]:
                          f"to {record.workload}, but {', '.join(record.methods)} reported totals only, so there is no "
                          "histogram to weight and specdec_bench's build_profile needs one: export json, csv or parquet")
     # the mixture of the strata's histograms by step share: its rates are the record's (weighted_summary), and a
-    # histogram is linear in its rates
+    # histogram is linear in its rates. Written unrounded: specdec_bench rebuilds the mean and the rates from these
+    # shares, and shares rounded to DIGITS (summing to 1 +- 1e-6) moved them by up to 7e-6, past the 6 decimals the
+    # profile's own fields are written to
     shares = stats.histogram_from_rates(record.unconditional_rates)
-    return {str(a + 1): round(float(x), DIGITS) for a, x in enumerate(shares) if round(float(x), DIGITS)}
+    return {str(a + 1): float(x) for a, x in enumerate(shares) if x > 0}
 
 
 def profile(record: AcceptanceRecord, segments: Sequence[AcceptanceRecord],
