@@ -6,7 +6,7 @@ build cannot run that Triton kernel and registers a C++ fallback (`vllm/platform
 `register_triton_kernel_overrides`, `vllm/utils/cpu_triton_utils.py` `_expand_kernel_impl`), which first
 converts its output to int64: for a float32 output that is a new tensor, so the result is written into a
 copy and the real output is left as allocated. The rejection kernels themselves are right (checked here
-too). This is the fault the engine audit finds at T > 0 (docs/validation.md, "Cross-engine check, vLLM"); when a vLLM release
+too). This is the fault the engine audit finds at T > 0 (docs/validation/engines.md, "Cross-engine check, vLLM"); when a vLLM release
 fixes it, the first test fails, and the manual's account must change with it.
 """
 

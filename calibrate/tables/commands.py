@@ -218,7 +218,7 @@ def truncation_warnings(records: Sequence[AcceptanceRecord]) -> list[str]:
             worst[pair] = max(worst.get(pair, (0, 1)), (cut, total), key=lambda t: t[0] / t[1])
     return [f"{target} on {dataset}: {cut} of {total} requests with a verify step (those AL counts) had their "
             "prompt left-truncated to the context budget; model-free speculators (n-gram, suffix) match against the "
-            "context, so their AL is understated (docs/validation.md: how much the prompt budget moves AL)"
+            "context, so their AL is understated (docs/validation/reference.md: how much the prompt budget moves AL)"
             for (target, dataset), (cut, total) in sorted(worst.items())]
 
 
