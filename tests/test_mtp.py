@@ -222,13 +222,15 @@ def test_checkpoints_without_usable_mtp_layers_are_refused(tmp_path):
 
 
 def test_qwen35_style_mtp_is_refused_by_name():
-    from transformers import Qwen3NextConfig
+    """Qwen3.5 keeps `mtp.*` weights as Qwen3-Next does, but is not served yet (Qwen3-Next is:
+    tests/test_mtp_qwen3_next.py)."""
+    from transformers import AutoConfig
 
     from calibrate.speculators.mtp import mtp_layer_count
 
-    config = Qwen3NextConfig(num_hidden_layers=2)
+    config = AutoConfig.for_model("qwen3_5_text", num_hidden_layers=2)
     config.mtp_num_hidden_layers = 1
-    with pytest.raises(ValueError, match=r"target 'q' \(qwen3_next\) keeps its MTP layers as `mtp\.\*` weights"):
+    with pytest.raises(ValueError, match=r"target 'q' \(qwen3_5_text\) keeps its MTP layers as `mtp\.\*` weights"):
         mtp_layer_count(config, "q")
 
 

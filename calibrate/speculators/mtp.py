@@ -42,14 +42,22 @@ from calibrate.speculators.base import (
 )
 from calibrate.speculators.configs import MtpSpeculatorConfig
 from calibrate.speculators.per_loop import PerLoopSpeculator
-from calibrate.speculators.mtp_archs import DEEPSEEK, layer_prefixes, refusal
+from calibrate.speculators.mtp_archs import (
+    DEEPSEEK, MtpLayout, declare_mtp, declared_layers, found_layout, layer_prefixes, refusal,
+)
 from calibrate.speculators.configs import Described
 from calibrate.speculators.registry import speculator_kind
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
-# What the name and provenance say about depths beyond the checkpoint's layers.
+# What the name and provenance say about depths beyond the checkpoint's layers (the family's layout says
+# which hidden state a reused depth reads: calibrate.speculators.mtp_archs.MtpLayout.recycles).
 DEPTH_RULE = ("depth d uses MTP layer d % num_mtp_layers (vLLM spec_step_idx % num_mtp_layers); "
               "k > num_mtp_layers reuses layers autoregressively, fed the previous depth's pre-norm hidden")
+DEPTH_RULE_NORMED = DEPTH_RULE.replace("pre-norm hidden", "normed output (the MTP layer's last norm)")
+
+
+def depth_rule(found: MtpLayout) -> str:
+    return DEPTH_RULE_NORMED if found.recycles == "normed" else DEPTH_RULE
 
 
 # -- the checkpoint: what it must hold, read before any weights load ------------------------------------------
@@ -61,7 +69,10 @@ def mtp_layer_count(config: Any, target_name: str) -> int:
     refused = refusal(config)
     if refused:
         raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) {refused}")
-    n = getattr(text, "num_mtp_layers", None)
+    n, found = declared_layers(config), found_layout(config)
+    if found is not None and found.max_layers is not None and n and int(n) > found.max_layers[0]:
+        raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) declares {n} MTP layers "
+                         f"({found.count_key}); at most {found.max_layers[0]} are served: {found.max_layers[1]}")
     if getattr(text, "mtp_num_hidden_layers", None) and not n:
         raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) keeps its MTP layers as `mtp.*` "
                          "weights, which transformers drops on load (no MtpModel for this family yet)")
@@ -72,8 +83,9 @@ def mtp_layer_count(config: Any, target_name: str) -> int:
 
 
 def mtp_prefixes(config: Any) -> list[str]:
-    """Where DeepSeek-style checkpoints keep MTP layer i: as decoder layer num_hidden_layers + i."""
-    return layer_prefixes(config, DEEPSEEK)
+    """Where the checkpoint keeps each MTP layer: its family's layout, else DeepSeek's (decoder layer
+    num_hidden_layers + i)."""
+    return layer_prefixes(config, found_layout(config) or DEEPSEEK)
 
 
 def check_checkpoint(path: Path, config: Any, target_name: str) -> None:
@@ -83,14 +95,15 @@ def check_checkpoint(path: Path, config: Any, target_name: str) -> None:
     checkpoint = open_checkpoint(target_name, str(path))
     text = config.get_text_config()
     h, v = text.hidden_size, text.vocab_size
+    found = found_layout(config) or DEEPSEEK
+    enorm, hnorm, post = found.norms
     for prefix in mtp_prefixes(config):
         held = [k for k in checkpoint.files if k.startswith(prefix)]
         if not held:
-            raise ValueError(f"mtp: target {target_name!r} declares {text.num_mtp_layers} MTP layer(s) but its "
+            raise ValueError(f"mtp: target {target_name!r} declares {declared_layers(config)} MTP layer(s) but its "
                              f"checkpoint has no {prefix}* weights")
         shapes = checkpoint.shapes(held)
-        expected = {"enorm.weight": (h,), "hnorm.weight": (h,), "eh_proj.weight": (h, 2 * h),
-                    "shared_head.norm.weight": (h,)}
+        expected = {enorm: (h,), hnorm: (h,), found.projection: (h, 2 * h), post: (h,)}
         if prefix + "shared_head.head.weight" in shapes:
             expected["shared_head.head.weight"] = (v, h)
         for key, shape in expected.items():
@@ -102,10 +115,27 @@ def check_checkpoint(path: Path, config: Any, target_name: str) -> None:
                                  f"hidden size {h} and vocabulary {v} imply {shape}")
 
 
-def _params(target: str, layers: int) -> dict[str, Any]:
+def _params(target: str, layers: int, found: MtpLayout = DEEPSEEK) -> dict[str, Any]:
     """What an MTP head's runs record of it: its target, its layers, how it drafts and with what."""
-    return {"model": target, "num_mtp_layers": layers, "drafting": "chain", "depths": DEPTH_RULE,
+    return {"model": target, "num_mtp_layers": layers, "drafting": "chain", "depths": depth_rule(found),
             "implementation": "transformers MtpModel"}
+
+
+def mtp_class(found: MtpLayout) -> type:
+    """transformers' MtpModel, or for a family whose checkpoint names its MTP layer otherwise (the layout's
+    `renames`), MtpModel with those renamings applied before the target's own conversions (which fuse a MoE
+    block's per-expert tensors as the target's loader does)."""
+    from transformers.core_model_loading import WeightRenaming
+    from transformers.modeling_layers import MtpModel
+
+    if not found.renames:
+        return MtpModel
+
+    class RenamedMtpModel(MtpModel):
+        def get_weight_conversions(self, main_model: Any) -> list[Any]:
+            return [WeightRenaming(source, target) for source, target in found.renames] + \
+                super().get_weight_conversions(main_model)
+    return RenamedMtpModel
 
 
 def load_mtp(target_model: Any, target_name: str) -> Any:
@@ -119,6 +149,8 @@ def load_mtp(target_model: Any, target_name: str) -> Any:
     from transformers.modeling_layers import MtpModel
 
     mtp_layer_count(target_model.config, target_name)
+    declare_mtp(target_model.config)
+    found = found_layout(target_model.config) or DEEPSEEK
     path = Path(target_model.config.name_or_path)
     if path.is_dir():
         check_checkpoint(path, target_model.config, target_name)
@@ -128,10 +160,15 @@ def load_mtp(target_model: Any, target_name: str) -> Any:
                 re.escape(p) + ".*" for p in mtp_prefixes(target_model.config)]
     shared = target_model.get_input_embeddings().weight  # loaded in both cases; the target's layers may not be
     try:
-        mtp = MtpModel.from_pretrained(target_model, device_map={"": shared.device})
+        mtp = mtp_class(found).from_pretrained(target_model, device_map={"": shared.device})
     except (RuntimeError, ValueError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"mtp: cannot load the MTP layers of target {target_name!r}: {first}") from None
+    norm = type(target_model.get_decoder().norm)
+    if found.renames and type(mtp.layers[0].enorm) is not norm:  # MtpModel takes the first norm of the last layer
+        raise ValueError(f"mtp: target {target_name!r}: its MTP layer's norms would be "
+                         f"{type(mtp.layers[0].enorm).__name__}, not the target's {norm.__name__} "
+                         f"({found.families} MTP norms are the final norm's kind)")
     return mtp.to(dtype=shared.dtype).eval()
 
 
@@ -139,7 +176,7 @@ def load_mtp(target_model: Any, target_name: str) -> Any:
 
 @contextmanager
 def _block_output(layer: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
-    """Capture the output of an MTP layer's decoder block: the pre-norm hidden vLLM recycles."""
+    """Capture the output of an MTP layer's decoder block: the pre-norm hidden vLLM's DeepSeek MTP recycles."""
     seen: list[torch.Tensor] = []
     handle = layer.mtp_block.register_forward_hook(
         lambda _m, _i, out: seen.append(out[0] if isinstance(out, tuple) else out))
@@ -152,7 +189,8 @@ def _block_output(layer: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
 def run_layer(mtp: Any, index: int, tokens: torch.Tensor, previous: torch.Tensor, positions: torch.Tensor,
               cache: Any, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """MTP layer `index` over rows (token, previous hidden, position), (m,) / (m, H) / (m,), appending its
-    keys and values to `cache`. Returns (output as transformers chains it, pre-norm block output), (m, H).
+    keys and values to `cache`. Returns (output as transformers chains it, what a reused depth reads of it),
+    (m, H): the pre-norm block output, or for a family whose layout `recycles` "normed", the output itself.
 
     Without `mask`, transformers' `forward_layer` builds the causal mask from the cache; with one (an additive
     (m, cached + m) mask), the layer is called as `forward_layer` calls it, with that mask instead."""
@@ -169,7 +207,8 @@ def run_layer(mtp: Any, index: int, tokens: torch.Tensor, previous: torch.Tensor
                         position_ids=pos, cache=cache)
             if mtp.use_shared_post_norm:
                 out = mtp.shared_post_norm(out)
-    return out[0], seen[-1][0]
+    normed = (found_layout(mtp.config) or DEEPSEEK).recycles == "normed"
+    return out[0], out[0] if normed else seen[-1][0]
 
 
 def logits_of(mtp: Any, hidden: torch.Tensor) -> torch.Tensor:
@@ -244,8 +283,10 @@ class MtpSpeculator(PerLoopSpeculator):
     @classmethod
     def described(cls, spec: MtpSpeculatorConfig, target: str) -> Described:
         """The target's config alone says how many MTP layers it has; the head is the target's own."""
-        layers = mtp_layer_count(model_config(target), target)
-        return Described(speculator_kind(cls.kind).config_name(spec, target), _params(target, layers),
+        config = model_config(target)
+        layers = mtp_layer_count(config, target)
+        return Described(speculator_kind(cls.kind).config_name(spec, target),
+                         _params(target, layers, found_layout(config) or DEEPSEEK),
                          resolve(target), load_fingerprint(target))
 
     @classmethod
@@ -266,7 +307,7 @@ class MtpSpeculator(PerLoopSpeculator):
 
     @property
     def params(self) -> dict[str, Any]:
-        return _params(self._name, self.layers)
+        return _params(self._name, self.layers, found_layout(self.mtp.config) or DEEPSEEK)
 
     @property
     def identity(self) -> tuple[str | None, str | None]:

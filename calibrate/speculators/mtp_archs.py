@@ -4,8 +4,10 @@ every MTP scorer, calibrate.speculators.mtp_alone to read the MTP head alone, do
 
 MTP layers run through transformers' own `MtpModel` (calibrate.speculators.mtp), so a family is served where
 transformers builds one for it (its config declares `num_mtp_layers`) and its checkpoint keeps the layers
-where this table says. A family whose MTP reads something other than one final hidden state per token, or
-whose MTP layers transformers drops, is refused by name before any weights load.
+where this table says, or where its MTP layer is transformers' `MtpLayer` under other names: then the layout
+says which config key counts the layers, which attention they use, and how the checkpoint's names map onto
+`MtpLayer`'s (Qwen3-Next). A family whose MTP reads something other than one final hidden state per token,
+or whose MTP layer is no `MtpLayer`, is refused by name before any weights load.
 """
 
 from __future__ import annotations
@@ -27,6 +29,20 @@ class MtpLayout:
     # Tensors under an MTP layer's prefix that copy a shared table (the checkpoint repeats them; transformers
     # uses the target's own, so they are never read).
     copies: tuple[str, ...] = ()
+    # An MTP layer's own tensors under its prefix: the token's norm, the hidden state's norm, the 2H -> H
+    # projection of both, and the norm of its output (checked against the target's width before loading).
+    norms: tuple[str, str, str] = ("enorm.weight", "hnorm.weight", "shared_head.norm.weight")
+    projection: str = "eh_proj.weight"
+    # What a reused depth (k > num_mtp_layers) reads of the previous depth: "pre-norm", its decoder block's
+    # output, or "normed", the output after the layer's last norm (each family as vLLM's MTP model returns it).
+    recycles: str = "pre-norm"
+    # Where the config does not declare `num_mtp_layers`: the key that counts the layers, the attention their
+    # decoder block uses (declared to transformers as `mtp_layer_types`), the most layers vLLM drafts with and
+    # why, and (checkpoint prefix, `MtpModel` prefix) renamings, applied in order before the target's own.
+    count_key: str = "num_mtp_layers"
+    attention: str | None = None
+    max_layers: tuple[int, str] | None = None
+    renames: tuple[tuple[str, str], ...] = ()
 
 
 # DeepSeek's layout (DeepSeek-V3 / R1 model card, "MTP modules"; transformers' `MtpModel.get_weight_conversions`
@@ -38,8 +54,26 @@ DEEPSEEK = MtpLayout(
     copies=("embed_tokens.weight", "shared_head.head.weight"),
 )
 
+# Qwen3-Next's layout (vLLM vllm/model_executor/models/qwen3_next_mtp.py at 055e47c2, `Qwen3NextMultiTokenPredictor`:
+# `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.fc` over [embedding, hidden], decoder layer
+# `mtp.layers.0` with full attention, `mtp.norm`, then the target's `lm_head`; the embedding is the target's):
+# transformers' `MtpLayer` (enorm, hnorm, eh_proj, mtp_block, post_norm) in the same order under other names.
+# vLLM's forward returns `mtp.norm`'s output, which the next depth reads, and never passes `spec_step_idx` to
+# the predictor, so every depth runs `mtp.layers.0` and its shared fc / norms: one layer is all it drafts with.
+QWEN3_NEXT = MtpLayout(
+    families="Qwen3-Next", embedding="model.embed_tokens.weight", final_norm="model.norm.weight",
+    head="lm_head.weight", layer="mtp.",
+    norms=("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight"), projection="fc.weight",
+    recycles="normed", count_key="mtp_num_hidden_layers", attention="full_attention",
+    max_layers=(1, "vLLM's Qwen3NextMTP passes no spec_step_idx, so every depth runs mtp.layers.0 with the one "
+                   "mtp.fc and mtp norms"),
+    renames=((r"^mtp\.pre_fc_norm_embedding\.", "layers.0.enorm."),
+             (r"^mtp\.pre_fc_norm_hidden\.", "layers.0.hnorm."), (r"^mtp\.fc\.", "layers.0.eh_proj."),
+             (r"^mtp\.norm\.", "layers.0.post_norm."), (r"^mtp\.layers\.0\.", "layers.0.mtp_block.")),
+)
+
 # model_type (of the text config) -> layout, for the families whose MTP head is read alone from the checkpoint.
-LAYOUTS: dict[str, MtpLayout] = {"deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK}
+LAYOUTS: dict[str, MtpLayout] = {"deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK, "qwen3_next": QWEN3_NEXT}
 
 _DROPPED = ("keeps its MTP layers as `mtp.*` weights, which transformers drops on load (no MtpModel for this "
             "family yet)")
@@ -54,7 +88,7 @@ REFUSED: dict[str, str] = {
     # Gemma-4's drafter also attends over the verifier's own KV cache (vllm-project/speculators #586), which no
     # hidden-state capture hands out.
     "gemma4": _KV, "gemma4_text": _KV, "gemma4_assistant": _KV,
-    "qwen3_next": _DROPPED, "qwen3_5": _DROPPED, "qwen3_5_text": _DROPPED, "qwen3_5_moe": _DROPPED,
+    "qwen3_5": _DROPPED, "qwen3_5_text": _DROPPED, "qwen3_5_moe": _DROPPED,
     "qwen3_5_moe_text": _DROPPED,
     # GLM-5 keeps its MTP layer as decoder layer 78, DeepSeek's layout, but transformers 5.24's GlmMoeDsa config
     # has per-layer `layer_types` / `mlp_layer_types` with no MTP counterparts and no `num_mtp_layers`, so
@@ -75,10 +109,33 @@ def refusal(config: Any) -> str | None:
     return next((REFUSED[t] for t in model_types(config) if t in REFUSED), None)
 
 
+def found_layout(config: Any) -> MtpLayout | None:
+    """The checkpoint layout of a served family, or None."""
+    return next((LAYOUTS[t] for t in model_types(config) if t in LAYOUTS), None)
+
+
+def declared_layers(config: Any) -> int | None:
+    """How many MTP layers the config declares, by its family's key (`num_mtp_layers` where none is listed)."""
+    found = found_layout(config)
+    return getattr(config.get_text_config(), found.count_key if found else "num_mtp_layers", None)
+
+
+def declare_mtp(config: Any) -> None:
+    """Declare a listed family's MTP layers to transformers as it declares its own (`num_mtp_layers`,
+    `mtp_layer_types`), so `MtpModel` builds them: a no-op for families whose config already does."""
+    found, text = found_layout(config), config.get_text_config()
+    if found is None or found.count_key == "num_mtp_layers":
+        return
+    n = int(getattr(text, found.count_key))
+    text.num_mtp_layers = n
+    if found.attention is not None:
+        text.mtp_layer_types = [found.attention] * n
+
+
 def layout(config: Any, target_name: str) -> MtpLayout:
     """The checkpoint layout of a served family, or a one-line error naming the model and why there is none."""
     text = config.get_text_config()
-    found = next((LAYOUTS[t] for t in model_types(config) if t in LAYOUTS), None)
+    found = found_layout(config)
     if found is None:
         raise ValueError(f"mtp: target {target_name!r} ({text.model_type}): no checkpoint layout for its MTP layers "
                          "in calibrate/speculators/mtp_archs.py (served: "
@@ -90,7 +147,8 @@ def layout(config: Any, target_name: str) -> MtpLayout:
 def layer_prefixes(config: Any, found: MtpLayout) -> list[str]:
     """Where the checkpoint keeps each MTP layer (the target's config says how many, and after which layer)."""
     text = config.get_text_config()
-    return [found.layer.format(index=text.num_hidden_layers + i) for i in range(int(text.num_mtp_layers))]
+    count = int(getattr(text, found.count_key))
+    return list(dict.fromkeys(found.layer.format(index=text.num_hidden_layers + i) for i in range(count)))
 
 
 def mtp_tensors(config: Any, found: MtpLayout, names: list[str]) -> list[str]:

@@ -1,0 +1,124 @@
+"""Qwen3-Next's MTP head (`mtp.*` weights, which transformers drops on load): loaded as transformers'
+`MtpModel` through the layout's renamings (calibrate/speculators/mtp_archs.py `QWEN3_NEXT`), checked against
+a reference written from vLLM's model file alone (vllm/model_executor/models/qwen3_next_mtp.py at 055e47c2:
+`Qwen3NextMultiTokenPredictor.forward` returns `mtp.norm`'s output, which vLLM's proposer feeds the next
+depth), at every k = 1..8, and read alone from the checkpoint for the engine's final state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from calibrate.replay.responses import target_features
+from calibrate.speculators.mtp import DEPTH_RULE_NORMED, MtpSpeculator, load_mtp, mtp_layer_count
+from calibrate.speculators.mtp_alone import final_norm, load_mtp_target
+from calibrate.target_features import TargetFeatures
+from tests.test_mtp_engine import taps
+from tests.tiny_pair import build_tokenizer
+from tests.tiny_qwen3_next import LAYERS, Reference, build, full_target
+
+KS = range(1, 9)
+PROMPT, RESPONSE = [5, 9, 13, 2, 7, 5, 9, 11], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("tiny-qwen3-next"), build_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def whole(tiny):
+    full = full_target(tiny)
+    return full, MtpSpeculator(load_mtp(full, "q"), name="q")
+
+
+def final_states(model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model.model(torch.tensor([ids])).last_hidden_state[0]
+
+
+def test_replay_drafts_are_vllms_qwen3_next_mtp_at_every_k(tiny, whole):
+    """Every step's depth-d draft, teacher-forced on the response, is the reference's at k = 1..8 (one MTP
+    layer: depths 1..7 reuse it, fed the normed output; fed the pre-norm block output instead, they differ)."""
+    full, spec = whole
+    ids = PROMPT + RESPONSE
+    feats = target_features(full, [PROMPT], [RESPONSE], spec.needs)[0]
+    reference = Reference(tiny, full)
+    last = final_states(full, ids)
+    torch.testing.assert_close(feats.last, last, rtol=0, atol=0)
+    deepest = spec.chain_drafts(PROMPT, RESPONSE, feats, max(KS))
+    for t in range(1, len(RESPONSE)):
+        anchor = len(PROMPT) + t - 1
+        reach = min(max(KS), len(ids) - anchor)  # depths whose row lies inside prompt + response
+        assert deepest[t, :reach].tolist() == reference.drafts(ids, last, anchor, reach, forced=True), t
+    for k in KS:
+        assert (spec.chain_drafts(PROMPT, RESPONSE, feats, k) == deepest[:, :k]).all(), k
+    assert len(set(deepest[1:].ravel().tolist())) > 8  # random layers, diverse drafts: the check can fail
+    assert spec.params["depths"] == DEPTH_RULE_NORMED and "normed output" in DEPTH_RULE_NORMED
+
+
+def test_loop_drafts_are_vllms_qwen3_next_mtp_at_every_k(tiny, whole):
+    """The step-by-step loop after uneven extends drafts what the reference drafts, feeding its own drafts."""
+    full, spec = whole
+    context = PROMPT + [4, 8, 15, 16, 23, 42, 11]
+    feats = target_features(full, [context[:-1]], [context[-1:]], spec.needs)[0]
+    reference = Reference(tiny, full)
+    last = final_states(full, context)
+    p = len(PROMPT)
+    spec.start(0, context[:p], feats.rows(0, p - 1))
+    for lo, hi in [(p, p + 1), (p + 1, p + 4), (p + 4, len(context))]:
+        spec.extend(0, context[lo:hi], feats.rows(lo - 1, hi - 1))
+    for k in KS:
+        assert spec.draft(0, k).tokens == reference.drafts(context, last, len(context) - 1, k, forced=False), k
+    spec.finish(0)
+
+
+def test_the_head_alone_fed_the_engines_tap_drafts_as_the_in_process_pass(tiny, whole):
+    """Read alone (the target's layers on the meta device; the embedding, final norm, head and `mtp.*` read),
+    fed tap num_hidden_layers (the last layer's output before the final norm, as vLLM's extract_hidden_states
+    captures it) through the final norm read from the checkpoint: the in-process pass's rows at k = 1..8."""
+    full, spec = whole
+    alone = load_mtp_target(str(tiny), "float32", "cpu")
+    head = MtpSpeculator(load_mtp(alone.model, "q"), name="q")
+    assert all(p.device.type == "meta" for layer in alone.model.get_decoder().layers for p in layer.parameters())
+    weights = load_file(str(tiny / "model.safetensors"))
+    mtp = sorted(n for n in weights if n.startswith("mtp."))
+    shared = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    assert list(alone.loaded.tensors) == shared + mtp
+    assert alone.loaded.bytes == sum(weights[t].nbytes for t in shared + mtp)
+    ids = PROMPT + RESPONSE
+    with torch.inference_mode():
+        tap = final_norm(alone.model)(taps(full, ids, [LAYERS])[:, 0])
+    here = target_features(full, [PROMPT], [RESPONSE], spec.needs)[0]
+    torch.testing.assert_close(tap, here.last, rtol=1e-6, atol=1e-6)
+    there = TargetFeatures(last=tap)
+    for k in KS:
+        assert (head.chain_drafts(PROMPT, RESPONSE, there, k) == spec.chain_drafts(PROMPT, RESPONSE, here, k)).all(), k
+
+
+def test_more_mtp_layers_than_vllm_drafts_with_are_refused_by_name(tmp_path):
+    """vLLM's Qwen3NextMTP runs mtp.layers.0 at every depth (no spec_step_idx reaches the predictor), so a
+    second layer has no vLLM behaviour to score: refused before any weights load."""
+    path = build(tmp_path / "q", build_tokenizer(), mtp_layers=1)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 2}))
+    from transformers import AutoConfig
+
+    with pytest.raises(ValueError, match=r"^mtp: target 'q' \(qwen3_next\) declares 2 MTP layers "
+                                         r"\(mtp_num_hidden_layers\); at most 1 are served: vLLM's Qwen3NextMTP"):
+        mtp_layer_count(AutoConfig.from_pretrained(path), "q")
+
+
+def test_a_checkpoint_without_the_mtp_projection_is_refused_naming_it(tmp_path):
+    from safetensors.torch import save_file
+
+    path = build(tmp_path / "q", build_tokenizer())
+    weights = load_file(str(path / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if k != "mtp.fc.weight"}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"^mtp: target 'q': checkpoint lacks mtp\.fc\.weight"):
+        load_mtp(full_target(path), "q")
