@@ -121,21 +121,48 @@ def _params(target: str, layers: int, found: MtpLayout = DEEPSEEK) -> dict[str, 
             "implementation": "transformers MtpModel"}
 
 
+# The attention kinds transformers' MtpModel turns into a layer's `attention_mask` (transformers 5.25,
+# `MtpModel.create_masks_for_mtp_layer`: any other kind, DSA's `indexed_attention` among them, is a KeyError).
+MTP_MASKED_KINDS = ("full_attention", "sliding_attention", "linear_attention")
+
+
+def _block_hidden(_module: torch.nn.Module, _inputs: Any, out: Any) -> Any:
+    """A decoder block's hidden state, where the block also returns what its next layer reuses (GLM-5's DSA
+    block returns (hidden, top-k indices); MtpLayer takes its block's output as the hidden state)."""
+    return out[0] if isinstance(out, tuple) else out
+
+
 def mtp_class(found: MtpLayout) -> type:
-    """transformers' MtpModel, or for a family whose checkpoint names its MTP layer otherwise (the layout's
-    `renames`), MtpModel with those renamings applied before the target's own conversions (which fuse a MoE
-    block's per-expert tensors as the target's loader does)."""
-    from transformers.core_model_loading import WeightRenaming
+    """transformers' MtpModel, or where the family's MTP attention is a kind MtpModel has no mask for (GLM-5's
+    DSA), MtpModel adapted to it: the layer gets transformers' own mask function for its kind
+    (`LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING`, as the target's layers of that kind get it) as its
+    `attention_mask`, and its block's output is reduced to the hidden state (`_block_hidden`). transformers
+    skips its class-keyed checkpoint renamings for a class defined outside it (`is_custom_code`), so the
+    subclass puts MtpModel's (conversion_mapping.py `mapping["MtpModel"]`) where its own lookup would."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING
     from transformers.modeling_layers import MtpModel
 
-    if not found.renames:
+    if found.attention is None or found.attention in MTP_MASKED_KINDS:
         return MtpModel
 
-    class RenamedMtpModel(MtpModel):
+    class AdaptedMtpModel(MtpModel):
+        def __init__(self, main_model: Any, num_mtp_layers: int):
+            super().__init__(main_model, num_mtp_layers)
+            for layer in self.layers:
+                layer.mtp_block.register_forward_hook(_block_hidden)
+
         def get_weight_conversions(self, main_model: Any) -> list[Any]:
-            return [WeightRenaming(source, target) for source, target in found.renames] + \
-                super().get_weight_conversions(main_model)
-    return RenamedMtpModel
+            own = super().get_weight_conversions(main_model)
+            layers = main_model.config.get_text_config().num_mtp_layers  # the `layers.{N}.` renamings lead
+            return own[:layers] + get_checkpoint_conversion_mapping("MtpModel") + own[layers:]
+
+        def create_masks_for_mtp_layer(self, layer_idx: int, inputs_embeds: torch.Tensor, mtp_cache: Any,
+                                       position_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+            mask = LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING[found.attention]
+            return {"attention_mask": mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=None,
+                                           cache=mtp_cache, position_ids=position_ids, layer_idx=layer_idx)}
+    return AdaptedMtpModel
 
 
 def load_mtp(target_model: Any, target_name: str) -> Any:
@@ -164,8 +191,10 @@ def load_mtp(target_model: Any, target_name: str) -> Any:
     except (RuntimeError, ValueError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"mtp: cannot load the MTP layers of target {target_name!r}: {first}") from None
+    # MtpModel takes its norms' class from the first norm in the target's last layer; where the layout declares
+    # the layers (families transformers' MtpModel was not written for), check it is the final norm's class.
     norm = type(target_model.get_decoder().norm)
-    if found.renames and type(mtp.layers[0].enorm) is not norm:  # MtpModel takes the first norm of the last layer
+    if found.count_key != "num_mtp_layers" and type(mtp.layers[0].enorm) is not norm:
         raise ValueError(f"mtp: target {target_name!r}: its MTP layer's norms would be "
                          f"{type(mtp.layers[0].enorm).__name__}, not the target's {norm.__name__} "
                          f"({found.families} MTP norms are the final norm's kind)")

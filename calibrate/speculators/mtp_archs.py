@@ -4,15 +4,16 @@ every MTP scorer, calibrate.speculators.mtp_alone to read the MTP head alone, do
 
 MTP layers run through transformers' own `MtpModel` (calibrate.speculators.mtp), so a family is served where
 transformers builds one for it (its config declares `num_mtp_layers`) and its checkpoint keeps the layers
-where this table says, or where its MTP layer is transformers' `MtpLayer` under other names: then the layout
-says which config key counts the layers, which attention they use, and how the checkpoint's names map onto
-`MtpLayer`'s (Qwen3-Next). A family whose MTP reads something other than one final hidden state per token,
-or whose MTP layer is no `MtpLayer`, is refused by name before any weights load.
+where this table says. Where the config does not declare them (Qwen3-Next, GLM-5), the layout says which
+config key counts the layers and what attention and MLP they use, declared to transformers before MtpModel is
+built. A family whose MTP reads something other than one final hidden state per token, or whose MTP layer is
+no `MtpLayer` (enorm, hnorm, eh_proj, a decoder block, its output norm), is refused by name before any
+weights load.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -38,11 +39,11 @@ class MtpLayout:
     recycles: str = "pre-norm"
     # Where the config does not declare `num_mtp_layers`: the key that counts the layers, the attention their
     # decoder block uses (declared to transformers as `mtp_layer_types`), the most layers vLLM drafts with and
-    # why, and (checkpoint prefix, `MtpModel` prefix) renamings, applied in order before the target's own.
+    # why.
     count_key: str = "num_mtp_layers"
     attention: str | None = None
+    mlp: str | None = None  # the MLP kind of the MTP decoder block, declared as `mtp_mlp_layer_types`
     max_layers: tuple[int, str] | None = None
-    renames: tuple[tuple[str, str], ...] = ()
 
 
 # DeepSeek's layout (DeepSeek-V3 / R1 model card, "MTP modules"; transformers' `MtpModel.get_weight_conversions`
@@ -57,7 +58,9 @@ DEEPSEEK = MtpLayout(
 # Qwen3-Next's layout (vLLM vllm/model_executor/models/qwen3_next_mtp.py at 055e47c2, `Qwen3NextMultiTokenPredictor`:
 # `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.fc` over [embedding, hidden], decoder layer
 # `mtp.layers.0` with full attention, `mtp.norm`, then the target's `lm_head`; the embedding is the target's):
-# transformers' `MtpLayer` (enorm, hnorm, eh_proj, mtp_block, post_norm) in the same order under other names.
+# transformers' `MtpLayer` (enorm, hnorm, eh_proj, mtp_block, post_norm) in the same order under other names,
+# which transformers 5.25 already maps onto it (conversion_mapping.py `mapping["MtpModel"]`: the `mtp` prefix
+# removed, `fc`, `pre_fc_norm_*`, `norm` and `layers.0.` renamed, written for Mellum's identical layout).
 # vLLM's forward returns `mtp.norm`'s output, which the next depth reads, and never passes `spec_step_idx` to
 # the predictor, so every depth runs `mtp.layers.0` and its shared fc / norms: one layer is all it drafts with.
 QWEN3_NEXT = MtpLayout(
@@ -67,13 +70,20 @@ QWEN3_NEXT = MtpLayout(
     recycles="normed", count_key="mtp_num_hidden_layers", attention="full_attention",
     max_layers=(1, "vLLM's Qwen3NextMTP passes no spec_step_idx, so every depth runs mtp.layers.0 with the one "
                    "mtp.fc and mtp norms"),
-    renames=((r"^mtp\.pre_fc_norm_embedding\.", "layers.0.enorm."),
-             (r"^mtp\.pre_fc_norm_hidden\.", "layers.0.hnorm."), (r"^mtp\.fc\.", "layers.0.eh_proj."),
-             (r"^mtp\.norm\.", "layers.0.post_norm."), (r"^mtp\.layers\.0\.", "layers.0.mtp_block.")),
 )
 
+# GLM-5 keeps its MTP layer as decoder layer num_hidden_layers (78) in DeepSeek's layout, and vLLM drafts with
+# it as DeepSeek-V3.2's MTP (vllm/config/speculative.py at 002e77c1, `hf_config_override`: glm_moe_dsa becomes
+# deepseek_mtp, architecture DeepseekV32MTPModel): a DSA decoder layer (MLA with its indexer), MoE, the block's
+# output before `shared_head.norm` fed to the next depth. transformers' GlmMoeDsa config declares neither
+# `num_mtp_layers` nor MTP layer types, so they are declared from `num_nextn_predict_layers` (the config.json
+# key), DSA attention (`indexed_attention`, which gives the layer a cache with indexer keys) and a MoE block.
+GLM_MOE_DSA = replace(DEEPSEEK, families="GLM-5", count_key="num_nextn_predict_layers",
+                      attention="indexed_attention", mlp="sparse")
+
 # model_type (of the text config) -> layout, for the families whose MTP head is read alone from the checkpoint.
-LAYOUTS: dict[str, MtpLayout] = {"deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK, "qwen3_next": QWEN3_NEXT}
+LAYOUTS: dict[str, MtpLayout] = {"deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK, "qwen3_next": QWEN3_NEXT,
+                                 "glm_moe_dsa": GLM_MOE_DSA}
 
 _DROPPED = ("keeps its MTP layers as `mtp.*` weights, which transformers drops on load (no MtpModel for this "
             "family yet)")
@@ -90,11 +100,6 @@ REFUSED: dict[str, str] = {
     "gemma4": _KV, "gemma4_text": _KV, "gemma4_assistant": _KV,
     "qwen3_5": _DROPPED, "qwen3_5_text": _DROPPED, "qwen3_5_moe": _DROPPED,
     "qwen3_5_moe_text": _DROPPED,
-    # GLM-5 keeps its MTP layer as decoder layer 78, DeepSeek's layout, but transformers 5.24's GlmMoeDsa config
-    # has per-layer `layer_types` / `mlp_layer_types` with no MTP counterparts and no `num_mtp_layers`, so
-    # `PreTrainedConfig.get_mtp_config` cannot build its MTP layer.
-    "glm_moe_dsa": "has MTP layers transformers builds no MtpModel for (its config declares no num_mtp_layers and "
-                   "no MTP layer types)",
 }
 
 
@@ -130,6 +135,8 @@ def declare_mtp(config: Any) -> None:
     text.num_mtp_layers = n
     if found.attention is not None:
         text.mtp_layer_types = [found.attention] * n
+    if found.mlp is not None:
+        text.mtp_mlp_layer_types = [found.mlp] * n
 
 
 def layout(config: Any, target_name: str) -> MtpLayout:

@@ -1,12 +1,16 @@
-"""Qwen3-Next's MTP head (`mtp.*` weights, which transformers drops on load): loaded as transformers'
-`MtpModel` through the layout's renamings (calibrate/speculators/mtp_archs.py `QWEN3_NEXT`), checked against
-a reference written from vLLM's model file alone (vllm/model_executor/models/qwen3_next_mtp.py at 055e47c2:
-`Qwen3NextMultiTokenPredictor.forward` returns `mtp.norm`'s output, which vLLM's proposer feeds the next
-depth), at every k = 1..8, and read alone from the checkpoint for the engine's final state."""
+"""The MTP heads of the families transformers builds no MtpModel for by itself, served through the layouts
+of calibrate/speculators/mtp_archs.py: Qwen3-Next (`mtp.*` weights, which transformers drops on load: its
+MtpLayer under other names) and GLM-5 (DeepSeek's layout, its MTP layers declared to transformers). Each is
+checked against a reference written from vLLM's model files alone (tests/tiny_mtp_families.py: Qwen3-Next
+from vllm/model_executor/models/qwen3_next_mtp.py at 055e47c2, whose forward returns `mtp.norm`'s output for
+the next depth; GLM-5 as DeepSeek-V3.2's MTP, vllm/config/speculative.py at 002e77c1, the block's output
+before `shared_head` for the next depth) at every k = 1..8, and read alone from the checkpoint for the
+engine's final state."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,20 +18,25 @@ import torch
 from safetensors.torch import load_file
 
 from calibrate.replay.responses import target_features
-from calibrate.speculators.mtp import DEPTH_RULE_NORMED, MtpSpeculator, load_mtp, mtp_layer_count
+from calibrate.speculators.mtp import DEPTH_RULE, DEPTH_RULE_NORMED, MtpSpeculator, load_mtp, mtp_layer_count
 from calibrate.speculators.mtp_alone import final_norm, load_mtp_target
 from calibrate.target_features import TargetFeatures
 from tests.test_mtp_engine import taps
 from tests.tiny_pair import build_tokenizer
-from tests.tiny_qwen3_next import LAYERS, Reference, build, full_target
+from tests.tiny_mtp_families import FAMILIES, LAYERS, QWEN3_NEXT, Reference, build, full_target
 
 KS = range(1, 9)
 PROMPT, RESPONSE = [5, 9, 13, 2, 7, 5, 9, 11], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
 
 
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    return FAMILIES[request.param]
+
+
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return build(tmp_path_factory.mktemp("tiny-qwen3-next"), build_tokenizer())
+def tiny(tmp_path_factory, family) -> Path:
+    return build(tmp_path_factory.mktemp(family.model_type), build_tokenizer(), family)
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +50,13 @@ def final_states(model, ids: list[int]) -> torch.Tensor:
         return model.model(torch.tensor([ids])).last_hidden_state[0]
 
 
-def test_replay_drafts_are_vllms_qwen3_next_mtp_at_every_k(tiny, whole):
+def test_replay_drafts_are_vllms_mtp_at_every_k(tiny, whole, family):
     """Every step's depth-d draft, teacher-forced on the response, is the reference's at k = 1..8 (one MTP
-    layer: depths 1..7 reuse it, fed the normed output; fed the pre-norm block output instead, they differ)."""
+    layer: depths 1..7 reuse it, fed what the family's vLLM model returns)."""
     full, spec = whole
     ids = PROMPT + RESPONSE
     feats = target_features(full, [PROMPT], [RESPONSE], spec.needs)[0]
-    reference = Reference(tiny, full)
+    reference = Reference(tiny, full, family)
     last = final_states(full, ids)
     torch.testing.assert_close(feats.last, last, rtol=0, atol=0)
     deepest = spec.chain_drafts(PROMPT, RESPONSE, feats, max(KS))
@@ -58,15 +67,15 @@ def test_replay_drafts_are_vllms_qwen3_next_mtp_at_every_k(tiny, whole):
     for k in KS:
         assert (spec.chain_drafts(PROMPT, RESPONSE, feats, k) == deepest[:, :k]).all(), k
     assert len(set(deepest[1:].ravel().tolist())) > 8  # random layers, diverse drafts: the check can fail
-    assert spec.params["depths"] == DEPTH_RULE_NORMED and "normed output" in DEPTH_RULE_NORMED
+    assert spec.params["depths"] == (DEPTH_RULE_NORMED if family.recycles_normed else DEPTH_RULE)
 
 
-def test_loop_drafts_are_vllms_qwen3_next_mtp_at_every_k(tiny, whole):
+def test_loop_drafts_are_vllms_mtp_at_every_k(tiny, whole, family):
     """The step-by-step loop after uneven extends drafts what the reference drafts, feeding its own drafts."""
     full, spec = whole
     context = PROMPT + [4, 8, 15, 16, 23, 42, 11]
     feats = target_features(full, [context[:-1]], [context[-1:]], spec.needs)[0]
-    reference = Reference(tiny, full)
+    reference = Reference(tiny, full, family)
     last = final_states(full, context)
     p = len(PROMPT)
     spec.start(0, context[:p], feats.rows(0, p - 1))
@@ -77,8 +86,9 @@ def test_loop_drafts_are_vllms_qwen3_next_mtp_at_every_k(tiny, whole):
     spec.finish(0)
 
 
-def test_the_head_alone_fed_the_engines_tap_drafts_as_the_in_process_pass(tiny, whole):
-    """Read alone (the target's layers on the meta device; the embedding, final norm, head and `mtp.*` read),
+def test_the_head_alone_fed_the_engines_tap_drafts_as_the_in_process_pass(tiny, whole, family):
+    """Read alone (the target's layers on the meta device; the embedding, final norm, head and the MTP layer's
+    own tensors read, not its copies of the embedding and head),
     fed tap num_hidden_layers (the last layer's output before the final norm, as vLLM's extract_hidden_states
     captures it) through the final norm read from the checkpoint: the in-process pass's rows at k = 1..8."""
     full, spec = whole
@@ -86,7 +96,7 @@ def test_the_head_alone_fed_the_engines_tap_drafts_as_the_in_process_pass(tiny, 
     head = MtpSpeculator(load_mtp(alone.model, "q"), name="q")
     assert all(p.device.type == "meta" for layer in alone.model.get_decoder().layers for p in layer.parameters())
     weights = load_file(str(tiny / "model.safetensors"))
-    mtp = sorted(n for n in weights if n.startswith("mtp."))
+    mtp = sorted(n for n in weights if n.startswith(family.prefix) and n[len(family.prefix):] not in family.copies)
     shared = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
     assert list(alone.loaded.tensors) == shared + mtp
     assert alone.loaded.bytes == sum(weights[t].nbytes for t in shared + mtp)
@@ -100,10 +110,10 @@ def test_the_head_alone_fed_the_engines_tap_drafts_as_the_in_process_pass(tiny, 
         assert (head.chain_drafts(PROMPT, RESPONSE, there, k) == spec.chain_drafts(PROMPT, RESPONSE, here, k)).all(), k
 
 
-def test_more_mtp_layers_than_vllm_drafts_with_are_refused_by_name(tmp_path):
+def test_more_qwen3_next_mtp_layers_than_vllm_drafts_with_are_refused_by_name(tmp_path):
     """vLLM's Qwen3NextMTP runs mtp.layers.0 at every depth (no spec_step_idx reaches the predictor), so a
     second layer has no vLLM behaviour to score: refused before any weights load."""
-    path = build(tmp_path / "q", build_tokenizer(), mtp_layers=1)
+    path = build(tmp_path / "q", build_tokenizer(), QWEN3_NEXT, mtp_layers=1)
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 2}))
     from transformers import AutoConfig
@@ -113,12 +123,15 @@ def test_more_mtp_layers_than_vllm_drafts_with_are_refused_by_name(tmp_path):
         mtp_layer_count(AutoConfig.from_pretrained(path), "q")
 
 
-def test_a_checkpoint_without_the_mtp_projection_is_refused_naming_it(tmp_path):
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_a_checkpoint_without_the_mtp_projection_is_refused_naming_it(tmp_path, model_type):
     from safetensors.torch import save_file
 
-    path = build(tmp_path / "q", build_tokenizer())
+    family = FAMILIES[model_type]
+    path = build(tmp_path / "q", build_tokenizer(), family)
     weights = load_file(str(path / "model.safetensors"))
-    save_file({k: v for k, v in weights.items() if k != "mtp.fc.weight"}, str(path / "model.safetensors"),
+    gone = family.prefix + family.projection
+    save_file({k: v for k, v in weights.items() if k != gone}, str(path / "model.safetensors"),
               metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=r"^mtp: target 'q': checkpoint lacks mtp\.fc\.weight"):
+    with pytest.raises(ValueError, match=rf"^mtp: target 'q': checkpoint lacks {re.escape(gone)}"):
         load_mtp(full_target(path), "q")
