@@ -1,6 +1,7 @@
 """The MTP heads of the families transformers builds no MtpModel for by itself, served through the layouts
-of calibrate/speculators/mtp_archs.py: Qwen3-Next (`mtp.*` weights, which transformers drops on load: its
-MtpLayer under other names) and GLM-5 (DeepSeek's layout, its MTP layers declared to transformers). Each is
+of calibrate/speculators/mtp_archs.py: Qwen3-Next and Qwen3.5's text models (`mtp.*` weights, which
+transformers drops on load: its MtpLayer under other names) and GLM-5 (DeepSeek's layout, its MTP layers
+declared to transformers). Each is
 checked against a reference written from vLLM's model files alone (tests/tiny_mtp_families.py: Qwen3-Next
 from vllm/model_executor/models/qwen3_next_mtp.py at 055e47c2, whose forward returns `mtp.norm`'s output for
 the next depth; GLM-5 as DeepSeek-V3.2's MTP, vllm/config/speculative.py at 002e77c1, the block's output

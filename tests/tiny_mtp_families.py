@@ -1,5 +1,7 @@
 """Tiny random targets of the MTP families whose MTP layers transformers does not load itself (Qwen3-Next,
-GLM-5), in their published checkpoints' layouts, and an MTP reference written from vLLM's model files alone.
+Qwen3.5's MoE text model, GLM-5), in their published checkpoints' layouts, and an MTP reference written from
+vLLM's model files alone. Qwen3.5 keeps Qwen3-Next's MTP layer (vllm/model_executor/models/qwen3_5_mtp.py at
+01d99805).
 
 Qwen3-Next (vLLM vllm/model_executor/models/qwen3_next_mtp.py at 055e47c2, `Qwen3NextMTP.load_weights`): the
 target's tensors, then `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.fc` (H x 2H), `mtp.layers.0.*`
@@ -49,6 +51,19 @@ def glm_moe_dsa_config(vocab_size: int, mtp_layers: int, **extra: Any):
         max_position_embeddings=512, num_nextn_predict_layers=mtp_layers, **extra)
 
 
+def qwen3_5_moe_text_config(vocab_size: int, mtp_layers: int, **extra: Any):
+    """Qwen3.5's MoE text model (Qwen3_5MoeForCausalLM): Qwen3-Next's hybrid layers and MTP layer."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(
+        "qwen3_5_moe_text", vocab_size=vocab_size, hidden_size=32, moe_intermediate_size=16,
+        shared_expert_intermediate_size=16, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, num_experts=4, num_experts_per_tok=2, linear_num_value_heads=4, linear_num_key_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "full_attention"], max_position_embeddings=512,
+        mtp_num_hidden_layers=mtp_layers, tie_word_embeddings=False, **extra)
+
+
 @dataclass(frozen=True)
 class Family:
     """How a family's tiny checkpoint is written and how its MTP layer computes, by vLLM's model file."""
@@ -72,7 +87,9 @@ GLM_MOE_DSA = Family("glm_moe_dsa", glm_moe_dsa_config, "num_nextn_predict_layer
                      f"model.layers.{LAYERS}.", ("enorm.weight", "hnorm.weight", "shared_head.norm.weight"),
                      "eh_proj.weight", offset_norms=False, recycles_normed=False,
                      copies=("embed_tokens.weight", "shared_head.head.weight"))
-FAMILIES = {f.model_type: f for f in (QWEN3_NEXT, GLM_MOE_DSA)}
+QWEN3_5_MOE_TEXT = Family("qwen3_5_moe_text", qwen3_5_moe_text_config, "mtp_num_hidden_layers", "mtp.",
+                          "mtp.layers.0.", QWEN3_NEXT.norms, "fc.weight", offset_norms=True, recycles_normed=True)
+FAMILIES = {f.model_type: f for f in (QWEN3_NEXT, QWEN3_5_MOE_TEXT, GLM_MOE_DSA)}
 
 
 def build(path: Path, tokenizer, family: Family, seed: int = 1, mtp_layers: int = 1) -> Path:

@@ -81,25 +81,41 @@ QWEN3_NEXT = MtpLayout(
 GLM_MOE_DSA = replace(DEEPSEEK, families="GLM-5", count_key="num_nextn_predict_layers",
                       attention="indexed_attention", mlp="sparse")
 
+# Qwen3.5's text checkpoints (Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM, transformers writes the target's
+# tables as Qwen3-Next's) keep Qwen3-Next's MTP layer (vLLM vllm/model_executor/models/qwen3_5_mtp.py at
+# 01d99805, `Qwen3_5MultiTokenPredictor`: the same `mtp.*` tensors and forward, `mtp.norm`'s output returned).
+QWEN3_5_TEXT = replace(QWEN3_NEXT, families="Qwen3.5 text checkpoints", max_layers=(
+    1, "its one mtp.fc and mtp norms serve every mtp.layers.i in vLLM's Qwen3_5MultiTokenPredictor, which "
+       "transformers' MtpLayer (its own per layer) cannot express"))
+
 # model_type (of the text config) -> layout, for the families whose MTP head is read alone from the checkpoint.
 LAYOUTS: dict[str, MtpLayout] = {"deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK, "qwen3_next": QWEN3_NEXT,
+                                 "qwen3_5_text": QWEN3_5_TEXT, "qwen3_5_moe_text": QWEN3_5_TEXT,
                                  "glm_moe_dsa": GLM_MOE_DSA}
 
-_DROPPED = ("keeps its MTP layers as `mtp.*` weights, which transformers drops on load (no MtpModel for this "
-            "family yet)")
+# The multimodal Qwen3.5 checkpoints keep the text model under the wrapper (`model.language_model.*`) and
+# position text with mRoPE ((3, T) positions, vLLM's qwen3_5_mtp.py too); their text checkpoints are served.
+_MULTIMODAL = ("comes in a multimodal wrapper (qwen3_5 / qwen3_5_moe: its text model under `model.language_model.`, "
+               "mRoPE positions) whose MTP head is not served here; a text checkpoint (Qwen3_5ForCausalLM / "
+               "Qwen3_5MoeForCausalLM) is")
 _KV = "has an MTP drafter that reads the verifier's KV cache, not only its hidden states"
 
 # model_type (of the config or its text config) -> why its MTP is not scored here (a predicate of the target).
 REFUSED: dict[str, str] = {
-    # DeepSeek-V4 carries hc_mult = 4 residual streams (mHC) through every layer; its MTP layer reads that
-    # [T, 4, H] state, not one final hidden state per token (and transformers ignores its `mtp.*` weights).
-    "deepseek_v4": "has an MTP layer that reads the multi-stream (mHC) hidden state [T, hc_mult, H], not one final "
-                   "hidden state per token",
+    # DeepSeek-V4 carries hc_mult = 4 residual streams (mHC) through every layer. vLLM's MTP layer
+    # (vllm/model_executor/models/deepseek_v4_mtp.py at 023da1fc, `DeepSeekV4MultiTokenPredictorLayer`) reads the
+    # target's streams before its `hc_head`, [T, hc_mult * H], through `hnorm` and a per-stream `h_proj` added to
+    # `e_proj` of the embedding (no `eh_proj`), runs a V4 decoder block on the streams, returns them for the next
+    # depth and collapses them with its own `hc_head` before `shared_head`: no transformers MtpLayer (which
+    # transformers 5.25 does not build for it: DeepseekV4ForCausalLM drops `mtp.*`), and the engine tap must be
+    # the last layer's streams before `hc_head`, hc_mult x H per token, not tap num_hidden_layers of width H.
+    "deepseek_v4": "has an MTP layer that reads the multi-stream (mHC) hidden state [T, hc_mult, H] before the "
+                   "target's hc_head, not one final hidden state per token, through e_proj / h_proj and its own "
+                   "hc_head (vLLM deepseek_v4_mtp.py), which no transformers MtpLayer computes",
     # Gemma-4's drafter also attends over the verifier's own KV cache (vllm-project/speculators #586), which no
     # hidden-state capture hands out.
     "gemma4": _KV, "gemma4_text": _KV, "gemma4_assistant": _KV,
-    "qwen3_5": _DROPPED, "qwen3_5_text": _DROPPED, "qwen3_5_moe": _DROPPED,
-    "qwen3_5_moe_text": _DROPPED,
+    "qwen3_5": _MULTIMODAL, "qwen3_5_moe": _MULTIMODAL,
 }
 
 
