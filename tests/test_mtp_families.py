@@ -14,15 +14,25 @@ import json
 import re
 from pathlib import Path
 
+import duckdb
 import pytest
 import torch
 from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from calibrate.cli import app
+from calibrate.config import load_config
+from calibrate.replay.responses import Response
+from calibrate.replay.scoring import score_replay
+from calibrate.runner import _prompts, plan_units, prepare
 
 from calibrate.replay.responses import target_features
 from calibrate.speculators.mtp import DEPTH_RULE, DEPTH_RULE_NORMED, MtpSpeculator, load_mtp, mtp_layer_count
 from calibrate.speculators.mtp_alone import final_norm, load_mtp_target
 from calibrate.target_features import TargetFeatures
-from tests.test_mtp_engine import taps
+from tests.test_mtp_engine import KS as ENGINE_KS
+from tests.test_mtp_engine import config as engine_config
+from tests.test_mtp_engine import hidden_server, plain_reply, taps, vllm_standin
 from tests.tiny_pair import build_tokenizer
 from tests.tiny_mtp_families import FAMILIES, LAYERS, QWEN3_NEXT, Reference, build, full_target
 
@@ -136,3 +146,42 @@ def test_a_checkpoint_without_the_mtp_projection_is_refused_naming_it(tmp_path, 
               metadata={"format": "pt"})
     with pytest.raises(ValueError, match=rf"^mtp: target 'q': checkpoint lacks {re.escape(gone)}"):
         load_mtp(full_target(path), "q")
+
+
+def test_calibrate_run_scores_the_family_from_the_engines_hidden_states_as_in_process(tiny, whole, tmp_path):
+    """`calibrate run`, plain-engine replay with hidden_states = "engine" against stand-in servers that capture
+    tap num_hidden_layers as vLLM does: every k's counts are in-process replay's on the same tokens, and the run
+    records the tap and that it read the shared tables and the MTP layer's tensors, not the target's layers."""
+    full, spec = whole
+    plain, hidden = vllm_standin(plain_reply, tiny), hidden_server(full, tiny, tmp_path, [LAYERS])
+    path = engine_config(tmp_path, tiny, plain.url, hidden.url)
+    db = tmp_path / "m.duckdb"
+    try:
+        res = CliRunner().invoke(app, ["run", str(path), "--db", str(db)])
+    finally:
+        plain.close()
+        hidden.close()
+    assert res.exit_code == 0, res.output
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("""SELECT k, request_id, accepted, sum(steps) FROM accept_counts JOIN runs
+                          USING (run_id) GROUP BY ALL""").fetchall()
+    [(server,)] = con.execute("SELECT DISTINCT server FROM runs").fetchall()
+    con.close()
+    recorded = json.loads(server)["hidden_states"]
+    assert recorded["taps"] == [LAYERS] and recorded["final_state"]["tap"] == LAYERS
+    assert not any(t.startswith(("model.layers.0.", "model.layers.1.")) for t in recorded["scorers_loaded"]["tensors"])
+    got: dict[tuple[int, str], list[int]] = {}
+    for k, rid, accepted, steps in rows:
+        got.setdefault((k, rid), [0] * (k + 1))[accepted] += int(steps)
+    cfg = load_config(path)
+    prepared = prepare(cfg)
+    prompts = _prompts(cfg, cfg.pairs[0], prepared, prepared.tokenizers[str(tiny)], "off")
+    units = plan_units(prepared.requests, 1)
+    ids = [prompts[u.index].ids for u in units]
+    responses = [plain_reply({"prompt": p, "max_tokens": 16})[1]["choices"][0]["token_ids"] for p in ids]
+    feats = target_features(full, ids, responses, spec.needs)
+    scored = score_replay(spec, ids, [Response(r, False) for r in responses], ENGINE_KS, features=feats)
+    for unit, per_k in zip(units, scored, strict=True):
+        rid = prepared.requests[unit.index].request_id
+        for k in ENGINE_KS:
+            assert got[(k, rid)] == per_k[k].hist.tolist(), (k, rid)

@@ -1,5 +1,5 @@
 """Tiny random targets of the MTP families whose MTP layers transformers does not load itself (Qwen3-Next,
-Qwen3.5's MoE text model, GLM-5), in their published checkpoints' layouts, and an MTP reference written from
+Qwen3.5's dense and MoE text models, GLM-5), in their published checkpoints' layouts, and an MTP reference written from
 vLLM's model files alone. Qwen3.5 keeps Qwen3-Next's MTP layer (vllm/model_executor/models/qwen3_5_mtp.py at
 01d99805).
 
@@ -51,6 +51,18 @@ def glm_moe_dsa_config(vocab_size: int, mtp_layers: int, **extra: Any):
         max_position_embeddings=512, num_nextn_predict_layers=mtp_layers, **extra)
 
 
+def qwen3_5_text_config(vocab_size: int, mtp_layers: int, **extra: Any):
+    """Qwen3.5's dense text model (Qwen3_5ForCausalLM): Qwen3-Next's hybrid layers, dense MLPs."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(
+        "qwen3_5_text", vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "full_attention"], max_position_embeddings=512,
+        mtp_num_hidden_layers=mtp_layers, tie_word_embeddings=False, **extra)
+
+
 def qwen3_5_moe_text_config(vocab_size: int, mtp_layers: int, **extra: Any):
     """Qwen3.5's MoE text model (Qwen3_5MoeForCausalLM): Qwen3-Next's hybrid layers and MTP layer."""
     from transformers import AutoConfig
@@ -89,7 +101,9 @@ GLM_MOE_DSA = Family("glm_moe_dsa", glm_moe_dsa_config, "num_nextn_predict_layer
                      copies=("embed_tokens.weight", "shared_head.head.weight"))
 QWEN3_5_MOE_TEXT = Family("qwen3_5_moe_text", qwen3_5_moe_text_config, "mtp_num_hidden_layers", "mtp.",
                           "mtp.layers.0.", QWEN3_NEXT.norms, "fc.weight", offset_norms=True, recycles_normed=True)
-FAMILIES = {f.model_type: f for f in (QWEN3_NEXT, QWEN3_5_MOE_TEXT, GLM_MOE_DSA)}
+QWEN3_5_TEXT = Family("qwen3_5_text", qwen3_5_text_config, "mtp_num_hidden_layers", "mtp.", "mtp.layers.0.",
+                      QWEN3_NEXT.norms, "fc.weight", offset_norms=True, recycles_normed=True)
+FAMILIES = {f.model_type: f for f in (QWEN3_NEXT, QWEN3_5_TEXT, QWEN3_5_MOE_TEXT, GLM_MOE_DSA)}
 
 
 def build(path: Path, tokenizer, family: Family, seed: int = 1, mtp_layers: int = 1) -> Path:
