@@ -1,7 +1,8 @@
 """MTP (vLLM `method: mtp`): the multi-token-prediction layers shipped inside the target's own checkpoint.
 
 The layers are transformers' own `MtpModel` (DeepSeek-V3 / R1, GLM-4.5 to 4.7 MoE, Kimi-K2.5 and the other
-families whose config carries `num_mtp_layers`, alias `num_nextn_predict_layers`), loaded from the target
+families whose config carries `num_mtp_layers`, alias `num_nextn_predict_layers`; Qwen3-Next, Qwen3.5's text
+models and GLM-5 once calibrate.speculators.mtp_archs declares theirs), loaded from the target
 checkpoint by `MtpModel.from_pretrained` and run one layer at a time through `MtpModel.forward_layer`, the
 per-layer entry point transformers keeps for engines that own the drafting loop. The MTP layer math is never
 written here. It needs the target's last hidden state (`needs.last`).
@@ -13,7 +14,8 @@ Depth d of a chain uses MTP layer d % num_mtp_layers (vLLM's `spec_step_idx % nu
 - deeper depths (k > num_mtp_layers) reuse the layers autoregressively as vLLM's DeepSeek / GLM MTP does:
   one row per depth at the next position, in that layer's KV, fed the previous depth's PRE-norm output
   (vLLM's MTP layers return the hidden before `shared_head.norm` for the next step; transformers' chain
-  between distinct layers passes the normed one). Transformers itself always drafts num_mtp_layers tokens.
+  between distinct layers passes the normed one), or its normed output where the family's layout says vLLM
+  returns that (Qwen3-Next, Qwen3.5). Transformers itself always drafts num_mtp_layers tokens.
 
 - Greedy replay-once: one teacher-forced pass per MTP layer over prompt + response gives every step's
   depth-d draft for d < num_mtp_layers; each reused depth is one more pass of its layer over one row per
