@@ -81,6 +81,23 @@ def test_replay_drafts_are_vllms_mtp_at_every_k(tiny, whole, family):
     assert spec.params["depths"] == (DEPTH_RULE_NORMED if family.recycles_normed else DEPTH_RULE)
 
 
+def test_the_reused_depths_follow_the_state_each_family_recycles(tiny, whole, family, monkeypatch):
+    """The check above can fail: fed the other state (normed output for pre-norm, or the reverse), the reused
+    depths no longer draft what vLLM's model does."""
+    from dataclasses import replace
+
+    from calibrate.speculators import mtp_archs
+
+    full, spec = whole
+    feats = target_features(full, [PROMPT], [RESPONSE], spec.needs)[0]
+    right = spec.chain_drafts(PROMPT, RESPONSE, feats, max(KS))
+    found = mtp_archs.LAYOUTS[family.model_type]
+    other = "pre-norm" if found.recycles == "normed" else "normed"
+    monkeypatch.setitem(mtp_archs.LAYOUTS, family.model_type, replace(found, recycles=other))
+    wrong = spec.chain_drafts(PROMPT, RESPONSE, feats, max(KS))
+    assert (wrong[:, 0] == right[:, 0]).all() and (wrong[:, 1:] != right[:, 1:]).any()
+
+
 def test_loop_drafts_are_vllms_mtp_at_every_k(tiny, whole, family):
     """The step-by-step loop after uneven extends drafts what the reference drafts, feeding its own drafts."""
     full, spec = whole
