@@ -11,7 +11,7 @@ decoder block, Qwen3.5's `mtp.fc` and norms around a full-attention block, DeepS
 FP4 releases store less, the experts most. Whether the path serves the family, or why it refuses it, is
 calibrate.speculators.mtp_archs.
 
-Without --config: three targets InferenceX has MTP curves for and two this path serves, their config values as
+Without --config: the targets InferenceX has MTP curves for and those this path serves, their config values as
 published (sources in TARGETS); each built model's total is printed beside its published size as a check.
 """
 
@@ -35,6 +35,7 @@ class Target:
     values: dict[str, Any]  # over transformers' config defaults
     published: str
     source: str
+    checkpoint: str | None = None  # the model_type its published checkpoint declares, where the count builds another
 
 
 TARGETS = [
@@ -51,7 +52,9 @@ TARGETS = [
                 linear_key_head_dim=128, linear_value_head_dim=128, tie_word_embeddings=False,
                 mtp_num_hidden_layers=1),
            "397B (text and vision)", "Qwen/Qwen3.5-397B-A17B architecture as quoted by mlx-community/"
-                                     "Qwen3.5-397B-A17B-4bit (60 layers, 512 experts of 1024, 10 routed + 1 shared)"),
+                                     "Qwen3.5-397B-A17B-4bit (60 layers, 512 experts of 1024, 10 routed + 1 shared); "
+                                     "counted as its text model, judged as the multimodal checkpoint it is",
+           checkpoint="qwen3_5_moe"),
     Target("DeepSeek-V3 / R1", "deepseek_v3", {}, "671B + 14B MTP",
            "transformers 5.24 DeepseekV3Config defaults, which are DeepSeek-V3's config (DeepSeek-V3 model card: "
            "671B main model, 14B MTP module)"),
@@ -59,6 +62,9 @@ TARGETS = [
            "transformers 5.24 Glm4MoeConfig defaults (46 layers, 128 experts: GLM-4.5-Air's shape)"),
     Target("GLM-5", "glm_moe_dsa", dict(num_nextn_predict_layers=1), "744B (754B with its MTP layer)",
            "transformers 5.24 GlmMoeDsaConfig defaults, documented as zai-org/GLM-5; 1 MTP layer (GLM-5 report)"),
+    Target("Qwen3-Next-80B-A3B", "qwen3_next", dict(mtp_num_hidden_layers=1), "80B",
+           "transformers 5.25 Qwen3NextConfig defaults, documented as Qwen/Qwen3-Next-80B-A3B-Instruct (48 layers, "
+           "512 experts of 512, 10 routed + 1 shared); 1 MTP layer (its config.json's mtp_num_hidden_layers)"),
 ]
 
 
@@ -98,20 +104,21 @@ def main() -> None:
     from transformers import AutoConfig
 
     if args.config:
-        rows = [(path, AutoConfig.from_pretrained(path), "-", path) for path in args.config]
+        rows = [(path, AutoConfig.from_pretrained(path), "-", path, None) for path in args.config]
     else:
-        rows = [(t.name, AutoConfig.for_model(t.model_type, **t.values), t.published, t.source) for t in TARGETS]
+        rows = [(t.name, AutoConfig.for_model(t.model_type, **t.values), t.published, t.source,
+                 AutoConfig.for_model(t.checkpoint) if t.checkpoint else None) for t in TARGETS]
     table = Table(title="What scoring MTP from the engine's hidden states reads of a target (bf16 bytes)")
     for col in ("target", "MTP layers", "whole target", "published", "MTP head alone", "share", "this path"):
         table.add_column(col, justify="left" if col in ("target", "this path") else "right")
-    for name, config, published, _ in rows:
+    for name, config, published, _, checkpoint in rows:
         n = count(config)
         table.add_row(name, str(n["mtp_layers"]), f"{n['whole'] / 1e9:.1f}B params, {2 * n['whole'] / 1e9:,.0f} GB",
                       published, f"{n['path'] / 1e9:.2f}B params, {2 * n['path'] / 1e9:,.1f} GB",
-                      f"{100 * n['path'] / n['whole']:.1f}%", verdict(config))
+                      f"{100 * n['path'] / n['whole']:.1f}%", verdict(checkpoint or config))
     console = Console(width=220)
     console.print(table)
-    for name, _, _, source in rows:
+    for name, _, _, source, _ in rows:
         console.print(f"{name}: {source}", highlight=False)
 
 

@@ -222,13 +222,14 @@ def test_checkpoints_without_usable_mtp_layers_are_refused(tmp_path):
 
 
 def test_qwen35_style_mtp_is_refused_by_name():
-    from transformers import Qwen3NextConfig
+    """Qwen3.5's multimodal checkpoints are refused by name; its text checkpoints, as Qwen3-Next, are served
+    (tests/test_mtp_families.py)."""
+    from transformers import AutoConfig
 
     from calibrate.speculators.mtp import mtp_layer_count
 
-    config = Qwen3NextConfig(num_hidden_layers=2)
-    config.mtp_num_hidden_layers = 1
-    with pytest.raises(ValueError, match=r"target 'q' \(qwen3_next\) keeps its MTP layers as `mtp\.\*` weights"):
+    config = AutoConfig.for_model("qwen3_5", text_config={"num_hidden_layers": 2, "mtp_num_hidden_layers": 1})
+    with pytest.raises(ValueError, match=r"target 'q' \(qwen3_5_text\) comes in a multimodal wrapper"):
         mtp_layer_count(config, "q")
 
 

@@ -1,7 +1,8 @@
 """MTP (vLLM `method: mtp`): the multi-token-prediction layers shipped inside the target's own checkpoint.
 
 The layers are transformers' own `MtpModel` (DeepSeek-V3 / R1, GLM-4.5 to 4.7 MoE, Kimi-K2.5 and the other
-families whose config carries `num_mtp_layers`, alias `num_nextn_predict_layers`), loaded from the target
+families whose config carries `num_mtp_layers`, alias `num_nextn_predict_layers`; Qwen3-Next, Qwen3.5's text
+models and GLM-5 once calibrate.speculators.mtp_archs declares theirs), loaded from the target
 checkpoint by `MtpModel.from_pretrained` and run one layer at a time through `MtpModel.forward_layer`, the
 per-layer entry point transformers keeps for engines that own the drafting loop. The MTP layer math is never
 written here. It needs the target's last hidden state (`needs.last`).
@@ -13,7 +14,8 @@ Depth d of a chain uses MTP layer d % num_mtp_layers (vLLM's `spec_step_idx % nu
 - deeper depths (k > num_mtp_layers) reuse the layers autoregressively as vLLM's DeepSeek / GLM MTP does:
   one row per depth at the next position, in that layer's KV, fed the previous depth's PRE-norm output
   (vLLM's MTP layers return the hidden before `shared_head.norm` for the next step; transformers' chain
-  between distinct layers passes the normed one). Transformers itself always drafts num_mtp_layers tokens.
+  between distinct layers passes the normed one), or its normed output where the family's layout says vLLM
+  returns that (Qwen3-Next, Qwen3.5). Transformers itself always drafts num_mtp_layers tokens.
 
 - Greedy replay-once: one teacher-forced pass per MTP layer over prompt + response gives every step's
   depth-d draft for d < num_mtp_layers; each reused depth is one more pass of its layer over one row per
@@ -42,14 +44,22 @@ from calibrate.speculators.base import (
 )
 from calibrate.speculators.configs import MtpSpeculatorConfig
 from calibrate.speculators.per_loop import PerLoopSpeculator
-from calibrate.speculators.mtp_archs import DEEPSEEK, layer_prefixes, refusal
+from calibrate.speculators.mtp_archs import (
+    DEEPSEEK, MtpLayout, declare_mtp, declared_layers, found_layout, layer_prefixes, refusal,
+)
 from calibrate.speculators.configs import Described
 from calibrate.speculators.registry import speculator_kind
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
-# What the name and provenance say about depths beyond the checkpoint's layers.
+# What the name and provenance say about depths beyond the checkpoint's layers (the family's layout says
+# which hidden state a reused depth reads: calibrate.speculators.mtp_archs.MtpLayout.recycles).
 DEPTH_RULE = ("depth d uses MTP layer d % num_mtp_layers (vLLM spec_step_idx % num_mtp_layers); "
               "k > num_mtp_layers reuses layers autoregressively, fed the previous depth's pre-norm hidden")
+DEPTH_RULE_NORMED = DEPTH_RULE.replace("pre-norm hidden", "normed output (the MTP layer's last norm)")
+
+
+def depth_rule(found: MtpLayout) -> str:
+    return DEPTH_RULE_NORMED if found.recycles == "normed" else DEPTH_RULE
 
 
 # -- the checkpoint: what it must hold, read before any weights load ------------------------------------------
@@ -61,7 +71,10 @@ def mtp_layer_count(config: Any, target_name: str) -> int:
     refused = refusal(config)
     if refused:
         raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) {refused}")
-    n = getattr(text, "num_mtp_layers", None)
+    n, found = declared_layers(config), found_layout(config)
+    if found is not None and found.max_layers is not None and n and int(n) > found.max_layers[0]:
+        raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) declares {n} MTP layers "
+                         f"({found.count_key}); at most {found.max_layers[0]} are served: {found.max_layers[1]}")
     if getattr(text, "mtp_num_hidden_layers", None) and not n:
         raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) keeps its MTP layers as `mtp.*` "
                          "weights, which transformers drops on load (no MtpModel for this family yet)")
@@ -72,8 +85,9 @@ def mtp_layer_count(config: Any, target_name: str) -> int:
 
 
 def mtp_prefixes(config: Any) -> list[str]:
-    """Where DeepSeek-style checkpoints keep MTP layer i: as decoder layer num_hidden_layers + i."""
-    return layer_prefixes(config, DEEPSEEK)
+    """Where the checkpoint keeps each MTP layer: its family's layout, else DeepSeek's (decoder layer
+    num_hidden_layers + i)."""
+    return layer_prefixes(config, found_layout(config) or DEEPSEEK)
 
 
 def check_checkpoint(path: Path, config: Any, target_name: str) -> None:
@@ -83,14 +97,15 @@ def check_checkpoint(path: Path, config: Any, target_name: str) -> None:
     checkpoint = open_checkpoint(target_name, str(path))
     text = config.get_text_config()
     h, v = text.hidden_size, text.vocab_size
+    found = found_layout(config) or DEEPSEEK
+    enorm, hnorm, post = found.norms
     for prefix in mtp_prefixes(config):
         held = [k for k in checkpoint.files if k.startswith(prefix)]
         if not held:
-            raise ValueError(f"mtp: target {target_name!r} declares {text.num_mtp_layers} MTP layer(s) but its "
+            raise ValueError(f"mtp: target {target_name!r} declares {declared_layers(config)} MTP layer(s) but its "
                              f"checkpoint has no {prefix}* weights")
         shapes = checkpoint.shapes(held)
-        expected = {"enorm.weight": (h,), "hnorm.weight": (h,), "eh_proj.weight": (h, 2 * h),
-                    "shared_head.norm.weight": (h,)}
+        expected = {enorm: (h,), hnorm: (h,), found.projection: (h, 2 * h), post: (h,)}
         if prefix + "shared_head.head.weight" in shapes:
             expected["shared_head.head.weight"] = (v, h)
         for key, shape in expected.items():
@@ -102,10 +117,54 @@ def check_checkpoint(path: Path, config: Any, target_name: str) -> None:
                                  f"hidden size {h} and vocabulary {v} imply {shape}")
 
 
-def _params(target: str, layers: int) -> dict[str, Any]:
+def _params(target: str, layers: int, found: MtpLayout = DEEPSEEK) -> dict[str, Any]:
     """What an MTP head's runs record of it: its target, its layers, how it drafts and with what."""
-    return {"model": target, "num_mtp_layers": layers, "drafting": "chain", "depths": DEPTH_RULE,
+    return {"model": target, "num_mtp_layers": layers, "drafting": "chain", "depths": depth_rule(found),
             "implementation": "transformers MtpModel"}
+
+
+# The attention kinds transformers' MtpModel turns into a layer's `attention_mask` (transformers 5.25,
+# `MtpModel.create_masks_for_mtp_layer`: any other kind, DSA's `indexed_attention` among them, is a KeyError).
+MTP_MASKED_KINDS = ("full_attention", "sliding_attention", "linear_attention")
+
+
+def _block_hidden(_module: torch.nn.Module, _inputs: Any, out: Any) -> Any:
+    """A decoder block's hidden state, where the block also returns what its next layer reuses (GLM-5's DSA
+    block returns (hidden, top-k indices); MtpLayer takes its block's output as the hidden state)."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+def mtp_class(found: MtpLayout) -> type:
+    """transformers' MtpModel, or where the family's MTP attention is a kind MtpModel has no mask for (GLM-5's
+    DSA), MtpModel adapted to it: the layer gets transformers' own mask function for its kind
+    (`LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING`, as the target's layers of that kind get it) as its
+    `attention_mask`, and its block's output is reduced to the hidden state (`_block_hidden`). transformers
+    skips its class-keyed checkpoint renamings for a class defined outside it (`is_custom_code`), so the
+    subclass puts MtpModel's (conversion_mapping.py `mapping["MtpModel"]`) where its own lookup would."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING
+    from transformers.modeling_layers import MtpModel
+
+    if found.attention is None or found.attention in MTP_MASKED_KINDS:
+        return MtpModel
+
+    class AdaptedMtpModel(MtpModel):
+        def __init__(self, main_model: Any, num_mtp_layers: int):
+            super().__init__(main_model, num_mtp_layers)
+            for layer in self.layers:
+                layer.mtp_block.register_forward_hook(_block_hidden)
+
+        def get_weight_conversions(self, main_model: Any) -> list[Any]:
+            own = super().get_weight_conversions(main_model)
+            layers = main_model.config.get_text_config().num_mtp_layers  # the `layers.{N}.` renamings lead
+            return own[:layers] + get_checkpoint_conversion_mapping("MtpModel") + own[layers:]
+
+        def create_masks_for_mtp_layer(self, layer_idx: int, inputs_embeds: torch.Tensor, mtp_cache: Any,
+                                       position_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+            mask = LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING[found.attention]
+            return {"attention_mask": mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=None,
+                                           cache=mtp_cache, position_ids=position_ids, layer_idx=layer_idx)}
+    return AdaptedMtpModel
 
 
 def load_mtp(target_model: Any, target_name: str) -> Any:
@@ -119,6 +178,8 @@ def load_mtp(target_model: Any, target_name: str) -> Any:
     from transformers.modeling_layers import MtpModel
 
     mtp_layer_count(target_model.config, target_name)
+    declare_mtp(target_model.config)
+    found = found_layout(target_model.config) or DEEPSEEK
     path = Path(target_model.config.name_or_path)
     if path.is_dir():
         check_checkpoint(path, target_model.config, target_name)
@@ -128,10 +189,17 @@ def load_mtp(target_model: Any, target_name: str) -> Any:
                 re.escape(p) + ".*" for p in mtp_prefixes(target_model.config)]
     shared = target_model.get_input_embeddings().weight  # loaded in both cases; the target's layers may not be
     try:
-        mtp = MtpModel.from_pretrained(target_model, device_map={"": shared.device})
+        mtp = mtp_class(found).from_pretrained(target_model, device_map={"": shared.device})
     except (RuntimeError, ValueError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"mtp: cannot load the MTP layers of target {target_name!r}: {first}") from None
+    # MtpModel takes its norms' class from the first norm in the target's last layer; where the layout declares
+    # the layers (families transformers' MtpModel was not written for), check it is the final norm's class.
+    norm = type(target_model.get_decoder().norm)
+    if found.count_key != "num_mtp_layers" and type(mtp.layers[0].enorm) is not norm:
+        raise ValueError(f"mtp: target {target_name!r}: its MTP layer's norms would be "
+                         f"{type(mtp.layers[0].enorm).__name__}, not the target's {norm.__name__} "
+                         f"({found.families} MTP norms are the final norm's kind)")
     return mtp.to(dtype=shared.dtype).eval()
 
 
@@ -139,7 +207,7 @@ def load_mtp(target_model: Any, target_name: str) -> Any:
 
 @contextmanager
 def _block_output(layer: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
-    """Capture the output of an MTP layer's decoder block: the pre-norm hidden vLLM recycles."""
+    """Capture the output of an MTP layer's decoder block: the pre-norm hidden vLLM's DeepSeek MTP recycles."""
     seen: list[torch.Tensor] = []
     handle = layer.mtp_block.register_forward_hook(
         lambda _m, _i, out: seen.append(out[0] if isinstance(out, tuple) else out))
@@ -152,7 +220,8 @@ def _block_output(layer: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
 def run_layer(mtp: Any, index: int, tokens: torch.Tensor, previous: torch.Tensor, positions: torch.Tensor,
               cache: Any, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """MTP layer `index` over rows (token, previous hidden, position), (m,) / (m, H) / (m,), appending its
-    keys and values to `cache`. Returns (output as transformers chains it, pre-norm block output), (m, H).
+    keys and values to `cache`. Returns (output as transformers chains it, what a reused depth reads of it),
+    (m, H): the pre-norm block output, or for a family whose layout `recycles` "normed", the output itself.
 
     Without `mask`, transformers' `forward_layer` builds the causal mask from the cache; with one (an additive
     (m, cached + m) mask), the layer is called as `forward_layer` calls it, with that mask instead."""
@@ -169,7 +238,8 @@ def run_layer(mtp: Any, index: int, tokens: torch.Tensor, previous: torch.Tensor
                         position_ids=pos, cache=cache)
             if mtp.use_shared_post_norm:
                 out = mtp.shared_post_norm(out)
-    return out[0], seen[-1][0]
+    normed = (found_layout(mtp.config) or DEEPSEEK).recycles == "normed"
+    return out[0], out[0] if normed else seen[-1][0]
 
 
 def logits_of(mtp: Any, hidden: torch.Tensor) -> torch.Tensor:
@@ -244,8 +314,10 @@ class MtpSpeculator(PerLoopSpeculator):
     @classmethod
     def described(cls, spec: MtpSpeculatorConfig, target: str) -> Described:
         """The target's config alone says how many MTP layers it has; the head is the target's own."""
-        layers = mtp_layer_count(model_config(target), target)
-        return Described(speculator_kind(cls.kind).config_name(spec, target), _params(target, layers),
+        config = model_config(target)
+        layers = mtp_layer_count(config, target)
+        return Described(speculator_kind(cls.kind).config_name(spec, target),
+                         _params(target, layers, found_layout(config) or DEEPSEEK),
                          resolve(target), load_fingerprint(target))
 
     @classmethod
@@ -266,7 +338,7 @@ class MtpSpeculator(PerLoopSpeculator):
 
     @property
     def params(self) -> dict[str, Any]:
-        return _params(self._name, self.layers)
+        return _params(self._name, self.layers, found_layout(self.mtp.config) or DEEPSEEK)
 
     @property
     def identity(self) -> tuple[str | None, str | None]:

@@ -4,13 +4,16 @@ every MTP scorer, calibrate.speculators.mtp_alone to read the MTP head alone, do
 
 MTP layers run through transformers' own `MtpModel` (calibrate.speculators.mtp), so a family is served where
 transformers builds one for it (its config declares `num_mtp_layers`) and its checkpoint keeps the layers
-where this table says. A family whose MTP reads something other than one final hidden state per token, or
-whose MTP layers transformers drops, is refused by name before any weights load.
+where this table says. Where the config does not declare them (Qwen3-Next, GLM-5), the layout says which
+config key counts the layers and what attention and MLP they use, declared to transformers before MtpModel is
+built. A family whose MTP reads something other than one final hidden state per token, or whose MTP layer is
+no `MtpLayer` (enorm, hnorm, eh_proj, a decoder block, its output norm), is refused by name before any
+weights load.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -27,6 +30,20 @@ class MtpLayout:
     # Tensors under an MTP layer's prefix that copy a shared table (the checkpoint repeats them; transformers
     # uses the target's own, so they are never read).
     copies: tuple[str, ...] = ()
+    # An MTP layer's own tensors under its prefix: the token's norm, the hidden state's norm, the 2H -> H
+    # projection of both, and the norm of its output (checked against the target's width before loading).
+    norms: tuple[str, str, str] = ("enorm.weight", "hnorm.weight", "shared_head.norm.weight")
+    projection: str = "eh_proj.weight"
+    # What a reused depth (k > num_mtp_layers) reads of the previous depth: "pre-norm", its decoder block's
+    # output, or "normed", the output after the layer's last norm (each family as vLLM's MTP model returns it).
+    recycles: str = "pre-norm"
+    # Where the config does not declare `num_mtp_layers`: the key that counts the layers, the attention their
+    # decoder block uses (declared to transformers as `mtp_layer_types`), the most layers vLLM drafts with and
+    # why.
+    count_key: str = "num_mtp_layers"
+    attention: str | None = None
+    mlp: str | None = None  # the MLP kind of the MTP decoder block, declared as `mtp_mlp_layer_types`
+    max_layers: tuple[int, str] | None = None
 
 
 # DeepSeek's layout (DeepSeek-V3 / R1 model card, "MTP modules"; transformers' `MtpModel.get_weight_conversions`
@@ -38,29 +55,67 @@ DEEPSEEK = MtpLayout(
     copies=("embed_tokens.weight", "shared_head.head.weight"),
 )
 
-# model_type (of the text config) -> layout, for the families whose MTP head is read alone from the checkpoint.
-LAYOUTS: dict[str, MtpLayout] = {"deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK}
+# Qwen3-Next's layout (vLLM vllm/model_executor/models/qwen3_next_mtp.py at 055e47c2, `Qwen3NextMultiTokenPredictor`:
+# `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.fc` over [embedding, hidden], decoder layer
+# `mtp.layers.0` with full attention, `mtp.norm`, then the target's `lm_head`; the embedding is the target's):
+# transformers' `MtpLayer` (enorm, hnorm, eh_proj, mtp_block, post_norm) in the same order under other names,
+# which transformers 5.25 already maps onto it (conversion_mapping.py `mapping["MtpModel"]`: the `mtp` prefix
+# removed, `fc`, `pre_fc_norm_*`, `norm` and `layers.0.` renamed, written for Mellum's identical layout).
+# vLLM's forward returns `mtp.norm`'s output, which the next depth reads, and never passes `spec_step_idx` to
+# the predictor, so every depth runs `mtp.layers.0` and its shared fc / norms: one layer is all it drafts with.
+QWEN3_NEXT = MtpLayout(
+    families="Qwen3-Next", embedding="model.embed_tokens.weight", final_norm="model.norm.weight",
+    head="lm_head.weight", layer="mtp.",
+    norms=("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight"), projection="fc.weight",
+    recycles="normed", count_key="mtp_num_hidden_layers", attention="full_attention",
+    max_layers=(1, "vLLM's Qwen3NextMTP passes no spec_step_idx, so every depth runs mtp.layers.0 with the one "
+                   "mtp.fc and mtp norms"),
+)
 
-_DROPPED = ("keeps its MTP layers as `mtp.*` weights, which transformers drops on load (no MtpModel for this "
-            "family yet)")
+# GLM-5 keeps its MTP layer as decoder layer num_hidden_layers (78) in DeepSeek's layout, and vLLM drafts with
+# it as DeepSeek-V3.2's MTP (vllm/config/speculative.py at 002e77c1, `hf_config_override`: glm_moe_dsa becomes
+# deepseek_mtp, architecture DeepseekV32MTPModel): a DSA decoder layer (MLA with its indexer), MoE, the block's
+# output before `shared_head.norm` fed to the next depth. transformers' GlmMoeDsa config declares neither
+# `num_mtp_layers` nor MTP layer types, so they are declared from `num_nextn_predict_layers` (the config.json
+# key), DSA attention (`indexed_attention`, which gives the layer a cache with indexer keys) and a MoE block.
+GLM_MOE_DSA = replace(DEEPSEEK, families="GLM-5", count_key="num_nextn_predict_layers",
+                      attention="indexed_attention", mlp="sparse")
+
+# Qwen3.5's text checkpoints (Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM, transformers writes the target's
+# tables as Qwen3-Next's) keep Qwen3-Next's MTP layer (vLLM vllm/model_executor/models/qwen3_5_mtp.py at
+# 01d99805, `Qwen3_5MultiTokenPredictor`: the same `mtp.*` tensors and forward, `mtp.norm`'s output returned).
+QWEN3_5_TEXT = replace(QWEN3_NEXT, families="Qwen3.5 text checkpoints", max_layers=(
+    1, "its one mtp.fc and mtp norms serve every mtp.layers.i in vLLM's Qwen3_5MultiTokenPredictor, which "
+       "transformers' MtpLayer (its own per layer) cannot express"))
+
+# model_type (of the text config) -> layout, for the families whose MTP head is read alone from the checkpoint.
+LAYOUTS: dict[str, MtpLayout] = {"deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK, "qwen3_next": QWEN3_NEXT,
+                                 "qwen3_5_text": QWEN3_5_TEXT, "qwen3_5_moe_text": QWEN3_5_TEXT,
+                                 "glm_moe_dsa": GLM_MOE_DSA}
+
+# The multimodal Qwen3.5 checkpoints keep the text model under the wrapper (`model.language_model.*`) and
+# position text with mRoPE ((3, T) positions, vLLM's qwen3_5_mtp.py too); their text checkpoints are served.
+_MULTIMODAL = ("comes in a multimodal wrapper (qwen3_5 / qwen3_5_moe: its text model under `model.language_model.`, "
+               "mRoPE positions) whose MTP head is not served here; a text checkpoint (Qwen3_5ForCausalLM / "
+               "Qwen3_5MoeForCausalLM) is")
 _KV = "has an MTP drafter that reads the verifier's KV cache, not only its hidden states"
 
 # model_type (of the config or its text config) -> why its MTP is not scored here (a predicate of the target).
 REFUSED: dict[str, str] = {
-    # DeepSeek-V4 carries hc_mult = 4 residual streams (mHC) through every layer; its MTP layer reads that
-    # [T, 4, H] state, not one final hidden state per token (and transformers ignores its `mtp.*` weights).
-    "deepseek_v4": "has an MTP layer that reads the multi-stream (mHC) hidden state [T, hc_mult, H], not one final "
-                   "hidden state per token",
+    # DeepSeek-V4 carries hc_mult = 4 residual streams (mHC) through every layer. vLLM's MTP layer
+    # (vllm/model_executor/models/deepseek_v4_mtp.py at 023da1fc, `DeepSeekV4MultiTokenPredictorLayer`) reads the
+    # target's streams before its `hc_head`, [T, hc_mult * H], through `hnorm` and a per-stream `h_proj` added to
+    # `e_proj` of the embedding (no `eh_proj`), runs a V4 decoder block on the streams, returns them for the next
+    # depth and collapses them with its own `hc_head` before `shared_head`: no transformers MtpLayer (which
+    # transformers 5.25 does not build for it: DeepseekV4ForCausalLM drops `mtp.*`), and the engine tap must be
+    # the last layer's streams before `hc_head`, hc_mult x H per token, not tap num_hidden_layers of width H.
+    "deepseek_v4": "has an MTP layer that reads the multi-stream (mHC) hidden state [T, hc_mult, H] before the "
+                   "target's hc_head, not one final hidden state per token, through e_proj / h_proj and its own "
+                   "hc_head (vLLM deepseek_v4_mtp.py), which no transformers MtpLayer computes",
     # Gemma-4's drafter also attends over the verifier's own KV cache (vllm-project/speculators #586), which no
     # hidden-state capture hands out.
     "gemma4": _KV, "gemma4_text": _KV, "gemma4_assistant": _KV,
-    "qwen3_next": _DROPPED, "qwen3_5": _DROPPED, "qwen3_5_text": _DROPPED, "qwen3_5_moe": _DROPPED,
-    "qwen3_5_moe_text": _DROPPED,
-    # GLM-5 keeps its MTP layer as decoder layer 78, DeepSeek's layout, but transformers 5.24's GlmMoeDsa config
-    # has per-layer `layer_types` / `mlp_layer_types` with no MTP counterparts and no `num_mtp_layers`, so
-    # `PreTrainedConfig.get_mtp_config` cannot build its MTP layer.
-    "glm_moe_dsa": "has MTP layers transformers builds no MtpModel for (its config declares no num_mtp_layers and "
-                   "no MTP layer types)",
+    "qwen3_5": _MULTIMODAL, "qwen3_5_moe": _MULTIMODAL,
 }
 
 
@@ -75,10 +130,35 @@ def refusal(config: Any) -> str | None:
     return next((REFUSED[t] for t in model_types(config) if t in REFUSED), None)
 
 
+def found_layout(config: Any) -> MtpLayout | None:
+    """The checkpoint layout of a served family, or None."""
+    return next((LAYOUTS[t] for t in model_types(config) if t in LAYOUTS), None)
+
+
+def declared_layers(config: Any) -> int | None:
+    """How many MTP layers the config declares, by its family's key (`num_mtp_layers` where none is listed)."""
+    found = found_layout(config)
+    return getattr(config.get_text_config(), found.count_key if found else "num_mtp_layers", None)
+
+
+def declare_mtp(config: Any) -> None:
+    """Declare a listed family's MTP layers to transformers as it declares its own (`num_mtp_layers`,
+    `mtp_layer_types`), so `MtpModel` builds them: a no-op for families whose config already does."""
+    found, text = found_layout(config), config.get_text_config()
+    if found is None or found.count_key == "num_mtp_layers":
+        return
+    n = int(getattr(text, found.count_key))
+    text.num_mtp_layers = n
+    if found.attention is not None:
+        text.mtp_layer_types = [found.attention] * n
+    if found.mlp is not None:
+        text.mtp_mlp_layer_types = [found.mlp] * n
+
+
 def layout(config: Any, target_name: str) -> MtpLayout:
     """The checkpoint layout of a served family, or a one-line error naming the model and why there is none."""
     text = config.get_text_config()
-    found = next((LAYOUTS[t] for t in model_types(config) if t in LAYOUTS), None)
+    found = found_layout(config)
     if found is None:
         raise ValueError(f"mtp: target {target_name!r} ({text.model_type}): no checkpoint layout for its MTP layers "
                          "in calibrate/speculators/mtp_archs.py (served: "
@@ -90,7 +170,8 @@ def layout(config: Any, target_name: str) -> MtpLayout:
 def layer_prefixes(config: Any, found: MtpLayout) -> list[str]:
     """Where the checkpoint keeps each MTP layer (the target's config says how many, and after which layer)."""
     text = config.get_text_config()
-    return [found.layer.format(index=text.num_hidden_layers + i) for i in range(int(text.num_mtp_layers))]
+    count = int(getattr(text, found.count_key))
+    return list(dict.fromkeys(found.layer.format(index=text.num_hidden_layers + i) for i in range(count)))
 
 
 def mtp_tensors(config: Any, found: MtpLayout, names: list[str]) -> list[str]:
