@@ -109,7 +109,7 @@ def test_a_model_that_needs_remote_code_is_refused_and_its_code_never_runs(tmp_p
 def test_every_transformers_and_datasets_load_refuses_remote_code() -> None:
     """Every from_pretrained / from_config / load_dataset call of the package passes trust_remote_code=False
     (torch's nn.Embedding.from_pretrained and transformers' MtpModel.from_pretrained, which takes a loaded
-    model, read no model folder's code)."""
+    model, read no model folder's code; `mtp_class(...)` is MtpModel or a subclass of it, speculators/mtp.py)."""
     missing = []
     for file in (REPO / "calibrate").rglob("*.py"):
         for node in ast.walk(ast.parse(file.read_text())):
@@ -118,6 +118,8 @@ def test_every_transformers_and_datasets_load_refuses_remote_code() -> None:
             name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
             owner = ast.unparse(node.func.value) if isinstance(node.func, ast.Attribute) else ""
             if name not in ("from_pretrained", "from_config", "load_dataset") or owner in ("nn.Embedding", "MtpModel"):
+                continue
+            if owner.startswith("mtp_class("):
                 continue
             if not any(k.arg == "trust_remote_code" and isinstance(k.value, ast.Constant) and k.value.value is False
                        for k in node.keywords):
