@@ -26,7 +26,7 @@ from calibrate.kernels import triton_unavailable
 from calibrate.limits import INT32_MAX, MAX_BATCH, MAX_SAMPLES, MAX_SEED, MAX_TIMEOUT_SECONDS, MAX_TOKENS
 from calibrate.terms import MAX_K, check_k
 from calibrate.speculators.configs import CONFIG_TABLE, ModelName
-from calibrate.speculators.registry import KINDS, SpeculatorConfigUnion
+from calibrate.speculators.registry import KINDS, SpeculatorConfigUnion, vllm_written_keys
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -355,7 +355,7 @@ class PairConfig(_Strict):
                 method = KINDS[spec.kind].backend_method(spec, "vllm", lambda name: name)
             except ValueError:
                 continue  # refused where the run is planned, with its reason
-            written = {"method", "num_speculative_tokens", *(method.settings if method else ())}
+            written = vllm_written_keys(method)
             if extra & written:
                 raise ValueError(f"server.speculative_config sets {', '.join(sorted(extra & written))}, which "
                                  f"calibrate writes for speculators[{i}] ({spec.kind}): set it on the speculator")

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-REGENERATE = "python -m calibrate.references"
+from calibrate.generated_pages import REGENERATE
 
 
 def pages() -> dict[Path, Callable[[], str]]:

@@ -95,6 +95,25 @@ def test_vllm_speculative_config_takes_the_servers_additions_and_refuses_the_spe
                    server={"mode": "connect", "url": "http://h:8000", "speculative_config": {"a": 1}})
 
 
+@pytest.mark.parametrize("spec", [
+    {"kind": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}, {"kind": "suffix", "max_depth": 16},
+    {"kind": "mtp"}, {"kind": "draft", "model": "tiny-draft"}, {"kind": "eagle3", "model": "tiny-head"},
+    {"kind": "engine", "method": "dflash", "model": "d/dflash", "settings": {"draft_tensor_parallel_size": 1}},
+], ids=lambda spec: spec["kind"])
+def test_vllm_config_refuses_exactly_the_keys_the_engine_writes(built, spec):
+    """The config's refusal of server.speculative_config keys and the engine's --speculative-config read one
+    home (calibrate.speculators.registry.vllm_speculative_config): every key the engine writes for the
+    speculator is refused, and a key it does not write is added as given."""
+    written = json.loads(_flag(_command("vllm", spec, k=2), "--speculative-config"))
+    assert {"method", "num_speculative_tokens"} <= set(written)
+    for key in written:
+        with pytest.raises(ValidationError, match=f"speculative_config sets {key}, which calibrate writes"):
+            _pair("vllm", spec, speculative_config={key: 1})
+    added = json.loads(_flag(_command("vllm", spec, k=2, speculative_config={"attention_backend": "X"}),
+                             "--speculative-config"))
+    assert added == {**written, "attention_backend": "X"}
+
+
 def test_vllm_model_drafters_load_resolved_weights(built):
     """A built model's name is resolved as the target's is (vLLM would call it an invalid repository id),
     the name stays as written so rows key with in-process rows."""

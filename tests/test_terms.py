@@ -45,10 +45,8 @@ def test_the_shared_terms_are_one_object_wherever_named() -> None:
     """`Sampling` is the term's, also where it was named before (calibrate.kernels.reference)."""
     from calibrate import terms
     from calibrate.kernels import reference
-    from calibrate.replay import counts
 
     assert reference.Sampling is terms.Sampling
-    assert terms.StepCounts is counts.StepCounts and terms.TotalCounts is counts.TotalCounts
 
 
 def test_each_kind_loads_its_drafter_only_when_asked() -> None:

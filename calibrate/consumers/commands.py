@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -22,7 +23,7 @@ from calibrate.consumers.inferencex import Naming
 from calibrate.consumers.lookup import WeightedAnswer, key_filters, lookup_key, open_table, recommended_k
 from calibrate.errors import cli_errors
 from calibrate.tables.buckets import CONTEXT, bucket_labels, context_bucket
-from calibrate.tables.commands import BOOT_OPT, DB_OPT, SEED_OPT, filtered, given_k
+from calibrate.tables.commands import BOOT_OPT, DB_OPT, SEED_OPT, filtered, given_k, option_group
 from calibrate.tables.cost import COST_HELP
 from calibrate.tables.selection import load_selection
 from calibrate.tables.query import FilterOptions
@@ -30,6 +31,7 @@ from calibrate.terms import check_k
 from calibrate.workload.commands import (BUCKETS_OPT, STRATA_OPT, UNCOVERED_OPT, WINDOW_OPT, WORKLOAD_OPT,
                                          check_workload_options, edges_of, load_weighting, nearest_asked,
                                          weighted_selection)
+from calibrate.workload.weighting import Weighting
 
 # Choices the CLI offers come from the consumer registry (calibrate.consumers) and InferenceX's names.
 TokenMode = Enum("TokenMode", {mode: mode for mode in consumers.SGLANG_TOKEN_MODES}, type=str)
@@ -59,12 +61,49 @@ _CONTEXT_OPT = typer.Option(
     f"({bucket_labels(CONTEXT)}; 0-1k and 1M+ spell the ends; other edges with --buckets) or the bucket of this "
     "length (20k, 20000): the AL at a benchmark's length.")
 
+
+
+@dataclass(frozen=True)
+class WeightingOptions:
+    """export's and lookup's context bucket and workload weighting, as the user typed them (None: not given;
+    the defaults are the options')."""
+
+    context: str | None = None
+    workload: Path | None = None
+    buckets: str | None = None
+    strata: str = STRATA_OPT.default
+    uncovered: str = UNCOVERED_OPT.default
+    max_filled: float = _MAX_FILLED_OPT.default
+    window: str | None = None
+
+    def check(self) -> None:
+        """Refuse an option given without the one it goes with, or out of range, before any table is read."""
+        check_workload_options(self.workload, self.strata, self.uncovered, self.buckets, self.context, self.window)
+        exports.check_max_filled(self.max_filled, nearest_asked(self.uncovered))
+
+    def loaded(self) -> Weighting:
+        """The workload file read and stratified as the options say (`--workload` given)."""
+        return load_weighting(self.workload, self.buckets, self.strata, self.uncovered, self.window)
+
+    def lookup_keywords(self) -> dict[str, Any]:
+        """What `lookup_key` takes of them (it reads the workload itself; --max-filled is the answer's to check)."""
+        return {"context": self.context, "workload": self.workload, "buckets": self.buckets, "strata": self.strata,
+                "uncovered": self.uncovered, "window": self.window}
+
+
+# export and lookup take them as one `weighting: WeightingOptions` argument, declared here once.
+weighted = option_group("weighting", (
+    ("context", Optional[str], _CONTEXT_OPT), ("workload", Optional[Path], WORKLOAD_OPT),
+    ("buckets", Optional[str], BUCKETS_OPT), ("strata", str, STRATA_OPT), ("uncovered", str, UNCOVERED_OPT),
+    ("max_filled", float, _MAX_FILLED_OPT), ("window", Optional[str], WINDOW_OPT)), WeightingOptions)
+
 _FORMATS_HELP = "; ".join(f"{c.name}: {c.reads}" for c in consumers.CONSUMERS.values())
 _LOOKUP_HELP = ", ".join(consumers.LOOKUP_FORMATS)
 
 
 @cli_errors
 @filtered()
+@weighted
 def export(
     to: str = typer.Option(..., "--to", help=f"Consumer ({_FORMATS_HELP})."),
     db: Path = DB_OPT,
@@ -92,33 +131,25 @@ def export(
     bootstrap: int = BOOT_OPT,
     seed: int = SEED_OPT,
     force: bool = _EXPORT_FORCE_OPT,
-    context: Optional[str] = _CONTEXT_OPT,
-    workload: Optional[Path] = WORKLOAD_OPT,
-    buckets: Optional[str] = BUCKETS_OPT,
-    strata: str = STRATA_OPT,
-    uncovered: str = UNCOVERED_OPT,
-    max_filled: float = _MAX_FILLED_OPT,
-    window: Optional[str] = WINDOW_OPT,
+    weighting: WeightingOptions = WeightingOptions(),
 ) -> None:
     """Export the acceptance table for an engine, InferenceX, specdec_bench, or as a full table."""
     target = consumers.consumer(to)
-    check_workload_options(workload, strata, uncovered, buckets, context, window)
-    exports.check_max_filled(max_filled, nearest_asked(uncovered))
-    if workload is not None:
-        if context is not None:
+    weighting.check()
+    if weighting.workload is not None:
+        if weighting.context is not None:
             raise ValueError("--context picks one bucket; --workload weights over all of them: give one of the two")
-        records = weighted_selection(db, filters, load_weighting(workload, buckets, strata, uncovered, window),
-                                     bootstrap, seed)
+        records = weighted_selection(db, filters, weighting.loaded(), bootstrap, seed)
     else:
         records = load_selection(db, filters, target.segments, bootstrap, seed,
-                                 bucket=context_bucket(context, edges_of(buckets)))
+                                 bucket=context_bucket(weighting.context, edges_of(weighting.buckets)))
     naming = Naming(model_prefix=model_prefix, method=method, engine=engine.value,
                     draft_sample_method=draft_sample_method.value if draft_sample_method else None,
                     draft_model=draft_model, force=force)
     if cost is not None and not target.needs_cost:
         raise ValueError(f"--cost prices a step for the recommended k: {target.name} has no use for it")
     options = exports.ExportOptions(mode=mode.value, token_mode=token_mode.value, naming=naming,
-                                    max_filled=max_filled, cost=cost)
+                                    max_filled=weighting.max_filled, cost=cost)
     written = consumers.export(records, target.name, out, options=options, force=force,
                                tell=lambda line: typer.echo(f"note: {line}", err=True))
     for warning in consumers.export_warnings(records, target.name, options):
@@ -136,6 +167,7 @@ def export(
             typer.echo(f"wrote {path}", err=True)
 
 @cli_errors
+@weighted
 def lookup(
     model: Optional[str] = typer.Option(None, "--model", help="Target as users write it (HF id or its last part)."),
     speculator: Optional[str] = typer.Option(None, "--speculator", help="Speculator label; omit if only one."),
@@ -164,16 +196,10 @@ def lookup(
     reference_file: Optional[Path] = typer.Option(None, "--reference-file", help="--from-env with "
                                                   "SYNTHETIC_ACCEPTANCE: the reference AL file InferenceX's recipes "
                                                   "launcher reads; the answer must be the value it forces."),
-    context: Optional[str] = _CONTEXT_OPT,
+    weighting: WeightingOptions = WeightingOptions(),
     force: bool = typer.Option(False, "--force", help="Answer in an engine's form for a speculator that engine runs "
                                "as another algorithm (SGLang's NGRAM is not our n-gram; refused otherwise), with a "
                                "warning; and answer for a row the engine audit marked (refused otherwise)."),
-    workload: Optional[Path] = WORKLOAD_OPT,
-    buckets: Optional[str] = BUCKETS_OPT,
-    strata: str = STRATA_OPT,
-    uncovered: str = UNCOVERED_OPT,
-    max_filled: float = _MAX_FILLED_OPT,
-    window: Optional[str] = WINDOW_OPT,
     best_k: bool = typer.Option(False, "--best-k", help="Answer which k instead: the throughput-optimal k per batch "
                                 "size under --cost (value: the k, or B:k lines; json: the rows), without --k."),
     cost: Optional[str] = typer.Option(None, "--cost", help="With --best-k: " + COST_HELP),
@@ -218,14 +244,12 @@ def lookup(
         raise ValueError(f"missing {', '.join(missing_opts)} (or use --from-env)")
     form = format or "value"
     consumers.lookup_consumer(form)  # an unknown form fails before the table is opened
-    check_workload_options(workload, strata, uncovered, buckets, context, window)
-    exports.check_max_filled(max_filled, nearest_asked(uncovered))
+    weighting.check()
     with warnings.catch_warnings(record=True) as heard:
         warnings.simplefilter("always", WeightedAnswer)
         record = lookup_key(key_filters(model, speculator, k, thinking, dataset, temperature), table=source,
-                            extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, context=context,
-                            force=force, workload=workload, buckets=buckets, strata=strata, uncovered=uncovered,
-                            window=window)
+                            extrapolate=extrapolate, segment=segment, match_prefix=match_prefix, force=force,
+                            **weighting.lookup_keywords())
     for said in heard:  # a weighted answer to an unweighted question is said where the runner reads its errors
         if issubclass(said.category, WeightedAnswer):
             typer.echo(f"warning: {said.message}", err=True)
@@ -233,7 +257,7 @@ def lookup(
             warnings.showwarning(said.message, said.category, said.filename, said.lineno)
     if from_env:
         asked.check(record.value())  # InferenceX forces what its file holds: answer only that
-    options = exports.ExportOptions(mode=mode.value, max_filled=max_filled)
+    options = exports.ExportOptions(mode=mode.value, max_filled=weighting.max_filled)
     sys.stdout.write(consumers.render_lookup(record, form, options, shell, force))
     for note in consumers.lookup_warnings(record, form):
         typer.echo(f"warning: {note}", err=True)

@@ -27,7 +27,7 @@ from calibrate.data.render import (
     thinking_kwargs,
 )
 
-# The segment labels, in their order: a fact of the data, which the count records (replay.counts) and the
+# The segment labels, in their order: a fact of the data, which the count records (calibrate.terms) and the
 # tables key their rows by.
 SEGMENTS: tuple[str, ...] = ("thinking", "answer", "tool_call")
 

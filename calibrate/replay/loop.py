@@ -49,6 +49,7 @@ from calibrate.kernels.reference import VerifyOutput
 from calibrate.kv_slots import Prefill, Prefix, SlotCache, prefill
 from calibrate.progress import TokenProgress
 from calibrate.replay.experts import ExpertRecorder, ExpertTrace
+from calibrate.seeds import loop_seed
 from calibrate.replay.steps import step_accepted
 from calibrate.speculators.base import DraftBatch, LoopDrafts, Speculator
 from calibrate.target_features import TargetNeeds
@@ -421,6 +422,6 @@ def _plan(prompts: Sequence[Sequence[int]], keys: Sequence[int], ks: Sequence[in
     loops = []
     for k in dict.fromkeys(ks):
         for i, p in enumerate(prompts):
-            generator = torch.Generator().manual_seed(((seed * 1000003 + k) * 1000033 + keys[i]) % (1 << 63))
+            generator = torch.Generator().manual_seed(loop_seed(seed, k, keys[i]))
             loops.append(Loop(request=i, key=keys[i], loop_id=len(loops), k=k, prompt=list(p), generator=generator))
     return loops

@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
 import torch
 
 from calibrate.kv_slots import Prefix, SlotCache
@@ -184,21 +183,3 @@ class LoopDrafts(Protocol):
     def select(self, rows: list[int]) -> None:
         """Only these rows of the batch go on."""
 
-
-def chain_replay_scorers(
-    name: str, chain_drafts: Callable[..., np.ndarray], prompts: Sequence[Sequence[int]],
-    responses: Sequence[Sequence[int]], max_k: int, features: Sequence[TargetFeatures] | None,
-) -> list[ReplayScorer]:
-    """Replay scorers for a head that chain-drafts from the target's hidden states (EAGLE-3, MTP):
-    `chain_drafts(prompt, response, features, max_k)` gives every position's max_k greedy drafts at once."""
-    if features is None:
-        raise ValueError(f"{name}: replay needs the target's hidden states")
-    scorers: list[ReplayScorer] = []
-    for prompt, response, feats in zip(prompts, responses, features):
-        drafts = chain_drafts(prompt, response, feats, max_k)
-
-        def run_at(t: int, k: int, drafts: np.ndarray = drafts, response: Sequence[int] = response):
-            return leading_matches(drafts[t, :k].tolist(), response[t:], k), k  # a chain always drafts k
-
-        scorers.append(run_at)
-    return scorers

