@@ -1,0 +1,144 @@
+"""DeepSeek-V4's MTP head (calibrate/speculators/mtp_deepseek_v4.py), read alone from the checkpoint and fed
+the target's mHC streams through the tap, against a reference written from vLLM's model file alone
+(tests/tiny_mtp_deepseek_v4.py: vllm/model_executor/models/deepseek_v4_mtp.py at 023da1fc) at every
+k = 1..8, in replay (teacher-forced) and in the loop (fed its own drafts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from calibrate.replay.responses import target_features
+from calibrate.speculators.base import BuildContext
+from calibrate.speculators.configs import MtpSpeculatorConfig
+from calibrate.speculators.mtp import MtpSpeculator, mtp_layer_count
+from calibrate.speculators.mtp_deepseek_v4 import DEPTH_RULE, DeepseekV4MtpSpeculator, load_head, stream_tap
+from tests.tiny_mtp_deepseek_v4 import LAYERS, Reference, build, full_target, last_streams
+from tests.tiny_pair import build_tokenizer
+
+KS = range(1, 9)
+PROMPT, RESPONSE = [5, 9, 13, 2, 7, 5, 9, 11], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("deepseek_v4"), build_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def whole(tiny):
+    full = full_target(tiny)
+    stream_tap(full)
+    layer = load_head(full.config, str(tiny), "q", full.get_input_embeddings(), full.get_output_embeddings())
+    return full, DeepseekV4MtpSpeculator(layer, LAYERS, name="q")
+
+
+def test_the_tap_puts_the_last_layers_streams_at_index_num_hidden_layers(tiny, whole):
+    """The target's hidden-state tuple gains the last layer's output streams (hc_mult * H wide) at index
+    num_hidden_layers; the earlier entries and the final state (last) are the untapped model's."""
+    full, spec = whole
+    ids = PROMPT + RESPONSE
+    plain = full_target(tiny)
+    with torch.inference_mode():
+        tapped = full(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        untapped = plain(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    assert len(tapped) == len(untapped) + 1 == LAYERS + 2
+    streams = last_streams(plain, ids)
+    torch.testing.assert_close(tapped[LAYERS][0], streams.flatten(1), rtol=0, atol=0)
+    for i in range(LAYERS):
+        torch.testing.assert_close(tapped[i], untapped[i], rtol=0, atol=0)
+    torch.testing.assert_close(tapped[-1], untapped[-1], rtol=0, atol=0)
+    assert spec.needs.layers == (LAYERS,) and not spec.needs.last
+
+
+def test_replay_drafts_are_vllms_mtp_at_every_k(tiny, whole):
+    """Every step's depth-d draft, teacher-forced on the response, is the reference's (one MTP layer: depths
+    1..7 reuse it, fed its output streams), and each k's drafts are the deepest chain's first k."""
+    full, spec = whole
+    ids = PROMPT + RESPONSE
+    feats = target_features(full, [PROMPT], [RESPONSE], spec.needs)[0]
+    reference = Reference(tiny, full)
+    streams = last_streams(full, ids)
+    deepest = spec.chain_drafts(PROMPT, RESPONSE, feats, max(KS))
+    compared = 0
+    for t in range(1, len(RESPONSE)):
+        anchor = len(PROMPT) + t - 1
+        reach = min(max(KS), len(ids) - anchor)  # depths whose row lies inside prompt + response
+        assert deepest[t, :reach].tolist() == reference.drafts(ids, streams, anchor, reach, forced=True), t
+        compared += reach
+    assert compared == 51  # 9 steps; those within 8 tokens of the end reach fewer depths (8+8+8+7+...+2)
+    for k in KS:
+        assert (spec.chain_drafts(PROMPT, RESPONSE, feats, k) == deepest[:, :k]).all(), k
+    assert len(set(deepest[1:].ravel().tolist())) > 8  # random layers, diverse drafts: the check can fail
+    assert spec.params["depths"] == DEPTH_RULE
+
+
+def test_the_reference_check_can_fail(tiny, whole):
+    """Fed the streams one position late, the drafts are no longer the reference's: the check above sees it."""
+    full, spec = whole
+    feats = target_features(full, [PROMPT], [RESPONSE], spec.needs)[0]
+    right = spec.chain_drafts(PROMPT, RESPONSE, feats, 4)
+    shifted = feats.layers[LAYERS].roll(1, 0)
+    wrong = spec.chain_drafts(PROMPT, RESPONSE, type(feats)({LAYERS: shifted}), 4)
+    assert (wrong[1:] != right[1:]).any()
+
+
+def test_loop_drafts_are_vllms_mtp_at_every_k(tiny, whole):
+    """The step-by-step loop after uneven extends drafts what the reference drafts, feeding its own drafts."""
+    full, spec = whole
+    context = PROMPT + [4, 8, 15, 16, 23, 42, 11]
+    feats = target_features(full, [context[:-1]], [context[-1:]], spec.needs)[0]
+    reference = Reference(tiny, full)
+    streams = last_streams(full, context)
+    p = len(PROMPT)
+    spec.start(0, context[:p], feats.rows(0, p - 1))
+    for lo, hi in [(p, p + 1), (p + 1, p + 4), (p + 4, len(context))]:
+        spec.extend(0, context[lo:hi], feats.rows(lo - 1, hi - 1))
+    for k in KS:
+        assert spec.draft(0, k).tokens == reference.drafts(context, streams, len(context) - 1, k, forced=False), k
+    spec.finish(0)
+
+
+def test_mtp_speculator_builds_the_family_head_from_the_registry(tiny):
+    """The mtp kind builds DeepSeek-V4's own head (mtp_archs' `head_class`), which reads only `mtp.0.*` of the
+    MTP layer's tensors, not its copies of the embedding and head."""
+    from calibrate.models import LoadedModel
+
+    full = full_target(tiny)
+    target = LoadedModel(name=str(tiny), model_id=str(tiny), fingerprint="f", model=full, tokenizer=None,
+                         dtype="float32", device="cpu")
+    built = MtpSpeculator.build(MtpSpeculatorConfig(kind="mtp"), BuildContext(dtype="float32", device="cpu", batch_size=1, target=target))
+    assert isinstance(built, DeepseekV4MtpSpeculator) and built.needs.layers == (LAYERS,)
+    assert mtp_layer_count(full.config, "q") == 1
+
+
+def test_a_checkpoint_without_h_proj_is_refused_naming_it(tmp_path):
+    path = build(tmp_path / "q", build_tokenizer())
+    weights = load_file(str(path / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if k != "mtp.0.h_proj.weight"}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    full = full_target(path)
+    with pytest.raises(ValueError, match=r"^mtp: target 'q' \(deepseek_v4\): checkpoint lacks mtp\.0\.h_proj\.weight"):
+        load_head(full.config, str(path), "q", full.get_input_embeddings(), full.get_output_embeddings())
+
+
+def test_two_mtp_layers_and_the_engine_path_are_refused_by_name(tiny, tmp_path):
+    """A second MTP layer has no head here; the engine path is refused before any weights load, saying what
+    vLLM would have to hand out."""
+    from transformers import AutoConfig
+
+    from calibrate.speculators.mtp_alone import load_mtp_target
+
+    config = json.loads((tiny / "config.json").read_text())
+    two = tmp_path / "two"
+    two.mkdir()
+    (two / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 2}))
+    with pytest.raises(ValueError, match=r"^mtp: target 'q' \(deepseek_v4\) declares 2 MTP layers"):
+        mtp_layer_count(AutoConfig.from_pretrained(two), "q")
+    with pytest.raises(ValueError, match=r"\(deepseek_v4\): its MTP head reads the last layer's hc_mult mHC "
+                                         r"streams before hc_head .*_mtp_hidden_buffer"):
+        load_mtp_target(str(tiny), "float32", "cpu")
