@@ -6,19 +6,28 @@ k = 1..8, in replay (teacher-forced) and in the loop (fed its own drafts)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
-from calibrate.replay.responses import target_features
-from calibrate.speculators.base import BuildContext
-from calibrate.speculators.configs import MtpSpeculatorConfig
-from calibrate.speculators.mtp import MtpSpeculator, mtp_layer_count
-from calibrate.speculators.mtp_deepseek_v4 import DEPTH_RULE, DeepseekV4MtpSpeculator, load_head, stream_tap
-from tests.tiny_mtp_deepseek_v4 import LAYERS, Reference, build, full_target, last_streams
-from tests.tiny_pair import build_tokenizer
+if not torch.cuda.is_available():  # importing the loop imports Triton: its interpreter mode must be set first
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from calibrate.replay.responses import generate_responses, target_features  # noqa: E402
+from calibrate.replay.scoring import score_replay  # noqa: E402
+from tests.loop_runs import loop_results  # noqa: E402
+from calibrate.speculators.base import BuildContext  # noqa: E402
+from calibrate.speculators.configs import MtpSpeculatorConfig  # noqa: E402
+from calibrate.speculators.mtp import MtpSpeculator, mtp_layer_count  # noqa: E402
+from calibrate.speculators.mtp_deepseek_v4 import (  # noqa: E402
+    DEPTH_RULE, DeepseekV4MtpSpeculator, load_head, stream_tap,
+)
+from tests.tiny_mtp_deepseek_v4 import LAYERS, Reference, build, full_target, last_streams  # noqa: E402
+from tests.tiny_pair import build_tokenizer  # noqa: E402
 
 KS = range(1, 9)
 PROMPT, RESPONSE = [5, 9, 13, 2, 7, 5, 9, 11], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
@@ -103,6 +112,42 @@ def test_loop_drafts_are_vllms_mtp_at_every_k(tiny, whole):
     spec.finish(0)
 
 
+def test_the_in_process_loop_feeds_the_head_the_verify_passes_streams(whole, monkeypatch):
+    """Through the in-process loop (the tap from the target's verify passes, one request per row), every round
+    drafts k tokens, its first the replay chain's depth-0 draft at that step, and the counts are replay's at
+    every k. The random head accepts little, so the drafts are compared, not only the counts."""
+    full, spec = whole
+    prompts, eos = [PROMPT, [3, 3, 8, 1, 4, 6, 2]], full.config.eos_token_id
+    responses = generate_responses(full, prompts, max_new_tokens=16, eos_token_ids={eos})
+    feats = target_features(full, prompts, [r.tokens for r in responses], spec.needs)
+    replayed = score_replay(spec, prompts, responses, list(KS), features=feats)
+    rounds: list[tuple[list[int], int, list[int]]] = []
+    draft = spec.draft
+
+    def recording(loop_id, k, *args, **kwargs):
+        out = draft(loop_id, k, *args, **kwargs)
+        rounds.append((list(spec._requests[loop_id].tokens), k, out.tokens))
+        return out
+
+    monkeypatch.setattr(spec, "draft", recording)
+    looped = loop_results(full, spec, prompts, ks=list(KS), temperature=0.0, max_new_tokens=16,
+                          eos_token_ids={eos}, seed=0, loop_rows=1, verify_kernel="reference")
+    for r, res, resp in zip(replayed, looped, responses, strict=True):
+        for k in KS:
+            assert res.tokens[k] == resp.tokens
+            assert r[k].hist.tolist() == res.counts[k].hist.tolist(), k
+    assert len(rounds) > 100 and all(len(tokens) == k for _, k, tokens in rounds)
+    compared = 0
+    for prompt, resp, f in zip(prompts, responses, feats):
+        chain = spec.chain_drafts(prompt, resp.tokens, f, 1)  # chain[t, 0]: the step at response position t
+        for context, _, tokens in rounds:
+            t = len(context) - len(prompt)
+            if context == (prompt + resp.tokens)[:len(context)] and 1 <= t < len(resp.tokens):
+                assert tokens[0] == chain[t, 0], (t, context)
+                compared += 1
+    assert compared > 100
+
+
 def test_mtp_speculator_builds_the_family_head_from_the_registry(tiny):
     """The mtp kind builds DeepSeek-V4's own head (mtp_archs' `head_class`), which reads only `mtp.0.*` of the
     MTP layer's tensors, not its copies of the embedding and head."""
@@ -111,7 +156,8 @@ def test_mtp_speculator_builds_the_family_head_from_the_registry(tiny):
     full = full_target(tiny)
     target = LoadedModel(name=str(tiny), model_id=str(tiny), fingerprint="f", model=full, tokenizer=None,
                          dtype="float32", device="cpu")
-    built = MtpSpeculator.build(MtpSpeculatorConfig(kind="mtp"), BuildContext(dtype="float32", device="cpu", batch_size=1, target=target))
+    ctx = BuildContext(dtype="float32", device="cpu", batch_size=1, target=target)
+    built = MtpSpeculator.build(MtpSpeculatorConfig(kind="mtp"), ctx)
     assert isinstance(built, DeepseekV4MtpSpeculator) and built.needs.layers == (LAYERS,)
     assert mtp_layer_count(full.config, "q") == 1
 

@@ -33,7 +33,6 @@ import copy
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,7 +40,7 @@ import torch
 from torch import nn
 
 from calibrate.checkpoints import open_checkpoint
-from calibrate.models import load_fingerprint, model_config, resolve
+from calibrate.models import hub_access, load_fingerprint, model_config, resolve
 from calibrate.speculators.base import BuildContext, Prefixes, Proposal, ReplayScorer, chain_replay_scorers
 from calibrate.speculators.configs import Described, MtpSpeculatorConfig
 from calibrate.speculators.per_loop import PerLoopSpeculator
@@ -137,13 +136,13 @@ class DeepseekV4MtpLayer(nn.Module):
         return self.head(self.norm(self.hc_head(streams.unsqueeze(0))[0])).float()
 
 
-def load_head(config: Any, checkpoint_path: str, target_name: str, embed: nn.Embedding, head: nn.Module,
+def load_head(config: Any, model_id: str, target_name: str, embed: nn.Embedding, head: nn.Module,
               ) -> DeepseekV4MtpLayer:
-    """MTP layer 0 read alone from the checkpoint (only its own tensors, not its copies of the shared tables),
-    around the target's embedding and head; a missing or misshapen tensor is one line naming it."""
-    text = config.get_text_config()
+    """MTP layer 0 read alone from the checkpoint of `model_id` (a folder or a hub id; only the layer's own
+    tensors, not its copies of the shared tables), around the target's embedding and head; a missing or
+    misshapen tensor is one line naming it."""
     prefix = PREFIX.format(index=0)
-    checkpoint = open_checkpoint(target_name, checkpoint_path)
+    checkpoint = open_checkpoint(target_name, model_id, hub_access(target_name, model_id))
     names = [n for n in checkpoint.files if n.startswith(prefix) and n[len(prefix):] not in SHARED_COPIES]
     absent = [prefix + own for own in OWN if prefix + own not in names]
     if absent:
@@ -270,7 +269,7 @@ class DeepseekV4MtpSpeculator(PerLoopSpeculator):
         model = ctx.target.model
         mtp_layer_count(model.config, ctx.target.name)
         stream_tap(model)
-        layer = load_head(model.config, str(Path(model.config.name_or_path)), ctx.target.name,
+        layer = load_head(model.config, ctx.target.model_id, ctx.target.name,
                           model.get_input_embeddings(), model.get_output_embeddings())
         return cls(layer, model.config.get_text_config().num_hidden_layers, name=ctx.target.name,
                    model_id=ctx.target.model_id, model_hash=ctx.target.fingerprint)
