@@ -64,26 +64,45 @@ def test_the_tap_puts_the_last_layers_streams_at_index_num_hidden_layers(tiny, w
     assert spec.needs.layers == (LAYERS,) and not spec.needs.last
 
 
-def test_replay_drafts_are_vllms_mtp_at_every_k(tiny, whole):
+@pytest.mark.parametrize("prompt, response, drafts", [(PROMPT, RESPONSE, 51), (PROMPT[:2], RESPONSE + PROMPT, 115)])
+def test_replay_drafts_are_vllms_mtp_at_every_k(tiny, whole, prompt, response, drafts):
     """Every step's depth-d draft, teacher-forced on the response, is the reference's (one MTP layer: depths
-    1..7 reuse it, fed its output streams), and each k's drafts are the deepest chain's first k."""
+    1..7 reuse it, fed its output streams), and each k's drafts are the deepest chain's first k. The short
+    prompt puts vLLM's position 0 (its embedding zeroed) inside the sliding window of the first steps."""
     full, spec = whole
-    ids = PROMPT + RESPONSE
-    feats = target_features(full, [PROMPT], [RESPONSE], spec.needs)[0]
+    ids = prompt + response
+    feats = target_features(full, [prompt], [response], spec.needs)[0]
     reference = Reference(tiny, full)
     streams = last_streams(full, ids)
-    deepest = spec.chain_drafts(PROMPT, RESPONSE, feats, max(KS))
+    deepest = spec.chain_drafts(prompt, response, feats, max(KS))
     compared = 0
-    for t in range(1, len(RESPONSE)):
-        anchor = len(PROMPT) + t - 1
+    for t in range(1, len(response)):
+        anchor = len(prompt) + t - 1
         reach = min(max(KS), len(ids) - anchor)  # depths whose row lies inside prompt + response
         assert deepest[t, :reach].tolist() == reference.drafts(ids, streams, anchor, reach, forced=True), t
         compared += reach
-    assert compared == 51  # 9 steps; those within 8 tokens of the end reach fewer depths (8+8+8+7+...+2)
+    assert compared == drafts  # steps within 8 tokens of the end reach fewer depths
     for k in KS:
-        assert (spec.chain_drafts(PROMPT, RESPONSE, feats, k) == deepest[:, :k]).all(), k
+        assert (spec.chain_drafts(prompt, response, feats, k) == deepest[:, :k]).all(), k
     assert len(set(deepest[1:].ravel().tolist())) > 8  # random layers, diverse drafts: the check can fail
     assert spec.params["depths"] == DEPTH_RULE
+
+
+def test_the_verified_rows_are_vllms_to_rounding(tiny, whole):
+    """The head's rows over a whole sequence (output streams and logits) are the reference's to fp32 rounding,
+    the row at vLLM's position 0 (its embedding zeroed) included: drafts alone may hide a small difference."""
+    full, spec = whole
+    ids = PROMPT + RESPONSE
+    streams = last_streams(full, ids)[:-1]
+    reference = Reference(tiny, full)
+    q = torch.arange(len(ids) - 1)
+    tokens = torch.tensor(ids)[q + 1]
+    with torch.inference_mode():
+        mine = spec.layer.run(spec.layer.inputs(tokens, streams, q), tokens, q, q.unsqueeze(1) >= q.unsqueeze(0))
+        logits = spec.layer.logits(mine)
+    theirs = reference.rows(ids[1:], streams, q.tolist())
+    torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, reference.logits(theirs), rtol=1e-5, atol=1e-5)
 
 
 def test_the_reference_check_can_fail(tiny, whole):

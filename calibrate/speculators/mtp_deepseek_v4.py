@@ -314,7 +314,7 @@ class DeepseekV4MtpSpeculator(PerLoopSpeculator):
         ids = torch.tensor(list(prompt) + list(response), dtype=torch.long, device=device)
         p, n = len(prompt), len(response)
         out = np.zeros((n, depth), dtype=np.int64)
-        if n < 2 or p < 2:
+        if n < 2 or p < 1:
             return out
         streams = self._streams(features.layers[self.tap])[:ids.shape[0] - 1]
         anchors = torch.arange(p, p + n - 1, device=device)
