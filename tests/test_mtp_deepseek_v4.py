@@ -207,3 +207,20 @@ def test_two_mtp_layers_and_the_engine_path_are_refused_by_name(tiny, tmp_path):
     with pytest.raises(ValueError, match=r"\(deepseek_v4\): its MTP head reads the last layer's hc_mult mHC "
                                          r"streams before hc_head .*_mtp_hidden_buffer"):
         load_mtp_target(str(tiny), "float32", "cpu")
+
+
+def test_a_sampled_round_hands_its_distributions(whole):
+    """At T > 0 each draft is sampled from the MTP softmax warped by top-k, and q comes back with it: a
+    distribution per depth in which the drafted token has mass, no more than top_k tokens kept."""
+    full, spec = whole
+    feats = target_features(full, [PROMPT[:-1]], [PROMPT[-1:]], spec.needs)[0]
+    spec.start(7, PROMPT, feats.rows(0, len(PROMPT) - 1))
+    plain = spec.draft(7, 3, temperature=0.8, generator=torch.Generator().manual_seed(0))
+    warped = spec.draft(7, 3, temperature=0.8, generator=torch.Generator().manual_seed(0), top_k=3)
+    spec.finish(7)
+    for proposal, most in ((plain, full.config.vocab_size), (warped, 3)):
+        assert proposal.probs.shape == (3, full.config.vocab_size) and len(proposal.tokens) == 3
+        torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(3))
+        assert all(proposal.probs[j, t] > 0 for j, t in enumerate(proposal.tokens))
+        assert ((proposal.probs > 0).sum(-1) <= most).all()
+    assert ((plain.probs > 0).sum(-1) > 3).all()

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from calibrate.checkpoints import open_checkpoint
+from calibrate.kernels.reference import sampling_probs
 from calibrate.models import hub_access, load_fingerprint, model_config, resolve
 from calibrate.speculators.base import BuildContext, Prefixes, Proposal, ReplayScorer, chain_replay_scorers
 from calibrate.speculators.configs import Described, MtpSpeculatorConfig
@@ -198,9 +199,10 @@ def stream_tap(model: Any) -> None:
 # -- the speculator --------------------------------------------------------------------------------------------
 
 def chain(layer: DeepseekV4MtpLayer, ids: torch.Tensor, streams: torch.Tensor, anchors: torch.Tensor, depth: int,
-          forced: bool) -> np.ndarray:
-    """drafts[a, d]: the depth-d greedy draft of the step anchored at verified position anchors[a], over the
-    sequence `ids` (N,) and the target's streams `streams` (N', hc_mult, H) for positions 0 .. N'-1.
+          forced: bool, pick: Callable[[torch.Tensor], torch.Tensor] | None = None) -> np.ndarray:
+    """drafts[a, d]: the depth-d draft of the step anchored at verified position anchors[a], over the
+    sequence `ids` (N,) and the target's streams `streams` (N', hc_mult, H) for positions 0 .. N'-1: the
+    greedy token, or `pick` of the depth's logits (steps, V) where given (the loop's sampling).
 
     The verified rows (position q: token q + 1, the target's streams at q) run once, causally; depth d >= 1 adds
     one row per step at position a - 1 + d, fed the step's depth d - 1 output and token a + d where `forced`
@@ -233,7 +235,8 @@ def chain(layer: DeepseekV4MtpLayer, ids: torch.Tensor, streams: torch.Tensor, a
             teacher = (step.unsqueeze(1) < 0) & (step.unsqueeze(0) < 0) & (p.unsqueeze(0) <= p.unsqueeze(1))
             allowed = torch.where((step >= 0).unsqueeze(1), verified | same, teacher)
             previous = layer.run(x, tok, p, allowed)[-steps:]
-        out[:, d] = layer.logits(previous).argmax(-1).cpu().numpy()
+        logits = layer.logits(previous)
+        out[:, d] = (logits.argmax(-1) if pick is None else pick(logits)).cpu().numpy()
     return out
 
 
@@ -348,10 +351,8 @@ class DeepseekV4MtpSpeculator(PerLoopSpeculator):
     def draft(self, loop_id: int, k: int, temperature: float = 0.0,
               generator: torch.Generator | None = None, *, top_k: int | None = None,
               top_p: float | None = None) -> Proposal:
-        """k greedy chain drafts from the last verified position (greedy only: sampled MTP drafting of
-        DeepSeek-V4 is not written here)."""
-        if temperature > 0:
-            raise ValueError(f"{self.name}: DeepSeek-V4 MTP drafts greedily only here (temperature {temperature})")
+        """k chain drafts from the last verified position; at T > 0 each is sampled from the MTP softmax warped by
+        the target's top-k / top-p, and the distributions come back with them."""
         state = self._requests[loop_id]
         count = len(state.tokens)
         streams = torch.cat(state.streams) if state.streams else None
@@ -359,8 +360,16 @@ class DeepseekV4MtpSpeculator(PerLoopSpeculator):
             return Proposal(tokens=[])
         ids = torch.tensor(state.tokens, dtype=torch.long, device=self.layer.e_proj.weight.device)
         anchors = torch.tensor([count - 1], device=ids.device)
-        drafts = chain(self.layer, ids, self._streams(streams), anchors, k, forced=False)
-        return Proposal(tokens=[int(t) for t in drafts[0]])
+        probs: list[torch.Tensor] = []
+
+        def sample(logits: torch.Tensor) -> torch.Tensor:
+            q = sampling_probs(logits, temperature, top_k, top_p)
+            probs.append(q[0].cpu())
+            return torch.multinomial(q.cpu(), 1, generator=generator)[:, 0]
+
+        drafts = chain(self.layer, ids, self._streams(streams), anchors, k, forced=False,
+                       pick=sample if temperature > 0 else None)
+        return Proposal(tokens=[int(t) for t in drafts[0]], probs=torch.stack(probs) if probs else None)
 
     def finish(self, loop_id: int) -> None:
         self._requests.pop(loop_id, None)
