@@ -191,6 +191,19 @@ def test_a_checkpoint_without_h_proj_is_refused_naming_it(tmp_path):
         load_head(full.config, str(path), "q", full.get_input_embeddings(), full.get_output_embeddings())
 
 
+def test_a_quantized_mtp_layer_is_refused_naming_a_scale(tmp_path):
+    """An FP8 release keeps a `.scale` beside each quantized weight; the head does not dequantize, so it refuses
+    rather than read the raw weights."""
+    path = build(tmp_path / "q", build_tokenizer())
+    weights = load_file(str(path / "model.safetensors"))
+    weights["mtp.0.attn.wq_a.scale"] = torch.ones(1)
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    full = full_target(path)
+    with pytest.raises(ValueError, match=r"MTP tensor block\.self_attn\.q_a_proj\.scale \(under mtp\.0\.\) has no "
+                                         r"place in the head written here"):
+        load_head(full.config, str(path), "q", full.get_input_embeddings(), full.get_output_embeddings())
+
+
 def test_two_mtp_layers_and_the_engine_path_are_refused_by_name(tiny, tmp_path):
     """A second MTP layer has no head here; the engine path is refused before any weights load, saying what
     vLLM would have to hand out."""

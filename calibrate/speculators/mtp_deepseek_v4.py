@@ -165,6 +165,10 @@ def load_head(config: Any, model_id: str, target_name: str, embed: nn.Embedding,
         if tuple(got.shape) != shape:
             raise ValueError(f"mtp: target {target_name!r} (deepseek_v4): MTP tensor for {key} has shape "
                              f"{tuple(got.shape)}, the target's config implies {shape}")
+    unplaced = sorted(set(state) - set(expected))
+    if unplaced:  # e.g. an FP8 / FP4 release's `.scale` tensors: its weights would be read undequantized
+        raise ValueError(f"mtp: target {target_name!r} (deepseek_v4): MTP tensor {unplaced[0]} (under {prefix}) has "
+                         "no place in the head written here (a quantized checkpoint's scales are not applied here)")
     layer.load_state_dict(state, strict=False)
     return layer.to(dtype=embed.weight.dtype, device=embed.weight.device).eval()
 
