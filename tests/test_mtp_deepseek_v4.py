@@ -179,6 +179,12 @@ def test_mtp_speculator_builds_the_family_head_from_the_registry(tiny):
     built = MtpSpeculator.build(MtpSpeculatorConfig(kind="mtp"), ctx)
     assert isinstance(built, DeepseekV4MtpSpeculator) and built.needs.layers == (LAYERS,)
     assert mtp_layer_count(full.config, "q") == 1
+    from calibrate.speculators.registry import speculator_kind
+
+    kind = speculator_kind("mtp")
+    kind.check(MtpSpeculatorConfig(kind="mtp"), str(tiny), None)
+    described = kind.described(MtpSpeculatorConfig(kind="mtp"), str(tiny))
+    assert described.params["depths"] == DEPTH_RULE and described.params["num_mtp_layers"] == 1
 
 
 def test_a_checkpoint_without_h_proj_is_refused_naming_it(tmp_path):
