@@ -243,3 +243,62 @@ def test_a_sampled_round_hands_its_distributions(whole):
         assert all(proposal.probs[j, t] > 0 for j, t in enumerate(proposal.tokens))
         assert ((proposal.probs > 0).sum(-1) <= most).all()
     assert ((plain.probs > 0).sum(-1) > 3).all()
+
+
+@pytest.mark.parametrize("method", ["replay", "loop"])
+def test_calibrate_run_scores_deepseek_v4_mtp_in_process(tiny, whole, tmp_path, mini_swe_dir, method):
+    """`calibrate run` on the tiny DeepSeek-V4 target, in process, replay and the loop: every k's counts are
+    replay's of the head on the target's own greedy responses (the runner loads the target, the mtp kind
+    builds the V4 head and installs the tap)."""
+    import duckdb
+    from typer.testing import CliRunner
+
+    from calibrate.cli import app
+    from calibrate.config import load_config
+    from calibrate.runner import _prompts, plan_units, prepare
+
+    full, spec = whole
+    path = tmp_path / "v4.toml"
+    path.write_text(f"""
+[dataset]
+source = "{mini_swe_dir / 'original'}"
+format = "mini-swe-agent"
+max_requests = 2
+seed = 3
+context_tokens = 96
+max_new_tokens = 12
+[run]
+dtype = "float32"
+device = "cpu"
+batch_size = 1
+method = "{method}"
+[[pairs]]
+target = "{tiny}"
+speculators = [{{ kind = "mtp" }}]
+[sweep]
+k = [1, 3, 8]
+""")
+    db = tmp_path / "m.duckdb"
+    res = CliRunner().invoke(app, ["run", str(path), "--db", str(db)])
+    assert res.exit_code == 0, res.output
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("""SELECT k, request_id, accepted, sum(steps) FROM accept_counts JOIN runs
+                          USING (run_id) GROUP BY ALL""").fetchall()
+    con.close()
+    got: dict[tuple[int, str], list[int]] = {}
+    for k, rid, accepted, steps in rows:
+        got.setdefault((k, rid), [0] * (k + 1))[accepted] += int(steps)
+    cfg = load_config(path)
+    prepared = prepare(cfg)
+    prompts = _prompts(cfg, cfg.pairs[0], prepared, prepared.tokenizers[str(tiny)], "off")
+    units = plan_units(prepared.requests, 1)
+    ids = [prompts[u.index].ids for u in units]
+    eos = full.config.eos_token_id
+    responses = generate_responses(full, ids, max_new_tokens=12, eos_token_ids={eos})
+    feats = target_features(full, ids, [r.tokens for r in responses], spec.needs)
+    scored = score_replay(spec, ids, responses, [1, 3, 8], features=feats)
+    assert len(units) == 2 and len(got) == 6
+    for unit, per_k in zip(units, scored, strict=True):
+        rid = prepared.requests[unit.index].request_id
+        for k in (1, 3, 8):
+            assert got[(k, rid)] == per_k[k].hist.tolist(), (k, rid)
