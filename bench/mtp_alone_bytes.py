@@ -6,8 +6,9 @@ The MTP head read alone (calibrate.speculators.mtp_alone) is the MTP layer(s) pl
 output head they share with the target. Each target is built from its config on the meta device by transformers
 (no memory), its parameters counted, and an MTP layer counted as the target's last decoder layer plus its input
 projection (2H x H) and three norms: DeepSeek's `enorm` / `hnorm` / `eh_proj` / `shared_head.norm` around a
-decoder block, Qwen3.5's `mtp.fc` and norms around a full-attention block, DeepSeek-V4's `e_proj` / `h_proj`
-(its hyper-connection head, a few thousand parameters, left out). Bytes are at bf16 (2 per parameter); FP8 /
+decoder block, Qwen3.5's `mtp.fc` and norms around a full-attention block; a family with a head written here
+(DeepSeek-V4: `e_proj` / `h_proj`, its norms and `hc_head` around a sliding-window MoE block) is counted as that
+head builds it (`layer_parameters`). Bytes are at bf16 (2 per parameter); FP8 /
 FP4 releases store less, the experts most. Whether the path serves the family, or why it refuses it, is
 calibrate.speculators.mtp_archs.
 
@@ -25,7 +26,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from calibrate.speculators.mtp_archs import LAYOUTS, model_types, refusal
+from calibrate.speculators.mtp import family_head
+from calibrate.speculators.mtp_archs import LAYOUTS, found_layout, model_types, refusal
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,10 @@ def count(config: Any) -> dict[str, float]:
         model = AutoModelForCausalLM.from_config(config)
     text = config.get_text_config()
     h, n = text.hidden_size, mtp_layers(text)
-    mtp = n * (sum(p.numel() for p in model.get_decoder().layers[-1].parameters()) + 2 * h * h + 3 * h)
+    head_class = family_head(config)
+    per_layer = (head_class.layer_parameters(config) if head_class is not None
+                 else sum(p.numel() for p in model.get_decoder().layers[-1].parameters()) + 2 * h * h + 3 * h)
+    mtp = n * per_layer
     embedding = model.get_input_embeddings().weight.numel()
     head = model.get_output_embeddings().weight
     shared = embedding + h + (0 if head is model.get_input_embeddings().weight else head.numel())
@@ -94,6 +99,9 @@ def verdict(config: Any) -> str:
     refused = refusal(config)
     if refused:
         return f"refused: {refused}"
+    found = found_layout(config)
+    if found is not None and found.engine_refusal is not None:
+        return f"in-process only: {found.engine_refusal}"
     return "served" if any(t in LAYOUTS for t in model_types(config)) else "refused: no checkpoint layout listed"
 
 

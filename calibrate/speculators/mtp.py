@@ -293,6 +293,18 @@ class _RequestState:
     last: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
 
 
+def family_head(config: Any) -> Any:
+    """The speculator class written for a family whose MTP layer is no transformers MtpLayer (its layout's
+    `head_class`, calibrate.speculators.mtp_archs), or None: MtpSpeculator serves it."""
+    import importlib
+
+    found = found_layout(config)
+    if found is None or found.head_class is None:
+        return None
+    module, name = found.head_class.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 class MtpSpeculator(ChainHead[_RequestState]):
     kind = "mtp"
     needs = TargetNeeds(last=True)
@@ -303,6 +315,8 @@ class MtpSpeculator(ChainHead[_RequestState]):
 
         path = resolve(target_name)
         config = AutoConfig.from_pretrained(path, trust_remote_code=False)  # never a model's own code
+        if (custom := family_head(config)) is not None:
+            return custom.check(spec, target_name, target_tokenizer)
         mtp_layer_count(config, target_name)
         if Path(path).is_dir():
             check_checkpoint(Path(path), config, target_name)
@@ -311,6 +325,8 @@ class MtpSpeculator(ChainHead[_RequestState]):
     def described(cls, spec: MtpSpeculatorConfig, target: str) -> Described:
         """The target's config alone says how many MTP layers it has; the head is the target's own."""
         config = model_config(target)
+        if (custom := family_head(config)) is not None:
+            return custom.described(spec, target)
         layers = mtp_layer_count(config, target)
         return Described(speculator_kind(cls.kind).config_name(spec, target),
                          _params(target, layers, found_layout(config) or DEEPSEEK),
@@ -319,6 +335,8 @@ class MtpSpeculator(ChainHead[_RequestState]):
     @classmethod
     def build(cls, spec: MtpSpeculatorConfig, ctx: BuildContext) -> MtpSpeculator:
         target = ctx.target
+        if (custom := family_head(target.model.config)) is not None:
+            return custom.build(spec, ctx)
         return cls(load_mtp(target.model, target.name), name=target.name, model_id=target.model_id,
                    model_hash=target.fingerprint)
 

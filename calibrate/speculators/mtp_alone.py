@@ -35,13 +35,16 @@ def load_mtp_target(name: str, dtype: str = "auto", device: str = "auto", tokeni
     """The target as its MTP head sees it: every module on the meta device but the embedding, final norm and
     output head, read alone from the checkpoint; `loaded` records those and the MTP layers' tensors (which
     `load_mtp` then reads) against the whole checkpoint's bytes. Refused by name: a family with no MTP layers,
-    one refused or without a known layout (mtp_archs), a checkpoint without safetensors or without a tensor."""
+    one refused or without a known layout (mtp_archs) or whose head the engine cannot feed, a checkpoint without safetensors or without a tensor."""
     model_id = resolve(name)
     device = resolve_device(device)
     dtype = choose_dtype(dtype, device).dtype
     model = skeleton(name)
     mtp_layer_count(model.config, name)
     found = layout(model.config, name)
+    if found.engine_refusal is not None:
+        raise ValueError(f"mtp: target {name!r} ({model.config.get_text_config().model_type}): its MTP head "
+                         f"{found.engine_refusal}")
     checkpoint = open_checkpoint(name, model_id, hub_access(name, model_id))
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     shared = [found.embedding, found.final_norm, *([] if tied else [found.head])]

