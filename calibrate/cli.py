@@ -38,7 +38,6 @@ def run(
     """Replay the dataset through every target + speculator pair and store acceptance counts (resumable)."""
     from calibrate.plan import load_routed_config
     from calibrate.quiet import quiet_third_party
-    from calibrate.runner import execute
 
     console = Console(file=sys.stderr)  # bound now: quiet_third_party sends sys.stderr itself to /dev/null
     cfg = load_routed_config(config, {"dataset": {"max_requests": max_requests}})
@@ -46,11 +45,13 @@ def run(
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     if plan:
         from calibrate.plan_view import print_plan
-        from calibrate.runner import preview
+        from calibrate.prepared import preview
 
         with quiet_third_party(enabled=not verbose):
             print_plan(Console(), preview(cfg, db), db)
         return
+    from calibrate.runner import execute  # the engines, and torch: not for --plan
+
     with quiet_third_party(enabled=not verbose), terminate_as_interrupt():
         summary = execute(cfg, db, console=console)
     console.print(

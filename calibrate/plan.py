@@ -32,11 +32,9 @@ from typing import Any, Literal
 
 from calibrate.config import Config, ConfigError, PairConfig, ServerConfig, load_config
 from calibrate.dtypes import DtypeChoice
-from calibrate.engines.base import Budget
-from calibrate.engines.factory import server_speculator
-from calibrate.engines.server_replay import served_dtype
-from calibrate.engines.settings import EngineSettings, PairSettings, ServerSettings
-from calibrate.models import AT_LOAD, fingerprint, load_fingerprint, resolve
+from calibrate.fingerprints import AT_LOAD, fingerprint, load_fingerprint
+from calibrate.model_names import resolve
+from calibrate.plan_records import Budget, EngineSettings, PairSettings, ServerSettings, served_dtype, server_speculator
 from calibrate.replay.steps import STEP_RULE_VERSION
 from calibrate.speculators.configs import Described
 from calibrate.speculators.registry import KINDS
@@ -306,7 +304,7 @@ class Measurement:
 
 @dataclass(frozen=True)
 class Selected:
-    """What the plan takes from the selected requests and the machine (calibrate.runner.prepare)."""
+    """What the plan takes from the selected requests and the machine (calibrate.prepared.prepare)."""
 
     dataset_fingerprint: str
     dataset_format: str

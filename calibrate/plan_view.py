@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from calibrate.plan import Measurement
-from calibrate.runner import Previewed
+from calibrate.prepared import Previewed
 
 
 def print_plan(console: Console, previewed: Sequence[Previewed], db: Path | None) -> None:

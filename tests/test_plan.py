@@ -10,6 +10,7 @@ the runner, the engines and the server routes, which stay as they were."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -265,16 +266,95 @@ def test_plan_needs_no_weights(tmp_path, pair):
     assert not (tmp_path / "tables").exists()  # nothing written
 
 
+# Run in a fresh interpreter: records the first real import of torch (the module executed, not a find_spec
+# probe such as datasets' availability check) as the stack that led to it, then runs the given code.
+WATCH_TORCH = """
+import importlib.machinery, json, sys, traceback
+first = []
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+        def exec_module(module):
+            first.append([(f.filename, f.name) for f in traceback.extract_stack() if "frozen" not in f.filename])
+            sys.meta_path.remove(self)
+            return run(module)
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, Watch())
+try:
+    exec(sys.argv[1])
+finally:
+    engines = sorted(m for m in sys.modules if m.startswith("calibrate.engines"))
+    print(json.dumps({"torch": first[0] if first else None, "engines": engines}), file=sys.__stdout__)
+"""
+
+
+def watched(tmp_path: Path, code: str, *args: str) -> dict:
+    """`code` run in a fresh interpreter (argv after it: `args`), with what imported torch first, if anything,
+    and which engine modules it imported."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", WATCH_TORCH, code, *args], check=False, capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_plan_imports_no_torch_and_no_engine(tmp_path, pair):
+    """The plan is decided from the config and the model files alone: building it for in-process kinds and
+    for server pairs (plain replay and speculating servers) imports neither torch nor any engine module."""
+    target, draft = pair
+    path = config(tmp_path, [
+        {"target": target, "speculators": [{"kind": "draft", "model": draft}, {"kind": "ngram"}, {"kind": "suffix"}]},
+        {"target": target, "backend": "llama.cpp", "server": {"mode": "connect", "url": "http://h:1"},
+         "speculators": [{"kind": "ngram"}, {"kind": "draft", "model": draft}]},
+        {"target": target, "backend": "vllm", "server": {"mode": "launch", "model": target},
+         "speculators": [{"kind": "engine", "method": "dflash", "model": draft}]},
+    ], temperature=[0.0, 0.7])
+    code = ("from calibrate.dtypes import DtypeChoice\n"
+            "from calibrate.plan import Selected, build_plan, load_routed_config\n"
+            "plan = build_plan(load_routed_config(sys.argv[2]), Selected('f', 'openai', {}, 'cpu',"
+            " DtypeChoice('float32', 'set')))\n"
+            "assert {m.source for m in plan} == {'in-process', 'plain server', 'speculating server'}, plan\n")
+    seen = watched(tmp_path, code + "assert 'calibrate.models' not in sys.modules\n", str(path))
+    assert seen == {"torch": None, "engines": []}
+
+
+def test_run_plan_imports_torch_only_through_transformers_tokenizers(tmp_path, pair):
+    """`calibrate run --plan` loads no engine, and no module of calibrate imports torch: the one way torch comes
+    in is transformers loading a target's tokenizer (its tokenizer module imports configuration_utils, which
+    imports modeling_rope_utils, which imports torch wherever it is installed: transformers 5.x). Should a
+    module of calibrate import it first, the innermost calibrate frame on that import's way would name it.
+    (The drafters' own checks, `Kind.check` before any weights load, import their modules after that.)"""
+    target, draft = pair
+    path = config(tmp_path, [{"target": target, "speculators": [{"kind": "draft", "model": draft},
+                                                                {"kind": "ngram"}]}])
+    code = ("from calibrate.cli import app\n"
+            "sys.argv = ['calibrate', 'run', sys.argv[2], '--plan', '--db', sys.argv[3]]\n"
+            "try:\n    app()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n")
+    seen = watched(tmp_path, code, str(path), str(tmp_path / "none.duckdb"))
+    assert seen["engines"] == []
+    assert seen["torch"] is not None  # transformers is installed with torch here
+    ours = [(Path(file).relative_to(ROOT).as_posix(), name) for file, name in seen["torch"]
+            if Path(file).is_relative_to(ROOT / "calibrate")]
+    assert ours[-1] == ("calibrate/model_files.py", "load_tokenizer"), ours
+    after = seen["torch"][[name for _, name in seen["torch"]].index("load_tokenizer") + 1:]
+    assert all("/transformers/" in file or "importlib" in file for file, _ in after if file != "<string>"), after
+    assert not (tmp_path / "none.duckdb").exists()
+
+
 # -- what the engines are told ----------------------------------------------------------------------------------
 
 def test_engines_are_told_by_typed_records_that_hold_every_server_key(tmp_path):
-    """The plan hands the engines frozen records (calibrate.engines.settings), never the config: each key of
+    """The plan hands the engines frozen records (calibrate.plan_records), never the config: each key of
     `[pairs.server]` arrives under its own name with its value (a key added to the schema and not to the record
     fails here, rather than being silently unread), and the run's settings arrive as the config says them."""
     from dataclasses import fields
 
     from calibrate.config import ServerConfig
-    from calibrate.engines.settings import PairSettings, ServerSettings
+    from calibrate.plan_records import PairSettings, ServerSettings
     from calibrate.plan import engine_settings, pair_settings
 
     assert {f.name for f in fields(ServerSettings)} == set(ServerConfig.model_fields)

@@ -4,7 +4,7 @@ The runner hands an engine a batch of rendered prompts and gets back, per prompt
 (speculator name, k). It never touches a model itself, so the same runner drives a target loaded in this
 process (calibrate.engines.in_process: greedy replay-once, the loop) and a 1-trillion-parameter model
 behind a vLLM, SGLang or llama.cpp server (calibrate.engines.server_engine). calibrate.engines.factory
-makes them from the plan's records of a pair (calibrate.engines.settings).
+makes them from the plan's records of a pair (calibrate.plan_records).
 """
 
 from __future__ import annotations
@@ -103,19 +103,3 @@ class Engine(Protocol):
         trajectories): the conversation each prompt continues, one turn of each per batch, in order across
         batches; an engine reuses their prefixes where it can (prefix reuse)."""
         ...
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What a launched server is sized for and what each request asks: the run's [dataset] budget."""
-
-    context_tokens: int
-    max_new_tokens: int
-    seed: int
-    # Whole trajectories with prefix reuse: the engine's prefix cache is on (vLLM's automatic prefix caching,
-    # SGLang's radix cache, llama.cpp's cache_prompt with a slot per conversation) and the run records it.
-    prefix_cache: bool = False
-
-    @property
-    def max_model_len(self) -> int:
-        return self.context_tokens + self.max_new_tokens + 16  # a chat template's few tokens over the cut

@@ -1,7 +1,7 @@
 """One factory for every pair: the engines that measure it, in this process or through servers alike.
 
 What measures what is decided by the measurement plan (calibrate.plan); this module makes the engines it
-names, from the typed records the plan fills (calibrate.engines.settings), never from the config itself.
+names, from the typed records the plan fills (calibrate.plan_records), never from the config itself.
 `PairEngines(settings, pair, ..., scored, served)` loads what the pair needs up front: for
 `backend = "transformers"` the target and its speculators; for a server backend, the scorers plain-engine
 replay runs here (the speculators at `scored`, and the target itself where their hidden states come from an
@@ -20,14 +20,15 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from calibrate.engines.audit import Twin
-from calibrate.engines.base import Budget, Engine, Labeller, TargetIdentity
+from calibrate.engines.base import Engine, Labeller, TargetIdentity
+from calibrate.plan_records import Budget
 from calibrate.engines.hidden_states import EngineFeatures, FinalState, InProcessFeatures
 from calibrate.engines.in_process import ExpertProfile, LoopEngine, ReplayEngine
 from calibrate.engines.llamacpp import LlamaCppBackend
 from calibrate.engines.served_model import check_served_model
-from calibrate.engines.server_engine import Backend, Served, ServerEngine, ServerSpeculator
+from calibrate.engines.server_engine import Backend, Served, ServerEngine
 from calibrate.engines.server_replay import FeatureSource, ServerReplayEngine
-from calibrate.engines.settings import EngineSettings, PairSettings
+from calibrate.plan_records import EngineSettings, PairSettings, server_speculator
 from calibrate.engines.sglang import SGLangBackend
 from calibrate.engines.vllm import VLLMBackend
 from calibrate.terms import Sampling
@@ -140,20 +141,6 @@ class PairEngines:
 
 
 # -- servers ------------------------------------------------------------------------------------------------
-
-def server_speculator(spec: SpeculatorConfig, pair: PairSettings) -> ServerSpeculator:
-    """The speculator a server runs, named exactly as the in-process speculator of the same config (the
-    kind's `config_name`), so the rows share a key whatever the engine; its engine spelling from the kind."""
-    cls = speculator_kind(spec.kind)
-    # A launch needs the engine's spelling (the config validator has refused a kind without one); a
-    # connected server runs what it was started with.
-    method = cls.backend_method(spec, pair.backend, resolve) if pair.server.mode == "launch" else None
-    weights = getattr(spec, "gguf", None) if pair.backend == "llama.cpp" else getattr(spec, "model", None)
-    identity = (resolve(weights), fingerprint(resolve(weights))) if weights else (None, None)
-    params = {k: v for k, v in spec.model_dump().items() if k != "kind"}
-    return ServerSpeculator(name=cls.config_name(spec, pair.target), kind=spec.kind, params=params,
-                            identity=identity, method=method, drafts_every_step=cls.drafts_every_step)
-
 
 def _target(pair: PairSettings, url: str, info: dict[str, Any]) -> TargetIdentity:
     """What a run records of a server's target, once the model it serves is checked (served_model)."""

@@ -20,30 +20,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 from calibrate.data import RenderedPrompt
 from calibrate.engines.adaptive import adaptive_verification
 from calibrate.engines.audit import Placement, Twin, disagreeing_steps, place_steps, reconciled_counts
-from calibrate.engines.base import BatchResult, Budget, Labeller, Measured, TargetIdentity
+from calibrate.engines.base import BatchResult, Labeller, Measured, TargetIdentity
+from calibrate.plan_records import Budget
 from calibrate.engines.inflight import concurrently
 from calibrate.engines.replies import Asked
 from calibrate.engines.server import EngineError, Server
-from calibrate.engines.settings import PairSettings, ServerSettings
+from calibrate.plan_records import PairSettings, ServerSettings, ServerSpeculator
 from calibrate.terms import Sampling, StepCounts, TotalCounts
 from calibrate.progress import TokenProgress
 from calibrate.replay.steps import StepSeries, drafted_steps_counts, walk_engine_steps
-from calibrate.speculators.registry import BackendMethod
 
 if TYPE_CHECKING:
     from calibrate.speculators.base import ReplayScorer
-
-
-@dataclass(frozen=True)
-class ServerSpeculator:
-    """The speculator a server runs, named as the in-process one so their rows share a key."""
-
-    name: str
-    kind: str
-    params: dict[str, Any]
-    identity: tuple[str | None, str | None]
-    method: BackendMethod | None  # how a launched engine runs it (the kind's own declaration); None: connected
-    drafts_every_step: bool  # a model drafter: each verify step drafts k, so an engine's step list is complete
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from calibrate.data import RenderedPrompt
-from calibrate.engines.base import BatchResult, Budget, Labeller, TargetIdentity
+from calibrate.engines.base import BatchResult, Labeller, TargetIdentity
+from calibrate.plan_records import Budget
 from calibrate.engines.hidden_states import InProcessFeatures
 from calibrate.engines.in_process import prefix_features, score_responses
 from calibrate.engines.inflight import concurrently
@@ -27,7 +28,7 @@ from calibrate.engines.replies import Asked
 from calibrate.kv_slots import ConversationCaches
 from calibrate.engines.server import EngineError, Server
 from calibrate.engines.server_engine import Backend, ConversationSlots, request_sampling, slots_for
-from calibrate.engines.settings import PairSettings
+from calibrate.plan_records import PairSettings, served_dtype
 from calibrate.terms import Sampling
 from calibrate.progress import TokenProgress
 from calibrate.replay.responses import Response
@@ -43,16 +44,6 @@ class FeatureSource(Protocol):
 
     def features(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
                  needs: TargetNeeds) -> list[TargetFeatures]: ...
-
-
-def served_dtype(args: Sequence[str]) -> str:
-    """The precision a server's args ask for (`--dtype X` / `--dtype=X`), else "as served" (its default)."""
-    for i, arg in enumerate(args):
-        if arg == "--dtype" and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--dtype="):
-            return arg.split("=", 1)[1]
-    return "as served"
 
 
 class ServerReplayEngine:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from calibrate.engines.base import Budget
+from calibrate.plan_records import Budget
 from calibrate.engines.replies import Asked, Fields, FinishReasons
 from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json
@@ -40,7 +40,7 @@ from calibrate.replay.steps import StepSeries
 from calibrate.speculators.registry import BackendMethod
 
 if TYPE_CHECKING:
-    from calibrate.engines.settings import ServerSettings
+    from calibrate.plan_records import ServerSettings
 
 PREFIX = "vllm:spec_decode_"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
