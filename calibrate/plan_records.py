@@ -28,9 +28,11 @@ class Budget:
     context_tokens: int
     max_new_tokens: int
     seed: int
-    # Whole trajectories with prefix reuse: the engine's prefix cache is on (vLLM's automatic prefix caching,
-    # SGLang's radix cache, llama.cpp's cache_prompt with a slot per conversation) and the run records it.
-    prefix_cache: bool = False
+    # Prefix reuse, decided once by the plan (calibrate.plan.budget_of: whole trajectories, `[run] prefix_reuse`)
+    # and read here by every engine: in this process each conversation's caches (calibrate.kv_slots); a
+    # server's prefix cache (vLLM's automatic prefix caching, SGLang's radix cache, llama.cpp's cache_prompt
+    # with a slot per conversation), which the run records.
+    prefix_reuse: bool = False
 
     @property
     def max_model_len(self) -> int:
@@ -64,6 +66,24 @@ class ServerSettings:
     audit: bool
 
 
+TargetView = Literal["whole", "mtp", "embeddings"]
+
+
+@dataclass(frozen=True)
+class Loads:
+    """What this process loads for a pair (the same for each of its measurements): the speculators it builds
+    (`scored`: every one of an in-process pair, those replay scores of a server pair), the served speculators
+    given an in-process twin for the engine audit (`twinned`), the target's view it loads and under which name
+    (`target`: the whole model, the MTP head's view, the embedding table alone; None: none), and where replay's
+    scorers take their hidden states (`features`: "in-process", "engine", None where none reads any)."""
+
+    scored: tuple[int, ...]
+    twinned: tuple[int, ...]
+    target: TargetView | None
+    weights: str | None
+    features: Literal["in-process", "engine"] | None
+
+
 @dataclass(frozen=True)
 class PairSettings:
     """A pair as its engines see it: the target (it names the tokenizer and the rows), where it runs, its
@@ -78,8 +98,8 @@ class PairSettings:
 @dataclass(frozen=True)
 class EngineSettings:
     """What the engines take of the run: the k values every engine scores, the per-request budget of new
-    tokens, how in-process engines batch and verify, whether a conversation's prefix is reused, and whether
-    any temperature samples (then the engine audit's in-process twins are built)."""
+    tokens, how in-process engines batch and verify, and whether any temperature samples. Whether a
+    conversation's prefix is reused is the measurement's `Budget.prefix_reuse`."""
 
     ks: tuple[int, ...]
     max_new_tokens: int
@@ -87,7 +107,6 @@ class EngineSettings:
     sampled: bool
     verify_kernel: Literal["auto", "triton", "reference"]
     verification: Literal["target-only", "probabilistic"]
-    prefix_reuse: bool
     experts: bool
     expert_batch_sizes: tuple[int, ...]
 

@@ -113,10 +113,10 @@ class Previewed:
     stored: int | None  # of those, already in the store (skipped by a run); None: run ids known only at launch
 
 
-def preview(config: Config, db: str | Path | None = None) -> list[Previewed]:
+def preview(config: Config, db: str | Path | None = None, where: str = "config") -> list[Previewed]:
     """The plan, and what the store at `db` (if it exists) holds of it: read from the config, the dataset and
     the tokenizers alone; no model loads, no server starts, nothing is written."""
-    check_routes(config)
+    check_routes(config, where)  # once, before the data is read (a route error names `where`)
     prepared = prepare(config)
     done = _stored_requests(Path(db)) if db is not None and Path(db).exists() else {}
     out = []

@@ -22,18 +22,16 @@ from typing import Any
 import duckdb
 from rich.console import Console
 
-from calibrate.config import Config, PairConfig
+from calibrate.config import Config
 from calibrate.data import RenderedPrompt, label_segments
 from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.dtypes import DtypeChoice, slow_bf16_warning
 from calibrate.engines import Engine, PairEngines
 from calibrate.terms import RequestOutcome
 from calibrate.models import LoadedModel
-from calibrate.plan import (Launched, Measurement, check_routes, engine_settings, pair_settings, scored_here,
-                            server_split, settle)
+from calibrate.plan import Launched, Measurement, check_routes, settle
 from calibrate.prepared import Prepared, Unit, _prompts, plan, plan_units, prepare, response_id  # noqa: F401
 from calibrate.progress import RunProgress
-from calibrate.speculators.configs import Described
 from calibrate.tables.store import RunSpec, Store
 
 
@@ -47,10 +45,11 @@ class RunSummary:
     problems: list[Problem] = field(default_factory=list)
 
 
-def execute(config: Config, db: str | Path, console: Console | None = None) -> RunSummary:
-    """Run every measurement of the config's plan into the store at `db`."""
+def execute(config: Config, db: str | Path, console: Console | None = None, where: str = "config") -> RunSummary:
+    """Run every measurement of the config's plan into the store at `db`. Its routes are checked once, before
+    the data is read (a route error names `where`: the config file)."""
     console = console or Console(stderr=True)
-    check_routes(config)  # before the data is read
+    check_routes(config, where)
     prepared = prepare(config)
     measurements = plan(config, prepared)
     if any(pair.backend == "transformers" for pair in config.pairs):
@@ -61,46 +60,38 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
     with open_store(db) as store:
         recorder = _Recorder(store, prepared, config.run.batch_size, summary, console,
                              whole=config.dataset.conversations is not None)
-        for n, pair in enumerate(config.pairs):
-            _run_pair(config, pair, prepared, drafts, recorder, console,
-                      [(i, m) for i, m in enumerate(measurements, 1) if m.pair == n], len(measurements))
+        engines: PairEngines | None = None
+        prompts: dict[tuple[int, str], list[RenderedPrompt]] = {}
+        for number, m in enumerate(measurements, 1):
+            pair, tokenizer = config.pairs[m.pair], prepared.tokenizers[m.target]
+            if engines is None or engines.pair_index != m.pair:  # a pair's models load once, for all its settings
+                engines = None  # the last pair's models go before the next one's load
+                _announce_loads(m, console)
+                engines = PairEngines(m, tokenizer, prepared.device, prepared.dtype.dtype, drafts)
+            if (m.pair, m.thinking) not in prompts:
+                prompts = {(m.pair, m.thinking): _prompts(config, pair, prepared, tokenizer, m.thinking)}
+            with engines.open(m, _labeller(tokenizer, m.thinking)) as engine:
+                facts = launched(engine)
+                specs = {(run.speculator, run.k): settle(run, facts) for run in m.runs}
+                recorder.run_group(specs, engine, prompts[m.pair, m.thinking],
+                                   f"[{number}/{len(measurements)}] {m.label}", samples=m.samples, lanes=m.lanes)
     summary.seconds = time.perf_counter() - started
     return summary
 
 
-def _run_pair(config: Config, pair: PairConfig, prepared: Prepared, drafts: dict[str, LoadedModel],
-              recorder: _Recorder, console: Console, measurements: list[tuple[int, Measurement]], total: int) -> None:
-    """The planned measurements of one pair (numbered in the whole plan), through the engines the factory
-    makes for it."""
-    scored = scored_here(config, pair)
-    if pair.backend == "transformers":
-        console.print(f"loading {pair.target} and its speculators", highlight=False, soft_wrap=True)
-    elif scored:
-        console.print(f"loading the speculators that score {pair.backend}'s responses for {pair.target}",
+def _announce_loads(m: Measurement, console: Console) -> None:
+    if m.backend == "transformers":
+        console.print(f"loading {m.target} and its speculators", highlight=False, soft_wrap=True)
+    elif m.loads.scored:
+        console.print(f"loading the speculators that score {m.backend}'s responses for {m.target}",
                       highlight=False, soft_wrap=True)
-    tokenizer = prepared.tokenizers[pair.target]
-    served = [] if pair.server is None else server_split(pair, config.run.method)[1]
-    engines = PairEngines(engine_settings(config), pair_settings(pair), tokenizer, prepared.device,
-                          prepared.dtype.dtype, drafts, scored, served)
-    prompts: dict[str, list[RenderedPrompt]] = {}
-    for number, m in measurements:
-        if m.thinking not in prompts:
-            prompts = {m.thinking: _prompts(config, pair, prepared, tokenizer, m.thinking)}
-        with engines.open(m.scorer, m.sampling, _labeller(tokenizer, m.thinking), m.budget, m.served) as engine:
-            facts = launched(engine)
-            specs = {(run.speculator, run.k): settle(run, facts) for run in m.runs}
-            recorder.run_group(specs, engine, prompts[m.thinking], f"[{number}/{total}] {m.label}",
-                               samples=m.samples, lanes=lanes(config, pair))
 
 
 def launched(engine: Engine) -> Launched:
-    """What an engine reports of itself once its models are loaded and its servers up (calibrate.plan.settle)."""
+    """What loading and launching told of an engine's models and servers (calibrate.plan.settle)."""
     target = engine.target
-    return Launched(method=engine.name, target_id=target.model_id, target_fingerprint=target.fingerprint,
-                    served_model=engine.served_model,
-                    speculators={s.name: Described(s.name, s.params, *s.identity) for s in engine.speculators},
-                    dtype=engine.dtype, verification=engine.verification, responses_from=engine.responses_from,
-                    responses_dtype=engine.responses_dtype, features_from=engine.features_from,
+    return Launched(target_id=target.model_id, target_fingerprint=target.fingerprint,
+                    speculators={s.name: tuple(s.identity) for s in engine.speculators},
                     server=dict(engine.provenance or {}))
 
 
@@ -132,11 +123,6 @@ def _announce_dtype(choice: DtypeChoice, device: str, console: Console) -> None:
     warning = slow_bf16_warning(choice, device)
     if warning:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
-
-
-def lanes(config: Config, pair: PairConfig) -> int:
-    """How many conversations run side by side: the batch size in this process, a server's concurrency."""
-    return config.run.batch_size if pair.server is None else pair.server.concurrency
 
 
 def _labeller(tokenizer: Any, thinking: str):

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -195,21 +196,30 @@ def test_a_hub_target_s_identity_is_known_at_load(tmp_path, pair):
     assert run.spec.target_hash == AT_LOAD and run.pending == ("target_hash",) and run.run_id is None
 
 
-def test_an_engine_that_measures_otherwise_than_planned_is_refused(tmp_path, pair):
-    """settle: the plan names the rows; an engine reporting another identity stops the run."""
-    target, _ = pair
-    cfg = load_routed_config(config(tmp_path, [{"target": target, "speculators": [{"kind": "ngram"}]}]))
+def test_settle_fills_in_what_loading_told_and_refuses_other_weights(tmp_path, pair):
+    """settle: the plan names the rows and loading only completes them (a hub id's revision, the servers'
+    provenance); weights other than the plan fingerprinted (changed in between), or another speculator, stop
+    the run. How the counts are made is the plan's alone: the engine is not asked to re-state it."""
+    target, draft = pair
+    cfg = load_routed_config(config(tmp_path, [{"target": target, "speculators": [{"kind": "draft", "model": draft}]}]))
     [m] = plan(cfg, prepare(cfg))
-
     run = m.runs[0]
-    engine = SimpleNamespace(name="loop", dtype=None, verification=None, served_model=None, provenance=None,
-                             responses_from=None, responses_dtype=None, features_from=None,
-                             target=SimpleNamespace(model_id=str(target), fingerprint=run.spec.target_hash),
-                             speculators=[SimpleNamespace(name="ngram", params=run.spec.speculator_params,
-                                                          identity=(None, None))])
-    assert settle(run, launched(SimpleNamespace(**{**vars(engine), "name": "replay"}))).run_id == run.run_id
-    with pytest.raises(PlanMismatch, match="the plan says method = 'replay', the engine measures 'loop'"):
-        settle(run, launched(engine))
+
+    def engine(target_hash, draft_hash, name=f"draft:{draft}"):
+        return SimpleNamespace(provenance={"version": "v1"},
+                               target=SimpleNamespace(model_id=str(target), fingerprint=target_hash),
+                               speculators=[SimpleNamespace(name=name, identity=(str(draft), draft_hash))])
+
+    settled = settle(run, launched(engine(run.spec.target_hash, run.spec.draft_hash)))
+    assert settled.run_id == run.run_id and settled.server == {"version": "v1"}
+    with pytest.raises(PlanMismatch, match="the plan says target_hash = .*, loading found 'other'"):
+        settle(run, launched(engine("other", run.spec.draft_hash)))
+    with pytest.raises(PlanMismatch, match="the plan says draft_hash = .*, loading found 'other'"):
+        settle(run, launched(engine(run.spec.target_hash, "other")))
+    with pytest.raises(PlanMismatch, match="the engine built \\['ngram'\\]"):
+        settle(run, launched(engine(run.spec.target_hash, run.spec.draft_hash, name="ngram")))
+    hub = replace(run, spec=replace(run.spec, target_hash=AT_LOAD))  # a hub id: its revision comes with the download
+    assert settle(hub, launched(engine("rev-1", run.spec.draft_hash))).target_hash == "rev-1"
 
 
 def test_routes_that_cannot_run_are_refused_with_the_file_named(tmp_path, pair):
@@ -370,7 +380,31 @@ def test_engines_are_told_by_typed_records_that_hold_every_server_key(tmp_path):
     assert {f.name: getattr(settings.server, f.name) for f in fields(ServerSettings)} == {
         **dumped, "args": ("--threads", "2")}
     run = engine_settings(cfg)
-    assert (run.ks, run.max_new_tokens, run.batch_size, run.sampled, run.prefix_reuse) == ((1, 3), 12, 2, True, False)
+    assert (run.ks, run.max_new_tokens, run.batch_size, run.sampled) == ((1, 3), 12, 2, True)
     assert pair_settings(load_config(config(tmp_path, [{"target": "t", "speculators": [{"kind": "ngram"}]}]))
                          .pairs[0]).server is None
 
+
+
+def test_prefix_reuse_is_decided_once_and_every_engine_reads_it_there(tmp_path, pair):
+    """Prefix reuse is one fact: the plan decides it (whole trajectories, where `[run] prefix_reuse` allows) into
+    each measurement's Budget, which the in-process engines and the servers alike read; the run's settings hold
+    no second flag."""
+    from dataclasses import fields
+
+    from calibrate.plan_records import EngineSettings
+
+    target, _ = pair
+    assert "prefix_reuse" not in {f.name for f in fields(EngineSettings)}
+    pairs = [{"target": target, "speculators": [{"kind": "ngram"}]},
+             {"target": target, "backend": "llama.cpp", "server": {"mode": "connect", "url": "http://h:1"},
+              "speculators": [{"kind": "ngram"}]}]
+    for conversations, reuse, decided in ((2, True, True), (2, False, False), (None, True, False)):
+        path = config(tmp_path, pairs, run={"prefix_reuse": reuse})
+        cfg = load_config(path)
+        if conversations:
+            cfg = cfg.model_copy(update={"dataset": cfg.dataset.model_copy(
+                update={"conversations": conversations, "max_requests": None})})
+        measurements = plan(cfg, prepare(cfg))
+        assert {m.source for m in measurements} == {"in-process", "plain server"}
+        assert {m.budget.prefix_reuse for m in measurements} == {decided}, (conversations, reuse)

@@ -135,8 +135,6 @@ class ServerEngine:
     """Measures through one server's own speculation; a context manager so a launched server is always stopped."""
 
     expert_layers: list[int] = []  # the verify-cost profile is an in-process measurement
-    verification = None  # the engine's own rule
-    responses_from = responses_dtype = features_from = None  # its counts are its own, not a replay
 
     def __init__(self, backend: Backend, served: Served, budget: Budget, sampling: Sampling, labeller: Labeller,
                  target_of: Callable[[PairSettings, str, dict[str, Any]], TargetIdentity], vocab: int,
@@ -146,11 +144,10 @@ class ServerEngine:
         self.target: TargetIdentity | None = None  # known once the server answered
         self.name = backend.name
         self.speculators, self.ks = [served.speculator], [served.k]
-        self.dtype = "as served"
         self.server_cfg = cfg = served.pair.server
         command = (lambda host, port: backend.command(served, host, port, budget)) if cfg.mode == "launch" else None
         self.server = Server(backend.name, cfg, backend.health, backend.describe, command=command, url=cfg.url)
-        self.slots = ConversationSlots(cfg.concurrency) if budget.prefix_cache else None
+        self.slots = ConversationSlots(cfg.concurrency) if budget.prefix_reuse else None
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def __enter__(self) -> ServerEngine:
@@ -175,10 +172,6 @@ class ServerEngine:
         adaptive = adaptive_verification(self.name, None if launched is None else launched.command, self.server.info)
         return {**self.server.provenance, **({"prefix_cache": True} if self.slots is not None else {}),
                 **({"adaptive_verification": adaptive} if adaptive is not None else {})}
-
-    @property
-    def served_model(self) -> str | None:
-        return None if self.target is None else self.target.served_model
 
     # -- measuring ------------------------------------------------------------------------------------
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],

@@ -28,7 +28,7 @@ from calibrate.engines.replies import Asked
 from calibrate.kv_slots import ConversationCaches
 from calibrate.engines.server import EngineError, Server
 from calibrate.engines.server_engine import Backend, ConversationSlots, request_sampling, slots_for
-from calibrate.plan_records import PairSettings, served_dtype
+from calibrate.plan_records import PairSettings
 from calibrate.terms import Sampling
 from calibrate.progress import TokenProgress
 from calibrate.replay.responses import Response
@@ -50,10 +50,7 @@ class ServerReplayEngine:
     """A plain server's responses, scored here for every speculator and k; a context manager (the servers'
     lifetime)."""
 
-    name = "replay"
     expert_layers: list[int] = []
-    dtype = None  # the scorers': the run's own
-    verification = "target-only"  # at T > 0: a draft is accepted iff it is the response's token there
 
     def __init__(self, backend: Backend, pair: PairSettings, budget: Budget, sampling: Sampling, labeller: Labeller,
                  speculators: Sequence[Speculator], ks: Sequence[int],
@@ -62,15 +59,13 @@ class ServerReplayEngine:
         self.backend, self.pair, self.budget, self.sampling, self.vocab = backend, pair, budget, sampling, vocab
         self.labeller, self.speculators, self.ks = labeller, list(speculators), list(ks)
         self.target_of, self.features = target_of, features
-        self.responses_from, self.responses_dtype = backend.name, served_dtype(pair.server.args)
-        self.features_from = None if features is None else features.name
         self._open = contextlib.ExitStack()
         self.target: TargetIdentity | None = None
         cfg = pair.server
         command = (lambda host, port: backend.plain_command(cfg, host, port, budget)) if cfg.mode == "launch" else None
         self.server = Server(backend.name, cfg, backend.health, backend.describe, command=command, url=cfg.url)
-        self.slots = ConversationSlots(cfg.concurrency) if budget.prefix_cache else None
-        self.caches = ConversationCaches() if budget.prefix_cache else None  # the scorers' models, in this process
+        self.slots = ConversationSlots(cfg.concurrency) if budget.prefix_reuse else None
+        self.caches = ConversationCaches() if budget.prefix_reuse else None  # the scorers' models, in this process
 
     def __enter__(self) -> ServerReplayEngine:
         cfg = self.pair.server
@@ -95,10 +90,6 @@ class ServerReplayEngine:
 
     def close(self) -> None:
         self._open.close()
-
-    @property
-    def served_model(self) -> str | None:
-        return None if self.target is None else self.target.served_model
 
     @property
     def provenance(self) -> dict[str, Any]:

@@ -108,8 +108,8 @@ class SGLangBackend:
 
     def plain_command(self, cfg: ServerSettings, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
         """The server without speculation (plain-engine replay), `extra` flags before the config's own args.
-        The radix cache is off unless whole trajectories reuse prefixes (`budget.prefix_cache`)."""
-        caching = [] if budget.prefix_cache else ["--disable-radix-cache"]
+        The radix cache is off unless whole trajectories reuse prefixes (`budget.prefix_reuse`)."""
+        caching = [] if budget.prefix_reuse else ["--disable-radix-cache"]
         return [*(cfg.command.split() if cfg.command else ["python", "-m", "sglang.launch_server"]),
                 "--model-path", resolve(cfg.model), "--host", host, "--port", str(port), *extra,
                 *caching, "--context-length", str(budget.max_model_len),

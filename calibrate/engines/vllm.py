@@ -207,9 +207,9 @@ class VLLMBackend:
 
     def plain_command(self, cfg: ServerSettings, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
         """The server without speculation (plain-engine replay), `extra` flags before the config's own args.
-        Prefix caching is off unless whole trajectories reuse prefixes (`budget.prefix_cache`): then it is on,
+        Prefix caching is off unless whole trajectories reuse prefixes (`budget.prefix_reuse`): then it is on,
         with the cached tokens reported in each reply's usage."""
-        caching = (["--enable-prefix-caching", "--enable-prompt-tokens-details"] if budget.prefix_cache
+        caching = (["--enable-prefix-caching", "--enable-prompt-tokens-details"] if budget.prefix_reuse
                    else ["--no-enable-prefix-caching"])
         return [*(cfg.command.split() if cfg.command else default_command()), "--model", resolve(cfg.model),
                 "--host", host, "--port", str(port), *caching,
