@@ -204,9 +204,15 @@ def pair_settings(pair: PairConfig) -> PairSettings:
     return PairSettings(pair.target, pair.backend, tuple(pair.speculators), server)
 
 
+# `[pairs.server]` keys the plan decides from, which reach the engines only as its decisions: the k a connected
+# server speculates at (Measurement.served), the engine audit's twins and where hidden states come from (Loads).
+PLANNED_SERVER_KEYS = {"k": "Measurement.served", "audit": "Loads.twinned",
+                       "hidden_states": "Loads.features, Loads.target"}
+
+
 def server_settings(cfg: ServerConfig) -> ServerSettings:
-    """`[pairs.server]` as the engines read it: the same fields (tests/test_plan.py holds them equal), frozen,
-    its list as a tuple and its tables copies."""
+    """`[pairs.server]` as the engines read it: every other key (tests/test_plan.py holds each key in one of the
+    two), frozen, its list as a tuple and its tables copies."""
     values = {f.name: getattr(cfg, f.name) for f in fields(ServerSettings)}
     return ServerSettings(**{**values, "args": tuple(cfg.args), "env": dict(cfg.env),
                              "speculative_config": dict(cfg.speculative_config)})

@@ -42,13 +42,14 @@ class Budget:
 @dataclass(frozen=True)
 class ServerSettings:
     """How a server backend is launched (`model`, `command`, `args`, `speculative_config`, `host`, `port`, `env`,
-    `startup_timeout`, `log_dir`) or reached (`url`, and the `k` it speculates at), and how it is asked (`concurrency`,
-    `request_timeout`). The meaning and default of each are the config's (calibrate.config.ServerConfig):
-    the plan copies every field, so none has a default here."""
+    `startup_timeout`, `log_dir`) or reached (`url`, `hidden_states_url`, and the `served_model` it must say it
+    serves), and how it is asked (`concurrency`, `request_timeout`). The meaning and default of each are the
+    config's (calibrate.config.ServerConfig): the plan copies each field the engines read, so none has a
+    default here; the keys the plan decides from (`k`, `audit`, `hidden_states`: calibrate.plan.PLANNED_SERVER_KEYS)
+    reach the engines only as its decisions (the measurement's `served` k, its `Loads`)."""
 
     mode: Literal["launch", "connect"]
     url: str | None
-    k: int | None
     model: str | None
     command: str | None
     args: tuple[str, ...]
@@ -60,10 +61,8 @@ class ServerSettings:
     request_timeout: float
     log_dir: str | None
     env: Mapping[str, str]
-    hidden_states: Literal["in-process", "engine"]
     hidden_states_url: str | None
     served_model: str | None
-    audit: bool
 
 
 TargetView = Literal["whole", "mtp", "embeddings"]

@@ -359,15 +359,17 @@ def test_run_plan_imports_torch_only_through_transformers_tokenizers(tmp_path, p
 
 def test_engines_are_told_by_typed_records_that_hold_every_server_key(tmp_path):
     """The plan hands the engines frozen records (calibrate.plan_records), never the config: each key of
-    `[pairs.server]` arrives under its own name with its value (a key added to the schema and not to the record
-    fails here, rather than being silently unread), and the run's settings arrive as the config says them."""
+    `[pairs.server]` either arrives under its own name with its value, or is one the plan decides from and
+    hands on only as its decision (PLANNED_SERVER_KEYS); a key added to the schema and to neither fails here,
+    rather than being silently unread. The run's settings arrive as the config says them."""
     from dataclasses import fields
 
     from calibrate.config import ServerConfig
     from calibrate.plan_records import PairSettings, ServerSettings
-    from calibrate.plan import engine_settings, pair_settings
+    from calibrate.plan import PLANNED_SERVER_KEYS, engine_settings, pair_settings
 
-    assert {f.name for f in fields(ServerSettings)} == set(ServerConfig.model_fields)
+    told = {f.name for f in fields(ServerSettings)}
+    assert told | set(PLANNED_SERVER_KEYS) == set(ServerConfig.model_fields) and not told & set(PLANNED_SERVER_KEYS)
     server = {"mode": "launch", "model": str(tmp_path), "args": ["--threads", "2"], "env": {"A": "1"},
               "concurrency": 3, "request_timeout": 5.0, "audit": False, "port": 8123}
     cfg = load_config(config(tmp_path, [{"target": "t", "backend": "llama.cpp", "server": server,
@@ -376,7 +378,7 @@ def test_engines_are_told_by_typed_records_that_hold_every_server_key(tmp_path):
     settings = pair_settings(cfg.pairs[0])
     assert isinstance(settings, PairSettings) and settings.target == "t" and settings.backend == "llama.cpp"
     assert settings.speculators == tuple(cfg.pairs[0].speculators)
-    dumped = cfg.pairs[0].server.model_dump()
+    dumped = {k: v for k, v in cfg.pairs[0].server.model_dump().items() if k not in PLANNED_SERVER_KEYS}
     assert {f.name: getattr(settings.server, f.name) for f in fields(ServerSettings)} == {
         **dumped, "args": ("--threads", "2")}
     run = engine_settings(cfg)
