@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from calibrate.engines.audit import Twin
 from calibrate.engines.base import Engine, Labeller, TargetIdentity
-from calibrate.plan_records import Budget
+from calibrate.plan_records import Budget, Loads, PairSettings, server_speculator
 from calibrate.engines.hidden_states import EngineFeatures, FinalState, InProcessFeatures
 from calibrate.engines.in_process import ExpertProfile, LoopEngine, ReplayEngine
 from calibrate.engines.llamacpp import LlamaCppBackend
 from calibrate.engines.served_model import check_served_model
 from calibrate.engines.server_engine import Backend, Served, ServerEngine
 from calibrate.engines.server_replay import FeatureSource, ServerReplayEngine
-from calibrate.plan_records import Loads, PairSettings, server_speculator
 from calibrate.engines.sglang import SGLangBackend
 from calibrate.engines.vllm import VLLMBackend
 from calibrate.terms import Sampling
@@ -52,8 +51,8 @@ class PairEngines:
     def __init__(self, measurement: Measurement, tokenizer: PreTrainedTokenizerBase, device: str, dtype: str,
                  loaded: dict[str, LoadedModel]):
         self.pair_index, self.settings, self.pair = measurement.pair, measurement.run, measurement.settings
-        self.tokenizer, loads = tokenizer, measurement.loads
-        self.loads = loads
+        self.tokenizer, self.loads = tokenizer, measurement.loads
+        loads = self.loads
         self.target = self._load_target(loads, dtype, device)  # the pair's target, or the scorers' view of it
         ctx = BuildContext(dtype=dtype, device=device, batch_size=self.settings.batch_size, target=self.target,
                            loaded=loaded)

@@ -21,11 +21,10 @@ from calibrate.data import RenderedPrompt
 from calibrate.engines.adaptive import adaptive_verification
 from calibrate.engines.audit import Placement, Twin, disagreeing_steps, place_steps, reconciled_counts
 from calibrate.engines.base import BatchResult, Labeller, Measured, TargetIdentity
-from calibrate.plan_records import Budget
+from calibrate.plan_records import Budget, PairSettings, ServerSettings, ServerSpeculator
 from calibrate.engines.inflight import concurrently
 from calibrate.engines.replies import Asked
 from calibrate.engines.server import EngineError, Server
-from calibrate.plan_records import PairSettings, ServerSettings, ServerSpeculator
 from calibrate.terms import Sampling, StepCounts, TotalCounts
 from calibrate.progress import TokenProgress
 from calibrate.replay.steps import StepSeries, drafted_steps_counts, walk_engine_steps

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from calibrate.data import RenderedPrompt
 from calibrate.engines.base import BatchResult, Labeller, TargetIdentity
-from calibrate.plan_records import Budget
+from calibrate.plan_records import Budget, PairSettings
 from calibrate.engines.hidden_states import InProcessFeatures
 from calibrate.engines.in_process import prefix_features, score_responses
 from calibrate.engines.inflight import concurrently
@@ -28,7 +28,6 @@ from calibrate.engines.replies import Asked
 from calibrate.kv_slots import ConversationCaches
 from calibrate.engines.server import EngineError, Server
 from calibrate.engines.server_engine import Backend, ConversationSlots, request_sampling, slots_for
-from calibrate.plan_records import PairSettings
 from calibrate.terms import Sampling
 from calibrate.progress import TokenProgress
 from calibrate.replay.responses import Response
