@@ -410,3 +410,38 @@ def test_prefix_reuse_is_decided_once_and_every_engine_reads_it_there(tmp_path, 
         measurements = plan(cfg, prepare(cfg))
         assert {m.source for m in measurements} == {"in-process", "plain server"}
         assert {m.budget.prefix_reuse for m in measurements} == {decided}, (conversations, reuse)
+
+
+def test_the_plan_records_what_each_pair_loads_here(tmp_path, pair, head):
+    """Every loading decision is the plan's (Measurement.loads), the factory only builds it: the speculators
+    built here, the served ones given an in-process twin (model-free ones always; model drafters for the
+    engine audit at T > 0 where their hidden states are this process's), the target's view (the whole model
+    for an in-process pass; with the engine's hidden states the embeddings for EAGLE-3, the MTP view for MTP)
+    and where the hidden states come from."""
+    from calibrate.plan import loads_of
+
+    target, draft = pair
+
+    def server(**keys):
+        return {"target": target, "backend": "vllm", "server": {"mode": "launch", "model": target, **keys}}
+
+    ngram, drafter, eagle, mtp = ({"kind": "ngram"}, {"kind": "draft", "model": draft},
+                                  {"kind": "eagle3", "model": head}, {"kind": "mtp"})
+    cases = [  # (pair, run, temperatures) -> (scored, twinned, target view, features)
+        ({"target": target, "speculators": [ngram, drafter]}, {}, [0.0], ((0, 1), (), "whole", None)),
+        ({**server(), "speculators": [ngram, eagle]}, {"method": "replay"}, [0.0], ((0, 1), (), "whole", "in-process")),
+        ({**server(hidden_states="engine"), "speculators": [eagle]}, {"method": "replay"}, [0.0],
+         ((0,), (), "embeddings", "engine")),
+        ({**server(hidden_states="engine"), "speculators": [mtp]}, {"method": "replay"}, [0.0],
+         ((0,), (), "mtp", "engine")),
+        ({**server(), "speculators": [ngram, drafter]}, {"method": "loop"}, [0.0], ((), (0,), None, None)),
+        ({**server(), "speculators": [ngram, drafter]}, {"method": "loop"}, [0.7], ((), (0, 1), None, None)),
+        ({**server(), "speculators": [eagle]}, {"method": "loop"}, [0.7], ((), (0,), "whole", None)),
+        ({**server(hidden_states="engine"), "speculators": [eagle]}, {"method": "loop"}, [0.7], ((), (), None, None)),
+        ({**server(audit=False), "speculators": [ngram, drafter]}, {"method": "loop"}, [0.7], ((), (0,), None, None)),
+    ]
+    for n, (spec, run, temperatures, expected) in enumerate(cases):
+        cfg = load_config(config(tmp_path, [spec], run=run, temperature=temperatures))
+        loads = loads_of(cfg, cfg.pairs[0])
+        assert (loads.scored, loads.twinned, loads.target, loads.features) == expected, n
+        assert loads.weights == (None if loads.target is None else str(target)), n
