@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from calibrate.config import load_config
 from calibrate.engines import PairEngines
-from calibrate.plan import budget_of, engine_settings, in_process_scorer, pair_settings, scored_here
-from calibrate.runner import _labeller, _prompts, plan_units, prepare, request_key
+from calibrate.runner import _labeller, _prompts, plan, plan_units, prepare, request_key
 from calibrate.tables import stats
 from calibrate.terms import Sampling
 
@@ -35,14 +35,13 @@ def measure(config, prepared, engine_name: str, seed: int):
     config = config.model_copy(update={"run": config.run.model_copy(update={"method": engine_name})})
     pair = config.pairs[0]
     tokenizer = prepared.tokenizers[pair.target]
-    engines = PairEngines(engine_settings(config), pair_settings(pair), tokenizer, prepared.device,
-                          prepared.dtype.dtype, {}, scored_here(config, pair))
     sweep = config.sweep
-    sampling = Sampling(sweep.temperature[0], sweep.top_p, sweep.top_k, seed)
+    m = next(m for m in plan(config, prepared) if m.sampling.temperature == sweep.temperature[0])
+    m = replace(m, sampling=Sampling(sweep.temperature[0], sweep.top_p, sweep.top_k, seed))
+    engines = PairEngines(m, tokenizer, prepared.device, prepared.dtype.dtype, {})
     prompts = _prompts(config, pair, prepared, tokenizer, "off")
     units = plan_units(prepared.requests, sweep.samples)
-    scorer = in_process_scorer(config, sampling.temperature)
-    opening = engines.open(scorer, sampling, _labeller(tokenizer, "off"), budget_of(config))
+    opening = engines.open(m, _labeller(tokenizer, "off"))
     hists: dict[tuple[str, int], list[np.ndarray]] = {}
     started = time.perf_counter()
     with opening as engine:

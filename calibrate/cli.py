@@ -36,23 +36,24 @@ def run(
                               "holds of it) without loading a model or starting a server."),
 ) -> None:
     """Replay the dataset through every target + speculator pair and store acceptance counts (resumable)."""
-    from calibrate.plan import load_routed_config
+    from calibrate.config import load_config
     from calibrate.quiet import quiet_third_party
-    from calibrate.runner import execute
 
     console = Console(file=sys.stderr)  # bound now: quiet_third_party sends sys.stderr itself to /dev/null
-    cfg = load_routed_config(config, {"dataset": {"max_requests": max_requests}})
+    cfg = load_config(config, {"dataset": {"max_requests": max_requests}})  # routes: checked by preview / execute
     for warning in cfg.warnings():
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     if plan:
         from calibrate.plan_view import print_plan
-        from calibrate.runner import preview
+        from calibrate.prepared import preview
 
         with quiet_third_party(enabled=not verbose):
-            print_plan(Console(), preview(cfg, db), db)
+            print_plan(Console(), preview(cfg, db, where=str(config)), db)
         return
+    from calibrate.runner import execute  # the engines, and torch: not for --plan
+
     with quiet_third_party(enabled=not verbose), terminate_as_interrupt():
-        summary = execute(cfg, db, console=console)
+        summary = execute(cfg, db, console=console, where=str(config))
     console.print(
         f"measured {summary.measured} request(s) ({summary.resumed} already in {db}), "
         f"{summary.tokens} target tokens in {summary.seconds:.1f} s; {len(summary.run_ids)} run(s)",

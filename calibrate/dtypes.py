@@ -5,6 +5,9 @@ CPUs with AVX-512 BF16 or AMX). Elsewhere torch emulates it, and a bf16 matrix p
 slower than fp32 (measured 80x on a 2-core AMD EPYC with AVX2 only). So `dtype = "auto"` picks bf16 only
 where it is native and fp32 otherwise; the choice and its reason go into every run's provenance. fp16 is
 never picked automatically: its range overflows on some models' activations.
+
+torch is imported only where the hardware must be asked (a CUDA device, "auto"): a config that states its
+device and dtype is planned without it (calibrate.plan, `calibrate run --plan`).
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 # CPU flags (Linux /proc/cpuinfo) meaning the CPU multiplies bf16 matrices itself: x86 AVX-512 BF16 and AMX,
 # Arm's BF16 extension.
@@ -51,6 +56,8 @@ def cpu_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[bool, str]:
     capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if capped in _SLOW_ONEDNN_ISAS:
         return False, f"ONEDNN_MAX_CPU_ISA={capped} forbids oneDNN's bf16 kernels"
+    import torch
+
     capability = torch.backends.cpu.get_cpu_capability()
     if capability in _SLOW_CAPABILITIES:
         return False, f"torch dispatches CPU kernels at {capability}, which has no bf16 instructions"
@@ -69,6 +76,8 @@ def choose_dtype(requested: str, device: str) -> DtypeChoice:
     if requested != "auto":
         return DtypeChoice(requested, "set in the config")
     if device.startswith("cuda"):
+        import torch
+
         name = torch.cuda.get_device_name(device)
         if torch.cuda.is_bf16_supported(including_emulation=False):
             return DtypeChoice("bfloat16", f"auto: {name} computes bf16 natively")
@@ -79,9 +88,24 @@ def choose_dtype(requested: str, device: str) -> DtypeChoice:
     return DtypeChoice("float32", f"auto: no native-bf16 check for device {device!r}, fp32 is safe")
 
 
+def resolve_device(device: str) -> str:
+    """`[run] device` resolved: "auto" is CUDA where torch sees a device, else the CPU; a CUDA device asked for
+    where there is none is refused. An explicit CPU needs no torch."""
+    if device == "auto" or device.startswith("cuda"):
+        import torch
+
+        if device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
+    return device
+
+
 def bf16_slowdown(rows: int = 128, inner: int = 512, cols: int = 512, repeats: int = 3) -> float:
     """Time of a bf16 CPU matmul over the fp32 one (best of `repeats`): ~1 where bf16 is native, tens where
     emulated. Small enough to stay well under a second even at an 80x slowdown."""
+    import torch
+
     a, b = torch.randn(rows, inner), torch.randn(inner, cols)
 
     def best(x: torch.Tensor, y: torch.Tensor) -> float:

@@ -14,11 +14,14 @@ it writes. The routing rules live here and nowhere else:
   server's responses, and those the engine runs itself, one speculating server per (speculator, k) launched,
   or the one connected server at the k it states; `check_routes` refuses a split that cannot run.
 
-What only loading or launching can tell is marked, never guessed: a hub id's revision (a target's or a draft's
-fingerprint, `AT_LOAD`), and, as provenance only, a connected server's model path and every server's version
-and log. A run's identity holds the first, so such a run's id is known at launch (`PlannedRun.run_id` None);
-the runner settles each run with what its engine reports (`settle`), and refuses an engine that reports other
-values than the plan knew (a plan that does not describe what is measured would name rows wrongly).
+Every decision is recorded in the `Measurement`: the route (source, scorer), what this process loads for the
+pair (`Loads`: the speculators built here, the served ones given an audit twin, the target's view, the feature
+source), the servers, and the records the engines are built from; the factory (calibrate.engines.factory)
+builds each engine from its measurement alone and decides nothing. What only loading or launching can tell is
+marked, never guessed: a hub id's revision (a target's or a draft's fingerprint, `AT_LOAD`), and, as
+provenance only, a connected server's model path and every server's version and log. A run's identity holds
+the first, so such a run's id is known at launch (`PlannedRun.run_id` None); the runner settles each run with
+what loading told (`settle`), and refuses weights other than the plan fingerprinted.
 """
 
 from __future__ import annotations
@@ -32,11 +35,10 @@ from typing import Any, Literal
 
 from calibrate.config import Config, ConfigError, PairConfig, ServerConfig, load_config
 from calibrate.dtypes import DtypeChoice
-from calibrate.engines.base import Budget
-from calibrate.engines.factory import server_speculator
-from calibrate.engines.server_replay import served_dtype
-from calibrate.engines.settings import EngineSettings, PairSettings, ServerSettings
-from calibrate.models import AT_LOAD, fingerprint, load_fingerprint, resolve
+from calibrate.fingerprints import AT_LOAD, fingerprint, load_fingerprint
+from calibrate.model_names import resolve
+from calibrate.plan_records import (Budget, EngineSettings, Loads, PairSettings, ServerSettings, TargetView,
+                                    served_dtype, server_speculator)
 from calibrate.replay.steps import STEP_RULE_VERSION
 from calibrate.speculators.configs import Described
 from calibrate.speculators.registry import KINDS
@@ -179,10 +181,11 @@ def check_replayed(pair: PairConfig, i: int) -> None:
 
 
 def budget_of(config: Config) -> Budget:
-    """What a server is sized for and each request asks: the run's [dataset] budget."""
+    """What a server is sized for and each request asks: the run's [dataset] budget, and whether prefixes are
+    reused (the one place it is decided: whole trajectories, where `[run] prefix_reuse` allows it)."""
     ds = config.dataset
     return Budget(context_tokens=ds.context_tokens, max_new_tokens=ds.max_new_tokens, seed=ds.seed,
-                  prefix_cache=ds.conversations is not None and config.run.prefix_reuse)
+                  prefix_reuse=ds.conversations is not None and config.run.prefix_reuse)
 
 
 def engine_settings(config: Config) -> EngineSettings:
@@ -191,7 +194,7 @@ def engine_settings(config: Config) -> EngineSettings:
     return EngineSettings(ks=tuple(config.sweep.k), max_new_tokens=config.dataset.max_new_tokens,
                           batch_size=run.batch_size, sampled=any(t > 0 for t in config.sweep.temperature),
                           verify_kernel=run.verify_kernel, verification=run.verification,
-                          prefix_reuse=run.prefix_reuse, experts=run.experts,
+                          experts=run.experts,
                           expert_batch_sizes=tuple(run.expert_batch_sizes))
 
 
@@ -201,9 +204,15 @@ def pair_settings(pair: PairConfig) -> PairSettings:
     return PairSettings(pair.target, pair.backend, tuple(pair.speculators), server)
 
 
+# `[pairs.server]` keys the plan decides from, which reach the engines only as its decisions: the k a connected
+# server speculates at (Measurement.served), the engine audit's twins and where hidden states come from (Loads).
+PLANNED_SERVER_KEYS = {"k": "Measurement.served", "audit": "Loads.twinned",
+                       "hidden_states": "Loads.features, Loads.target"}
+
+
 def server_settings(cfg: ServerConfig) -> ServerSettings:
-    """`[pairs.server]` as the engines read it: the same fields (tests/test_plan.py holds them equal), frozen,
-    its list as a tuple and its tables copies."""
+    """`[pairs.server]` as the engines read it: every other key (tests/test_plan.py holds each key in one of the
+    two), frozen, its list as a tuple and its tables copies."""
     values = {f.name: getattr(cfg, f.name) for f in fields(ServerSettings)}
     return ServerSettings(**{**values, "args": tuple(cfg.args), "env": dict(cfg.env),
                              "speculative_config": dict(cfg.speculative_config)})
@@ -217,6 +226,50 @@ def served_runs(config: Config, pair: PairConfig, served: list[int]) -> list[tup
     if pair.server.mode == "connect":
         return [(served[0], pair.server.k)]
     return [(i, k) for i in served for k in config.sweep.k]
+
+
+def twinned(pair: PairConfig, served: list[int], sampled: bool) -> tuple[int, ...]:
+    """The served speculators that get an in-process twin (calibrate.engines.audit): every model-free one (it
+    places the steps the engine does not list, and costs nothing to build), and, for the engine audit at T > 0
+    (at 0 greedy is exact by construction), the model drafters whose hidden states (if any) come from the
+    target loaded here."""
+    cfg = pair.server
+    audit = cfg.audit and sampled
+    kinds = {i: KINDS[pair.speculators[i].kind] for i in served}
+    return tuple(i for i, kind in kinds.items() if kind.in_process and (
+        not kind.drafts_every_step or audit and (kind.hidden_states is None or cfg.hidden_states == "in-process")))
+
+
+def target_view(pair: PairConfig, built: list[int]) -> tuple[TargetView | None, str | None]:
+    """What of the target this process loads for the speculators it builds (`built`), and under which name: a
+    `transformers` pair's whole target; for a server pair, the weights for an in-process hidden-state pass, or,
+    with the engine's hidden states, the MTP head's view of it (its MTP layers, embedding, final norm and head,
+    read alone: calibrate.speculators.mtp_alone) where an MTP scorer reads the final state, else its embedding
+    table alone (all an EAGLE-3 head takes); nothing for scorers that read no hidden state."""
+    if pair.server is None:
+        return "whole", pair.target
+    readers = [KINDS[pair.speculators[i].kind].hidden_states for i in built]
+    if not any(readers):
+        return None, None
+    model = pair.server.model or pair.target
+    if pair.server.hidden_states == "in-process":
+        return "whole", model
+    return ("mtp", model) if "last" in readers else ("embeddings", model)
+
+
+def loads_of(config: Config, pair: PairConfig) -> Loads:
+    """What this process loads for a pair, once for all its measurements: decided here, built by the factory
+    (calibrate.engines.factory.PairEngines), which decides nothing."""
+    if pair.server is None:
+        scored, twins, features = tuple(range(len(pair.speculators))), (), None
+    else:
+        replayed, served = server_split(pair, config.run.method)
+        scored = tuple(replayed)
+        twins = twinned(pair, served, any(t > 0 for t in config.sweep.temperature))
+        readers = any(KINDS[pair.speculators[i].kind].hidden_states is not None for i in scored)
+        features = pair.server.hidden_states if readers else None
+    view, weights = target_view(pair, [*scored, *twins])
+    return Loads(scored, twins, view, weights, features)
 
 
 # -- the plan's records -----------------------------------------------------------------------------------------
@@ -290,6 +343,10 @@ class Measurement:
     budget: Budget
     servers: tuple[PlannedServer, ...]
     runs: tuple[PlannedRun, ...]
+    loads: Loads  # what this process loads for the pair (calibrate.engines.factory builds it)
+    run: EngineSettings  # what the engines take of the run
+    settings: PairSettings  # the pair as its engines see it
+    lanes: int  # conversations side by side: the batch size in this process, a server's concurrency
     served: tuple[int, int] | None = None  # a speculating server's (speculator index, k)
 
     @property
@@ -306,7 +363,7 @@ class Measurement:
 
 @dataclass(frozen=True)
 class Selected:
-    """What the plan takes from the selected requests and the machine (calibrate.runner.prepare)."""
+    """What the plan takes from the selected requests and the machine (calibrate.prepared.prepare)."""
 
     dataset_fingerprint: str
     dataset_format: str
@@ -330,8 +387,8 @@ class _Target:
 def build_plan(config: Config, selected: Selected) -> list[Measurement]:
     """Every measurement of the config, in the order the run makes them: pair by pair, thinking mode by
     thinking mode, temperature by temperature, and within one setting the plain server's replay first, then
-    each speculating server."""
-    check_routes(config)
+    each speculating server. The config's routes are checked first, once (`check_routes`: calibrate.runner.execute
+    and calibrate.prepared.preview do, before the data is read)."""
     provenance = Provenance(versions=package_versions(), git_commit=git_commit())
     out = []
     for n, pair in enumerate(config.pairs):
@@ -442,7 +499,9 @@ def _measurement(config: Config, selected: Selected, provenance: Provenance, n: 
     return Measurement(pair=n, target=pair.target, backend=pair.backend, thinking=thinking, sampling=sampling,
                        samples=config.sweep.samples if sampled else 1, source=group.source, scorer=group.scorer,
                        method=group.method, speculators=group.speculators, ks=group.ks, budget=budget_of(config),
-                       servers=group.servers, runs=runs, served=group.served)
+                       servers=group.servers, runs=runs, loads=loads_of(config, pair), run=engine_settings(config),
+                       settings=pair_settings(pair), served=group.served,
+                       lanes=config.run.batch_size if pair.server is None else pair.server.concurrency)
 
 
 def _run_spec(config: Config, selected: Selected, provenance: Provenance, pair: PairConfig, thinking: str,
@@ -475,52 +534,39 @@ def _run_spec(config: Config, selected: Selected, provenance: Provenance, pair: 
 
 @dataclass(frozen=True)
 class Launched:
-    """What a measurement's engine reports of itself once its models are loaded and its servers up."""
+    """What only loading and launching tell of a measurement's engine: the target as loaded or served (a hub id's
+    revision, a connected server's model path), each speculator's weights and their revision, and the servers'
+    provenance. How the counts are made (method, dtype, verification, where responses and hidden states come
+    from) is the plan's and is not asked of the engine."""
 
-    method: str  # the engine's name: how its counts are made (stored as runs.method)
     target_id: str
     target_fingerprint: str | None
-    served_model: str | None
-    speculators: dict[str, Described]  # by name
-    dtype: str | None = None  # None: the run's own
-    verification: str | None = None  # the rule its counts follow at T > 0
-    responses_from: str | None = None
-    responses_dtype: str | None = None
-    features_from: str | None = None
+    speculators: dict[str, tuple[str | None, str | None]]  # by name: its weights and their fingerprint
     server: dict[str, Any] = field(default_factory=dict)  # a server's command line, version and log
 
 
 class PlanMismatch(RuntimeError):
-    """The engine measures something else than the plan says: its rows would be named wrongly."""
+    """Loading found other weights than the plan named: its rows would be named wrongly."""
 
 
 def settle(run: PlannedRun, launched: Launched) -> RunSpec:
-    """The run's RunSpec as it is stored: the plan's, with what only launching told (a hub id's revision, a
-    connected server's model path, the servers' provenance) filled in. An engine that reports any other
-    identity than the plan knew is a PlanMismatch: the plan names the rows, the engine only confirms it."""
+    """The run's RunSpec as it is stored: the plan's, with what only loading and launching told filled in (a hub
+    id's revision, a connected server's model path, the servers' provenance). Loading that finds another
+    speculator, or other weights than the plan fingerprinted (changed in between), is a PlanMismatch: the plan
+    names the rows, loading only completes it."""
     spec = run.spec
     if run.speculator not in launched.speculators:
         raise PlanMismatch(f"the plan measures {run.speculator!r}; the engine built {sorted(launched.speculators)}")
-    built = launched.speculators[run.speculator]
-    reported = {"target_hash": launched.target_fingerprint, "speculator_params": built.params,
-                "draft_hash": built.draft_hash, "served_model": launched.served_model, "method": launched.method,
-                "responses_from": launched.responses_from, "responses_dtype": launched.responses_dtype}
-    if launched.dtype is not None:
-        reported["dtype"] = launched.dtype
-    if spec.verification is not None:  # T > 0
-        reported["verification"] = launched.verification
-    if spec.features_from is not None:
-        reported["features_from"] = launched.features_from
-    for name, value in reported.items():
+    draft_id, draft_hash = launched.speculators[run.speculator]
+    for name, value in (("target_hash", launched.target_fingerprint), ("draft_hash", draft_hash)):
         planned = getattr(spec, name)
         if planned != AT_LOAD and planned != value:
-            raise PlanMismatch(f"run {run.speculator} k={run.k}: the plan says {name} = {planned!r}, the engine "
-                               f"measures {value!r}")
+            raise PlanMismatch(f"run {run.speculator} k={run.k}: the plan says {name} = {planned!r}, loading found "
+                               f"{value!r}")
     server = dict(launched.server)
     adaptive = server.pop("adaptive_verification", None)  # its own column (calibrate.engines.adaptive)
-    return replace(spec, target_hash=launched.target_fingerprint, draft_hash=built.draft_hash,
-                   target_id=launched.target_id, draft_id=built.draft_id, server=server,
-                   adaptive_verification=adaptive)
+    return replace(spec, target_hash=launched.target_fingerprint, draft_hash=draft_hash,
+                   target_id=launched.target_id, draft_id=draft_id, server=server, adaptive_verification=adaptive)
 
 
 # -- provenance ---------------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from calibrate.plan import Measurement
-from calibrate.runner import Previewed
+from calibrate.prepared import Previewed
+from calibrate.speculators.registry import KINDS
 
 
 def print_plan(console: Console, previewed: Sequence[Previewed], db: Path | None) -> None:
@@ -37,4 +38,22 @@ def _details(m: Measurement) -> list[str]:
                 if s.temperature > 0 else "T=0 (greedy)")
     servers = "; ".join(server.describe() for server in m.servers) or "none (this process)"
     return [f"source: {m.source}; scorer: {m.scorer} (stored as method {m.method!r}); sampling: {sampling}",
-            f"servers: {servers}"]
+            f"servers: {servers}", f"the pair loads here: {_loads(m)}"]
+
+
+VIEWS = {"whole": "the target", "mtp": "the target's MTP view", "embeddings": "the target's embeddings"}
+
+
+def _loads(m: Measurement) -> str:
+    """What this process loads for the measurement's pair (calibrate.plan.Loads), by name."""
+    loads, specs = m.loads, m.settings.speculators
+
+    def names(indices: tuple[int, ...]) -> str:
+        return ", ".join(KINDS[specs[i].kind].config_name(specs[i], m.target) for i in indices)
+
+    parts = [f"{VIEWS[loads.target]} ({loads.weights})"] if loads.target else []
+    parts += [f"speculators {names(loads.scored)}"] if loads.scored else []
+    parts += [f"audit twins of {names(loads.twinned)}"] if loads.twinned else []
+    parts += [f"hidden states {'from ' + m.backend if loads.features == 'engine' else 'computed here'}"] \
+        if loads.features else []
+    return "; ".join(parts) or "nothing (the server measures alone)"

@@ -4,7 +4,8 @@ Order matters for the user: everything that can be checked cheaply (config, rout
 templates, thinking switches, draft/target vocabularies) is checked before any weights load; the measurement
 plan (calibrate.plan) says what each engine measures and under which run ids; and every finished batch of
 requests is committed at once for all the runs it feeds, so an interrupted sweep loses at most one batch and
-a re-run picks up where it stopped.
+a re-run picks up where it stopped. What is read and decided before any weights load (the requests, the
+tokenizers, the plan, `--plan`'s preview) is calibrate.prepared, which imports no engine.
 """
 
 from __future__ import annotations
@@ -21,36 +22,17 @@ from typing import Any
 import duckdb
 from rich.console import Console
 
-from calibrate.config import Config, PairConfig
-from calibrate.data import RenderedPrompt, label_segments, render_prompt, select_from_source
+from calibrate.config import Config
+from calibrate.data import RenderedPrompt, label_segments
 from calibrate.data.conversation import Problem, ReplayRequest
-from calibrate.data.raw_prompt import render_raw
-from calibrate.dtypes import DtypeChoice, choose_dtype, slow_bf16_warning
+from calibrate.dtypes import DtypeChoice, slow_bf16_warning
 from calibrate.engines import Engine, PairEngines
-from calibrate.errors import NothingUsable
 from calibrate.terms import RequestOutcome
-from calibrate.models import LoadedModel, load_tokenizer, resolve_device, skeleton
-from calibrate.plan import (Launched, Measurement, Selected, build_plan, check_routes, engine_settings, pair_settings,
-                            scored_here, server_split, settle)
+from calibrate.models import LoadedModel
+from calibrate.plan import Launched, Measurement, check_routes, settle
+from calibrate.prepared import Prepared, Unit, _prompts, plan, plan_units, prepare, response_id  # noqa: F401
 from calibrate.progress import RunProgress
-from calibrate.replay.experts import NotMoE, find_routers
-from calibrate.speculators.configs import Described
-from calibrate.speculators.registry import speculator_kind
-from calibrate.tables.store import RunSpec, Store, connect, reading
-
-
-@dataclass
-class Prepared:
-    """The requests of a config, selected and checked, before any model is loaded."""
-
-    requests: list[ReplayRequest]
-    selection: dict[str, Any]
-    fingerprint: str
-    dataset_format: str
-    device: str  # the run's device, resolved once
-    dtype: DtypeChoice  # resolved once for that device, so every model and run row agrees
-    tokenizers: dict[str, Any]  # per target name: loaded once, to check its template and render its prompts
-    problems: list[Problem] = field(default_factory=list)
+from calibrate.tables.store import RunSpec, Store
 
 
 @dataclass
@@ -63,93 +45,11 @@ class RunSummary:
     problems: list[Problem] = field(default_factory=list)
 
 
-def prepare(config: Config) -> Prepared:
-    """Select the requests in one streaming pass over the dataset, and check every target's template can
-    render them. Only the selected requests stay in memory, so a dataset need not fit in it."""
-    ds = config.dataset
-    device = resolve_device(config.run.device)  # "cuda" on a machine without one fails now, not after the data
-    picked = select_from_source(
-        ds.source_spec(), max_requests=None if ds.selection == "all" else ds.max_requests, seed=ds.seed,
-        turns_per_conversation=ds.turns_per_conversation, strategy=ds.selection, conversations=ds.conversations,
-    )
-    if not picked.conversations:
-        shown = "; ".join(str(p) for p in picked.problems[:5]) or "no rows"
-        raise NothingUsable(f"dataset {ds.source!r}: no usable conversation ({shown})")
-    requests = picked.requests
-    if not requests:
-        raise NothingUsable(f"dataset {ds.source!r}: no assistant turn to replay")
-    tokenizers = {}
-    for pair in config.pairs:
-        if pair.target not in tokenizers:  # two pairs of one target read its tokenizer once
-            tokenizers[pair.target] = load_tokenizer(pair.target)
-        tokenizer = tokenizers[pair.target]
-        for i in scored_here(config, pair):  # a speculating server checks its own
-            spec = pair.speculators[i]
-            speculator_kind(spec.kind).check(spec, pair.target, tokenizer)  # e.g. a head's shapes, before weights
-        for thinking in config.sweep.thinking:  # raises naming the model if the mode cannot be honoured
-            render(config, pair, requests[0], tokenizer, thinking)
-        if config.run.experts:
-            check_moe(pair.target)
-    return Prepared(requests=requests, selection=picked.provenance, fingerprint=picked.fingerprint,
-                    dataset_format=picked.format, device=device, dtype=choose_dtype(config.run.dtype, device),
-                    tokenizers=tokenizers, problems=picked.problems)
-
-
-def check_moe(target: str) -> None:
-    """`[run] experts = true` on a dense target: refused from its config alone, before any weights load."""
-    try:
-        find_routers(skeleton(target))
-    except NotMoE as exc:
-        raise NotMoE(f"target {target!r}: {exc}") from None
-
-
-def plan(config: Config, prepared: Prepared) -> list[Measurement]:
-    """The config's measurement plan, over the requests `prepare` selected."""
-    return build_plan(config, Selected(prepared.fingerprint, prepared.dataset_format, prepared.selection,
-                                       prepared.device, prepared.dtype))
-
-
-@dataclass(frozen=True)
-class Previewed:
-    """A planned measurement and what a store already holds of it (rows: responses x runs)."""
-
-    measurement: Measurement
-    rows: int  # the rows it writes: every response to measure, for each of its runs
-    stored: int | None  # of those, already in the store (skipped by a run); None: run ids known only at launch
-
-
-def preview(config: Config, db: str | Path | None = None) -> list[Previewed]:
-    """The plan, and what the store at `db` (if it exists) holds of it: read from the config, the dataset and
-    the tokenizers alone; no model loads, no server starts, nothing is written."""
-    check_routes(config)
-    prepared = prepare(config)
-    done = _stored_requests(Path(db)) if db is not None and Path(db).exists() else {}
-    out = []
-    for m in plan(config, prepared):
-        units = [u.id for u in plan_units(prepared.requests, m.samples)]
-        ids = [run.run_id for run in m.runs]
-        stored = None if None in ids else sum(len(done.get(run_id, set()) & set(units)) for run_id in ids)
-        out.append(Previewed(m, len(units) * len(ids), stored))
-    return out
-
-
-def _stored_requests(db: Path) -> dict[str, set[str]]:
-    """run id -> the response ids a store holds for it."""
-    con = connect(db, read_only=True)
-    try:
-        with reading(db):
-            out: dict[str, set[str]] = {}
-            for run_id, request_id in con.execute("SELECT run_id, request_id FROM requests").fetchall():
-                out.setdefault(run_id, set()).add(request_id)
-            return out
-    finally:
-        con.close()
-
-
-def execute(config: Config, db: str | Path, console: Console | None = None) -> RunSummary:
-    """Run every measurement of the config's plan into the store at `db`."""
+def execute(config: Config, db: str | Path, console: Console | None = None, where: str = "config") -> RunSummary:
+    """Run every measurement of the config's plan into the store at `db`. Its routes are checked once, before
+    the data is read (a route error names `where`: the config file)."""
     console = console or Console(stderr=True)
-    check_routes(config)  # before the data is read
+    check_routes(config, where)
     prepared = prepare(config)
     measurements = plan(config, prepared)
     if any(pair.backend == "transformers" for pair in config.pairs):
@@ -160,46 +60,38 @@ def execute(config: Config, db: str | Path, console: Console | None = None) -> R
     with open_store(db) as store:
         recorder = _Recorder(store, prepared, config.run.batch_size, summary, console,
                              whole=config.dataset.conversations is not None)
-        for n, pair in enumerate(config.pairs):
-            _run_pair(config, pair, prepared, drafts, recorder, console,
-                      [(i, m) for i, m in enumerate(measurements, 1) if m.pair == n], len(measurements))
+        engines: PairEngines | None = None
+        prompts: dict[tuple[int, str], list[RenderedPrompt]] = {}
+        for number, m in enumerate(measurements, 1):
+            pair, tokenizer = config.pairs[m.pair], prepared.tokenizers[m.target]
+            if engines is None or engines.pair_index != m.pair:  # a pair's models load once, for all its settings
+                engines = None  # the last pair's models go before the next one's load
+                _announce_loads(m, console)
+                engines = PairEngines(m, tokenizer, prepared.device, prepared.dtype.dtype, drafts)
+            if (m.pair, m.thinking) not in prompts:
+                prompts = {(m.pair, m.thinking): _prompts(config, pair, prepared, tokenizer, m.thinking)}
+            with engines.open(m, _labeller(tokenizer, m.thinking)) as engine:
+                facts = launched(engine)
+                specs = {(run.speculator, run.k): settle(run, facts) for run in m.runs}
+                recorder.run_group(specs, engine, prompts[m.pair, m.thinking],
+                                   f"[{number}/{len(measurements)}] {m.label}", samples=m.samples, lanes=m.lanes)
     summary.seconds = time.perf_counter() - started
     return summary
 
 
-def _run_pair(config: Config, pair: PairConfig, prepared: Prepared, drafts: dict[str, LoadedModel],
-              recorder: _Recorder, console: Console, measurements: list[tuple[int, Measurement]], total: int) -> None:
-    """The planned measurements of one pair (numbered in the whole plan), through the engines the factory
-    makes for it."""
-    scored = scored_here(config, pair)
-    if pair.backend == "transformers":
-        console.print(f"loading {pair.target} and its speculators", highlight=False, soft_wrap=True)
-    elif scored:
-        console.print(f"loading the speculators that score {pair.backend}'s responses for {pair.target}",
+def _announce_loads(m: Measurement, console: Console) -> None:
+    if m.backend == "transformers":
+        console.print(f"loading {m.target} and its speculators", highlight=False, soft_wrap=True)
+    elif m.loads.scored:
+        console.print(f"loading the speculators that score {m.backend}'s responses for {m.target}",
                       highlight=False, soft_wrap=True)
-    tokenizer = prepared.tokenizers[pair.target]
-    served = [] if pair.server is None else server_split(pair, config.run.method)[1]
-    engines = PairEngines(engine_settings(config), pair_settings(pair), tokenizer, prepared.device,
-                          prepared.dtype.dtype, drafts, scored, served)
-    prompts: dict[str, list[RenderedPrompt]] = {}
-    for number, m in measurements:
-        if m.thinking not in prompts:
-            prompts = {m.thinking: _prompts(config, pair, prepared, tokenizer, m.thinking)}
-        with engines.open(m.scorer, m.sampling, _labeller(tokenizer, m.thinking), m.budget, m.served) as engine:
-            facts = launched(engine)
-            specs = {(run.speculator, run.k): settle(run, facts) for run in m.runs}
-            recorder.run_group(specs, engine, prompts[m.thinking], f"[{number}/{total}] {m.label}",
-                               samples=m.samples, lanes=lanes(config, pair))
 
 
 def launched(engine: Engine) -> Launched:
-    """What an engine reports of itself once its models are loaded and its servers up (calibrate.plan.settle)."""
+    """What loading and launching told of an engine's models and servers (calibrate.plan.settle)."""
     target = engine.target
-    return Launched(method=engine.name, target_id=target.model_id, target_fingerprint=target.fingerprint,
-                    served_model=engine.served_model,
-                    speculators={s.name: Described(s.name, s.params, *s.identity) for s in engine.speculators},
-                    dtype=engine.dtype, verification=engine.verification, responses_from=engine.responses_from,
-                    responses_dtype=engine.responses_dtype, features_from=engine.features_from,
+    return Launched(target_id=target.model_id, target_fingerprint=target.fingerprint,
+                    speculators={s.name: tuple(s.identity) for s in engine.speculators},
                     server=dict(engine.provenance or {}))
 
 
@@ -231,26 +123,6 @@ def _announce_dtype(choice: DtypeChoice, device: str, console: Console) -> None:
     warning = slow_bf16_warning(choice, device)
     if warning:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
-
-
-def render(config: Config, pair: PairConfig, request: ReplayRequest, tokenizer: Any,
-           thinking: str) -> RenderedPrompt:
-    """A request as the pair's target sees it: through its chat template, or without one where the pair says
-    `chat_template = false` (calibrate.data.raw_prompt; the config allows thinking "off" only there)."""
-    if not pair.chat_template:
-        return render_raw(request, tokenizer, context_tokens=config.dataset.context_tokens)
-    return render_prompt(request, tokenizer, thinking=thinking, context_tokens=config.dataset.context_tokens,
-                         model_name=pair.target, chat_template_kwargs=pair.chat_template_kwargs)
-
-
-def _prompts(config: Config, pair: PairConfig, prepared: Prepared, tokenizer: Any,
-             thinking: str) -> list[RenderedPrompt]:
-    return [render(config, pair, r, tokenizer, thinking) for r in prepared.requests]
-
-
-def lanes(config: Config, pair: PairConfig) -> int:
-    """How many conversations run side by side: the batch size in this process, a server's concurrency."""
-    return config.run.batch_size if pair.server is None else pair.server.concurrency
 
 
 def _labeller(tokenizer: Any, thinking: str):
@@ -333,22 +205,6 @@ class _Recorder:
         return sum(max((m.generated_tokens for m in per_run.values()), default=0) for *_, per_run in rows)
 
 
-@dataclass(frozen=True)
-class Unit:
-    """One response to measure: sample `sample` of the selected request at `index`. Its `id` is what the store
-    keys it by (the request's id, with the sample index after it from the second sample on), so samples are
-    resumed one by one and a larger `samples` later measures only the new ones."""
-
-    index: int
-    sample: int
-    id: str
-
-
-def plan_units(requests: Sequence[ReplayRequest], samples: int) -> list[Unit]:
-    """Every request's samples, request by request (its samples are neighbours in a batch)."""
-    return [Unit(i, j, response_id(r.request_id, j)) for i, r in enumerate(requests) for j in range(samples)]
-
-
 def conversation_waves(units: Sequence[Unit], requests: Sequence[ReplayRequest], lanes: int) -> Iterator[list[Unit]]:
     """Whole trajectories: batches that hold the next turn (with all its samples) of up to `lanes`
     conversations, each conversation's turns in order, one per batch, so a turn's prompt finds its
@@ -367,12 +223,6 @@ def conversation_waves(units: Sequence[Unit], requests: Sequence[ReplayRequest],
             active.append(waiting.popleft())
         yield [unit for conversation in active for unit in queues[conversation].popleft()]
         active = [c for c in active if queues[c]]
-
-
-def response_id(request_id: str, sample: int) -> str:
-    """The stored id of a request's sample: the request id itself for the first (so a run of one sample is
-    stored as before), `<request id>~<sample>` after it."""
-    return request_id if sample == 0 else f"{request_id}~{sample}"
 
 
 def check_resumed(db: Path, digests: dict[str, dict[str, str | None]], units: Sequence[Unit],

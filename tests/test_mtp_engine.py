@@ -21,7 +21,7 @@ from calibrate.checkpoints import open_checkpoint
 from calibrate.cli import app
 from calibrate.config import load_config
 from calibrate.engines.hidden_states import EngineFeatures, FinalState
-from calibrate.engines.base import Budget
+from calibrate.plan_records import Budget
 from calibrate.engines.vllm import VLLMBackend
 from calibrate.plan import server_settings
 from calibrate.replay.responses import Response, target_features

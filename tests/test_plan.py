@@ -10,9 +10,11 @@ the runner, the engines and the server routes, which stay as they were."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -194,21 +196,30 @@ def test_a_hub_target_s_identity_is_known_at_load(tmp_path, pair):
     assert run.spec.target_hash == AT_LOAD and run.pending == ("target_hash",) and run.run_id is None
 
 
-def test_an_engine_that_measures_otherwise_than_planned_is_refused(tmp_path, pair):
-    """settle: the plan names the rows; an engine reporting another identity stops the run."""
-    target, _ = pair
-    cfg = load_routed_config(config(tmp_path, [{"target": target, "speculators": [{"kind": "ngram"}]}]))
+def test_settle_fills_in_what_loading_told_and_refuses_other_weights(tmp_path, pair):
+    """settle: the plan names the rows and loading only completes them (a hub id's revision, the servers'
+    provenance); weights other than the plan fingerprinted (changed in between), or another speculator, stop
+    the run. How the counts are made is the plan's alone: the engine is not asked to re-state it."""
+    target, draft = pair
+    cfg = load_routed_config(config(tmp_path, [{"target": target, "speculators": [{"kind": "draft", "model": draft}]}]))
     [m] = plan(cfg, prepare(cfg))
-
     run = m.runs[0]
-    engine = SimpleNamespace(name="loop", dtype=None, verification=None, served_model=None, provenance=None,
-                             responses_from=None, responses_dtype=None, features_from=None,
-                             target=SimpleNamespace(model_id=str(target), fingerprint=run.spec.target_hash),
-                             speculators=[SimpleNamespace(name="ngram", params=run.spec.speculator_params,
-                                                          identity=(None, None))])
-    assert settle(run, launched(SimpleNamespace(**{**vars(engine), "name": "replay"}))).run_id == run.run_id
-    with pytest.raises(PlanMismatch, match="the plan says method = 'replay', the engine measures 'loop'"):
-        settle(run, launched(engine))
+
+    def engine(target_hash, draft_hash, name=f"draft:{draft}"):
+        return SimpleNamespace(provenance={"version": "v1"},
+                               target=SimpleNamespace(model_id=str(target), fingerprint=target_hash),
+                               speculators=[SimpleNamespace(name=name, identity=(str(draft), draft_hash))])
+
+    settled = settle(run, launched(engine(run.spec.target_hash, run.spec.draft_hash)))
+    assert settled.run_id == run.run_id and settled.server == {"version": "v1"}
+    with pytest.raises(PlanMismatch, match="the plan says target_hash = .*, loading found 'other'"):
+        settle(run, launched(engine("other", run.spec.draft_hash)))
+    with pytest.raises(PlanMismatch, match="the plan says draft_hash = .*, loading found 'other'"):
+        settle(run, launched(engine(run.spec.target_hash, "other")))
+    with pytest.raises(PlanMismatch, match="the engine built \\['ngram'\\]"):
+        settle(run, launched(engine(run.spec.target_hash, run.spec.draft_hash, name="ngram")))
+    hub = replace(run, spec=replace(run.spec, target_hash=AT_LOAD))  # a hub id: its revision comes with the download
+    assert settle(hub, launched(engine("rev-1", run.spec.draft_hash))).target_hash == "rev-1"
 
 
 def test_routes_that_cannot_run_are_refused_with_the_file_named(tmp_path, pair):
@@ -265,19 +276,100 @@ def test_plan_needs_no_weights(tmp_path, pair):
     assert not (tmp_path / "tables").exists()  # nothing written
 
 
+# Run in a fresh interpreter: records the first real import of torch (the module executed, not a find_spec
+# probe such as datasets' availability check) as the stack that led to it, then runs the given code.
+WATCH_TORCH = """
+import importlib.machinery, json, sys, traceback
+first = []
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+        def exec_module(module):
+            first.append([(f.filename, f.name) for f in traceback.extract_stack() if "frozen" not in f.filename])
+            sys.meta_path.remove(self)
+            return run(module)
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, Watch())
+try:
+    exec(sys.argv[1])
+finally:
+    engines = sorted(m for m in sys.modules if m.startswith("calibrate.engines"))
+    print(json.dumps({"torch": first[0] if first else None, "engines": engines}), file=sys.__stdout__)
+"""
+
+
+def watched(tmp_path: Path, code: str, *args: str) -> dict:
+    """`code` run in a fresh interpreter (argv after it: `args`), with what imported torch first, if anything,
+    and which engine modules it imported."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", WATCH_TORCH, code, *args], check=False, capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_plan_imports_no_torch_and_no_engine(tmp_path, pair):
+    """The plan is decided from the config and the model files alone: building it for in-process kinds and
+    for server pairs (plain replay and speculating servers) imports neither torch nor any engine module."""
+    target, draft = pair
+    path = config(tmp_path, [
+        {"target": target, "speculators": [{"kind": "draft", "model": draft}, {"kind": "ngram"}, {"kind": "suffix"}]},
+        {"target": target, "backend": "llama.cpp", "server": {"mode": "connect", "url": "http://h:1"},
+         "speculators": [{"kind": "ngram"}, {"kind": "draft", "model": draft}]},
+        {"target": target, "backend": "vllm", "server": {"mode": "launch", "model": target},
+         "speculators": [{"kind": "engine", "method": "dflash", "model": draft}]},
+    ], temperature=[0.0, 0.7])
+    code = ("from calibrate.dtypes import DtypeChoice\n"
+            "from calibrate.plan import Selected, build_plan, load_routed_config\n"
+            "plan = build_plan(load_routed_config(sys.argv[2]), Selected('f', 'openai', {}, 'cpu',"
+            " DtypeChoice('float32', 'set')))\n"
+            "assert {m.source for m in plan} == {'in-process', 'plain server', 'speculating server'}, plan\n")
+    seen = watched(tmp_path, code + "assert 'calibrate.models' not in sys.modules\n", str(path))
+    assert seen == {"torch": None, "engines": []}
+
+
+def test_run_plan_imports_torch_only_through_transformers_tokenizers(tmp_path, pair):
+    """`calibrate run --plan` loads no engine, and no module of calibrate imports torch: the one way torch comes
+    in is transformers loading a target's tokenizer (its tokenizer module imports configuration_utils, which
+    imports modeling_rope_utils, which imports torch wherever it is installed: transformers 5.x). Should a
+    module of calibrate import it first, the innermost calibrate frame on that import's way would name it.
+    (The drafters' own checks, `Kind.check` before any weights load, import their modules after that.)"""
+    target, draft = pair
+    path = config(tmp_path, [{"target": target, "speculators": [{"kind": "draft", "model": draft},
+                                                                {"kind": "ngram"}]}])
+    code = ("from calibrate.cli import app\n"
+            "sys.argv = ['calibrate', 'run', sys.argv[2], '--plan', '--db', sys.argv[3]]\n"
+            "try:\n    app()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n")
+    seen = watched(tmp_path, code, str(path), str(tmp_path / "none.duckdb"))
+    assert seen["engines"] == []
+    assert seen["torch"] is not None  # transformers is installed with torch here
+    ours = [(Path(file).relative_to(ROOT).as_posix(), name) for file, name in seen["torch"]
+            if Path(file).is_relative_to(ROOT / "calibrate")]
+    assert ours[-1] == ("calibrate/model_files.py", "load_tokenizer"), ours
+    after = seen["torch"][[name for _, name in seen["torch"]].index("load_tokenizer") + 1:]
+    assert all("/transformers/" in file or "importlib" in file for file, _ in after if file != "<string>"), after
+    assert not (tmp_path / "none.duckdb").exists()
+
+
 # -- what the engines are told ----------------------------------------------------------------------------------
 
 def test_engines_are_told_by_typed_records_that_hold_every_server_key(tmp_path):
-    """The plan hands the engines frozen records (calibrate.engines.settings), never the config: each key of
-    `[pairs.server]` arrives under its own name with its value (a key added to the schema and not to the record
-    fails here, rather than being silently unread), and the run's settings arrive as the config says them."""
+    """The plan hands the engines frozen records (calibrate.plan_records), never the config: each key of
+    `[pairs.server]` either arrives under its own name with its value, or is one the plan decides from and
+    hands on only as its decision (PLANNED_SERVER_KEYS); a key added to the schema and to neither fails here,
+    rather than being silently unread. The run's settings arrive as the config says them."""
     from dataclasses import fields
 
     from calibrate.config import ServerConfig
-    from calibrate.engines.settings import PairSettings, ServerSettings
-    from calibrate.plan import engine_settings, pair_settings
+    from calibrate.plan_records import PairSettings, ServerSettings
+    from calibrate.plan import PLANNED_SERVER_KEYS, engine_settings, pair_settings
 
-    assert {f.name for f in fields(ServerSettings)} == set(ServerConfig.model_fields)
+    told = {f.name for f in fields(ServerSettings)}
+    assert told | set(PLANNED_SERVER_KEYS) == set(ServerConfig.model_fields) and not told & set(PLANNED_SERVER_KEYS)
     server = {"mode": "launch", "model": str(tmp_path), "args": ["--threads", "2"], "env": {"A": "1"},
               "concurrency": 3, "request_timeout": 5.0, "audit": False, "port": 8123}
     cfg = load_config(config(tmp_path, [{"target": "t", "backend": "llama.cpp", "server": server,
@@ -286,11 +378,70 @@ def test_engines_are_told_by_typed_records_that_hold_every_server_key(tmp_path):
     settings = pair_settings(cfg.pairs[0])
     assert isinstance(settings, PairSettings) and settings.target == "t" and settings.backend == "llama.cpp"
     assert settings.speculators == tuple(cfg.pairs[0].speculators)
-    dumped = cfg.pairs[0].server.model_dump()
+    dumped = {k: v for k, v in cfg.pairs[0].server.model_dump().items() if k not in PLANNED_SERVER_KEYS}
     assert {f.name: getattr(settings.server, f.name) for f in fields(ServerSettings)} == {
         **dumped, "args": ("--threads", "2")}
     run = engine_settings(cfg)
-    assert (run.ks, run.max_new_tokens, run.batch_size, run.sampled, run.prefix_reuse) == ((1, 3), 12, 2, True, False)
+    assert (run.ks, run.max_new_tokens, run.batch_size, run.sampled) == ((1, 3), 12, 2, True)
     assert pair_settings(load_config(config(tmp_path, [{"target": "t", "speculators": [{"kind": "ngram"}]}]))
                          .pairs[0]).server is None
 
+
+
+def test_prefix_reuse_is_decided_once_and_every_engine_reads_it_there(tmp_path, pair):
+    """Prefix reuse is one fact: the plan decides it (whole trajectories, where `[run] prefix_reuse` allows) into
+    each measurement's Budget, which the in-process engines and the servers alike read; the run's settings hold
+    no second flag."""
+    from dataclasses import fields
+
+    from calibrate.plan_records import EngineSettings
+
+    target, _ = pair
+    assert "prefix_reuse" not in {f.name for f in fields(EngineSettings)}
+    pairs = [{"target": target, "speculators": [{"kind": "ngram"}]},
+             {"target": target, "backend": "llama.cpp", "server": {"mode": "connect", "url": "http://h:1"},
+              "speculators": [{"kind": "ngram"}]}]
+    for conversations, reuse, decided in ((2, True, True), (2, False, False), (None, True, False)):
+        path = config(tmp_path, pairs, run={"prefix_reuse": reuse})
+        cfg = load_config(path)
+        if conversations:
+            cfg = cfg.model_copy(update={"dataset": cfg.dataset.model_copy(
+                update={"conversations": conversations, "max_requests": None})})
+        measurements = plan(cfg, prepare(cfg))
+        assert {m.source for m in measurements} == {"in-process", "plain server"}
+        assert {m.budget.prefix_reuse for m in measurements} == {decided}, (conversations, reuse)
+
+
+def test_the_plan_records_what_each_pair_loads_here(tmp_path, pair, head):
+    """Every loading decision is the plan's (Measurement.loads), the factory only builds it: the speculators
+    built here, the served ones given an in-process twin (model-free ones always; model drafters for the
+    engine audit at T > 0 where their hidden states are this process's), the target's view (the whole model
+    for an in-process pass; with the engine's hidden states the embeddings for EAGLE-3, the MTP view for MTP)
+    and where the hidden states come from."""
+    from calibrate.plan import loads_of
+
+    target, draft = pair
+
+    def server(**keys):
+        return {"target": target, "backend": "vllm", "server": {"mode": "launch", "model": target, **keys}}
+
+    ngram, drafter, eagle, mtp = ({"kind": "ngram"}, {"kind": "draft", "model": draft},
+                                  {"kind": "eagle3", "model": head}, {"kind": "mtp"})
+    cases = [  # (pair, run, temperatures) -> (scored, twinned, target view, features)
+        ({"target": target, "speculators": [ngram, drafter]}, {}, [0.0], ((0, 1), (), "whole", None)),
+        ({**server(), "speculators": [ngram, eagle]}, {"method": "replay"}, [0.0], ((0, 1), (), "whole", "in-process")),
+        ({**server(hidden_states="engine"), "speculators": [eagle]}, {"method": "replay"}, [0.0],
+         ((0,), (), "embeddings", "engine")),
+        ({**server(hidden_states="engine"), "speculators": [mtp]}, {"method": "replay"}, [0.0],
+         ((0,), (), "mtp", "engine")),
+        ({**server(), "speculators": [ngram, drafter]}, {"method": "loop"}, [0.0], ((), (0,), None, None)),
+        ({**server(), "speculators": [ngram, drafter]}, {"method": "loop"}, [0.7], ((), (0, 1), None, None)),
+        ({**server(), "speculators": [eagle]}, {"method": "loop"}, [0.7], ((), (0,), "whole", None)),
+        ({**server(hidden_states="engine"), "speculators": [eagle]}, {"method": "loop"}, [0.7], ((), (), None, None)),
+        ({**server(audit=False), "speculators": [ngram, drafter]}, {"method": "loop"}, [0.7], ((), (0,), None, None)),
+    ]
+    for n, (spec, run, temperatures, expected) in enumerate(cases):
+        cfg = load_config(config(tmp_path, [spec], run=run, temperature=temperatures))
+        loads = loads_of(cfg, cfg.pairs[0])
+        assert (loads.scored, loads.twinned, loads.target, loads.features) == expected, n
+        assert loads.weights == (None if loads.target is None else str(target)), n

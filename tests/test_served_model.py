@@ -16,7 +16,7 @@ from calibrate.cli import app
 from calibrate.config import ConfigError, ServerConfig, load_config
 from calibrate.engines.served_model import check_served_model
 from calibrate.engines.server import EngineError
-from calibrate.engines.settings import PairSettings
+from calibrate.plan_records import PairSettings
 from calibrate.plan import pair_settings, server_settings
 from tests.fake_engine import FakeEngine
 from tests.tables_support import make_spec
@@ -158,7 +158,7 @@ def test_runs_written_before_keep_their_ids():
 def test_the_hidden_state_server_must_serve_the_same_model(tmp_path, target):
     """Plain-engine replay with the engine's hidden states: the second server (vLLM's extract_hidden_states)
     is checked as the first is, so a head is never fed another model's states."""
-    from calibrate.engines.base import Budget
+    from calibrate.plan_records import Budget
     from calibrate.engines.factory import _target
     from calibrate.engines.hidden_states import EngineFeatures
     from calibrate.engines.server_replay import ServerReplayEngine

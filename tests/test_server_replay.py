@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from calibrate.cli import app
 from calibrate.config import load_config
-from calibrate.engines.base import Budget
+from calibrate.plan_records import Budget
 from calibrate.engines.hidden_states import EngineFeatures, check_rows, read_rows
 from calibrate.engines.server import EngineError
 from calibrate.engines.vllm import VLLMBackend

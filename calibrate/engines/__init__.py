@@ -10,9 +10,11 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "Budget": "base", "Engine": "base", "Measured": "base", "TargetIdentity": "base",
-    "BACKENDS": "factory", "PairEngines": "factory", "server_speculator": "factory",
-    "EngineError": "server", "Served": "server_engine", "ServerEngine": "server_engine",
+    "Engine": "engines.base", "Measured": "engines.base", "TargetIdentity": "engines.base",
+    "BACKENDS": "engines.factory", "PairEngines": "engines.factory",
+    "EngineError": "engines.server", "Served": "engines.server_engine", "ServerEngine": "engines.server_engine",
+    # the plan's records and naming rules, which the engines are built from (calibrate.plan_records)
+    "Budget": "plan_records", "server_speculator": "plan_records",
 }
 
 __all__ = sorted(_HOMES)
@@ -21,4 +23,4 @@ __all__ = sorted(_HOMES)
 def __getattr__(name: str) -> Any:
     if name not in _HOMES:
         raise AttributeError(f"module 'calibrate.engines' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"calibrate.engines.{_HOMES[name]}"), name)
+    return getattr(importlib.import_module(f"calibrate.{_HOMES[name]}"), name)

@@ -4,7 +4,7 @@ The runner hands an engine a batch of rendered prompts and gets back, per prompt
 (speculator name, k). It never touches a model itself, so the same runner drives a target loaded in this
 process (calibrate.engines.in_process: greedy replay-once, the loop) and a 1-trillion-parameter model
 behind a vLLM, SGLang or llama.cpp server (calibrate.engines.server_engine). calibrate.engines.factory
-makes them from the plan's records of a pair (calibrate.engines.settings).
+makes them from the plan's records of a pair (calibrate.plan_records).
 """
 
 from __future__ import annotations
@@ -78,22 +78,15 @@ class SpeculatorFacts(Protocol):
 
 
 class Engine(Protocol):
-    """Measures a batch of prompts for every (speculator, k) it serves, and says what a run records of it."""
+    """Measures a batch of prompts for every (speculator, k) it serves, and reports what only loading and
+    launching tell (calibrate.plan.settle fills it into the plan's run identities): how it is measured (the
+    method, dtype, verification rule, response and feature sources) is the plan's, never re-stated here."""
 
-    name: str  # stored as the run's `method`: "replay", "loop", "loop+experts", "llama.cpp", "vllm", "sglang"
     target: LoadedModel | TargetIdentity  # the model loaded in this process; what a server says it serves
-    speculators: Sequence[SpeculatorFacts]
+    speculators: Sequence[SpeculatorFacts]  # as built: their weights' revisions (`identity`)
     ks: list[int]
-    dtype: str | None  # None: the run's own (in-process); a server's "as served"
     provenance: dict[str, Any] | None  # a server's command line, version and log; None in-process
     expert_layers: list[int]  # the MoE layers the verify-cost profile covers (none without it)
-    verification: str | None  # the rule its counts follow at T > 0 (None: a speculating server's own)
-    # Replay of a server's responses: the backend that generated them and its precision, and where the
-    # hidden states came from; None where this process generated them.
-    responses_from: str | None
-    responses_dtype: str | None
-    features_from: str | None
-    served_model: str | None  # a connected server's model, where not the target itself (TargetIdentity)
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],
                 progress: TokenProgress | None = None, ids: Sequence[str] | None = None,
@@ -103,19 +96,3 @@ class Engine(Protocol):
         trajectories): the conversation each prompt continues, one turn of each per batch, in order across
         batches; an engine reuses their prefixes where it can (prefix reuse)."""
         ...
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What a launched server is sized for and what each request asks: the run's [dataset] budget."""
-
-    context_tokens: int
-    max_new_tokens: int
-    seed: int
-    # Whole trajectories with prefix reuse: the engine's prefix cache is on (vLLM's automatic prefix caching,
-    # SGLang's radix cache, llama.cpp's cache_prompt with a slot per conversation) and the run records it.
-    prefix_cache: bool = False
-
-    @property
-    def max_model_len(self) -> int:
-        return self.context_tokens + self.max_new_tokens + 16  # a chat template's few tokens over the cut

@@ -43,7 +43,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from calibrate.checkpoints import ReadRecord
-from calibrate.engines.base import Budget
+from calibrate.plan_records import Budget
 from calibrate.engines.inflight import concurrently
 from calibrate.engines.server import EngineError, Server, http_json
 from calibrate.models import LoadedModel
@@ -53,7 +53,7 @@ from calibrate.speculators.registry import BackendMethod, vllm_speculative_confi
 
 if TYPE_CHECKING:
     from calibrate.engines.server_engine import Backend
-    from calibrate.engines.settings import ServerSettings
+    from calibrate.plan_records import ServerSettings
 
 CONNECTOR_DIR = Path(__file__).resolve().parent / "vllm_side"  # on the launched vLLM's PYTHONPATH
 CONNECTOR_MODULE, CONNECTOR_CLASS = "calibrate_hidden_states", "CalibrateHiddenStatesConnector"

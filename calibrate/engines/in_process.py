@@ -52,13 +52,8 @@ class ReplayEngine:
     features EAGLE-3 and MTP read prefill only what each prompt adds to its conversation's previous one; the
     responses are decoded, and teacher-forced, on branches that are dropped."""
 
-    name = "replay"
-
-    dtype = None  # the run's own
     provenance = None
     expert_layers: list[int] = []
-    verification = "target-only"  # at T > 0: a draft is accepted iff it is the response's token there
-    responses_from = responses_dtype = features_from = served_model = None  # this process
 
     def __init__(self, target: LoadedModel, speculators: Sequence[Speculator], ks: Sequence[int],
                  max_new_tokens: int, labeller: Labeller, sampling: Sampling | None = None,
@@ -159,9 +154,7 @@ class LoopEngine:
     "loop+experts" (the engine is a run condition, so such runs never pool with plain loop runs); a dense
     target is refused when the engine is made (NotMoE, one line)."""
 
-    dtype = None  # the run's own
     provenance = None
-    responses_from = responses_dtype = features_from = served_model = None  # this process
 
     def __init__(self, target: LoadedModel, speculators: Sequence[Speculator], ks: Sequence[int],
                  max_new_tokens: int, sampling: Sampling, verify_kernel: str,
@@ -172,7 +165,6 @@ class LoopEngine:
         self.labeller, self.verification, self.loop_rows = labeller, verification, loop_rows
         self.experts = experts
         self.expert_layers = [layer for layer, _ in find_routers(target.model)] if experts is not None else []
-        self.name = "loop+experts" if experts is not None else "loop"
         self.caches = ConversationCaches() if prefix_reuse else None
 
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],

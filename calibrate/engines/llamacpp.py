@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from calibrate.engines.base import Budget
+from calibrate.plan_records import Budget
 from calibrate.engines.replies import Asked, Fields, FinishReasons
 from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json
@@ -33,7 +33,7 @@ from calibrate.model_names import resolve
 from calibrate.terms import Sampling, TotalCounts
 
 if TYPE_CHECKING:
-    from calibrate.engines.settings import ServerSettings
+    from calibrate.plan_records import ServerSettings
 
 STOP_TYPES: FinishReasons = {"eos": "eos", "limit": "length", "word": None, "none": None}
 ENABLING_FLAGS = ("--spec-type draft-simple --spec-draft-model/-md DRAFT.gguf --spec-draft-n-max k "

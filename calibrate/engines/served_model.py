@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from calibrate.engines.settings import PairSettings, ServerSettings
+from calibrate.plan_records import PairSettings, ServerSettings
 from calibrate.errors import EngineError
 from calibrate.models import resolve
 

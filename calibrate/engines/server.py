@@ -30,7 +30,7 @@ from calibrate.engines.process_group import Watchdog, stop_group
 from calibrate.errors import EngineError
 
 if TYPE_CHECKING:
-    from calibrate.engines.settings import ServerSettings
+    from calibrate.plan_records import ServerSettings
 
 
 def http_json(backend: str, url: str, body: dict[str, Any] | None = None, timeout: float = 600.0,

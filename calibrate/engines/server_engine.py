@@ -20,31 +20,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 from calibrate.data import RenderedPrompt
 from calibrate.engines.adaptive import adaptive_verification
 from calibrate.engines.audit import Placement, Twin, disagreeing_steps, place_steps, reconciled_counts
-from calibrate.engines.base import BatchResult, Budget, Labeller, Measured, TargetIdentity
+from calibrate.engines.base import BatchResult, Labeller, Measured, TargetIdentity
+from calibrate.plan_records import Budget, PairSettings, ServerSettings, ServerSpeculator
 from calibrate.engines.inflight import concurrently
 from calibrate.engines.replies import Asked
 from calibrate.engines.server import EngineError, Server
-from calibrate.engines.settings import PairSettings, ServerSettings
 from calibrate.terms import Sampling, StepCounts, TotalCounts
 from calibrate.progress import TokenProgress
 from calibrate.seeds import request_seed
 from calibrate.replay.steps import StepSeries, drafted_steps_counts, walk_engine_steps
-from calibrate.speculators.registry import BackendMethod
 
 if TYPE_CHECKING:
     from calibrate.speculators.base import ReplayScorer
-
-
-@dataclass(frozen=True)
-class ServerSpeculator:
-    """The speculator a server runs, named as the in-process one so their rows share a key."""
-
-    name: str
-    kind: str
-    params: dict[str, Any]
-    identity: tuple[str | None, str | None]
-    method: BackendMethod | None  # how a launched engine runs it (the kind's own declaration); None: connected
-    drafts_every_step: bool  # a model drafter: each verify step drafts k, so an engine's step list is complete
 
 
 @dataclass(frozen=True)
@@ -147,8 +134,6 @@ class ServerEngine:
     """Measures through one server's own speculation; a context manager so a launched server is always stopped."""
 
     expert_layers: list[int] = []  # the verify-cost profile is an in-process measurement
-    verification = None  # the engine's own rule
-    responses_from = responses_dtype = features_from = None  # its counts are its own, not a replay
 
     def __init__(self, backend: Backend, served: Served, budget: Budget, sampling: Sampling, labeller: Labeller,
                  target_of: Callable[[PairSettings, str, dict[str, Any]], TargetIdentity], vocab: int,
@@ -158,11 +143,10 @@ class ServerEngine:
         self.target: TargetIdentity | None = None  # known once the server answered
         self.name = backend.name
         self.speculators, self.ks = [served.speculator], [served.k]
-        self.dtype = "as served"
         self.server_cfg = cfg = served.pair.server
         command = (lambda host, port: backend.command(served, host, port, budget)) if cfg.mode == "launch" else None
         self.server = Server(backend.name, cfg, backend.health, backend.describe, command=command, url=cfg.url)
-        self.slots = ConversationSlots(cfg.concurrency) if budget.prefix_cache else None
+        self.slots = ConversationSlots(cfg.concurrency) if budget.prefix_reuse else None
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def __enter__(self) -> ServerEngine:
@@ -187,10 +171,6 @@ class ServerEngine:
         adaptive = adaptive_verification(self.name, None if launched is None else launched.command, self.server.info)
         return {**self.server.provenance, **({"prefix_cache": True} if self.slots is not None else {}),
                 **({"adaptive_verification": adaptive} if adaptive is not None else {})}
-
-    @property
-    def served_model(self) -> str | None:
-        return None if self.target is None else self.target.served_model
 
     # -- measuring ------------------------------------------------------------------------------------
     def measure(self, prompts: Sequence[RenderedPrompt], keys: Sequence[int],

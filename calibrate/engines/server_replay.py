@@ -19,7 +19,8 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from calibrate.data import RenderedPrompt
-from calibrate.engines.base import BatchResult, Budget, Labeller, TargetIdentity
+from calibrate.engines.base import BatchResult, Labeller, TargetIdentity
+from calibrate.plan_records import Budget, PairSettings
 from calibrate.engines.hidden_states import InProcessFeatures
 from calibrate.engines.in_process import prefix_features, score_responses
 from calibrate.engines.inflight import concurrently
@@ -27,7 +28,6 @@ from calibrate.engines.replies import Asked
 from calibrate.kv_slots import ConversationCaches
 from calibrate.engines.server import EngineError, Server
 from calibrate.engines.server_engine import Backend, ConversationSlots, request_sampling, slots_for
-from calibrate.engines.settings import PairSettings
 from calibrate.terms import Sampling
 from calibrate.progress import TokenProgress
 from calibrate.replay.responses import Response
@@ -45,24 +45,11 @@ class FeatureSource(Protocol):
                  needs: TargetNeeds) -> list[TargetFeatures]: ...
 
 
-def served_dtype(args: Sequence[str]) -> str:
-    """The precision a server's args ask for (`--dtype X` / `--dtype=X`), else "as served" (its default)."""
-    for i, arg in enumerate(args):
-        if arg == "--dtype" and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--dtype="):
-            return arg.split("=", 1)[1]
-    return "as served"
-
-
 class ServerReplayEngine:
     """A plain server's responses, scored here for every speculator and k; a context manager (the servers'
     lifetime)."""
 
-    name = "replay"
     expert_layers: list[int] = []
-    dtype = None  # the scorers': the run's own
-    verification = "target-only"  # at T > 0: a draft is accepted iff it is the response's token there
 
     def __init__(self, backend: Backend, pair: PairSettings, budget: Budget, sampling: Sampling, labeller: Labeller,
                  speculators: Sequence[Speculator], ks: Sequence[int],
@@ -71,15 +58,13 @@ class ServerReplayEngine:
         self.backend, self.pair, self.budget, self.sampling, self.vocab = backend, pair, budget, sampling, vocab
         self.labeller, self.speculators, self.ks = labeller, list(speculators), list(ks)
         self.target_of, self.features = target_of, features
-        self.responses_from, self.responses_dtype = backend.name, served_dtype(pair.server.args)
-        self.features_from = None if features is None else features.name
         self._open = contextlib.ExitStack()
         self.target: TargetIdentity | None = None
         cfg = pair.server
         command = (lambda host, port: backend.plain_command(cfg, host, port, budget)) if cfg.mode == "launch" else None
         self.server = Server(backend.name, cfg, backend.health, backend.describe, command=command, url=cfg.url)
-        self.slots = ConversationSlots(cfg.concurrency) if budget.prefix_cache else None
-        self.caches = ConversationCaches() if budget.prefix_cache else None  # the scorers' models, in this process
+        self.slots = ConversationSlots(cfg.concurrency) if budget.prefix_reuse else None
+        self.caches = ConversationCaches() if budget.prefix_reuse else None  # the scorers' models, in this process
 
     def __enter__(self) -> ServerReplayEngine:
         cfg = self.pair.server
@@ -104,10 +89,6 @@ class ServerReplayEngine:
 
     def close(self) -> None:
         self._open.close()
-
-    @property
-    def served_model(self) -> str | None:
-        return None if self.target is None else self.target.served_model
 
     @property
     def provenance(self) -> dict[str, Any]:

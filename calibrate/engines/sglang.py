@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from calibrate.engines.adaptive import SGLANG_INFO
-from calibrate.engines.base import Budget
+from calibrate.plan_records import Budget
 from calibrate.engines.replies import Asked, Fields, FinishReasons
 from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json
@@ -30,7 +30,7 @@ from calibrate.model_names import resolve
 from calibrate.terms import Sampling, TotalCounts
 
 if TYPE_CHECKING:
-    from calibrate.engines.settings import ServerSettings
+    from calibrate.plan_records import ServerSettings
 
 ACCEPTED = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
 PROPOSED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
@@ -108,8 +108,8 @@ class SGLangBackend:
 
     def plain_command(self, cfg: ServerSettings, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
         """The server without speculation (plain-engine replay), `extra` flags before the config's own args.
-        The radix cache is off unless whole trajectories reuse prefixes (`budget.prefix_cache`)."""
-        caching = [] if budget.prefix_cache else ["--disable-radix-cache"]
+        The radix cache is off unless whole trajectories reuse prefixes (`budget.prefix_reuse`)."""
+        caching = [] if budget.prefix_reuse else ["--disable-radix-cache"]
         return [*(cfg.command.split() if cfg.command else ["python", "-m", "sglang.launch_server"]),
                 "--model-path", resolve(cfg.model), "--host", host, "--port", str(port), *extra,
                 *caching, "--context-length", str(budget.max_model_len),

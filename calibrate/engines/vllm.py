@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from calibrate.engines.base import Budget
+from calibrate.plan_records import Budget
 from calibrate.engines.replies import Asked, Fields, FinishReasons
 from calibrate.engines.server_engine import Generated, Reply, Served
 from calibrate.engines.server import EngineError, http_json
@@ -42,7 +42,7 @@ from calibrate.speculators.registry import (
 )
 
 if TYPE_CHECKING:
-    from calibrate.engines.settings import ServerSettings
+    from calibrate.plan_records import ServerSettings
 
 PREFIX = "vllm:spec_decode_"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
@@ -210,9 +210,9 @@ class VLLMBackend:
 
     def plain_command(self, cfg: ServerSettings, host: str, port: int, budget: Budget, *extra: str) -> list[str]:
         """The server without speculation (plain-engine replay), `extra` flags before the config's own args.
-        Prefix caching is off unless whole trajectories reuse prefixes (`budget.prefix_cache`): then it is on,
+        Prefix caching is off unless whole trajectories reuse prefixes (`budget.prefix_reuse`): then it is on,
         with the cached tokens reported in each reply's usage."""
-        caching = (["--enable-prefix-caching", "--enable-prompt-tokens-details"] if budget.prefix_cache
+        caching = (["--enable-prefix-caching", "--enable-prompt-tokens-details"] if budget.prefix_reuse
                    else ["--no-enable-prefix-caching"])
         return [*(cfg.command.split() if cfg.command else default_command()), "--model", resolve(cfg.model),
                 "--host", host, "--port", str(port), *caching,

@@ -99,8 +99,9 @@ class Speculator(ABC):
     def described(cls, spec: SpeculatorConfig, target: str) -> Described:
         """What a speculator built from `spec` says of itself (its `name`, `params` and `identity`), read from
         its config and config files alone: the measurement plan (calibrate.plan) names its runs with it before
-        any weights load. `target` is the name the target is loaded under. Every kind that runs in this
-        process overrides it."""
+        any weights load. `target` is the name the target is loaded under. A kind that states its `identity`
+        in the registry (calibrate.speculators.registry: read without importing the drafter) needs none; every
+        other kind that runs in this process overrides it."""
         raise NotImplementedError(f"speculator kind {cls.kind!r} does not describe itself")
 
     @classmethod

@@ -21,11 +21,9 @@ import torch
 from calibrate.terms import Sampling
 from calibrate.kernels.reference import sample_drafts
 from calibrate.kv_slots import Prefix, SlotCache
-from calibrate.models import LoadedModel, check_same_tokenizer, load_fingerprint, load_model, load_tokenizer, resolve
+from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
 from calibrate.speculators.base import BuildContext, DraftBatch, LoopView, Prefixes, ReplayScorer, Speculator
 from calibrate.speculators.configs import DraftSpeculatorConfig
-from calibrate.speculators.configs import Described
-from calibrate.speculators.registry import speculator_kind
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
 
@@ -51,11 +49,6 @@ class DraftModelSpeculator(Speculator):
         if spec.model not in ctx.loaded:
             ctx.loaded[spec.model] = load_model(spec.model, ctx.dtype, ctx.device)
         return cls(ctx.loaded[spec.model], batch_size=ctx.batch_size)
-
-    @classmethod
-    def described(cls, spec: DraftSpeculatorConfig, target: str) -> Described:
-        return Described(speculator_kind(cls.kind).config_name(spec, target), {"model": spec.model},
-                         resolve(spec.model), load_fingerprint(spec.model))
 
     def __init__(self, draft: LoadedModel, batch_size: int = 4):
         self.draft = draft

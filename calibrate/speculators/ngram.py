@@ -25,7 +25,6 @@ import torch
 from calibrate.speculators.base import BuildContext, Proposal
 from calibrate.speculators.configs import NGRAM_DEFAULTS, VLLM_DEFAULT_LOOKUP, NgramSpeculatorConfig, ngram_params
 from calibrate.speculators.per_loop import Proposer
-from calibrate.speculators.configs import Described
 from calibrate.speculators.registry import label
 
 
@@ -62,10 +61,6 @@ class NgramSpeculator(Proposer):
     @classmethod
     def build(cls, spec: NgramSpeculatorConfig, ctx: BuildContext) -> NgramSpeculator:
         return cls(prompt_lookup_max=spec.prompt_lookup_max, prompt_lookup_min=spec.prompt_lookup_min)
-
-    @classmethod
-    def described(cls, spec: NgramSpeculatorConfig, target: str) -> Described:
-        return Described(label(cls.kind, ngram_params(spec), NGRAM_DEFAULTS), ngram_params(spec))
 
     def __init__(self, prompt_lookup_max: int = VLLM_DEFAULT_LOOKUP, prompt_lookup_min: int = VLLM_DEFAULT_LOOKUP):
         if not 1 <= prompt_lookup_min <= prompt_lookup_max:

@@ -21,6 +21,8 @@ from calibrate.speculators.configs import (
     MtpSpeculatorConfig, NgramSpeculatorConfig, SpeculatorConfig, SuffixSpeculatorConfig, ngram_params,
     suffix_params,
 )
+from calibrate.fingerprints import load_fingerprint
+from calibrate.model_names import resolve
 from calibrate.speculators.runs_on import RUNS_ON
 
 if TYPE_CHECKING:
@@ -107,6 +109,10 @@ class Kind:
     backends: Mapping[str, tuple[str, Settings]] = field(default_factory=dict)
     # A kind whose method name is in its config (engine-only): (spec, backend, weights) -> its BackendMethod.
     spelled_by_config: Callable[[Any, str, Callable[[str], str]], BackendMethod | None] | None = None
+    # What a drafter of this kind records of itself, from its config alone and without importing it (no torch):
+    # (spec, target) -> (params, draft id, draft hash). None: the drafter's own `described` (EAGLE-3 and MTP
+    # read model configs through transformers to know theirs).
+    identity: Callable[[Any, str], tuple[dict[str, Any], str | None, str | None]] | None = None
 
     @property
     def in_process(self) -> bool:
@@ -148,7 +154,11 @@ class Kind:
 
     def described(self, spec: SpeculatorConfig, target: str) -> Described:
         """What the drafter built from `spec` will record (its name, params, model id and hash), from its config
-        and config files alone (the drafter's `described`): no weights load. Engine-only kinds have none."""
+        and config files alone: no weights load, and, where the kind states its `identity`, no drafter module
+        (torch) either; the measurement plan (calibrate.plan) names its runs with it. Engine-only kinds have
+        none."""
+        if self.identity is not None:
+            return Described(self.config_name(spec, target), *self.identity(spec, target))
         return self.drafter().described(spec, target)
 
     def build(self, spec: SpeculatorConfig, ctx: BuildContext) -> Speculator:
@@ -180,7 +190,9 @@ _KINDS = (
     # An autoregressive draft model. llama.cpp loads the draft as a GGUF file (`gguf`), the others as a model
     # folder or hub id.
     Kind("draft", DraftSpeculatorConfig, lambda spec, target: f"draft:{spec.model}",
-         "calibrate.speculators.draft_model:DraftModelSpeculator", drafts_every_step=True, backends={
+         "calibrate.speculators.draft_model:DraftModelSpeculator", drafts_every_step=True,
+         identity=lambda spec, target: ({"model": spec.model}, resolve(spec.model), load_fingerprint(spec.model)),
+         backends={
              "vllm": ("draft_model", lambda spec, weights: {"model": weights(spec.model)}),
              "sglang": ("STANDALONE", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
              "llama.cpp": ("draft-simple", lambda spec, weights: needs(spec.gguf, "llama.cpp loads a draft from a "
@@ -190,14 +202,15 @@ _KINDS = (
     # breadth-first, `--speculative-ngram-*`), measured there as an engine-only kind, never as this one; so is
     # TensorRT-LLM's NGram (a pool of patterns updated as it decodes): no other engine runs this kind.
     Kind("ngram", NgramSpeculatorConfig, lambda spec, target: label("ngram", ngram_params(spec), NGRAM_DEFAULTS),
-         "calibrate.speculators.ngram:NgramSpeculator",
+         "calibrate.speculators.ngram:NgramSpeculator", identity=lambda spec, target: (ngram_params(spec), None, None),
          backends={"vllm": ("ngram", lambda spec, weights: ngram_params(spec))}),
     # vLLM's `method: suffix` (ArcticInference inside the engine, with the cross-request cache the module
     # docstring of calibrate.speculators.suffix leaves out); vLLM has no offset option (its offset is 0). No
     # other engine has suffix decoding.
     Kind("suffix", SuffixSpeculatorConfig,
          lambda spec, target: label("suffix", suffix_params(spec), SUFFIX_DEFAULTS),
-         "calibrate.speculators.suffix:SuffixSpeculator", backends={"vllm": ("suffix", lambda spec, weights: needs(
+         "calibrate.speculators.suffix:SuffixSpeculator", identity=lambda spec, target: (suffix_params(spec), None, None),
+         backends={"vllm": ("suffix", lambda spec, weights: needs(
              not spec.max_spec_offset, "vLLM has no max_spec_offset option (its offset is 0)") or {
              "suffix_decoding_max_tree_depth": spec.max_depth,
              "suffix_decoding_max_spec_factor": spec.max_spec_factor,

@@ -36,7 +36,6 @@ from calibrate.speculators.base import (
 )
 from calibrate.speculators.configs import SUFFIX_DEFAULTS, SuffixSpeculatorConfig, suffix_params
 from calibrate.speculators.per_loop import Proposer
-from calibrate.speculators.configs import Described
 from calibrate.speculators.registry import label
 from calibrate.target_features import TargetFeatures
 
@@ -216,10 +215,6 @@ class SuffixSpeculator(Proposer):
         return cls(max_depth=spec.max_depth, max_spec_factor=spec.max_spec_factor,
                    max_spec_offset=spec.max_spec_offset, min_token_prob=spec.min_token_prob,
                    cache_size=max(64, ctx.batch_size))
-
-    @classmethod
-    def described(cls, spec: SuffixSpeculatorConfig, target: str) -> Described:
-        return Described(label(cls.kind, suffix_params(spec), SUFFIX_DEFAULTS), suffix_params(spec))
 
     def __init__(self, max_depth: int = 24, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
                  min_token_prob: float = 0.1, cache_size: int = 64):
