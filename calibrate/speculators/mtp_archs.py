@@ -88,16 +88,25 @@ QWEN3_5_TEXT = replace(QWEN3_NEXT, families="Qwen3.5 text checkpoints", max_laye
     1, "its one mtp.fc and mtp norms serve every mtp.layers.i in vLLM's Qwen3_5MultiTokenPredictor, which "
        "transformers' MtpLayer (its own per layer) cannot express"))
 
-# model_type (of the text config) -> layout, for the families whose MTP head is read alone from the checkpoint.
+# The published Qwen3.5 checkpoints (Qwen3_5ForConditionalGeneration / Qwen3_5MoeForConditionalGeneration,
+# model_type qwen3_5 / qwen3_5_moe) wrap the same text model: its tensors under `model.language_model.`, the
+# vision tower under `model.visual.`, `lm_head` and `mtp.*` at the top (vLLM qwen3_5_mtp.py, vLLM 0.32.0,
+# `Qwen3_5MTP.load_weights`: `mtp.` read as the predictor, the embedding with `language_model.` dropped). vLLM
+# passes the MTP layer mRoPE positions, (3, T), whose three rows are equal for text tokens (its drafter copies
+# row 0 into rows 1 and 2 at every depth: vllm/v1/spec_decode/llm_base_proposer.py, vLLM 0.32.0), where mRoPE
+# is plain RoPE (tests/test_mtp_families.py checks both). transformers loads such a checkpoint as the text model
+# (AutoModelForCausalLM's "VLM compatibility" entry, its `model.language_model.` prefix removed on load).
+QWEN3_5_WRAPPED = replace(QWEN3_5_TEXT, families="Qwen3.5 multimodal checkpoints",
+                          embedding="model.language_model.embed_tokens.weight",
+                          final_norm="model.language_model.norm.weight")
+
+# model_type (of the config, else its text config) -> layout, for the families whose MTP head is read alone from
+# the checkpoint (a wrapper's own model_type is looked up first: calibrate.speculators.mtp_archs.model_types).
 LAYOUTS: dict[str, MtpLayout] = {"deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK, "qwen3_next": QWEN3_NEXT,
                                  "qwen3_5_text": QWEN3_5_TEXT, "qwen3_5_moe_text": QWEN3_5_TEXT,
+                                 "qwen3_5": QWEN3_5_WRAPPED, "qwen3_5_moe": QWEN3_5_WRAPPED,
                                  "glm_moe_dsa": GLM_MOE_DSA}
 
-# The multimodal Qwen3.5 checkpoints keep the text model under the wrapper (`model.language_model.*`) and
-# position text with mRoPE ((3, T) positions, vLLM's qwen3_5_mtp.py too); their text checkpoints are served.
-_MULTIMODAL = ("comes in a multimodal wrapper (qwen3_5 / qwen3_5_moe: its text model under `model.language_model.`, "
-               "mRoPE positions) whose MTP head is not served here; a text checkpoint (Qwen3_5ForCausalLM / "
-               "Qwen3_5MoeForCausalLM) is")
 _KV = "has an MTP drafter that reads the verifier's KV cache, not only its hidden states"
 
 # model_type (of the config or its text config) -> why its MTP is not scored here (a predicate of the target).
@@ -115,7 +124,6 @@ REFUSED: dict[str, str] = {
     # Gemma-4's drafter also attends over the verifier's own KV cache (vllm-project/speculators #586), which no
     # hidden-state capture hands out.
     "gemma4": _KV, "gemma4_text": _KV, "gemma4_assistant": _KV,
-    "qwen3_5": _MULTIMODAL, "qwen3_5_moe": _MULTIMODAL,
 }
 
 
