@@ -168,10 +168,11 @@ def test_the_published_wrapper_gives_on_text_the_final_state_its_text_model_load
 @pytest.mark.parametrize("model_type", WRAPPED)
 def test_mrope_with_equal_rows_is_the_rotary_the_mtp_head_computes(tmp_path, model_type):
     """vLLM hands the wrapper's MTP layer mRoPE positions (3, T) (vllm/model_executor/models/qwen3_5_mtp.py,
-    vLLM 0.32.0: `positions` "(3, seq_len) if mrope is enabled"), whose rows are equal for text tokens: its
-    drafter copies row 0 into rows 1 and 2 at every depth (vllm/v1/spec_decode/llm_base_proposer.py, vLLM
-    0.32.0). The MTP head (transformers MtpModel, the target's rotary) passes one row; with equal rows the
-    rotary is the same to the bit, and with an H row that differs it is not (the check can fail)."""
+    vLLM 0.32.0 and at 9a4f2b9f: `positions` "(3, seq_len) if mrope is enabled"), whose rows are equal for text
+    tokens: its drafter copies row 0 into rows 1 and 2 at every depth (vllm/v1/spec_decode/llm_base_proposer.py,
+    vLLM 0.32.0 and at 82720b1e, `_update_positions_dependent_metadata`). The MTP head (transformers MtpModel,
+    the target's rotary) passes one row; with equal rows the rotary is the same to the bit, and with an H row
+    that differs it is not (the check can fail)."""
     path = build(tmp_path / "q", build_tokenizer(), FAMILIES[model_type])
     mtp = load_mtp(full_target(path), "q")
     x, pos = torch.zeros(1, 12, 32), torch.arange(3, 15).view(1, -1)

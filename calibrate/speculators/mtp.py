@@ -174,9 +174,8 @@ def load_mtp(target_model: Any, target_name: str) -> Any:
 
     transformers finds the MTP tensors with a pattern keyed on the public checkpoints' layer index (61 for
     DeepSeek-V3, 92 / 46 for GLM-4.5); a checkpoint of another depth keeps them, by the same layout, at
-    index num_hidden_layers, so the target is pointed there when the pattern finds nothing."""
-    from transformers.modeling_layers import MtpModel
-
+    index num_hidden_layers, so the target is pointed there when the pattern finds nothing, or finds more than
+    the MTP layers (`_point_at_mtp_layers`)."""
     mtp_layer_count(target_model.config, target_name)
     declare_mtp(target_model.config)
     found = found_layout(target_model.config) or DEEPSEEK

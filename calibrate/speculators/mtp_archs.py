@@ -90,10 +90,10 @@ QWEN3_5_TEXT = replace(QWEN3_NEXT, families="Qwen3.5 text checkpoints", max_laye
 
 # The published Qwen3.5 checkpoints (Qwen3_5ForConditionalGeneration / Qwen3_5MoeForConditionalGeneration,
 # model_type qwen3_5 / qwen3_5_moe) wrap the same text model: its tensors under `model.language_model.`, the
-# vision tower under `model.visual.`, `lm_head` and `mtp.*` at the top (vLLM qwen3_5_mtp.py, vLLM 0.32.0,
+# vision tower under `model.visual.`, `lm_head` and `mtp.*` at the top (vLLM qwen3_5_mtp.py, 0.32.0 and at 9a4f2b9f,
 # `Qwen3_5MTP.load_weights`: `mtp.` read as the predictor, the embedding with `language_model.` dropped). vLLM
 # passes the MTP layer mRoPE positions, (3, T), whose three rows are equal for text tokens (its drafter copies
-# row 0 into rows 1 and 2 at every depth: vllm/v1/spec_decode/llm_base_proposer.py, vLLM 0.32.0), where mRoPE
+# row 0 into rows 1 and 2 at every depth: vllm/v1/spec_decode/llm_base_proposer.py, 0.32.0 and at 82720b1e), where mRoPE
 # is plain RoPE (tests/test_mtp_families.py checks both). transformers loads such a checkpoint as the text model
 # (AutoModelForCausalLM's "VLM compatibility" entry, its `model.language_model.` prefix removed on load).
 QWEN3_5_WRAPPED = replace(QWEN3_5_TEXT, families="Qwen3.5 multimodal checkpoints",
