@@ -37,7 +37,6 @@ class Target:
     values: dict[str, Any]  # over transformers' config defaults
     published: str
     source: str
-    checkpoint: str | None = None  # the model_type its published checkpoint declares, where the count builds another
 
 
 TARGETS = [
@@ -47,16 +46,19 @@ TARGETS = [
                 moe_intermediate_size=3072, index_n_heads=64, num_nextn_predict_layers=1),
            "1.6T", "deepseek-ai/DeepSeek-V4-Pro model card and config values as quoted by the vLLM recipe and "
                    "apxml pages (129,280 vocab, 7168 hidden, 61 layers, 384 experts of 3072, top-6, 1 MTP layer)"),
-    Target("Qwen3.5-397B-A17B", "qwen3_5_moe_text",
-           dict(vocab_size=248320, hidden_size=4096, num_hidden_layers=60, num_experts=512, num_experts_per_tok=10,
-                moe_intermediate_size=1024, shared_expert_intermediate_size=1024, num_attention_heads=32,
-                num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=64,
-                linear_key_head_dim=128, linear_value_head_dim=128, tie_word_embeddings=False,
-                mtp_num_hidden_layers=1),
+    Target("Qwen3.5-397B-A17B", "qwen3_5_moe",
+           dict(text_config=dict(vocab_size=248320, hidden_size=4096, num_hidden_layers=60, num_experts=512,
+                                 num_experts_per_tok=10, moe_intermediate_size=1024,
+                                 shared_expert_intermediate_size=1024, num_attention_heads=32, num_key_value_heads=2,
+                                 head_dim=256, linear_num_key_heads=16, linear_num_value_heads=64,
+                                 linear_key_head_dim=128, linear_value_head_dim=128, tie_word_embeddings=False,
+                                 mtp_num_hidden_layers=1),
+                vision_config=dict(out_hidden_size=4096)),
            "397B (text and vision)", "Qwen/Qwen3.5-397B-A17B architecture as quoted by mlx-community/"
                                      "Qwen3.5-397B-A17B-4bit (60 layers, 512 experts of 1024, 10 routed + 1 shared); "
-                                     "counted as its text model, judged as the multimodal checkpoint it is",
-           checkpoint="qwen3_5_moe"),
+                                     "the multimodal checkpoint as published (Qwen3_5MoeForConditionalGeneration): "
+                                     "its vision tower transformers 5.25's Qwen3_5MoeVisionConfig defaults "
+                                     "(documented as Qwen/Qwen3.5-35B-A3B's), merged to the text width"),
     Target("DeepSeek-V3 / R1", "deepseek_v3", {}, "671B + 14B MTP",
            "transformers 5.24 DeepseekV3Config defaults, which are DeepSeek-V3's config (DeepSeek-V3 model card: "
            "671B main model, 14B MTP module)"),
@@ -82,7 +84,8 @@ def count(config: Any) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config)  # a multimodal wrapper's text model alone
+        vision = vision_tower(config)
     text = config.get_text_config()
     h, n = text.hidden_size, mtp_layers(text)
     head_class = family_head(config)
@@ -92,7 +95,17 @@ def count(config: Any) -> dict[str, float]:
     embedding = model.get_input_embeddings().weight.numel()
     head = model.get_output_embeddings().weight
     shared = embedding + h + (0 if head is model.get_input_embeddings().weight else head.numel())
-    return {"whole": sum(p.numel() for p in model.parameters()) + mtp, "path": shared + mtp, "mtp_layers": n}
+    whole = sum(p.numel() for p in model.parameters()) + vision + mtp
+    return {"whole": whole, "path": shared + mtp, "mtp_layers": n}
+
+
+def vision_tower(config: Any) -> int:
+    """Parameters of a multimodal wrapper's vision tower (in its checkpoint, never read by the MTP head); 0
+    for a text model. Built on the meta device by the caller."""
+    from transformers import AutoModel
+
+    vision = getattr(config, "vision_config", None)
+    return 0 if vision is None else sum(p.numel() for p in AutoModel.from_config(vision).parameters())
 
 
 def verdict(config: Any) -> str:
@@ -112,21 +125,20 @@ def main() -> None:
     from transformers import AutoConfig
 
     if args.config:
-        rows = [(path, AutoConfig.from_pretrained(path), "-", path, None) for path in args.config]
+        rows = [(path, AutoConfig.from_pretrained(path), "-", path) for path in args.config]
     else:
-        rows = [(t.name, AutoConfig.for_model(t.model_type, **t.values), t.published, t.source,
-                 AutoConfig.for_model(t.checkpoint) if t.checkpoint else None) for t in TARGETS]
+        rows = [(t.name, AutoConfig.for_model(t.model_type, **t.values), t.published, t.source) for t in TARGETS]
     table = Table(title="What scoring MTP from the engine's hidden states reads of a target (bf16 bytes)")
     for col in ("target", "MTP layers", "whole target", "published", "MTP head alone", "share", "this path"):
         table.add_column(col, justify="left" if col in ("target", "this path") else "right")
-    for name, config, published, _, checkpoint in rows:
+    for name, config, published, _ in rows:
         n = count(config)
         table.add_row(name, str(n["mtp_layers"]), f"{n['whole'] / 1e9:.1f}B params, {2 * n['whole'] / 1e9:,.0f} GB",
                       published, f"{n['path'] / 1e9:.2f}B params, {2 * n['path'] / 1e9:,.1f} GB",
-                      f"{100 * n['path'] / n['whole']:.1f}%", verdict(checkpoint or config))
+                      f"{100 * n['path'] / n['whole']:.1f}%", verdict(config))
     console = Console(width=220)
     console.print(table)
-    for name, _, _, source, _ in rows:
+    for name, _, _, source in rows:
         console.print(f"{name}: {source}", highlight=False)
 
 

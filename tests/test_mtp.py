@@ -221,16 +221,19 @@ def test_checkpoints_without_usable_mtp_layers_are_refused(tmp_path):
         MtpSpeculator.check(spec, str(partial), None)
 
 
-def test_qwen35_style_mtp_is_refused_by_name():
-    """Qwen3.5's multimodal checkpoints are refused by name; its text checkpoints, as Qwen3-Next, are served
-    (tests/test_mtp_families.py)."""
+def test_qwen35_multimodal_checkpoints_are_served_in_their_wrapper_layout():
+    """Qwen3.5's published (multimodal) checkpoints are served: their one MTP layer counted by the text config,
+    the shared tables read under `model.language_model.` (tests/test_mtp_families.py runs them)."""
     from transformers import AutoConfig
 
     from calibrate.speculators.mtp import mtp_layer_count
+    from calibrate.speculators.mtp_archs import QWEN3_5_WRAPPED, layout
 
-    config = AutoConfig.for_model("qwen3_5", text_config={"num_hidden_layers": 2, "mtp_num_hidden_layers": 1})
-    with pytest.raises(ValueError, match=r"target 'q' \(qwen3_5_text\) comes in a multimodal wrapper"):
-        mtp_layer_count(config, "q")
+    for model_type in ("qwen3_5", "qwen3_5_moe"):
+        config = AutoConfig.for_model(model_type, text_config={"num_hidden_layers": 2, "mtp_num_hidden_layers": 1})
+        assert mtp_layer_count(config, "q") == 1
+        assert layout(config, "q") is QWEN3_5_WRAPPED
+    assert QWEN3_5_WRAPPED.embedding == "model.language_model.embed_tokens.weight"
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])

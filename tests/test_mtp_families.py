@@ -34,7 +34,7 @@ from tests.test_mtp_engine import KS as ENGINE_KS
 from tests.test_mtp_engine import config as engine_config
 from tests.test_mtp_engine import hidden_server, plain_reply, taps, vllm_standin
 from tests.tiny_pair import build_tokenizer
-from tests.tiny_mtp_families import FAMILIES, LAYERS, QWEN3_NEXT, Reference, build, full_target
+from tests.tiny_mtp_families import FAMILIES, LAYERS, QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT, Reference, build, full_target
 
 KS = range(1, 9)
 PROMPT, RESPONSE = [5, 9, 13, 2, 7, 5, 9, 11], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
@@ -91,9 +91,11 @@ def test_the_reused_depths_follow_the_state_each_family_recycles(tiny, whole, fa
     full, spec = whole
     feats = target_features(full, [PROMPT], [RESPONSE], spec.needs)[0]
     right = spec.chain_drafts(PROMPT, RESPONSE, feats, max(KS))
-    found = mtp_archs.LAYOUTS[family.model_type]
+    # the loaded head's own config names its layout (a wrapper's head is its text model's: qwen3_5_text)
+    key = next(t for t in mtp_archs.model_types(spec.mtp.config) if t in mtp_archs.LAYOUTS)
+    found = mtp_archs.LAYOUTS[key]
     other = "pre-norm" if found.recycles == "normed" else "normed"
-    monkeypatch.setitem(mtp_archs.LAYOUTS, family.model_type, replace(found, recycles=other))
+    monkeypatch.setitem(mtp_archs.LAYOUTS, key, replace(found, recycles=other))
     wrong = spec.chain_drafts(PROMPT, RESPONSE, feats, max(KS))
     assert (wrong[:, 0] == right[:, 0]).all() and (wrong[:, 1:] != right[:, 1:]).any()
 
@@ -125,8 +127,14 @@ def test_the_head_alone_fed_the_engines_tap_drafts_as_the_in_process_pass(tiny, 
     assert all(p.device.type == "meta" for layer in alone.model.get_decoder().layers for p in layer.parameters())
     weights = load_file(str(tiny / "model.safetensors"))
     mtp = sorted(n for n in weights if n.startswith(family.prefix) and n[len(family.prefix):] not in family.copies)
-    shared = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    text = "model.language_model." if family.wrapper else "model."  # the published wrapper's text model
+    shared = [f"{text}embed_tokens.weight", f"{text}norm.weight", "lm_head.weight"]
     assert list(alone.loaded.tensors) == shared + mtp
+    # transformers' MTP pattern, which MtpModel reads by, is pointed at the MTP layer: no vision tower read
+    from transformers.modeling_layers import MtpModel
+
+    assert [n for n in weights if MtpModel.get_mtp_weights_regex(alone.model).search(n)] == \
+        [n for n in weights if n.startswith(family.prefix)]
     assert alone.loaded.bytes == sum(weights[t].nbytes for t in shared + mtp)
     ids = PROMPT + RESPONSE
     with torch.inference_mode():
@@ -136,6 +144,44 @@ def test_the_head_alone_fed_the_engines_tap_drafts_as_the_in_process_pass(tiny, 
     there = TargetFeatures(last=tap)
     for k in KS:
         assert (head.chain_drafts(PROMPT, RESPONSE, there, k) == spec.chain_drafts(PROMPT, RESPONSE, here, k)).all(), k
+
+
+WRAPPED = [QWEN3_5.model_type, QWEN3_5_MOE.model_type]
+
+
+@pytest.mark.parametrize("model_type", WRAPPED)
+def test_the_published_wrapper_gives_on_text_the_final_state_its_text_model_loads(tmp_path, model_type):
+    """The multimodal checkpoint as transformers' wrapper (Qwen3_5ForConditionalGeneration / Moe) runs it on a
+    text-only prompt (its own mRoPE positions) gives the final hidden state of the text model that
+    AutoModelForCausalLM loads from the same files (the target calibrate loads, model.language_model.* read)."""
+    from transformers import AutoModelForImageTextToText
+
+    path = build(tmp_path / "q", build_tokenizer(), FAMILIES[model_type])
+    wrapper = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    assert type(wrapper).__name__.endswith("ForConditionalGeneration")
+    ids = PROMPT + RESPONSE
+    with torch.inference_mode():
+        there = wrapper.model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+    torch.testing.assert_close(final_states(full_target(path), ids), there, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("model_type", WRAPPED)
+def test_mrope_with_equal_rows_is_the_rotary_the_mtp_head_computes(tmp_path, model_type):
+    """vLLM hands the wrapper's MTP layer mRoPE positions (3, T) (vllm/model_executor/models/qwen3_5_mtp.py,
+    vLLM 0.32.0 and at 9a4f2b9f: `positions` "(3, seq_len) if mrope is enabled"), whose rows are equal for text
+    tokens: its drafter copies row 0 into rows 1 and 2 at every depth (vllm/v1/spec_decode/llm_base_proposer.py,
+    vLLM 0.32.0 and at 82720b1e, `_update_positions_dependent_metadata`). The MTP head (transformers MtpModel,
+    the target's rotary) passes one row; with equal rows the rotary is the same to the bit, and with an H row
+    that differs it is not (the check can fail)."""
+    path = build(tmp_path / "q", build_tokenizer(), FAMILIES[model_type])
+    mtp = load_mtp(full_target(path), "q")
+    x, pos = torch.zeros(1, 12, 32), torch.arange(3, 15).view(1, -1)
+    ours = mtp.rotary_emb(x, pos)
+    equal = mtp.rotary_emb(x, pos.expand(3, 1, -1))
+    for a, b in zip(ours, equal, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    shifted = mtp.rotary_emb(x, torch.stack([pos, pos + 5, pos]))
+    assert not torch.equal(shifted[0], ours[0])
 
 
 def test_more_qwen3_next_mtp_layers_than_vllm_drafts_with_are_refused_by_name(tmp_path):

@@ -24,7 +24,7 @@ from tests.configs import QUICKSTART, write_config
 from tests.test_engines_vllm_replay import SERVER, rows, run
 
 BF16 = {**SERVER, "args": ["--enforce-eager", "--dtype", "bfloat16", "--max-num-batched-tokens", "8192"]}
-from tests.tiny_mtp_families import QWEN3_NEXT, build
+from tests.tiny_mtp_families import QWEN3_NEXT, Family, build
 from tests.tiny_pair import build_tokenizer
 
 pytestmark = [pytest.mark.slow,
@@ -38,18 +38,20 @@ KS = [1, 3]
 WIDE = {"head_dim": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128}
 
 
-def wide_config(vocab_size: int, mtp_layers: int, **extra):
-    config = QWEN3_NEXT.config(vocab_size, mtp_layers, **extra)
-    for key, width in WIDE.items():
-        setattr(config, key, width)
-    return config
+def widened(family: Family) -> Family:
+    """The family's tiny target with WIDE's widths (its other sizes, and its checkpoint's layout, unchanged)."""
+    def config(vocab_size: int, mtp_layers: int, **extra):
+        made = family.config(vocab_size, mtp_layers, **extra)
+        for key, width in WIDE.items():
+            setattr(made, key, width)
+        return made
+    return dataclasses.replace(family, config=config)
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory) -> Path:
     """vLLM picks the model class from config.json's architectures, which the tiny build leaves out."""
-    path = build(tmp_path_factory.mktemp("qwen3-next"), build_tokenizer(),
-                 dataclasses.replace(QWEN3_NEXT, config=wide_config))
+    path = build(tmp_path_factory.mktemp("qwen3-next"), build_tokenizer(), widened(QWEN3_NEXT))
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3NextForCausalLM"]}))
     return path

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,9 @@ class Family:
     offset_norms: bool  # the norm scales by 1 + weight (Qwen3-Next), else by weight
     recycles_normed: bool  # a reused depth reads the normed output (Qwen3-Next), else the block's output
     copies: tuple[str, ...] = ()  # the checkpoint's copies of the embedding and head under `prefix`
+    # A multimodal wrapper's model_type (Qwen3.5 as published): the text model's tensors under
+    # `model.language_model.`, a vision tower under `model.visual.`, and mRoPE positions, (3, T), in vLLM's MTP.
+    wrapper: str | None = None
 
 
 QWEN3_NEXT = Family("qwen3_next", qwen3_next_config, "mtp_num_hidden_layers", "mtp.", "mtp.layers.0.",
@@ -103,7 +106,23 @@ QWEN3_5_MOE_TEXT = Family("qwen3_5_moe_text", qwen3_5_moe_text_config, "mtp_num_
                           "mtp.layers.0.", QWEN3_NEXT.norms, "fc.weight", offset_norms=True, recycles_normed=True)
 QWEN3_5_TEXT = Family("qwen3_5_text", qwen3_5_text_config, "mtp_num_hidden_layers", "mtp.", "mtp.layers.0.",
                       QWEN3_NEXT.norms, "fc.weight", offset_norms=True, recycles_normed=True)
-FAMILIES = {f.model_type: f for f in (QWEN3_NEXT, QWEN3_5_TEXT, QWEN3_5_MOE_TEXT, GLM_MOE_DSA)}
+# The published Qwen3.5 checkpoints (Qwen3_5ForConditionalGeneration / Qwen3_5MoeForConditionalGeneration): the text
+# families' tensors and MTP layer in the multimodal wrapper (vLLM qwen3_5_mtp.py, vLLM 0.32.0).
+QWEN3_5 = replace(QWEN3_5_TEXT, model_type="qwen3_5", wrapper="qwen3_5")
+QWEN3_5_MOE = replace(QWEN3_5_MOE_TEXT, model_type="qwen3_5_moe", wrapper="qwen3_5_moe")
+FAMILIES = {f.model_type: f for f in (QWEN3_NEXT, QWEN3_5_TEXT, QWEN3_5_MOE_TEXT, QWEN3_5, QWEN3_5_MOE, GLM_MOE_DSA)}
+def mrope(head_dim: int) -> dict[str, Any]:
+    """The published wrapper's rotary in small (Qwen3.5-397B-A17B: head_dim 256, partial_rotary_factor 0.25, so
+    32 frequencies, mrope_section [11, 11, 10], interleaved): every dimension rotated here, its frequencies split
+    half T, a quarter each H and W (8 wide: [2, 1, 1]), so that unequal rows would give another rotary
+    (tests/test_mtp_families.py checks they do)."""
+    n = head_dim // 2
+    return {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+            "mrope_section": [n - 2 * (n // 4), n // 4, n // 4], "mrope_interleaved": True}
+
+
+# A tiny vision tower: the wrapper's checkpoint holds one, which the MTP head must not read.
+VISION = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32}
 
 
 def build(path: Path, tokenizer, family: Family, seed: int = 1, mtp_layers: int = 1) -> Path:
@@ -114,6 +133,8 @@ def build(path: Path, tokenizer, family: Family, seed: int = 1, mtp_layers: int 
 
     config = family.config(len(tokenizer), mtp_layers, eos_token_id=tokenizer.convert_tokens_to_ids("<|end|>"),
                            pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    if family.wrapper is not None:
+        config.rope_parameters = mrope(config.head_dim)
     torch.manual_seed(seed)
     deeper_config = copy.deepcopy(config)
     deeper_config.num_hidden_layers = LAYERS + 1
@@ -136,12 +157,29 @@ def build(path: Path, tokenizer, family: Family, seed: int = 1, mtp_layers: int 
         tensors[family.prefix + name] = torch.randn(h) * 0.3 + (0.0 if family.offset_norms else 1.0)
     copies = dict(zip(family.copies, ("model.embed_tokens.weight", "lm_head.weight")))
     tensors |= {family.prefix + name: tensors[shared].clone() for name, shared in copies.items()}
+    if family.wrapper is not None:
+        config, tensors = wrapped(family.wrapper, config, tensors)
     path.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"),
               metadata={"format": "pt"})
     config.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def wrapped(model_type: str, text: Any, tensors: dict[str, torch.Tensor]) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The text checkpoint as the published multimodal one: its config as the wrapper's `text_config`, the text
+    model's tensors under `model.language_model.`, and a random vision tower's under `model.visual.` (written
+    by transformers' own wrapper class, so the names are the ones it reads)."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = AutoConfig.for_model(model_type, text_config=text.to_dict(), vision_config=VISION,
+                                  tie_word_embeddings=False)
+    vision = {k: v for k, v in AutoModelForImageTextToText.from_config(config).state_dict().items()
+              if k.startswith("model.visual.")}
+    moved = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+             for k, v in tensors.items()}
+    return config, moved | vision
 
 
 def full_target(path: Path):
@@ -178,9 +216,11 @@ class Reference:
         x = torch.cat([self._norm(embeds, 0), self._norm(hidden, 1)], -1)
         x = (x @ self.projection.T)[None]
         pos = torch.tensor([positions])
+        # vLLM passes a wrapper's MTP layer mRoPE positions, (3, T), three equal rows for text tokens
+        rotary = self.rotary(x, pos.expand(3, 1, -1) if self.family.wrapper else pos)
         m = len(tokens)
         mask = torch.full((m, m), torch.finfo(x.dtype).min).triu(1)[None, None]
-        out = self.block(x, attention_mask=mask, position_embeddings=self.rotary(x, pos), position_ids=pos)
+        out = self.block(x, attention_mask=mask, position_embeddings=rotary, position_ids=pos)
         out = (out[0] if isinstance(out, tuple) else out)[0]
         return self._norm(out, 2), out
 

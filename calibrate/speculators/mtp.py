@@ -170,19 +170,15 @@ def load_mtp(target_model: Any, target_name: str) -> Any:
 
     transformers finds the MTP tensors with a pattern keyed on the public checkpoints' layer index (61 for
     DeepSeek-V3, 92 / 46 for GLM-4.5); a checkpoint of another depth keeps them, by the same layout, at
-    index num_hidden_layers, so the target is pointed there when the pattern finds nothing."""
-    from transformers.modeling_layers import MtpModel
-
+    index num_hidden_layers, so the target is pointed there when the pattern finds nothing, or finds more than
+    the MTP layers (`_point_at_mtp_layers`)."""
     mtp_layer_count(target_model.config, target_name)
     declare_mtp(target_model.config)
     found = found_layout(target_model.config) or DEEPSEEK
     path = Path(target_model.config.name_or_path)
     if path.is_dir():
         check_checkpoint(path, target_model.config, target_name)
-        names = open_checkpoint(target_name, str(path)).files
-        if not any(MtpModel.get_mtp_weights_regex(target_model).search(k) for k in names):
-            target_model._keys_to_ignore_on_load_unexpected = [
-                re.escape(p) + ".*" for p in mtp_prefixes(target_model.config)]
+        _point_at_mtp_layers(target_model, open_checkpoint(target_name, str(path)).files)
     shared = target_model.get_input_embeddings().weight  # loaded in both cases; the target's layers may not be
     try:
         mtp = mtp_class(found).from_pretrained(target_model, device_map={"": shared.device})
@@ -197,6 +193,21 @@ def load_mtp(target_model: Any, target_name: str) -> Any:
                          f"{type(mtp.layers[0].enorm).__name__}, not the target's {norm.__name__} "
                          f"({found.families} MTP norms are the final norm's kind)")
     return mtp.to(dtype=shared.dtype).eval()
+
+
+def _point_at_mtp_layers(target_model: Any, names: Any) -> None:
+    """Point transformers' MTP pattern (the target class's `_keys_to_ignore_on_load_unexpected`) at the MTP
+    layers' prefixes where it finds none of them (a checkpoint of another depth than the published one) or
+    also finds other tensors (a multimodal wrapper's text model ignores `model.visual.*` the same way, which
+    MtpModel would then read: a vision tower the MTP head never uses)."""
+    from transformers.modeling_layers import MtpModel
+
+    prefixes = tuple(mtp_prefixes(target_model.config))
+    pattern = MtpModel.get_mtp_weights_regex(target_model)
+    shared = [re.compile(p) for p in getattr(target_model, "_keys_shared_with_mtp", [])]
+    found = [k for k in names if pattern.search(k) and not any(s.search(k) for s in shared)]
+    if not found or not all(k.startswith(prefixes) for k in found):
+        target_model._keys_to_ignore_on_load_unexpected = [re.escape(p) + ".*" for p in prefixes]
 
 
 # -- running one MTP layer -------------------------------------------------------------------------------------

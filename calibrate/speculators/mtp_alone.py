@@ -20,7 +20,8 @@ import torch
 from calibrate.checkpoints import open_checkpoint
 from calibrate.dtypes import choose_dtype
 from calibrate.models import (
-    LoadedModel, fingerprint, hub_access, load_tokenizer, resolve, resolve_device, resolve_dtype, skeleton,
+    LoadedModel, fingerprint, hub_access, load_tokenizer, model_config, resolve, resolve_device, resolve_dtype,
+    skeleton,
 )
 from calibrate.speculators.mtp import mtp_layer_count
 from calibrate.speculators.mtp_archs import layout, mtp_tensors
@@ -40,10 +41,13 @@ def load_mtp_target(name: str, dtype: str = "auto", device: str = "auto", tokeni
     device = resolve_device(device)
     dtype = choose_dtype(dtype, device).dtype
     model = skeleton(name)
-    mtp_layer_count(model.config, name)
-    found = layout(model.config, name)
+    # The checkpoint's own config picks the layout: a multimodal wrapper's skeleton is its text model alone
+    # (transformers' AutoModelForCausalLM), whose config no longer says the tensors sit under the wrapper.
+    config = model_config(name)
+    mtp_layer_count(config, name)
+    found = layout(config, name)
     if found.engine_refusal is not None:
-        raise ValueError(f"mtp: target {name!r} ({model.config.get_text_config().model_type}): its MTP head "
+        raise ValueError(f"mtp: target {name!r} ({config.get_text_config().model_type}): its MTP head "
                          f"{found.engine_refusal}")
     checkpoint = open_checkpoint(name, model_id, hub_access(name, model_id))
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight

@@ -110,16 +110,25 @@ DEEPSEEK_V4 = MtpLayout(
                    "DeepSeek-V4 taps average the streams): use hidden_states = \"in-process\"",
 )
 
-# model_type (of the text config) -> layout, for the families whose MTP head is read alone from the checkpoint.
+# The published Qwen3.5 checkpoints (Qwen3_5ForConditionalGeneration / Qwen3_5MoeForConditionalGeneration,
+# model_type qwen3_5 / qwen3_5_moe) wrap the same text model: its tensors under `model.language_model.`, the
+# vision tower under `model.visual.`, `lm_head` and `mtp.*` at the top (vLLM qwen3_5_mtp.py, 0.32.0 and at 9a4f2b9f,
+# `Qwen3_5MTP.load_weights`: `mtp.` read as the predictor, the embedding with `language_model.` dropped). vLLM
+# passes the MTP layer mRoPE positions, (3, T), whose three rows are equal for text tokens (its drafter copies
+# row 0 into rows 1 and 2 at every depth: vllm/v1/spec_decode/llm_base_proposer.py, 0.32.0 and at 82720b1e), where mRoPE
+# is plain RoPE (tests/test_mtp_families.py checks both). transformers loads such a checkpoint as the text model
+# (AutoModelForCausalLM's "VLM compatibility" entry, its `model.language_model.` prefix removed on load).
+QWEN3_5_WRAPPED = replace(QWEN3_5_TEXT, families="Qwen3.5 multimodal checkpoints",
+                          embedding="model.language_model.embed_tokens.weight",
+                          final_norm="model.language_model.norm.weight")
+
+# model_type (of the config, else its text config) -> layout, for the families whose MTP head is read alone from
+# the checkpoint (a wrapper's own model_type is looked up first: calibrate.speculators.mtp_archs.model_types).
 LAYOUTS: dict[str, MtpLayout] = {"deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK, "qwen3_next": QWEN3_NEXT,
                                  "qwen3_5_text": QWEN3_5_TEXT, "qwen3_5_moe_text": QWEN3_5_TEXT,
+                                 "qwen3_5": QWEN3_5_WRAPPED, "qwen3_5_moe": QWEN3_5_WRAPPED,
                                  "glm_moe_dsa": GLM_MOE_DSA, "deepseek_v4": DEEPSEEK_V4}
 
-# The multimodal Qwen3.5 checkpoints keep the text model under the wrapper (`model.language_model.*`) and
-# position text with mRoPE ((3, T) positions, vLLM's qwen3_5_mtp.py too); their text checkpoints are served.
-_MULTIMODAL = ("comes in a multimodal wrapper (qwen3_5 / qwen3_5_moe: its text model under `model.language_model.`, "
-               "mRoPE positions) whose MTP head is not served here; a text checkpoint (Qwen3_5ForCausalLM / "
-               "Qwen3_5MoeForCausalLM) is")
 _KV = "has an MTP drafter that reads the verifier's KV cache, not only its hidden states"
 
 # model_type (of the config or its text config) -> why its MTP is not scored here (a predicate of the target).
@@ -127,7 +136,6 @@ REFUSED: dict[str, str] = {
     # Gemma-4's drafter also attends over the verifier's own KV cache (vllm-project/speculators #586), which no
     # hidden-state capture hands out.
     "gemma4": _KV, "gemma4_text": _KV, "gemma4_assistant": _KV,
-    "qwen3_5": _MULTIMODAL, "qwen3_5_moe": _MULTIMODAL,
 }
 
 
