@@ -40,11 +40,10 @@ import torch
 from torch import nn
 
 from calibrate.checkpoints import open_checkpoint
-from calibrate.kernels.reference import sampling_probs
 from calibrate.models import hub_access, load_fingerprint, model_config, resolve
-from calibrate.speculators.base import BuildContext, Prefixes, Proposal, ReplayScorer, chain_replay_scorers
+from calibrate.speculators.base import BuildContext, Proposal
+from calibrate.speculators.chain_head import ChainHead, pick_draft
 from calibrate.speculators.configs import Described, MtpSpeculatorConfig
-from calibrate.speculators.per_loop import PerLoopSpeculator
 from calibrate.speculators.registry import speculator_kind
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
@@ -250,7 +249,7 @@ class _Request:
     streams: list[torch.Tensor] = field(default_factory=list)  # (n, hc_mult * H) chunks, positions 0 .. n-1
 
 
-class DeepseekV4MtpSpeculator(PerLoopSpeculator):
+class DeepseekV4MtpSpeculator(ChainHead[_Request]):
     """vLLM `method: mtp` on a DeepSeek-V4 target: its MTP layer, read alone from the target's checkpoint."""
 
     kind = "mtp"
@@ -291,22 +290,13 @@ class DeepseekV4MtpSpeculator(PerLoopSpeculator):
 
     def __init__(self, layer: DeepseekV4MtpLayer, tap: int, name: str, model_id: str | None = None,
                  model_hash: str | None = None):
+        super().__init__(name, model_id, model_hash)
         self.layer, self.tap = layer, tap
         self.needs = TargetNeeds(layers=(tap,))
-        self._name, self._id, self._hash = name, model_id, model_hash
-        self._requests: dict[int, _Request] = {}
-
-    @property
-    def name(self) -> str:
-        return f"mtp:{self._name}"
 
     @property
     def params(self) -> dict[str, Any]:
         return _params(self._name, 1)
-
-    @property
-    def identity(self) -> tuple[str | None, str | None]:
-        return self._id, self._hash
 
     def _streams(self, flat: torch.Tensor) -> torch.Tensor:
         weight = self.layer.e_proj.weight
@@ -328,24 +318,12 @@ class DeepseekV4MtpSpeculator(PerLoopSpeculator):
         out[1:] = chain(self.layer, ids, streams, anchors, depth, forced=True)
         return out
 
-    def replay_scorers(
-        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_k: int,
-        features: Sequence[TargetFeatures] | None = None, prefixes: Prefixes | None = None,
-    ) -> list[ReplayScorer]:
-        return chain_replay_scorers(self.name, self.chain_drafts, prompts, responses, max_k, features)
-
     # -- loops: each draft reruns the verified rows (no MTP cache is kept between rounds) -----------------
 
-    def start(self, loop_id: int, prompt: Sequence[int], features: TargetFeatures | None = None) -> None:
-        self._requests[loop_id] = _Request(tokens=list(prompt))
-        self._add(self._requests[loop_id], features)
+    def _new_state(self, prompt: list[int]) -> _Request:
+        return _Request(tokens=prompt)
 
-    def extend(self, loop_id: int, tokens: Sequence[int], features: TargetFeatures | None = None) -> None:
-        state = self._requests[loop_id]
-        state.tokens.extend(int(t) for t in tokens)
-        self._add(state, features)
-
-    def _add(self, state: _Request, features: TargetFeatures | None) -> None:
+    def _add_rows(self, state: _Request, features: TargetFeatures | None) -> None:
         """Keep the streams of the positions that became verified (the features end at the second-to-last
         token, by the interface's invariant)."""
         if features is not None and self.tap in features.layers and features.layers[self.tap].shape[0]:
@@ -366,17 +344,14 @@ class DeepseekV4MtpSpeculator(PerLoopSpeculator):
         anchors = torch.tensor([count - 1], device=ids.device)
         probs: list[torch.Tensor] = []
 
-        def sample(logits: torch.Tensor) -> torch.Tensor:
-            q = sampling_probs(logits, temperature, top_k, top_p)
-            probs.append(q[0].cpu())
-            return torch.multinomial(q.cpu(), 1, generator=generator)[:, 0]
+        def sample(logits: torch.Tensor) -> torch.Tensor:  # one anchor: logits (1, vocab)
+            token, q = pick_draft(logits[0], temperature, generator, top_k, top_p)
+            probs.append(q)
+            return torch.tensor([token])
 
         drafts = chain(self.layer, ids, self._streams(streams), anchors, k, forced=False,
                        pick=sample if temperature > 0 else None)
         return Proposal(tokens=[int(t) for t in drafts[0]], probs=torch.stack(probs) if probs else None)
-
-    def finish(self, loop_id: int) -> None:
-        self._requests.pop(loop_id, None)
 
 
 def _params(target: str, layers: int) -> dict[str, Any]:
