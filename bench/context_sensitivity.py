@@ -34,7 +34,8 @@ from rich.console import Console
 from rich.table import Table
 
 from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt, select_requests
-from calibrate.models import load_model, load_tokenizer
+from calibrate.model_files import load_tokenizer
+from calibrate.models import load_model
 from calibrate.replay.responses import Response, generate_responses
 from calibrate.replay.scoring import score_replay
 from calibrate.speculators.ngram import NgramSpeculator

@@ -32,7 +32,7 @@ import torch
 from rich.console import Console
 
 from calibrate.config import load_config
-from calibrate.models import load_tokenizer
+from calibrate.model_files import load_tokenizer
 from calibrate.runner import execute
 from calibrate.tables.experts import load_expert_records
 from calibrate.tables.store import connect

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from calibrate.config import load_config
 from calibrate.engines.llamacpp import default_binary
-from calibrate.models import built_models_dir
+from calibrate.model_names import built_models_dir
 from calibrate.runner import execute
 from calibrate.tables.query import load_records
 from calibrate.tables.store import connect

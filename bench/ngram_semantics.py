@@ -24,10 +24,10 @@ from rich.table import Table
 
 from calibrate.config import load_config
 from calibrate.data import render_prompt
-from calibrate.models import load_tokenizer
+from calibrate.model_files import load_tokenizer
 from calibrate.replay.responses import Response
 from calibrate.replay.scoring import score_replay
-from calibrate.runner import prepare
+from calibrate.prepared import prepare
 from calibrate.speculators.base import Proposal
 from calibrate.speculators.ngram import NgramSpeculator
 from calibrate.speculators.per_loop import Proposer

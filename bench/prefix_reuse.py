@@ -37,7 +37,7 @@ import torch
 from transformers import AutoConfig
 
 from calibrate.config import Config
-from calibrate.models import built_models_dir, resolve
+from calibrate.model_names import built_models_dir, resolve
 from calibrate.runner import execute
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "mini-swe-agent-gemini3pro-swebv" / "original"

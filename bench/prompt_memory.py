@@ -38,7 +38,7 @@ def status_mb(field: str) -> float:
 def child(mode: str, model: str, text_file: str, context: int) -> None:
     """One tokenization in this (fresh) process; prints a JSON line."""
     from calibrate.data.prompt_tokens import tail_tokens, token_ids
-    from calibrate.models import load_tokenizer
+    from calibrate.model_files import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     text = Path(text_file).read_text()
@@ -57,7 +57,7 @@ def child(mode: str, model: str, text_file: str, context: int) -> None:
 def prompt_text(model: str, megabytes: float) -> str:
     from calibrate.data import conversation_requests, load_conversations
     from calibrate.data.render import apply_template
-    from calibrate.models import load_tokenizer
+    from calibrate.model_files import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     parts, size = [], 0

@@ -24,7 +24,8 @@ import torch
 
 from calibrate.config import load_config
 from calibrate.engines import PairEngines
-from calibrate.runner import _labeller, _prompts, plan, plan_units, prepare, request_key
+from calibrate.prepared import _prompts, plan, plan_units, prepare
+from calibrate.runner import _labeller, request_key
 from calibrate.tables import stats
 from calibrate.terms import Sampling
 

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from calibrate.data import SourceSpec, cut_turns, load_conversations, render_prompt, select_requests
-from calibrate.models import load_tokenizer
+from calibrate.model_files import load_tokenizer
 from calibrate.replay.steps import walk_steps
 from calibrate.speculators.base import leading_matches
 from calibrate.speculators.suffix import SuffixSpeculator

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from calibrate.config import load_config
-from calibrate.models import built_models_dir
+from calibrate.model_names import built_models_dir
 from calibrate.runner import execute
 from calibrate.tables.query import load_records
 from calibrate.tables.store import connect

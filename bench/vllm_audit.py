@@ -29,9 +29,11 @@ from calibrate.config import load_config
 from calibrate.dtypes import cpu_native_bf16
 from calibrate.engines.audit import Twin, disagreeing_steps
 from calibrate.engines.hidden_states import InProcessFeatures
-from calibrate.models import built_models_dir, load_model
+from calibrate.model_names import built_models_dir
+from calibrate.models import load_model
 from calibrate.replay.steps import StepSeries
-from calibrate.runner import _prompts, execute, prepare
+from calibrate.prepared import _prompts, prepare
+from calibrate.runner import execute
 from calibrate.speculators.base import BuildContext
 from calibrate.speculators.registry import speculator_kind
 from vllm_vs_replay import SPECULATORS, write_config  # this folder: the speculators and sweep file the vLLM bench uses

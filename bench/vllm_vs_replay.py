@@ -45,7 +45,7 @@ from calibrate.dtypes import cpu_native_bf16
 from calibrate.engines import Budget, Served, server_speculator
 from calibrate.engines.server import free_port, http_text, launch
 from calibrate.engines.vllm import VLLMBackend, read_counters, vllm_env
-from calibrate.models import built_models_dir
+from calibrate.model_names import built_models_dir
 from calibrate.plan import pair_settings
 from calibrate.runner import execute
 from calibrate.tables.query import load_records

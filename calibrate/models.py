@@ -16,9 +16,9 @@ import torch
 
 from calibrate.checkpoints import ReadRecord, open_checkpoint
 from calibrate.dtypes import choose_dtype, resolve_device
-from calibrate.fingerprints import fingerprint, load_fingerprint  # noqa: F401  (load_fingerprint: named here too)
+from calibrate.fingerprints import fingerprint
 from calibrate.model_files import hub_access, load_pretrained, load_tokenizer, model_config, refuse_plain_file
-from calibrate.model_names import built_models_dir, resolve  # noqa: F401  (named here too)
+from calibrate.model_names import resolve
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}

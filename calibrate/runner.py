@@ -30,7 +30,7 @@ from calibrate.engines import Engine, PairEngines
 from calibrate.terms import RequestOutcome
 from calibrate.models import LoadedModel
 from calibrate.plan import Launched, Measurement, check_routes, settle
-from calibrate.prepared import Prepared, Unit, _prompts, plan, plan_units, prepare, response_id  # noqa: F401
+from calibrate.prepared import Prepared, Unit, _prompts, plan, plan_units, prepare
 from calibrate.progress import RunProgress
 from calibrate.tables.store import RunSpec, Store
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from calibrate.models import built_models_dir
+from calibrate.model_names import built_models_dir
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 DATASETS = SHARED / "datasets"

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from calibrate.cli import app
 from calibrate.config import load_config
-from calibrate.runner import prepare
+from calibrate.prepared import prepare
 from tests.configs import QUICKSTART, write_config
 from tests.fake_engine import COMPLETION, LLAMACPP_MODEL, STEPS, FakeEngine, edit, edits
 from tests.standin_engines import HANG, Cut, VLLMCounters  # noqa: F401  (HANG: the interrupt tests)

@@ -30,10 +30,10 @@ from calibrate.engines import Budget, Served, server_speculator
 from calibrate.engines.process_group import members
 from calibrate.engines.server import free_port, launch
 from calibrate.engines.vllm import VLLMBackend, vllm_env
-from calibrate.models import load_tokenizer
+from calibrate.model_files import load_tokenizer
 from calibrate.plan import pair_settings
 from calibrate.replay.steps import step_accepted
-from calibrate.runner import _prompts, prepare
+from calibrate.prepared import _prompts, prepare
 from calibrate.speculators.base import leading_matches
 from calibrate.speculators.ngram import NgramSpeculator
 from tests.configs import write_config

@@ -39,7 +39,7 @@ from calibrate.engines.vllm import vllm_env
 from calibrate.models import load_model
 from calibrate.replay.responses import Response, target_features
 from calibrate.replay.scoring import score_replay
-from calibrate.runner import _prompts, prepare
+from calibrate.prepared import _prompts, prepare
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head
 from calibrate.speculators.mtp import MtpSpeculator, load_mtp
 from calibrate.tables import stats

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from calibrate.models import (
-    built_models_dir, check_same_tokenizer, fingerprint, load_model, load_tokenizer, resolve,
-)
+from calibrate.fingerprints import fingerprint
+from calibrate.model_files import load_tokenizer
+from calibrate.model_names import built_models_dir, resolve
+from calibrate.models import check_same_tokenizer, load_model
 
 
 def test_resolve_order(tmp_path, monkeypatch):

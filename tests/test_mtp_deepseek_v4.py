@@ -255,7 +255,7 @@ def test_calibrate_run_scores_deepseek_v4_mtp_in_process(tiny, whole, tmp_path, 
 
     from calibrate.cli import app
     from calibrate.config import load_config
-    from calibrate.runner import _prompts, plan_units, prepare
+    from calibrate.prepared import _prompts, plan_units, prepare
 
     full, spec = whole
     path = tmp_path / "v4.toml"

@@ -26,7 +26,7 @@ from calibrate.engines.vllm import VLLMBackend
 from calibrate.plan import server_settings
 from calibrate.replay.responses import Response, target_features
 from calibrate.replay.scoring import score_replay
-from calibrate.runner import _prompts, plan_units, prepare
+from calibrate.prepared import _prompts, plan_units, prepare
 from calibrate.speculators.configs import MtpSpeculatorConfig
 from calibrate.target_features import TargetNeeds
 from calibrate.speculators.mtp import MtpSpeculator, load_mtp, mtp_layer_count

@@ -24,7 +24,7 @@ from calibrate.cli import app
 from calibrate.config import load_config
 from calibrate.replay.responses import Response
 from calibrate.replay.scoring import score_replay
-from calibrate.runner import _prompts, plan_units, prepare
+from calibrate.prepared import _prompts, plan_units, prepare
 
 from calibrate.replay.responses import target_features
 from calibrate.speculators.mtp import DEPTH_RULE, DEPTH_RULE_NORMED, MtpSpeculator, load_mtp, mtp_layer_count

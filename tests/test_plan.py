@@ -26,7 +26,8 @@ from typer.testing import CliRunner
 from calibrate.cli import app
 from calibrate.config import ConfigError, load_config
 from calibrate.plan import AT_LOAD, PlanMismatch, check_routes, load_routed_config, settle
-from calibrate.runner import execute, launched, plan, prepare
+from calibrate.prepared import plan, prepare
+from calibrate.runner import execute, launched
 from calibrate.speculators.eagle3_head import new_head, save_head
 from tests.configs import QUICKSTART, write_config
 from tests.standin_engines import LLAMACPP_MODEL, StandIn, llamacpp_routes

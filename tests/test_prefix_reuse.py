@@ -32,7 +32,8 @@ from calibrate.terms import Sampling  # noqa: E402
 from calibrate.kv_slots import ConversationCache, common_prefix, prefill  # noqa: E402
 from calibrate.models import LoadedModel  # noqa: E402
 from calibrate.replay.responses import target_features  # noqa: E402
-from calibrate.runner import Unit, conversation_waves, execute  # noqa: E402
+from calibrate.prepared import Unit  # noqa: E402
+from calibrate.runner import conversation_waves, execute  # noqa: E402
 from calibrate.target_features import TargetNeeds  # noqa: E402
 from calibrate.speculators.draft_model import DraftModelSpeculator  # noqa: E402
 from calibrate.speculators.eagle3 import Eagle3Speculator  # noqa: E402
@@ -494,7 +495,8 @@ def test_real_turns_count_the_same_with_reuse(smollm, mini_swe_dir):
     reads the draft distributions, the path most exposed to a changed number) show that; each further turn or
     setting is another ~12 s prefill of ~3,100 tokens per engine on 2 CPU cores, which the tiny tests cover."""
     from calibrate.data import SourceSpec, render_prompt, select_from_source
-    from calibrate.models import load_model, load_tokenizer
+    from calibrate.model_files import load_tokenizer
+    from calibrate.models import load_model
     from calibrate.speculators.eagle3 import load_head
     from tests.conftest import real_model
 

@@ -27,9 +27,10 @@ from calibrate.data.raw_prompt import raw_text, render_raw, special_ends
 from calibrate.data.render import render_prompt
 from calibrate.engines.adaptive import adaptive_verification
 from calibrate.errors import StoreError
-from calibrate.models import load_tokenizer
+from calibrate.model_files import load_tokenizer
 from calibrate.plan import load_routed_config
-from calibrate.runner import execute, plan, prepare
+from calibrate.prepared import plan, prepare
+from calibrate.runner import execute
 from calibrate.tables.store import Store
 from tests.configs import QUICKSTART, write_config
 from tests.fake_engine import FakeEngine

@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 from calibrate.cli import app
 from calibrate.config import ConfigError, load_config
 from calibrate.plan import load_routed_config
-from calibrate.runner import execute, request_key, response_id
+from calibrate.prepared import response_id
+from calibrate.runner import execute, request_key
 from tests.configs import QUICKSTART, write_config
 from tests.tables_support import rows
 from tests.tiny_pair import build_pair

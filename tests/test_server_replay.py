@@ -28,7 +28,8 @@ from calibrate.models import load_model
 from calibrate.plan import server_settings
 from calibrate.replay.responses import Response
 from calibrate.replay.scoring import score_replay
-from calibrate.runner import _prompts, execute, plan_units, prepare
+from calibrate.prepared import _prompts, plan_units, prepare
+from calibrate.runner import execute
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.speculators.ngram import NgramSpeculator
 from calibrate.speculators.suffix import SuffixSpeculator

@@ -19,7 +19,8 @@ from calibrate.models import load_model
 from calibrate.replay.responses import generate_responses
 from calibrate.replay.scoring import score_replay
 from calibrate.replay.loop import LoopLayout, LoopSettings, run_loops
-from calibrate.runner import execute, prepare
+from calibrate.prepared import prepare
+from calibrate.runner import execute
 from calibrate.speculators.draft_model import DraftModelSpeculator
 from calibrate.tables import stats
 from calibrate.tables.store import Store

@@ -377,7 +377,7 @@ def test_a_run_stores_turn_depth_and_the_untruncated_prompt_length(tmp_path: Pat
 
     from calibrate.cli import app
     from calibrate.data import render_prompt
-    from calibrate.models import load_tokenizer
+    from calibrate.model_files import load_tokenizer
 
     target, _ = build_pair(tmp_path / "models")
     rows = [{"question_id": f"q{i}", "category": "coding" if i < 3 else "math", "turns": [f"def f{i}(x):\n    return x"]}

@@ -41,7 +41,7 @@ def inspect_command(
     console = Console()
     tok = None
     if tokenizer is not None:  # names resolve as in configs: a path, $CALIBRATE_TEST_MODELS/<name>, a hub id
-        from calibrate.models import load_tokenizer
+        from calibrate.model_files import load_tokenizer
 
         tok = load_tokenizer(tokenizer)
     name = Path(tokenizer).name if tokenizer else "tokenizer"

@@ -29,7 +29,9 @@ from calibrate.engines.server_replay import FeatureSource, ServerReplayEngine
 from calibrate.engines.sglang import SGLangBackend
 from calibrate.engines.vllm import VLLMBackend
 from calibrate.terms import Sampling
-from calibrate.models import LoadedModel, fingerprint, load_embeddings, load_model, resolve
+from calibrate.fingerprints import fingerprint
+from calibrate.model_names import resolve
+from calibrate.models import LoadedModel, load_embeddings, load_model
 from calibrate.speculators.base import BuildContext, Speculator
 from calibrate.speculators.mtp_alone import final_norm, load_mtp_target
 from calibrate.speculators.registry import speculator_kind

@@ -19,7 +19,7 @@ from typing import Any
 
 from calibrate.plan_records import PairSettings, ServerSettings
 from calibrate.errors import EngineError
-from calibrate.models import resolve
+from calibrate.model_names import resolve
 
 SERVED_FIELDS = ("model", "model_root")  # what a backend's `describe` puts in the server's info
 

@@ -21,7 +21,8 @@ import torch
 from calibrate.terms import Sampling
 from calibrate.kernels.reference import sample_drafts
 from calibrate.kv_slots import Prefix, SlotCache
-from calibrate.models import LoadedModel, check_same_tokenizer, load_model, load_tokenizer
+from calibrate.model_files import load_tokenizer
+from calibrate.models import LoadedModel, check_same_tokenizer, load_model
 from calibrate.speculators.base import BuildContext, DraftBatch, LoopView, Prefixes, ReplayScorer, Speculator
 from calibrate.speculators.configs import DraftSpeculatorConfig
 from calibrate.target_features import TargetFeatures, TargetNeeds

@@ -23,7 +23,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from calibrate.models import fingerprint, model_config, resolve, resolve_dtype
+from calibrate.fingerprints import fingerprint
+from calibrate.model_files import model_config
+from calibrate.model_names import resolve
+from calibrate.models import resolve_dtype
 from calibrate.speculators.base import BuildContext, Proposal
 from calibrate.speculators.chain_head import ChainHead, pick_draft
 from calibrate.speculators.configs import Described, Eagle3SpeculatorConfig

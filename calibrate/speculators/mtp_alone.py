@@ -19,10 +19,11 @@ import torch
 
 from calibrate.checkpoints import open_checkpoint
 from calibrate.dtypes import choose_dtype
-from calibrate.models import (
-    LoadedModel, fingerprint, hub_access, load_tokenizer, model_config, resolve, resolve_device, resolve_dtype,
-    skeleton,
-)
+from calibrate.dtypes import resolve_device
+from calibrate.fingerprints import fingerprint
+from calibrate.model_files import hub_access, load_tokenizer, model_config
+from calibrate.model_names import resolve
+from calibrate.models import LoadedModel, resolve_dtype, skeleton
 from calibrate.speculators.mtp import mtp_layer_count
 from calibrate.speculators.mtp_archs import layout, mtp_tensors
 

@@ -40,7 +40,9 @@ import torch
 from torch import nn
 
 from calibrate.checkpoints import open_checkpoint
-from calibrate.models import hub_access, load_fingerprint, model_config, resolve
+from calibrate.fingerprints import load_fingerprint
+from calibrate.model_files import hub_access, model_config
+from calibrate.model_names import resolve
 from calibrate.speculators.base import BuildContext, Proposal
 from calibrate.speculators.chain_head import ChainHead, pick_draft
 from calibrate.speculators.configs import Described, MtpSpeculatorConfig

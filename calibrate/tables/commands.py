@@ -30,7 +30,7 @@ from calibrate.tables.buckets import (CONTEXT, DIMENSIONS, TURN, bucket_labels, 
 from calibrate.tables.cost import COST_HELP
 from calibrate.tables.experts import ExpertRecord, load_expert_records
 from calibrate.tables.prefix_cache import HitRate, hit_rate_lines, hit_rates
-from calibrate.tables.records import (FROM_EXPORTED, KEY_FIELDS, RUN_CONDITIONS, SEGMENT_ALL, AcceptanceRecord,
+from calibrate.tables.records import (KEY_FIELDS, RUN_CONDITIONS, SEGMENT_ALL, AcceptanceRecord,
                                      with_earlier_names)
 from calibrate.tables.selection import csv_text, load_selection, no_match, resolve_filters, short_labels
 from calibrate.tables.store import DEFAULT_TABLE, connect, reading
