@@ -39,6 +39,27 @@ from calibrate.target_features import TargetFeatures, TargetNeeds, select_featur
 # state when features are asked for), at no measurable cost in throughput on CPU.
 PREFILL_CHUNK = 2048
 
+# model_type -> why its requests cannot share a batch in this process. A batch pads shorter prompts (on the
+# right in SlotCache, on the left in batched generation); attention that reads its cache by slot rather than
+# through the mask (a sliding window counted in slots, keys compressed over blocks of slots) then gives a
+# padded row another context than its own. Measured on a tiny DeepSeek-V4 (tests/test_mtp_deepseek_v4.py,
+# `test_a_padded_row_sees_another_context`): a 12- and a 5-token prompt prefilled side by side match each
+# alone, but the next token of the shorter row differs. Rows of one prompt (its loops at several k) start
+# equal and are tested exact.
+ONE_ROW: dict[str, str] = {
+    "deepseek_v4": "its sliding-window attention and compressed keys (HCA / CSA) read the cache by slot, so a "
+                   "request padded beside a longer one sees another context",
+}
+
+
+def check_batch(model: torch.nn.Module, batch_size: int) -> None:
+    """Refuse batching requests in this process for a target whose cache reads slots, not the mask (ONE_ROW)."""
+    config = getattr(model, "config", None)
+    model_type = config.get_text_config().model_type if config is not None else None
+    if batch_size > 1 and model_type in ONE_ROW:
+        raise ValueError(f"target model type {model_type!r}: {ONE_ROW[model_type]}; run it in process with "
+                         "[run] batch_size = 1")
+
 
 def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device

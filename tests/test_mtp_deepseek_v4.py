@@ -245,6 +245,58 @@ def test_a_sampled_round_hands_its_distributions(whole):
     assert ((plain.probs > 0).sum(-1) > 3).all()
 
 
+def test_a_padded_row_sees_another_context(tiny):
+    """Why DeepSeek-V4 runs one request per batch in process (calibrate.kv_slots.ONE_ROW): two prompts of
+    different lengths prefilled side by side match each alone, but the next token of the padded (shorter) row
+    does not. If transformers' V4 ever reads its cache through the mask, this fails and the refusal can go."""
+    from calibrate.kv_slots import SlotCache
+
+    model = full_target(tiny)
+    long, short = list(range(5, 17)), list(range(20, 25))
+
+    def alone(prompt: list[int], token: int) -> torch.Tensor:
+        one = SlotCache(model, 1)
+        one.feed([prompt])
+        return one.feed([[token]])[0, -1]
+
+    both = SlotCache(model, 2)
+    prefill = both.feed([long, short])
+    assert torch.allclose(prefill[1, len(short) - 1], SlotCache(model, 1).feed([short])[0, -1], atol=1e-5)
+    step = both.feed([[3], [4]])
+    assert torch.allclose(step[0, 0], alone(long, 3), atol=1e-5)
+    assert (step[1, 0] - alone(short, 4)).abs().max() > 1e-3
+
+
+def test_calibrate_run_refuses_batching_deepseek_v4_requests(tiny, tmp_path, mini_swe_dir):
+    """batch_size > 1 on a DeepSeek-V4 target in process: one line, exit 2, before anything is measured."""
+    from typer.testing import CliRunner
+
+    from calibrate.cli import app
+
+    path = tmp_path / "v4.toml"
+    path.write_text(f"""
+[dataset]
+source = "{mini_swe_dir / 'original'}"
+format = "mini-swe-agent"
+max_requests = 2
+context_tokens = 96
+max_new_tokens = 4
+[run]
+dtype = "float32"
+device = "cpu"
+batch_size = 2
+[[pairs]]
+target = "{tiny}"
+speculators = [{{ kind = "mtp" }}]
+[sweep]
+k = [1]
+""")
+    res = CliRunner().invoke(app, ["run", str(path), "--db", str(tmp_path / "m.duckdb")])
+    assert res.exit_code == 2 and "Traceback" not in res.output  # bad input (calibrate.errors)
+    assert "target model type 'deepseek_v4': its sliding-window attention" in res.output
+    assert "[run] batch_size = 1" in res.output
+
+
 @pytest.mark.parametrize("method", ["replay", "loop"])
 def test_calibrate_run_scores_deepseek_v4_mtp_in_process(tiny, whole, tmp_path, mini_swe_dir, method):
     """`calibrate run` on the tiny DeepSeek-V4 target, in process, replay and the loop: every k's counts are

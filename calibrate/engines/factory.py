@@ -30,6 +30,7 @@ from calibrate.engines.sglang import SGLangBackend
 from calibrate.engines.vllm import VLLMBackend
 from calibrate.terms import Sampling
 from calibrate.fingerprints import fingerprint
+from calibrate.kv_slots import check_batch
 from calibrate.model_names import resolve
 from calibrate.models import LoadedModel, load_embeddings, load_model
 from calibrate.speculators.base import BuildContext, Speculator
@@ -88,6 +89,7 @@ class PairEngines:
 
     def _in_process(self, scorer: str, labeller: Labeller, sampling: Sampling, budget: Budget) -> Engine:
         run = self.settings
+        check_batch(self.target.model, run.batch_size)
         common = dict(ks=list(run.ks), max_new_tokens=run.max_new_tokens, labeller=labeller,
                       sampling=sampling, verify_kernel=run.verify_kernel, prefix_reuse=budget.prefix_reuse)
         if scorer == "replay":
