@@ -267,30 +267,39 @@ def test_a_padded_row_sees_another_context(tiny):
     assert (step[1, 0] - alone(short, 4)).abs().max() > 1e-3
 
 
-def test_calibrate_run_refuses_batching_deepseek_v4_requests(tiny, tmp_path, mini_swe_dir):
-    """batch_size > 1 on a DeepSeek-V4 target in process: one line, exit 2, before anything is measured."""
-    from typer.testing import CliRunner
-
-    from calibrate.cli import app
-
+def v4_config(tmp_path: Path, tiny: Path, mini_swe_dir: Path, batch_size: int, max_new_tokens: int,
+              ks: list[int], method: str = "auto") -> Path:
+    """A `calibrate run` config of the tiny DeepSeek-V4 target with its MTP, in process, on two real requests."""
     path = tmp_path / "v4.toml"
     path.write_text(f"""
 [dataset]
 source = "{mini_swe_dir / 'original'}"
 format = "mini-swe-agent"
 max_requests = 2
+seed = 3
 context_tokens = 96
-max_new_tokens = 4
+max_new_tokens = {max_new_tokens}
 [run]
 dtype = "float32"
 device = "cpu"
-batch_size = 2
+batch_size = {batch_size}
+method = "{method}"
 [[pairs]]
 target = "{tiny}"
 speculators = [{{ kind = "mtp" }}]
 [sweep]
-k = [1]
+k = {ks}
 """)
+    return path
+
+
+def test_calibrate_run_refuses_batching_deepseek_v4_requests(tiny, tmp_path, mini_swe_dir):
+    """batch_size > 1 on a DeepSeek-V4 target in process: one line, exit 2, before anything is measured."""
+    from typer.testing import CliRunner
+
+    from calibrate.cli import app
+
+    path = v4_config(tmp_path, tiny, mini_swe_dir, batch_size=2, max_new_tokens=4, ks=[1])
     res = CliRunner().invoke(app, ["run", str(path), "--db", str(tmp_path / "m.duckdb")])
     assert res.exit_code == 2 and "Traceback" not in res.output  # bad input (calibrate.errors)
     assert "target model type 'deepseek_v4': its sliding-window attention" in res.output
@@ -310,26 +319,7 @@ def test_calibrate_run_scores_deepseek_v4_mtp_in_process(tiny, whole, tmp_path, 
     from calibrate.prepared import _prompts, plan_units, prepare
 
     full, spec = whole
-    path = tmp_path / "v4.toml"
-    path.write_text(f"""
-[dataset]
-source = "{mini_swe_dir / 'original'}"
-format = "mini-swe-agent"
-max_requests = 2
-seed = 3
-context_tokens = 96
-max_new_tokens = 12
-[run]
-dtype = "float32"
-device = "cpu"
-batch_size = 1
-method = "{method}"
-[[pairs]]
-target = "{tiny}"
-speculators = [{{ kind = "mtp" }}]
-[sweep]
-k = [1, 3, 8]
-""")
+    path = v4_config(tmp_path, tiny, mini_swe_dir, batch_size=1, max_new_tokens=12, ks=[1, 3, 8], method=method)
     db = tmp_path / "m.duckdb"
     res = CliRunner().invoke(app, ["run", str(path), "--db", str(db)])
     assert res.exit_code == 0, res.output
