@@ -106,13 +106,11 @@ def remote_code(model_id: str, access: dict[str, Any]) -> list[str]:
     transformers ships no class for its `model_type`, and an `auto_map` AutoTokenizer entry (tokenizer_config.json
     or config.json) where its `tokenizer_class` is not one transformers ships (transformers would load another
     tokenizer in its place, which may not tokenize as the model's own does). Empty: nothing."""
-    config = _model_json(model_id, "config.json", access)
-    tok_config = _model_json(model_id, "tokenizer_config.json", access)
-    if not any(_auto_map(j[1]) for j in (config, tok_config) if j is not None):
-        return []  # no auto_map, no code of its own (and transformers' auto modules, which import torch, unread)
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
+    config = _model_json(model_id, "config.json", access)
+    tok_config = _model_json(model_id, "tokenizer_config.json", access)
     found = []
     if config is not None and _auto_map(config[1]) and config[1].get("model_type") not in CONFIG_MAPPING:
         found.append(f"{config[0]} (auto_map {', '.join(_code_names(e) for e in _auto_map(config[1]).values())})")
@@ -154,42 +152,12 @@ def load_pretrained(loader: Any, name: str, model_id: str, what: str, **kwargs: 
 
 
 def load_tokenizer(name: str) -> Any:
-    """The tokenizer (and chat template) alone: cheap, so configs can be checked before weights load.
+    """The tokenizer (and chat template) alone: cheap, so configs can be checked before weights load."""
+    from transformers import AutoTokenizer
 
-    The class the model's tokenizer_config.json names, where transformers ships it, is loaded directly:
-    AutoTokenizer would load that same class (its `tokenizer_class` rule), but importing it imports torch
-    (transformers 5.x: the auto module reads configuration_utils, which imports modeling_rope_utils, which
-    imports torch), and `calibrate run --plan` reads only tokenizers. Where no shipped class is named (a
-    .gguf file, a config without `tokenizer_class`), AutoTokenizer decides, and torch is imported with it."""
     model_id = resolve(name)
     refuse_plain_file(name, model_id)
-    named = shipped_tokenizer_class(model_id, hub_access(name, model_id))
-    if named is None:
-        from transformers import AutoTokenizer
-
-        named = AutoTokenizer
-    return load_pretrained(named, name, model_id, "its tokenizer")
-
-
-def shipped_tokenizer_class(model_id: str, access: dict[str, Any]) -> Any:
-    """The tokenizer class a model's tokenizer_config.json names, as transformers ships it (an attribute of
-    its top-level module, which imports only that class's module), or None where it names none, or one
-    transformers does not ship (its own code: the remote-code scan refuses that)."""
-    found = _model_json(model_id, "tokenizer_config.json", access)
-    name = found[1].get("tokenizer_class") if found is not None else None
-    if not isinstance(name, str) or not name.isidentifier():
-        return None
-    import transformers
-    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-
-    for candidate in (name, name.removesuffix("Fast")):  # v5 ships one class per tokenizer: the Fast names alias it
-        try:
-            cls = getattr(transformers, candidate)
-        except (AttributeError, ImportError, RuntimeError):
-            continue
-        if isinstance(cls, type) and issubclass(cls, PreTrainedTokenizerBase):
-            return cls
-    return None
+    return load_pretrained(AutoTokenizer, name, model_id, "its tokenizer")
 
 
 def model_config(name: str) -> Any:
@@ -199,22 +167,3 @@ def model_config(name: str) -> Any:
     model_id = resolve(name)
     refuse_plain_file(name, model_id)
     return load_pretrained(AutoConfig, name, model_id, "its config")
-
-
-def check_same_tokenizer(target_name: str, target_tok: Any, draft_name: str, draft_tok: Any) -> None:
-    """A draft must speak the target's tokens: token ids are compared directly during verification."""
-    if target_tok.get_vocab() != draft_tok.get_vocab():
-        t, d = target_tok.get_vocab(), draft_tok.get_vocab()
-        only_t = len(set(t.items()) - set(d.items()))
-        only_d = len(set(d.items()) - set(t.items()))
-        raise ValueError(
-            f"draft {draft_name!r} has a different tokenizer from target {target_name!r} "
-            f"({len(d)} vs {len(t)} tokens; {only_t} target and {only_d} draft entries differ): a draft model "
-            "must share the target's vocabulary"
-        )
-
-
-def check_draft_tokenizer(draft: str, target_name: str, target_tokenizer: Any) -> None:
-    """A draft model's pre-weights check (speculator kind `draft`): its tokenizer is the target's. Here,
-    torch-free, so the plan checks it without importing the drafter (calibrate.speculators.registry)."""
-    check_same_tokenizer(target_name, target_tokenizer, draft, load_tokenizer(draft))

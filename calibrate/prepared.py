@@ -2,11 +2,9 @@
 checked), every target's tokenizer and chat template, and the measurement plan (calibrate.plan) over them;
 `preview` is that plan beside what a store already holds (`calibrate run --plan`).
 
-Torch-free where the config states its device and dtype: a tokenizer loads as the class its model names
-(calibrate.model_files.load_tokenizer, not transformers' AutoTokenizer, whose module imports torch), the draft
-and model-free kinds check their configs without their drafters, and nothing here loads weights or imports an
-engine, so `run --plan` imports no torch (tests/test_plan.py holds it; an EAGLE-3 or MTP check, a `[run]
-experts` profile or a device of "auto" still reads through torch).
+Torch-free where the config states its device and dtype: the tokenizers come from transformers (which itself
+imports torch where installed), but nothing here loads weights or imports an engine, so the plan is printed
+without them (tests/test_plan.py holds it).
 """
 
 from __future__ import annotations

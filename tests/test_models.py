@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from calibrate.fingerprints import fingerprint
-from calibrate.model_files import check_same_tokenizer, load_tokenizer
+from calibrate.model_files import load_tokenizer
 from calibrate.model_names import built_models_dir, resolve
-from calibrate.models import load_model
+from calibrate.models import check_same_tokenizer, load_model
 
 
 def test_resolve_order(tmp_path, monkeypatch):
@@ -61,50 +61,3 @@ def test_gguf_file_loads_and_agrees_with_its_conversion(smollm):
     # the folder holds the same weights rounded to bf16: same prediction, close logits
     assert int(a.argmax()) == int(b.argmax())
     assert torch.corrcoef(torch.stack([a, b]))[0, 1] > 0.99
-
-
-@pytest.mark.parametrize("model", ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct",
-                                   "smollm2-135m-instruct", "gemma-3-270m"])
-def test_the_named_tokenizer_class_is_what_autotokenizer_loads(model):
-    """load_tokenizer loads the class tokenizer_config.json names (torch-free); AutoTokenizer, which imports
-    torch, must load the same tokenizer: same class, vocabulary, specials, ids and rendered chat template."""
-    from transformers import AutoTokenizer
-
-    folder = built_models_dir() / model
-    if not folder.is_dir():
-        pytest.skip(f"{model} is not built (python ../shared/models/fetch-test-models.py)")
-    ours, auto = load_tokenizer(str(folder)), AutoTokenizer.from_pretrained(folder)
-    assert type(ours) is type(auto)
-    assert ours.get_vocab() == auto.get_vocab()
-    assert (ours.eos_token_id, ours.bos_token_id, ours.pad_token_id) == (auto.eos_token_id, auto.bos_token_id,
-                                                                         auto.pad_token_id)
-    for text in ("def f(x):\n    return x  # ünïcode", "<|im_start|>user\nhi<|im_end|>", " \t\n"):
-        assert ours(text)["input_ids"] == auto(text)["input_ids"]
-    assert ours.chat_template == auto.chat_template
-    if auto.chat_template:
-        messages = [{"role": "user", "content": "ls -la"}, {"role": "assistant", "content": "done"}]
-        assert ours.apply_chat_template(messages, tokenize=False) == auto.apply_chat_template(messages,
-                                                                                             tokenize=False)
-
-
-def test_a_kinds_checked_by_is_its_drafters_own_check():
-    """registry `checked_by` checks a config without importing the drafter; it must be the drafter's check:
-    the model-free drafters override none, and the draft model's refuses a foreign tokenizer in the same words."""
-    from calibrate.speculators.base import Speculator
-    from calibrate.speculators.configs import DraftSpeculatorConfig
-    from calibrate.speculators.registry import KINDS, speculator_kind
-
-    with_check = sorted(k for k, kind in KINDS.items() if kind.checked_by is not None)
-    assert with_check == ["draft", "ngram", "suffix"]
-    for kind in ("ngram", "suffix"):
-        assert speculator_kind(kind).drafter().check.__func__ is Speculator.check.__func__
-    qwen, smollm = (built_models_dir() / m for m in ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"))
-    if not (qwen.is_dir() and smollm.is_dir()):
-        pytest.skip("the real test models are not built")
-    spec, tokenizer = DraftSpeculatorConfig(kind="draft", model=str(smollm)), load_tokenizer(str(qwen))
-    said = []
-    for check in (speculator_kind("draft").check, speculator_kind("draft").drafter().check):
-        with pytest.raises(ValueError) as exc:
-            check(spec, "qwen", tokenizer)
-        said.append(str(exc.value))
-    assert said[0] == said[1] and "different tokenizer" in said[0]

@@ -22,7 +22,6 @@ from calibrate.speculators.configs import (
     suffix_params,
 )
 from calibrate.fingerprints import load_fingerprint
-from calibrate.model_files import check_draft_tokenizer
 from calibrate.model_names import resolve
 from calibrate.speculators.runs_on import RUNS_ON
 
@@ -114,10 +113,6 @@ class Kind:
     # (spec, target) -> (params, draft id, draft hash). None: the drafter's own `described` (EAGLE-3 and MTP
     # read model configs through transformers to know theirs).
     identity: Callable[[Any, str], tuple[dict[str, Any], str | None, str | None]] | None = None
-    # The drafter's pre-weights check, where it needs no drafter module (no torch): (spec, target name, target
-    # tokenizer) -> None, raising ValueError; the drafter's own `check` is this same function (tested). None:
-    # the drafter's `check` (EAGLE-3 and MTP read model configs and checkpoints to check theirs).
-    checked_by: Callable[[Any, str, Any], None] | None = None
 
     @property
     def in_process(self) -> bool:
@@ -153,11 +148,8 @@ class Kind:
         return getattr(importlib.import_module(module), cls)
 
     def check(self, spec: SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
-        """Refuse a config that cannot work with this target, before any weights load (the drafter's check,
-        through `checked_by` where the kind has it, so the plan imports no drafter)."""
-        if self.checked_by is not None:
-            self.checked_by(spec, target_name, target_tokenizer)
-        elif self.implementation is not None:
+        """Refuse a config that cannot work with this target, before any weights load (the drafter's check)."""
+        if self.implementation is not None:
             self.drafter().check(spec, target_name, target_tokenizer)
 
     def described(self, spec: SpeculatorConfig, target: str) -> Described:
@@ -194,17 +186,12 @@ def _engine_only_method(spec: EngineSpeculatorConfig, backend: str,
     return BackendMethod(spec.method, {**model, **spec.settings})
 
 
-def nothing_to_check(spec: Any, target: str, tokenizer: Any) -> None:
-    """The pre-weights check of a model-free drafter (n-gram, suffix): it reads no model, so nothing."""
-
-
 _KINDS = (
     # An autoregressive draft model. llama.cpp loads the draft as a GGUF file (`gguf`), the others as a model
     # folder or hub id.
     Kind("draft", DraftSpeculatorConfig, lambda spec, target: f"draft:{spec.model}",
          "calibrate.speculators.draft_model:DraftModelSpeculator", drafts_every_step=True,
          identity=lambda spec, target: ({"model": spec.model}, resolve(spec.model), load_fingerprint(spec.model)),
-         checked_by=lambda spec, target, tokenizer: check_draft_tokenizer(spec.model, target, tokenizer),
          backends={
              "vllm": ("draft_model", lambda spec, weights: {"model": weights(spec.model)}),
              "sglang": ("STANDALONE", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
@@ -216,7 +203,6 @@ _KINDS = (
     # TensorRT-LLM's NGram (a pool of patterns updated as it decodes): no other engine runs this kind.
     Kind("ngram", NgramSpeculatorConfig, lambda spec, target: label("ngram", ngram_params(spec), NGRAM_DEFAULTS),
          "calibrate.speculators.ngram:NgramSpeculator", identity=lambda spec, target: (ngram_params(spec), None, None),
-         checked_by=nothing_to_check,
          backends={"vllm": ("ngram", lambda spec, weights: ngram_params(spec))}),
     # vLLM's `method: suffix` (ArcticInference inside the engine, with the cross-request cache the module
     # docstring of calibrate.speculators.suffix leaves out); vLLM has no offset option (its offset is 0). No
@@ -224,7 +210,6 @@ _KINDS = (
     Kind("suffix", SuffixSpeculatorConfig,
          lambda spec, target: label("suffix", suffix_params(spec), SUFFIX_DEFAULTS),
          "calibrate.speculators.suffix:SuffixSpeculator", identity=lambda spec, target: (suffix_params(spec), None, None),
-         checked_by=nothing_to_check,
          backends={"vllm": ("suffix", lambda spec, weights: needs(
              not spec.max_spec_offset, "vLLM has no max_spec_offset option (its offset is 0)") or {
              "suffix_decoding_max_tree_depth": spec.max_depth,
