@@ -15,7 +15,9 @@ import copy
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from tests.tiny_mtp_families import save_checkpoint
 
 LAYERS = 2  # the target's decoder layers
 WINDOW = 6  # the sliding window, below the tests' sequence lengths, so it matters
@@ -65,12 +67,7 @@ def build(path: Path, tokenizer, seed: int = 1) -> Path:
     # the published checkpoints' copies of the shared tables: never read (vLLM reads them as the shared ones)
     tensors["mtp.0.emb.tok_emb.weight"] = tensors["model.embed_tokens.weight"].clone()
     tensors["mtp.0.head.weight"] = tensors["head.weight"].clone()
-    path.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"),
-              metadata={"format": "pt"})
-    config.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_checkpoint(path, tensors, config, tokenizer)
 
 
 def full_target(path: Path):

@@ -125,6 +125,16 @@ def mrope(head_dim: int) -> dict[str, Any]:
 VISION = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32}
 
 
+def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], config, tokenizer) -> Path:
+    """A model folder as a published checkpoint is: one model.safetensors, config.json and the tokenizer."""
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    config.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def build(path: Path, tokenizer, family: Family, seed: int = 1, mtp_layers: int = 1) -> Path:
     """The target and its MTP tensors in one model.safetensors, with the tokenizer and a config.json that
     counts the MTP layers by the family's key; random norms (a norm of weight 1, or 0 for 1 + weight, would
@@ -159,12 +169,7 @@ def build(path: Path, tokenizer, family: Family, seed: int = 1, mtp_layers: int 
     tensors |= {family.prefix + name: tensors[shared].clone() for name, shared in copies.items()}
     if family.wrapper is not None:
         config, tensors = wrapped(family.wrapper, config, tensors)
-    path.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"),
-              metadata={"format": "pt"})
-    config.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_checkpoint(path, tensors, config, tokenizer)
 
 
 def wrapped(model_type: str, text: Any, tensors: dict[str, torch.Tensor]) -> tuple[Any, dict[str, torch.Tensor]]:
