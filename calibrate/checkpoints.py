@@ -15,9 +15,10 @@ import json
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # the tensors `read` returns; the table of contents needs no torch
+    import torch
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

@@ -129,16 +129,3 @@ def load_embeddings(name: str, dtype: str = "auto", device: str = "auto", tokeni
     return LoadedModel(name=name, model_id=model_id, fingerprint=fingerprint(model_id), model=model,
                        tokenizer=tokenizer if tokenizer is not None else load_tokenizer(name), dtype=dtype,
                        device=device, loaded=checkpoint.record([key]))
-
-
-def check_same_tokenizer(target_name: str, target_tok: Any, draft_name: str, draft_tok: Any) -> None:
-    """A draft must speak the target's tokens: token ids are compared directly during verification."""
-    if target_tok.get_vocab() != draft_tok.get_vocab():
-        t, d = target_tok.get_vocab(), draft_tok.get_vocab()
-        only_t = len(set(t.items()) - set(d.items()))
-        only_d = len(set(d.items()) - set(t.items()))
-        raise ValueError(
-            f"draft {draft_name!r} has a different tokenizer from target {target_name!r} "
-            f"({len(d)} vs {len(t)} tokens; {only_t} target and {only_d} draft entries differ): a draft model "
-            "must share the target's vocabulary"
-        )

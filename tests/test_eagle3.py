@@ -19,6 +19,7 @@ from calibrate.speculators.base import leading_matches  # noqa: E402
 from calibrate.speculators.configs import Eagle3SpeculatorConfig  # noqa: E402
 from calibrate.speculators.eagle3 import Eagle3Speculator, load_head  # noqa: E402
 from calibrate.speculators.eagle3_head import new_head, save_head  # noqa: E402
+from calibrate.speculators.registry import speculator_kind  # noqa: E402
 from distil.eagle3 import target_pass, train_head  # noqa: E402
 from tests.conftest import tiny_llama  # noqa: E402
 
@@ -232,7 +233,7 @@ def test_config_kind_and_check_before_weights(target, tmp_path):
     tiny_llama(layers=4, hidden=48).save_pretrained(tmp_path / "wide")
     spec_cfg = Eagle3SpeculatorConfig(kind="eagle3", model=str(tmp_path / "head"))
     with pytest.raises(ValueError, match="hidden size 48"):  # from the two config.json files alone
-        Eagle3Speculator.check(spec_cfg, str(tmp_path / "wide"), None)
+        speculator_kind("eagle3").check(spec_cfg, str(tmp_path / "wide"), None)
     toml = tmp_path / "c.toml"
     toml.write_text(f'[dataset]\nsource = "x"\n[[pairs]]\ntarget = "t"\nspeculators = [{{ kind = "eagle3", '
                     f'model = "{tmp_path / "head"}" }}]\n[sweep]\nk = [1, 2]\n')

@@ -8,7 +8,8 @@ import torch
 from calibrate.fingerprints import fingerprint
 from calibrate.model_files import load_tokenizer
 from calibrate.model_names import built_models_dir, resolve
-from calibrate.models import check_same_tokenizer, load_model
+from calibrate.model_files import check_same_tokenizer
+from calibrate.models import load_model
 
 
 def test_resolve_order(tmp_path, monkeypatch):

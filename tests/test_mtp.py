@@ -17,7 +17,10 @@ from calibrate.replay.responses import generate_responses, target_features  # no
 from calibrate.replay.scoring import score_replay  # noqa: E402
 from tests.loop_runs import loop_results, replay_the_loops_responses, three_segments  # noqa: E402
 from calibrate.speculators.configs import MtpSpeculatorConfig  # noqa: E402
-from calibrate.speculators.mtp import DEPTH_RULE, MtpSpeculator, load_mtp, mtp_prefixes  # noqa: E402
+from calibrate.speculators.mtp import MtpSpeculator, load_mtp  # noqa: E402
+from calibrate.speculators.mtp_archs import DEPTH_RULE  # noqa: E402
+from calibrate.speculators.mtp_target import mtp_prefixes  # noqa: E402
+from calibrate.speculators.registry import speculator_kind  # noqa: E402
 from distil.mtp import new_model, save_with_mtp, tiny_config, train_mtp  # noqa: E402
 
 EOS = 96
@@ -214,11 +217,11 @@ def test_checkpoints_without_usable_mtp_layers_are_refused(tmp_path):
         load_mtp(_load(block), "block")
     # refused from the config alone, before any weights load (the runner calls `check` first)
     spec = MtpSpeculatorConfig(kind="mtp")
-    MtpSpeculator.check(spec, str(ok), None)
+    speculator_kind("mtp").check(spec, str(ok), None)
     with pytest.raises(ValueError, match="has no MTP layers"):
-        MtpSpeculator.check(spec, str(zero), None)
+        speculator_kind("mtp").check(spec, str(zero), None)
     with pytest.raises(ValueError, match="lacks model.layers.2.hnorm.weight"):
-        MtpSpeculator.check(spec, str(partial), None)
+        speculator_kind("mtp").check(spec, str(partial), None)
 
 
 def test_qwen35_multimodal_checkpoints_are_served_in_their_wrapper_layout():
@@ -226,7 +229,7 @@ def test_qwen35_multimodal_checkpoints_are_served_in_their_wrapper_layout():
     the shared tables read under `model.language_model.` (tests/test_mtp_families.py runs them)."""
     from transformers import AutoConfig
 
-    from calibrate.speculators.mtp import mtp_layer_count
+    from calibrate.speculators.mtp_target import mtp_layer_count
     from calibrate.speculators.mtp_archs import QWEN3_5_WRAPPED, layout
 
     for model_type in ("qwen3_5", "qwen3_5_moe"):

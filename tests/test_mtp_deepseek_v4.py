@@ -22,9 +22,11 @@ from calibrate.replay.scoring import score_replay  # noqa: E402
 from tests.loop_runs import loop_results  # noqa: E402
 from calibrate.speculators.base import BuildContext  # noqa: E402
 from calibrate.speculators.configs import MtpSpeculatorConfig  # noqa: E402
-from calibrate.speculators.mtp import MtpSpeculator, mtp_layer_count  # noqa: E402
+from calibrate.speculators.mtp import MtpSpeculator  # noqa: E402
+from calibrate.speculators.mtp_archs import DEEPSEEK_V4  # noqa: E402
+from calibrate.speculators.mtp_target import mtp_layer_count  # noqa: E402
 from calibrate.speculators.mtp_deepseek_v4 import (  # noqa: E402
-    DEPTH_RULE, DeepseekV4MtpSpeculator, load_head, stream_tap,
+    DeepseekV4MtpSpeculator, load_head, stream_tap,
 )
 from tests.tiny_mtp_deepseek_v4 import LAYERS, Reference, build, full_target, last_streams  # noqa: E402
 from tests.tiny_pair import build_tokenizer  # noqa: E402
@@ -85,7 +87,7 @@ def test_replay_drafts_are_vllms_mtp_at_every_k(tiny, whole, prompt, response, d
     for k in KS:
         assert (spec.chain_drafts(prompt, response, feats, k) == deepest[:, :k]).all(), k
     assert len(set(deepest[1:].ravel().tolist())) > 8  # random layers, diverse drafts: the check can fail
-    assert spec.params["depths"] == DEPTH_RULE
+    assert spec.params["depths"] == DEEPSEEK_V4.depths
 
 
 def test_the_verified_rows_are_vllms_to_rounding(tiny, whole):
@@ -184,7 +186,7 @@ def test_mtp_speculator_builds_the_family_head_from_the_registry(tiny):
     kind = speculator_kind("mtp")
     kind.check(MtpSpeculatorConfig(kind="mtp"), str(tiny), None)
     described = kind.described(MtpSpeculatorConfig(kind="mtp"), str(tiny))
-    assert described.params["depths"] == DEPTH_RULE and described.params["num_mtp_layers"] == 1
+    assert described.params["depths"] == DEEPSEEK_V4.depths and described.params["num_mtp_layers"] == 1
 
 
 def test_a_checkpoint_without_h_proj_is_refused_naming_it(tmp_path):

@@ -29,9 +29,11 @@ from calibrate.replay.scoring import score_replay
 from calibrate.prepared import _prompts, plan_units, prepare
 from calibrate.speculators.configs import MtpSpeculatorConfig
 from calibrate.target_features import TargetNeeds
-from calibrate.speculators.mtp import MtpSpeculator, load_mtp, mtp_layer_count
+from calibrate.speculators.mtp import MtpSpeculator, load_mtp
+from calibrate.speculators.mtp_target import mtp_layer_count
 from calibrate.speculators.mtp_alone import final_norm, load_mtp_target
 from calibrate.speculators.mtp_archs import LAYOUTS, REFUSED, layout
+from calibrate.speculators.registry import speculator_kind
 from distil.mtp import new_model, save_with_mtp, tiny_config
 from tests.configs import QUICKSTART, write_config
 from tests.standin_engines import StandIn
@@ -192,7 +194,7 @@ def test_targets_the_mtp_head_cannot_be_read_alone_from_are_refused_by_name(tmp_
     with pytest.raises(FileNotFoundError, match=r"^model '.*bin': no safetensors checkpoint .* cannot be read alone"):
         load_mtp_target(str(binary), "float32", "cpu")
     with pytest.raises(FileNotFoundError, match=r"no safetensors checkpoint"):  # the in-process path, before weights
-        MtpSpeculator.check(MtpSpeculatorConfig(kind="mtp"), str(binary), None)
+        speculator_kind("mtp").check(MtpSpeculatorConfig(kind="mtp"), str(binary), None)
     other = AutoConfig.for_model("bailing_hybrid")  # MTP layers transformers builds, in a layout not listed here
     with pytest.raises(ValueError, match=r"target 'b' \(bailing_hybrid\): no checkpoint layout for its MTP layers"):
         layout(other, "b")

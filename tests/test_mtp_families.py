@@ -27,7 +27,9 @@ from calibrate.replay.scoring import score_replay
 from calibrate.prepared import _prompts, plan_units, prepare
 
 from calibrate.replay.responses import target_features
-from calibrate.speculators.mtp import DEPTH_RULE, DEPTH_RULE_NORMED, MtpSpeculator, load_mtp, mtp_layer_count
+from calibrate.speculators.mtp import MtpSpeculator, load_mtp
+from calibrate.speculators.mtp_archs import DEPTH_RULE, DEPTH_RULE_NORMED
+from calibrate.speculators.mtp_target import mtp_layer_count
 from calibrate.speculators.mtp_alone import final_norm, load_mtp_target
 from calibrate.target_features import TargetFeatures
 from tests.test_mtp_engine import KS as ENGINE_KS

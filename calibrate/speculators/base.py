@@ -32,7 +32,6 @@ import torch
 
 from calibrate.kv_slots import Prefix, SlotCache
 from calibrate.speculators.configs import SpeculatorConfig
-from calibrate.speculators.configs import Described
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
 if TYPE_CHECKING:  # only annotations
@@ -84,25 +83,13 @@ class Speculator(ABC):
     """A drafter. `name` labels its runs; `params` is stored as provenance and is part of the run identity.
 
     Each kind's facts (its config table, name rule, engine spellings, flags) are its entry in
-    calibrate.speculators.registry, which imports no torch; the class says how to check a config against a
-    target (`check`) and build a drafter from it (`build`), and drafts.
+    calibrate.speculators.registry, which imports no torch, as are the checks of a config against a target
+    and what a drafter will record of itself (the registry's `config_check` and `identity`: the plan reads
+    them before any weights load); the class says how to build a drafter from a config (`build`), and drafts.
     """
 
     kind: str = ""  # its entry in calibrate.speculators.registry, which holds every fact of the kind
     needs: TargetNeeds = TargetNeeds()
-
-    @classmethod
-    def check(cls, spec: SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
-        """Refuse a config that cannot work with this target, before any weights load (default: nothing)."""
-
-    @classmethod
-    def described(cls, spec: SpeculatorConfig, target: str) -> Described:
-        """What a speculator built from `spec` says of itself (its `name`, `params` and `identity`), read from
-        its config and config files alone: the measurement plan (calibrate.plan) names its runs with it before
-        any weights load. `target` is the name the target is loaded under. A kind that states its `identity`
-        in the registry (calibrate.speculators.registry: read without importing the drafter) needs none; every
-        other kind that runs in this process overrides it."""
-        raise NotImplementedError(f"speculator kind {cls.kind!r} does not describe itself")
 
     @classmethod
     def build(cls, spec: SpeculatorConfig, ctx: BuildContext) -> Speculator:

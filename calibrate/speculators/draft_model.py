@@ -21,8 +21,7 @@ import torch
 from calibrate.terms import Sampling
 from calibrate.kernels.reference import sample_drafts
 from calibrate.kv_slots import Prefix, SlotCache
-from calibrate.model_files import load_tokenizer
-from calibrate.models import LoadedModel, check_same_tokenizer, load_model
+from calibrate.models import LoadedModel, load_model
 from calibrate.speculators.base import BuildContext, DraftBatch, LoopView, Prefixes, ReplayScorer, Speculator
 from calibrate.speculators.configs import DraftSpeculatorConfig
 from calibrate.target_features import TargetFeatures, TargetNeeds
@@ -40,10 +39,6 @@ class DraftModelSpeculator(Speculator):
     """A smaller model of the target's family proposing k tokens autoregressively."""
 
     kind = "draft"
-
-    @classmethod
-    def check(cls, spec: DraftSpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
-        check_same_tokenizer(target_name, target_tokenizer, spec.model, load_tokenizer(spec.model))
 
     @classmethod
     def build(cls, spec: DraftSpeculatorConfig, ctx: BuildContext) -> DraftModelSpeculator:

@@ -24,13 +24,12 @@ import numpy as np
 import torch
 
 from calibrate.fingerprints import fingerprint
-from calibrate.model_files import model_config
 from calibrate.model_names import resolve
 from calibrate.models import resolve_dtype
 from calibrate.speculators.base import BuildContext, Proposal
 from calibrate.speculators.chain_head import ChainHead, pick_draft
-from calibrate.speculators.configs import Described, Eagle3SpeculatorConfig
-from calibrate.speculators.registry import speculator_kind
+from calibrate.speculators.configs import Eagle3SpeculatorConfig
+from calibrate.speculators.eagle3_config import check_fit, eagle3_params, read_head_config
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
 if TYPE_CHECKING:  # the head's module imports transformers' Llama layers (and Triton): only when a head loads
@@ -48,14 +47,9 @@ class _RequestState:
     anchor: tuple[torch.Tensor, torch.Tensor] | None = None  # (q (1, Hq, d), residual (1, H))
 
 
-def _params(model: str, aux_layer_ids: Sequence[int], checkpoint_format: str) -> dict[str, Any]:
-    """What a head's runs record of it: its name, the target layers it reads, how it drafts, its format."""
-    return {"model": model, "aux_layer_ids": list(aux_layer_ids), "drafting": "chain", "format": checkpoint_format}
-
-
 def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tuple[Eagle3Head, tuple[int, ...]]:
     """Read, check against the target (before any forward pass) and load a head in either format."""
-    from calibrate.speculators.eagle3_head import Eagle3Head, check_fit, read_head_config, read_head_weights
+    from calibrate.speculators.eagle3_head import Eagle3Head, read_head_weights
 
     path = Path(resolve(name))
     cfg = read_head_config(path, name)
@@ -68,24 +62,6 @@ def load_head(name: str, target_model: Any, target_name: str, dtype: str) -> tup
 
 class Eagle3Speculator(ChainHead[_RequestState]):
     kind = "eagle3"
-
-    @classmethod
-    def described(cls, spec: Eagle3SpeculatorConfig, target: str) -> Described:
-        """The head's config and the target's (no weights): its format, and the layers it reads."""
-        from calibrate.speculators.eagle3_head import check_fit, read_head_config
-
-        path = resolve(spec.model)
-        cfg = read_head_config(Path(path), spec.model)
-        aux = check_fit(cfg, model_config(target), spec.model, target)
-        return Described(speculator_kind(cls.kind).config_name(spec, target),
-                         _params(spec.model, aux, cfg.checkpoint_format), path, fingerprint(path))
-
-    @classmethod
-    def check(cls, spec: Eagle3SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
-        from calibrate.speculators.eagle3_head import check_fit, read_head_config
-
-        cfg = read_head_config(Path(resolve(spec.model)), spec.model)
-        check_fit(cfg, model_config(target_name), spec.model, target_name)
 
     @classmethod
     def build(cls, spec: Eagle3SpeculatorConfig, ctx: BuildContext) -> Eagle3Speculator:
@@ -102,7 +78,7 @@ class Eagle3Speculator(ChainHead[_RequestState]):
 
     @property
     def params(self) -> dict[str, Any]:
-        return _params(self._name, self.aux_layer_ids, self.head.cfg.checkpoint_format)
+        return eagle3_params(self._name, self.aux_layer_ids, self.head.cfg.checkpoint_format)
 
     @property
     def _device(self) -> torch.device:

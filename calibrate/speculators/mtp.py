@@ -37,89 +37,12 @@ import numpy as np
 import torch
 
 from calibrate.checkpoints import open_checkpoint
-from calibrate.fingerprints import load_fingerprint
-from calibrate.model_files import model_config
-from calibrate.model_names import resolve
 from calibrate.speculators.base import BuildContext, Proposal
 from calibrate.speculators.chain_head import ChainHead, pick_draft
-from calibrate.speculators.configs import Described, MtpSpeculatorConfig
-from calibrate.speculators.mtp_archs import (
-    DEEPSEEK, MtpLayout, declare_mtp, declared_layers, found_layout, layer_prefixes, refusal,
-)
-from calibrate.speculators.registry import speculator_kind
+from calibrate.speculators.configs import MtpSpeculatorConfig
+from calibrate.speculators.mtp_archs import DEEPSEEK, MtpLayout, declare_mtp, found_layout
+from calibrate.speculators.mtp_target import check_checkpoint, mtp_layer_count, mtp_params, mtp_prefixes
 from calibrate.target_features import TargetFeatures, TargetNeeds
-
-# What the name and provenance say about depths beyond the checkpoint's layers (the family's layout says
-# which hidden state a reused depth reads: calibrate.speculators.mtp_archs.MtpLayout.recycles).
-DEPTH_RULE = ("depth d uses MTP layer d % num_mtp_layers (vLLM spec_step_idx % num_mtp_layers); "
-              "k > num_mtp_layers reuses layers autoregressively, fed the previous depth's pre-norm hidden")
-DEPTH_RULE_NORMED = DEPTH_RULE.replace("pre-norm hidden", "normed output (the MTP layer's last norm)")
-
-
-def depth_rule(found: MtpLayout) -> str:
-    return DEPTH_RULE_NORMED if found.recycles == "normed" else DEPTH_RULE
-
-
-# -- the checkpoint: what it must hold, read before any weights load ------------------------------------------
-
-def mtp_layer_count(config: Any, target_name: str) -> int:
-    """num_mtp_layers of a target config, or a one-line error saying why it has no usable MTP layers (the
-    families refused by name are calibrate.speculators.mtp_archs.REFUSED)."""
-    text = config.get_text_config()
-    refused = refusal(config)
-    if refused:
-        raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) {refused}")
-    n, found = declared_layers(config), found_layout(config)
-    if found is not None and found.max_layers is not None and n and int(n) > found.max_layers[0]:
-        raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) declares {n} MTP layers "
-                         f"({found.count_key}); at most {found.max_layers[0]} are served: {found.max_layers[1]}")
-    if getattr(text, "mtp_num_hidden_layers", None) and not n:
-        raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) keeps its MTP layers as `mtp.*` "
-                         "weights, which transformers drops on load (no MtpModel for this family yet)")
-    if not n:
-        raise ValueError(f"mtp: target {target_name!r} ({text.model_type}) has no MTP layers (config "
-                         f"num_mtp_layers / num_nextn_predict_layers is {n!r})")
-    return int(n)
-
-
-def mtp_prefixes(config: Any) -> list[str]:
-    """Where the checkpoint keeps each MTP layer: its family's layout, else DeepSeek's (decoder layer
-    num_hidden_layers + i)."""
-    return layer_prefixes(config, found_layout(config) or DEEPSEEK)
-
-
-def check_checkpoint(path: Path, config: Any, target_name: str) -> None:
-    """Refuse a local checkpoint that is not safetensors, or whose MTP weights are missing or do not fit the
-    target's hidden size and vocabulary, naming the tensor and both sizes (the decoder block's shapes are
-    transformers' to check). Reads the headers of the files holding the MTP layers only."""
-    checkpoint = open_checkpoint(target_name, str(path))
-    text = config.get_text_config()
-    h, v = text.hidden_size, text.vocab_size
-    found = found_layout(config) or DEEPSEEK
-    enorm, hnorm, post = found.norms
-    for prefix in mtp_prefixes(config):
-        held = [k for k in checkpoint.files if k.startswith(prefix)]
-        if not held:
-            raise ValueError(f"mtp: target {target_name!r} declares {declared_layers(config)} MTP layer(s) but its "
-                             f"checkpoint has no {prefix}* weights")
-        shapes = checkpoint.shapes(held)
-        expected = {enorm: (h,), hnorm: (h,), found.projection: (h, 2 * h), post: (h,)}
-        if prefix + "shared_head.head.weight" in shapes:
-            expected["shared_head.head.weight"] = (v, h)
-        for key, shape in expected.items():
-            got = shapes.get(prefix + key)
-            if got is None:
-                raise ValueError(f"mtp: target {target_name!r}: checkpoint lacks {prefix}{key}")
-            if got != shape:
-                raise ValueError(f"mtp: target {target_name!r}: {prefix}{key} has shape {got}, but the target's "
-                                 f"hidden size {h} and vocabulary {v} imply {shape}")
-
-
-def _params(target: str, layers: int, found: MtpLayout = DEEPSEEK) -> dict[str, Any]:
-    """What an MTP head's runs record of it: its target, its layers, how it drafts and with what."""
-    return {"model": target, "num_mtp_layers": layers, "drafting": "chain", "depths": depth_rule(found),
-            "implementation": "transformers MtpModel"}
-
 
 # The attention kinds transformers' MtpModel turns into a layer's `attention_mask` (transformers 5.25,
 # `MtpModel.create_masks_for_mtp_layer`: any other kind, DSA's `indexed_attention` among them, is a KeyError).
@@ -323,29 +246,6 @@ class MtpSpeculator(ChainHead[_RequestState]):
     needs = TargetNeeds(last=True)
 
     @classmethod
-    def check(cls, spec: MtpSpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
-        from transformers import AutoConfig
-
-        path = resolve(target_name)
-        config = AutoConfig.from_pretrained(path, trust_remote_code=False)  # never a model's own code
-        if (custom := family_head(config)) is not None:
-            return custom.check(spec, target_name, target_tokenizer)
-        mtp_layer_count(config, target_name)
-        if Path(path).is_dir():
-            check_checkpoint(Path(path), config, target_name)
-
-    @classmethod
-    def described(cls, spec: MtpSpeculatorConfig, target: str) -> Described:
-        """The target's config alone says how many MTP layers it has; the head is the target's own."""
-        config = model_config(target)
-        if (custom := family_head(config)) is not None:
-            return custom.described(spec, target)
-        layers = mtp_layer_count(config, target)
-        return Described(speculator_kind(cls.kind).config_name(spec, target),
-                         _params(target, layers, found_layout(config) or DEEPSEEK),
-                         resolve(target), load_fingerprint(target))
-
-    @classmethod
     def build(cls, spec: MtpSpeculatorConfig, ctx: BuildContext) -> MtpSpeculator:
         target = ctx.target
         if (custom := family_head(target.model.config)) is not None:
@@ -360,7 +260,7 @@ class MtpSpeculator(ChainHead[_RequestState]):
 
     @property
     def params(self) -> dict[str, Any]:
-        return _params(self._name, self.layers, found_layout(self.mtp.config) or DEEPSEEK)
+        return mtp_params(self._name, self.layers, found_layout(self.mtp.config) or DEEPSEEK)
 
     @property
     def _device(self) -> torch.device:

@@ -24,7 +24,7 @@ from calibrate.fingerprints import fingerprint
 from calibrate.model_files import hub_access, load_tokenizer, model_config
 from calibrate.model_names import resolve
 from calibrate.models import LoadedModel, resolve_dtype, skeleton
-from calibrate.speculators.mtp import mtp_layer_count
+from calibrate.speculators.mtp_target import mtp_layer_count
 from calibrate.speculators.mtp_archs import layout, mtp_tensors
 
 

@@ -45,10 +45,21 @@ class MtpLayout:
     mlp: str | None = None  # the MLP kind of the MTP decoder block, declared as `mtp_mlp_layer_types`
     max_layers: tuple[int, str] | None = None
     # Where the family's MTP layer is no transformers MtpLayer: "module:Class" of the speculator written for it
-    # (calibrate.speculators.mtp's MtpSpeculator hands it the family's check, description and build), and why
+    # (calibrate.speculators.mtp's MtpSpeculator hands it the family's build), and why
     # its head cannot yet be fed from the serving engine's capture (None: it can).
     head_class: str | None = None
     engine_refusal: str | None = None
+    # What runs record of the head: what computes it, and its rule for depths beyond the checkpoint's layers
+    # (None: transformers' MtpModel chain, calibrate.speculators.mtp_target.depth_rule).
+    implementation: str = "transformers MtpModel"
+    depths: str | None = None
+
+
+# What the name and provenance say about transformers' MtpModel chain beyond the checkpoint's layers (the
+# family's layout says which hidden state a reused depth reads: `MtpLayout.recycles`).
+DEPTH_RULE = ("depth d uses MTP layer d % num_mtp_layers (vLLM spec_step_idx % num_mtp_layers); "
+              "k > num_mtp_layers reuses layers autoregressively, fed the previous depth's pre-norm hidden")
+DEPTH_RULE_NORMED = DEPTH_RULE.replace("pre-norm hidden", "normed output (the MTP layer's last norm)")
 
 
 # DeepSeek's layout (DeepSeek-V3 / R1 model card, "MTP modules"; transformers' `MtpModel.get_weight_conversions`
@@ -105,6 +116,9 @@ DEEPSEEK_V4 = MtpLayout(
     layer="mtp.{index}.", copies=("emb.tok_emb.weight", "head.weight"), count_key="num_nextn_predict_layers",
     max_layers=(1, "the published checkpoints ship one MTP layer and the head written here runs one"),
     head_class="calibrate.speculators.mtp_deepseek_v4:DeepseekV4MtpSpeculator",
+    implementation="calibrate DeepSeek-V4 MTP head (transformers DeepseekV4 modules)",
+    depths="every depth runs MTP layer 0 (vLLM spec_step_idx % num_mtp_layers, one layer), fed the previous "
+           "depth's output mHC streams (before its hc_head)",
     engine_refusal="reads the last layer's hc_mult mHC streams before hc_head (vLLM's `_mtp_hidden_buffer`, "
                    "hc_mult x hidden_size per token), which vLLM's extract_hidden_states does not hand out (its "
                    "DeepSeek-V4 taps average the streams): use hidden_states = \"in-process\"",

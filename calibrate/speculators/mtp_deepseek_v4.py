@@ -40,17 +40,14 @@ import torch
 from torch import nn
 
 from calibrate.checkpoints import open_checkpoint
-from calibrate.fingerprints import load_fingerprint
-from calibrate.model_files import hub_access, model_config
-from calibrate.model_names import resolve
+from calibrate.model_files import hub_access
 from calibrate.speculators.base import BuildContext, Proposal
 from calibrate.speculators.chain_head import ChainHead, pick_draft
-from calibrate.speculators.configs import Described, MtpSpeculatorConfig
-from calibrate.speculators.registry import speculator_kind
+from calibrate.speculators.configs import MtpSpeculatorConfig
+from calibrate.speculators.mtp_archs import DEEPSEEK_V4
+from calibrate.speculators.mtp_target import mtp_layer_count, mtp_params
 from calibrate.target_features import TargetFeatures, TargetNeeds
 
-DEPTH_RULE = ("every depth runs MTP layer 0 (vLLM spec_step_idx % num_mtp_layers, one layer), fed the previous "
-              "depth's output mHC streams (before its hc_head)")
 PREFIX = "mtp.{index}."
 # The MTP layer's own tensors under its prefix (vLLM's `_rewrite_spec_layer_name` lists them; `norm` is
 # `shared_head.norm` after vLLM's `.norm.weight` renaming); every other tensor there is its decoder block's.
@@ -257,23 +254,7 @@ class DeepseekV4MtpSpeculator(ChainHead[_Request]):
     kind = "mtp"
 
     @classmethod
-    def check(cls, spec: MtpSpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
-        from calibrate.speculators.mtp import mtp_layer_count
-
-        mtp_layer_count(model_config(target_name), target_name)
-
-    @classmethod
-    def described(cls, spec: MtpSpeculatorConfig, target: str) -> Described:
-        from calibrate.speculators.mtp import mtp_layer_count
-
-        layers = mtp_layer_count(model_config(target), target)
-        return Described(speculator_kind(cls.kind).config_name(spec, target), _params(target, layers),
-                         resolve(target), load_fingerprint(target))
-
-    @classmethod
     def build(cls, spec: MtpSpeculatorConfig, ctx: BuildContext) -> DeepseekV4MtpSpeculator:
-        from calibrate.speculators.mtp import mtp_layer_count
-
         model = ctx.target.model
         mtp_layer_count(model.config, ctx.target.name)
         stream_tap(model)
@@ -298,7 +279,7 @@ class DeepseekV4MtpSpeculator(ChainHead[_Request]):
 
     @property
     def params(self) -> dict[str, Any]:
-        return _params(self._name, 1)
+        return mtp_params(self._name, 1, DEEPSEEK_V4)
 
     def _streams(self, flat: torch.Tensor) -> torch.Tensor:
         weight = self.layer.e_proj.weight
@@ -354,8 +335,3 @@ class DeepseekV4MtpSpeculator(ChainHead[_Request]):
         drafts = chain(self.layer, ids, self._streams(streams), anchors, k, forced=False,
                        pick=sample if temperature > 0 else None)
         return Proposal(tokens=[int(t) for t in drafts[0]], probs=torch.stack(probs) if probs else None)
-
-
-def _params(target: str, layers: int) -> dict[str, Any]:
-    return {"model": target, "num_mtp_layers": layers, "drafting": "chain", "depths": DEPTH_RULE,
-            "implementation": "calibrate DeepSeek-V4 MTP head (transformers DeepseekV4 modules)"}

@@ -1,10 +1,11 @@
 """The one list of speculator kinds, and every fact about each that needs no model: its config table, the name
 it measures under, how each serving engine runs it, where its hidden states come from. Imports no torch.
 
-The config, the engine backends and the runner read a kind's facts here (`speculator_kind`); its
-implementation (calibrate.speculators.<kind>: the drafter, with torch) is imported only when a run checks or
-builds one (`Kind.check`, `Kind.build`). Adding a kind = its config table (calibrate.speculators.configs),
-its implementation module, and one entry here.
+The config, the plan, the engine backends and the runner read a kind's facts here (`speculator_kind`),
+what the plan checks of a config and records of its drafter among them (`check`, `described`: from config
+files, without torch); its implementation (calibrate.speculators.<kind>: the drafter, with torch) is
+imported only when a run builds one (`Kind.build`). Adding a kind = its config table
+(calibrate.speculators.configs), its implementation module, and one entry here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from calibrate.speculators.configs import (
     suffix_params,
 )
 from calibrate.fingerprints import load_fingerprint
+from calibrate.model_files import check_same_tokenizer, load_tokenizer
 from calibrate.model_names import resolve
+from calibrate.speculators import eagle3_config, mtp_target
 from calibrate.speculators.runs_on import RUNS_ON
 
 if TYPE_CHECKING:
@@ -109,10 +112,14 @@ class Kind:
     backends: Mapping[str, tuple[str, Settings]] = field(default_factory=dict)
     # A kind whose method name is in its config (engine-only): (spec, backend, weights) -> its BackendMethod.
     spelled_by_config: Callable[[Any, str, Callable[[str], str]], BackendMethod | None] | None = None
-    # What a drafter of this kind records of itself, from its config alone and without importing it (no torch):
-    # (spec, target) -> (params, draft id, draft hash). None: the drafter's own `described` (EAGLE-3 and MTP
-    # read model configs through transformers to know theirs).
+    # What a drafter of this kind records of itself, from its config and config files alone and without
+    # importing it (no torch): (spec, target) -> (params, draft id, draft hash). Every kind that runs in this
+    # process has one; EAGLE-3's and MTP's read the head's and the target's configs
+    # (calibrate.speculators.eagle3_config, calibrate.speculators.mtp_target).
     identity: Callable[[Any, str], tuple[dict[str, Any], str | None, str | None]] | None = None
+    # (spec, target, target tokenizer) -> None, raising ValueError where the config cannot work with this
+    # target: read from config files and tokenizers before any weights load, without importing the drafter.
+    config_check: Callable[[Any, str, Any], None] | None = None
 
     @property
     def in_process(self) -> bool:
@@ -148,18 +155,17 @@ class Kind:
         return getattr(importlib.import_module(module), cls)
 
     def check(self, spec: SpeculatorConfig, target_name: str, target_tokenizer: Any) -> None:
-        """Refuse a config that cannot work with this target, before any weights load (the drafter's check)."""
-        if self.implementation is not None:
-            self.drafter().check(spec, target_name, target_tokenizer)
+        """Refuse a config that cannot work with this target, before any weights load (no torch)."""
+        if self.config_check is not None:
+            self.config_check(spec, target_name, target_tokenizer)
 
     def described(self, spec: SpeculatorConfig, target: str) -> Described:
         """What the drafter built from `spec` will record (its name, params, model id and hash), from its config
-        and config files alone: no weights load, and, where the kind states its `identity`, no drafter module
-        (torch) either; the measurement plan (calibrate.plan) names its runs with it. Engine-only kinds have
-        none."""
-        if self.identity is not None:
-            return Described(self.config_name(spec, target), *self.identity(spec, target))
-        return self.drafter().described(spec, target)
+        and config files alone: no weights load and no drafter module (torch) is imported; the measurement
+        plan (calibrate.plan) names its runs with it. Engine-only kinds have none."""
+        if self.identity is None:
+            raise ValueError(f"speculator kind {self.kind!r} runs only inside a serving engine")
+        return Described(self.config_name(spec, target), *self.identity(spec, target))
 
     def build(self, spec: SpeculatorConfig, ctx: BuildContext) -> Speculator:
         return self.drafter().build(spec, ctx)
@@ -192,6 +198,8 @@ _KINDS = (
     Kind("draft", DraftSpeculatorConfig, lambda spec, target: f"draft:{spec.model}",
          "calibrate.speculators.draft_model:DraftModelSpeculator", drafts_every_step=True,
          identity=lambda spec, target: ({"model": spec.model}, resolve(spec.model), load_fingerprint(spec.model)),
+         config_check=lambda spec, target, tokenizer: check_same_tokenizer(target, tokenizer, spec.model,
+                                                                           load_tokenizer(spec.model)),
          backends={
              "vllm": ("draft_model", lambda spec, weights: {"model": weights(spec.model)}),
              "sglang": ("STANDALONE", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
@@ -216,14 +224,15 @@ _KINDS = (
              "suffix_decoding_max_spec_factor": spec.max_spec_factor,
              "suffix_decoding_min_token_prob": spec.min_token_prob})}),
     Kind("eagle3", Eagle3SpeculatorConfig, lambda spec, target: f"eagle3:{spec.model}",
-         "calibrate.speculators.eagle3:Eagle3Speculator", drafts_every_step=True, hidden_states="layers", backends={
+         "calibrate.speculators.eagle3:Eagle3Speculator", drafts_every_step=True, hidden_states="layers",
+         identity=eagle3_config.identity, config_check=eagle3_config.check, backends={
              "vllm": ("eagle3", lambda spec, weights: {"model": weights(spec.model)}),
              "sglang": ("EAGLE3", lambda spec, weights: {"speculative-draft-model-path": weights(spec.model)}),
          }),
     # The target's own MTP layers: vLLM `mtp` (any model type it has MTP for); SGLang's EAGLE, which NEXTN
     # aliases and which loads the DeepSeek / GLM family's draft from the target checkpoint by default.
     Kind("mtp", MtpSpeculatorConfig, lambda spec, target: f"mtp:{target}", "calibrate.speculators.mtp:MtpSpeculator",
-         drafts_every_step=True, hidden_states="last",
+         drafts_every_step=True, hidden_states="last", identity=mtp_target.identity, config_check=mtp_target.check,
          backends={"vllm": ("mtp", no_settings), "sglang": ("EAGLE", no_settings)}),
     # Methods only a serving engine runs (vLLM `dflash`, `dspark`, `eagle`, `medusa`, `ngram_gpu`, `mtp` of a
     # model type transformers has no MTP for; SGLang `DFLASH`, `DSPARK`, `FROZEN_KV_MTP`, its trie `NGRAM`):
