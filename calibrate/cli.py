@@ -45,8 +45,11 @@ def run(
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     if plan:
         from calibrate.plan_view import print_plan
-        from calibrate.prepared import preview
+        from calibrate.prepared import needs_torch, preview
+        from calibrate.torchless import hide_torch
 
+        if not needs_torch(cfg):
+            hide_torch()  # before transformers is imported: the plan is read from files alone
         with quiet_third_party(enabled=not verbose):
             print_plan(Console(), preview(cfg, db, where=str(config)), db)
         return

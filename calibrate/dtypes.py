@@ -88,6 +88,12 @@ def choose_dtype(requested: str, device: str) -> DtypeChoice:
     return DtypeChoice("float32", f"auto: no native-bf16 check for device {device!r}, fp32 is safe")
 
 
+def probes_torch(device: str, dtype: str) -> bool:
+    """Whether resolving `[run] device` and `dtype` asks torch: to find a CUDA device, or whether the device
+    computes bf16 natively. A stated CPU device and a stated dtype need none."""
+    return device == "auto" or device.startswith("cuda") or dtype == "auto"
+
+
 def resolve_device(device: str) -> str:
     """`[run] device` resolved: "auto" is CUDA where torch sees a device, else the CPU; a CUDA device asked for
     where there is none is refused. An explicit CPU needs no torch."""

@@ -2,9 +2,9 @@
 checked), every target's tokenizer and chat template, and the measurement plan (calibrate.plan) over them;
 `preview` is that plan beside what a store already holds (`calibrate run --plan`).
 
-Torch-free where the config states its device and dtype: the tokenizers come from transformers (which itself
-imports torch where installed), but nothing here loads weights or imports an engine, so the plan is printed
-without them (tests/test_plan.py holds it).
+Nothing here loads weights or imports an engine, and torch is used only where `needs_torch` says so: the
+tokenizers come from transformers, which imports torch wherever it is installed unless the process hides it
+(calibrate.torchless, as `run --plan` does); tests/test_plan.py holds both.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from calibrate.config import Config, PairConfig
 from calibrate.data import RenderedPrompt, render_prompt, select_from_source
 from calibrate.data.conversation import Problem, ReplayRequest
 from calibrate.data.raw_prompt import render_raw
-from calibrate.dtypes import DtypeChoice, choose_dtype, resolve_device
+from calibrate.dtypes import DtypeChoice, choose_dtype, probes_torch, resolve_device
 from calibrate.errors import NothingUsable
 from calibrate.model_files import load_tokenizer
 from calibrate.plan import Measurement, Selected, build_plan, check_routes, scored_here
@@ -70,6 +70,13 @@ def prepare(config: Config) -> Prepared:
     return Prepared(requests=requests, selection=picked.provenance, fingerprint=picked.fingerprint,
                     dataset_format=picked.format, device=device, dtype=choose_dtype(config.run.dtype, device),
                     tokenizers=tokenizers, problems=picked.problems)
+
+
+def needs_torch(config: Config) -> bool:
+    """Whether preparing and planning `config` uses torch: to probe the machine (calibrate.dtypes) or to find
+    the routers of an `experts = true` target. Reading the data, the tokenizers and every speculator's config
+    files does not (calibrate.torchless: `run --plan` then imports none)."""
+    return probes_torch(config.run.device, config.run.dtype) or config.run.experts
 
 
 def check_moe(target: str) -> None:

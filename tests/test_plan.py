@@ -29,6 +29,7 @@ from calibrate.plan import AT_LOAD, PlanMismatch, check_routes, load_routed_conf
 from calibrate.prepared import plan, prepare
 from calibrate.runner import execute, launched
 from calibrate.speculators.eagle3_head import new_head, save_head
+from tests.conftest import real_model
 from tests.configs import QUICKSTART, write_config
 from tests.standin_engines import LLAMACPP_MODEL, StandIn, llamacpp_routes
 from tests.test_mtp_engine import LAYERS, full_target, hidden_server, plain_reply, vllm_standin
@@ -310,7 +311,8 @@ def watched(tmp_path: Path, code: str, *args: str) -> dict:
     out = subprocess.run([sys.executable, "-c", WATCH_TORCH, code, *args], check=False, capture_output=True,
                          text=True, env=env, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    *printed, seen = out.stdout.strip().splitlines()
+    return {**json.loads(seen), "printed": printed}
 
 
 def test_the_plan_imports_no_torch_and_no_engine(tmp_path, pair):
@@ -330,30 +332,74 @@ def test_the_plan_imports_no_torch_and_no_engine(tmp_path, pair):
             " DtypeChoice('float32', 'set')))\n"
             "assert {m.source for m in plan} == {'in-process', 'plain server', 'speculating server'}, plan\n")
     seen = watched(tmp_path, code + "assert 'calibrate.models' not in sys.modules\n", str(path))
-    assert seen == {"torch": None, "engines": []}
+    assert seen["torch"] is None and seen["engines"] == []
 
 
-def test_run_plan_imports_torch_only_through_transformers_tokenizers(tmp_path, pair):
-    """`calibrate run --plan` loads no engine, and no module of calibrate imports torch: the one way torch comes
-    in is transformers loading a target's tokenizer (its tokenizer module imports configuration_utils, which
-    imports modeling_rope_utils, which imports torch wherever it is installed: transformers 5.x). Should a
-    module of calibrate import it first, the innermost calibrate frame on that import's way would name it.
-    (The drafters' own checks, `Kind.check` before any weights load, import their modules after that.)"""
-    target, draft = pair
-    path = config(tmp_path, [{"target": target, "speculators": [{"kind": "draft", "model": draft},
-                                                                {"kind": "ngram"}]}])
-    code = ("from calibrate.cli import app\n"
+RUN_PLAN = ("from calibrate.cli import app\n"
             "sys.argv = ['calibrate', 'run', sys.argv[2], '--plan', '--db', sys.argv[3]]\n"
             "try:\n    app()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n")
-    seen = watched(tmp_path, code, str(path), str(tmp_path / "none.duckdb"))
-    assert seen["engines"] == []
-    assert seen["torch"] is not None  # transformers is installed with torch here
-    ours = [(Path(file).relative_to(ROOT).as_posix(), name) for file, name in seen["torch"]
-            if Path(file).is_relative_to(ROOT / "calibrate")]
-    assert ours[-1] == ("calibrate/model_files.py", "load_tokenizer"), ours
-    after = seen["torch"][[name for _, name in seen["torch"]].index("load_tokenizer") + 1:]
-    assert all("/transformers/" in file or "importlib" in file for file, _ in after if file != "<string>"), after
+
+
+def test_run_plan_imports_no_torch_and_prints_what_it_prints_with_torch(tmp_path, pair):
+    """`calibrate run --plan` on a config that states its device and dtype reads files alone: it loads no
+    engine and imports no torch (transformers runs in its torch-less mode: calibrate.torchless), and prints the
+    same plan, byte for byte, as a process that holds torch already (where nothing is hidden)."""
+    target, draft = pair
+    path = config(tmp_path, [
+        {"target": target, "speculators": [{"kind": "draft", "model": draft}, {"kind": "ngram"}, {"kind": "suffix"}]},
+        {"target": target, "backend": "llama.cpp", "server": {"mode": "connect", "url": "http://h:1"},
+         "speculators": [{"kind": "ngram"}, {"kind": "draft", "model": draft}]},
+        {"target": target, "backend": "vllm", "server": {"mode": "launch", "model": target},
+         "speculators": [{"kind": "engine", "method": "dflash", "model": draft}]},
+    ], temperature=[0.0, 0.7])
+    db = str(tmp_path / "none.duckdb")
+    hidden = watched(tmp_path, RUN_PLAN + "assert sys.modules['torch'] is None\n", str(path), db)
+    assert hidden["torch"] is None and hidden["engines"] == []
+    held = watched(tmp_path, "import torch\n" + RUN_PLAN, str(path), db)
+    assert held["engines"] == [] and held["printed"] == hidden["printed"]
+    assert any("3 measurement" in line for line in hidden["printed"]), hidden["printed"]
     assert not (tmp_path / "none.duckdb").exists()
+
+
+def test_run_plan_asks_torch_where_the_plan_probes_the_machine(tmp_path, pair):
+    """`dtype = "auto"`: whether this CPU computes bf16 is torch's answer (calibrate.dtypes), so `run --plan`
+    hides nothing: torch is imported and the plan printed."""
+    target, _ = pair
+    path = config(tmp_path, [{"target": target, "speculators": [{"kind": "ngram"}]}], run={"dtype": "auto"})
+    code = RUN_PLAN + "assert sys.modules['torch'] is not None\n"
+    seen = watched(tmp_path, code, str(path), str(tmp_path / "none.duckdb"))
+    assert seen["torch"] is not None and any("1 measurement" in line for line in seen["printed"])
+
+
+@pytest.mark.parametrize("declared", [None, "LlamaTokenizerFast"])
+def test_autotokenizer_without_torch_loads_what_it_loads_with_it(tmp_path, declared):
+    """The premise of calibrate.torchless: transformers' AutoTokenizer picks the same class and renders the same
+    ids in its torch-less mode, for every real test model's tokenizer, and where a checkpoint declares
+    LlamaTokenizerFast over a ByteLevel tokenizer.json (as DeepSeek-V3 / R1 do: a case AutoTokenizer maps
+    to another class than the one declared)."""
+    models = [real_model(name) for name in ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")]
+    dirs = [str(m) for m in models] if declared is None else [str(declared_as(tmp_path, models[0], declared))]
+    code = ("import json\nfrom transformers import AutoTokenizer\nout = []\n"
+            "for d in json.loads(sys.argv[2]):\n"
+            "    tok = AutoTokenizer.from_pretrained(d)\n"
+            "    ids = tok('def f(x):\\n    return x  # ok', add_special_tokens=True)['input_ids']\n"
+            "    out.append([type(tok).__name__, ids, tok.all_special_ids])\n"
+            "print(json.dumps(out))\n")
+    hidden = watched(tmp_path, "sys.modules['torch'] = None\n" + code, json.dumps(dirs))
+    held = watched(tmp_path, "import torch\n" + code, json.dumps(dirs))
+    assert hidden["printed"] == held["printed"] and len(json.loads(held["printed"][-1])) == len(dirs)
+
+
+def declared_as(tmp_path: Path, model: Path, tokenizer_class: str) -> Path:
+    """A copy of `model`'s tokenizer files whose tokenizer_config.json declares `tokenizer_class`."""
+    out = tmp_path / f"declared-{tokenizer_class}"
+    out.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"):
+        if (model / name).exists():
+            (out / name).write_bytes((model / name).read_bytes())
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps({**cfg, "tokenizer_class": tokenizer_class}))
+    return out
 
 
 # -- what the engines are told ----------------------------------------------------------------------------------
