@@ -34,7 +34,7 @@ from tests.configs import QUICKSTART, write_config
 from tests.standin_engines import LLAMACPP_MODEL, StandIn, llamacpp_routes
 from tests.test_mtp_engine import LAYERS, full_target, hidden_server, plain_reply, vllm_standin
 from tests.test_mtp_engine import build as build_mtp_target
-from tests.tiny_pair import build_pair
+from tests.tiny_pair import build_pair, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -340,13 +340,22 @@ RUN_PLAN = ("from calibrate.cli import app\n"
             "try:\n    app()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n")
 
 
-def test_run_plan_imports_no_torch_and_prints_what_it_prints_with_torch(tmp_path, pair):
+def test_run_plan_imports_no_torch_and_prints_what_it_prints_with_torch(tmp_path, pair, head):
     """`calibrate run --plan` on a config that states its device and dtype reads files alone: it loads no
     engine and imports no torch (transformers runs in its torch-less mode: calibrate.torchless), and prints the
-    same plan, byte for byte, as a process that holds torch already (where nothing is hidden)."""
+    same plan, byte for byte, as a process that holds torch already (where nothing is hidden). Every kind
+    that runs here is in it: each is checked and named from config files (the registry's `config_check` and
+    `identity`), MTP for a DeepSeek-V3 and a DeepSeek-V4 target too."""
+    from tests.tiny_mtp_deepseek_v4 import build as build_v4_target
+
     target, draft = pair
+    mtp_v3 = build_mtp_target(tmp_path / "mtp-v3")
+    mtp_v4 = build_v4_target(tmp_path / "mtp-v4", build_tokenizer())
     path = config(tmp_path, [
-        {"target": target, "speculators": [{"kind": "draft", "model": draft}, {"kind": "ngram"}, {"kind": "suffix"}]},
+        {"target": target, "speculators": [{"kind": "draft", "model": draft}, {"kind": "ngram"}, {"kind": "suffix"},
+                                           {"kind": "eagle3", "model": str(head)}]},
+        {"target": str(mtp_v3), "speculators": [{"kind": "mtp"}]},
+        {"target": str(mtp_v4), "speculators": [{"kind": "mtp"}]},
         {"target": target, "backend": "llama.cpp", "server": {"mode": "connect", "url": "http://h:1"},
          "speculators": [{"kind": "ngram"}, {"kind": "draft", "model": draft}]},
         {"target": target, "backend": "vllm", "server": {"mode": "launch", "model": target},
@@ -357,7 +366,7 @@ def test_run_plan_imports_no_torch_and_prints_what_it_prints_with_torch(tmp_path
     assert hidden["torch"] is None and hidden["engines"] == []
     held = watched(tmp_path, "import torch\n" + RUN_PLAN, str(path), db)
     assert held["engines"] == [] and held["printed"] == hidden["printed"]
-    assert any("3 measurement" in line for line in hidden["printed"]), hidden["printed"]
+    assert hidden["printed"][0].startswith("plan: 12 measurement(s)"), hidden["printed"]  # 6 groups x 2 T
     assert not (tmp_path / "none.duckdb").exists()
 
 

@@ -16,6 +16,8 @@ ROOT = Path(__file__).parents[1]
 
 # Imported one after another in a fresh interpreter; the first that loads torch is named.
 TORCH_FREE = ["calibrate.terms", "calibrate.config", "calibrate.speculators.registry",
+              "calibrate.speculators.eagle3_config", "calibrate.speculators.mtp_target", "calibrate.checkpoints",
+              "calibrate.model_files", "calibrate.plan", "calibrate.prepared", "calibrate.torchless",
               "calibrate.engines.vllm", "calibrate.engines.llamacpp", "calibrate.engines.sglang",
               "calibrate.engines.server", "calibrate.engines.replies", "calibrate.cli"]
 PACKAGES = ["calibrate.tables", "calibrate.consumers"]  # every module of these
