@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -151,3 +152,28 @@ def test_replay_refuses_a_k_beyond_the_bound():
 
     with pytest.raises(ValueError, match=rf"k must be 1\.\.{MAX_K} .*got {MAX_K + 1}$"):
         score_replay(NgramSpeculator(), [[1, 2, 3]], [], [1, MAX_K + 1])
+
+
+@pytest.mark.slow
+def test_a_sliding_window_target_answers_the_same_batched_past_its_window():
+    """Gemma-3 (sliding window 512 on five layers of six): prompts of 360, 572 and 1,289 tokens decoded in one
+    left-padded batch give each prompt the greedy response it gets alone, though the padding (up to 929
+    tokens) runs past the window; the fault DeepSeek-V4's slot-read caches have (calibrate.kv_slots.ONE_ROW)
+    is not this family's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.conftest import real_model
+
+    path = real_model("gemma-3-270m")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    assert model.config.sliding_window == 512
+    text = (Path(__file__).parents[1] / "calibrate" / "plan.py").read_text()
+    prompts = [tokenizer(text[:n])["input_ids"] for n in (2400, 5200, 1500)]
+    assert max(map(len, prompts)) - min(map(len, prompts)) > model.config.sliding_window
+    eos = {tokenizer.eos_token_id}
+    with torch.no_grad():
+        together = generate_responses(model, prompts, max_new_tokens=32, eos_token_ids=eos)
+        alone = [generate_responses(model, [p], max_new_tokens=32, eos_token_ids=eos)[0] for p in prompts]
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+    assert all(len(r.tokens) == 32 for r in alone)
