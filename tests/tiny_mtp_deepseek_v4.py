@@ -26,12 +26,13 @@ WINDOW = 6  # the sliding window, below the tests' sequence lengths, so it matte
 def deepseek_v4_config(vocab_size: int, mtp_layers: int = 1, **extra):
     from transformers import AutoConfig
 
+    shape = dict(hidden_size=32, num_attention_heads=4, head_dim=16, q_lora_rank=16, o_lora_rank=8, o_groups=2,
+                 moe_intermediate_size=16, sliding_window=WINDOW)
     return AutoConfig.for_model(
-        "deepseek_v4", vocab_size=vocab_size, hidden_size=32, num_hidden_layers=LAYERS, num_attention_heads=4,
-        head_dim=16, q_lora_rank=16, o_lora_rank=8, o_groups=2, moe_intermediate_size=16, n_routed_experts=4,
-        num_experts_per_tok=2, n_shared_experts=1, hc_mult=4, sliding_window=WINDOW,
-        layer_types=["sliding_attention"] * LAYERS, mlp_layer_types=["moe"] * LAYERS, max_position_embeddings=512,
-        num_nextn_predict_layers=mtp_layers, tie_word_embeddings=False, **extra)
+        "deepseek_v4", vocab_size=vocab_size, num_hidden_layers=LAYERS, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, hc_mult=4, layer_types=["sliding_attention"] * LAYERS,
+        mlp_layer_types=["moe"] * LAYERS, max_position_embeddings=512, num_nextn_predict_layers=mtp_layers,
+        tie_word_embeddings=False, **{**shape, **extra})
 
 
 def build(path: Path, tokenizer, seed: int = 1) -> Path:
@@ -155,15 +156,12 @@ def build_as_vllm_reads(path: Path, tokenizer) -> Path:
     import re
 
     from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.for_model(
-        "deepseek_v4", vocab_size=len(tokenizer), hidden_size=256, num_hidden_layers=LAYERS, num_attention_heads=4,
-        head_dim=128, q_lora_rank=64, o_lora_rank=64, o_groups=2, moe_intermediate_size=64, n_routed_experts=4,
-        num_experts_per_tok=2, n_shared_experts=1, hc_mult=4, sliding_window=64,
-        layer_types=["sliding_attention"] * LAYERS, mlp_layer_types=["moe"] * LAYERS, max_position_embeddings=512,
-        num_nextn_predict_layers=0, tie_word_embeddings=False, eos_token_id=tokenizer.convert_tokens_to_ids("<|end|>"),
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    config = deepseek_v4_config(len(tokenizer), mtp_layers=0, hidden_size=256, head_dim=128, q_lora_rank=64,
+                                o_lora_rank=64, moe_intermediate_size=64, sliding_window=64,
+                                eos_token_id=tokenizer.convert_tokens_to_ids("<|end|>"),
+                                pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(path / "transformers")
     written = load_file(str(path / "transformers" / "model.safetensors"))
